@@ -1,0 +1,16 @@
+"""User-facing errors: a message the user can act on, shown as one red line on stderr with exit code 2."""
+
+from __future__ import annotations
+
+
+class CtxevalError(Exception):
+    """An error caused by the user's input or environment, with a message that says how to fix it.
+
+    The CLI prints ``str(error)`` as one line and exits with code 2; ``--debug`` shows the traceback.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        # one line: the CLI promises a single line on stderr
+        super().__init__(" ".join(str(message).split()))

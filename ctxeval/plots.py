@@ -1,0 +1,34 @@
+"""matplotlib figures: frequency plan, perplexity vs. length (more land here as evaluations grow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never open a window
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_plan(rows: Sequence[Any], title: str, original_length: int, path: Path) -> Path:
+    """Scale theta_i / theta'_i per pair against its original wavelength; L marked, groups coloured."""
+    colors = {"extrapolated": "tab:green", "blended": "tab:orange", "interpolated": "tab:red"}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for group, color in colors.items():
+        pts = [r for r in rows if r.group == group]
+        if pts:
+            ax.scatter([r.wavelength for r in pts], [r.scale for r in pts], s=14, color=color, label=group)
+    ax.plot([r.wavelength for r in rows], [r.scale for r in rows], color="grey", lw=0.6, zorder=0)
+    ax.axvline(original_length, color="black", ls="--", lw=1, label=f"L = {original_length}")
+    ax.set_xscale("log")
+    ax.set_xlabel("original wavelength 2π/θ_i (tokens)")
+    ax.set_ylabel("scale θ_i / θ'_i")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,187 @@
+"""methods.py against transformers' own ROPE_INIT_FUNCTIONS and the papers' formulas."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from ctxeval.errors import CtxevalError
+from ctxeval.methods import METHODS, Geometry, compute, expand_specs, parse_spec, plan
+
+# rotary dim, base, original length, factor
+GEOMETRIES = [(64, 1e4, 2048, 2.0), (128, 5e5, 8192, 16.0), (128, 1e4, 4096, 4.0), (64, 1e5, 8192, 8.0), (128, 5e5, 2048, 3.0)]
+RTOL = 1e-6  # transformers computes in float32
+
+
+def _transformers(rope_type, d, b, L, rope_params, seq_len=None):
+    rp = {"rope_type": rope_type, "rope_theta": b, **rope_params}
+    max_pos = L
+    if rope_type in ("yarn", "llama3"):
+        rp["original_max_position_embeddings"] = L
+        max_pos = int(L * rope_params.get("factor", 1))
+    cfg = LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d, max_position_embeddings=max_pos, rope_parameters=rp)
+    inv, attention = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu", seq_len=seq_len)
+    return inv.double().numpy(), attention
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b) / np.abs(b)))
+
+
+CASES = [
+    ("linear", "pi", {}, None),
+    ("dynamic", "dynamic-ntk", {}, 3),  # seq_len = 3 L
+    ("dynamic", "dynamic-ntk", {}, 1),  # at L: default
+    ("yarn", "yarn", {}, None),
+    ("yarn", "yarn", {"truncate": False}, None),
+    ("yarn", "yarn", {"beta_fast": 16.0, "beta_slow": 2.0}, None),
+    ("yarn", "yarn", {"mscale": 0.707, "mscale_all_dim": 0.707}, None),
+    ("llama3", "llama3", {"low_freq_factor": 1.0, "high_freq_factor": 4.0}, None),
+]
+
+
+@pytest.mark.parametrize("d,b,L,s", GEOMETRIES)
+@pytest.mark.parametrize("rope_type,method,extra,length_mult", CASES)
+def test_golden_against_transformers(d, b, L, s, rope_type, method, extra, length_mult):
+    seq_len = None if length_mult is None else length_mult * L
+    want, want_attention = _transformers(rope_type, d, b, L, {"factor": s, **extra}, seq_len)
+    got = compute(method, Geometry(d, b, L), {"factor": s, **extra}, seq_len)
+    assert _rel(got.inv_freq, want) < RTOL
+    assert got.attention_factor == pytest.approx(want_attention, rel=1e-12)
+
+
+@pytest.mark.parametrize("d,b,L,s", GEOMETRIES)
+def test_ntk_is_default_rope_at_ntk_base(d, b, L, s):
+    new_base = b * s ** (d / (d - 2))
+    cfg = LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d, rope_parameters={"rope_type": "default", "rope_theta": new_base})
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    want = LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)[0].double().numpy()
+    assert _rel(compute("ntk", Geometry(d, b, L), {"factor": s}).inv_freq, want) < RTOL
+    assert _rel(compute("ntk", Geometry(d, b, L), {"base": new_base}).inv_freq, want) < RTOL
+    assert _rel(compute("ntk", Geometry(d, b, L), {"alpha": s}).inv_freq, want) < RTOL
+
+
+# ---------------------------------------------------------------------------------------------------------- properties
+
+G = Geometry(128, 1e4, 4096)
+
+
+@pytest.mark.parametrize("name", [m for m in METHODS if m != "none"])
+def test_factor_one_is_identity(name):
+    params = {"factor": 1.0} if METHODS[name].takes_factor else {}
+    default = compute("none", G)
+    for length in (None, 100, G.original_length):  # dynamic methods: at or below L
+        got = compute(name, G, params, length)
+        np.testing.assert_allclose(got.inv_freq, default.inv_freq, rtol=1e-12)
+        assert got.attention_factor == 1.0
+
+
+def test_pi_is_default_over_factor():
+    for s in (2, 4, 16):
+        np.testing.assert_allclose(compute("pi", G, {"factor": s}).inv_freq, G.default_inv_freq() / s, rtol=1e-15)
+    np.testing.assert_array_equal(compute("linear", G, {"factor": 4}).inv_freq, compute("pi", G, {"factor": 4}).inv_freq)
+
+
+@pytest.mark.parametrize("name,params", [("dynamic-ntk", {"factor": 4}), ("dynamic-ntk", {"rule": "paper"}), ("dynamic-yarn", {})])
+def test_dynamic_at_or_below_original_length_is_default(name, params):
+    for length in (1, 2048, 4096):
+        np.testing.assert_allclose(compute(name, G, params, length).inv_freq, G.default_inv_freq(), rtol=1e-12)
+    assert not np.allclose(compute(name, G, params, 3 * 4096).inv_freq, G.default_inv_freq())
+
+
+def test_dynamic_rules_agree_at_factor_one():
+    a = compute("dynamic-ntk", G, {"factor": 1}, 10_000)
+    b = compute("dynamic-ntk", G, {"rule": "paper"}, 10_000)
+    np.testing.assert_allclose(a.inv_freq, b.inv_freq, rtol=1e-12)
+
+
+@pytest.mark.parametrize("ramp", ["index", "ratio"])
+def test_yarn_between_pi_and_default(ramp):
+    for s in (2, 8, 32):
+        y = compute("yarn", G, {"factor": s, "ramp": ramp}).inv_freq
+        assert np.all(y <= G.default_inv_freq() * (1 + 1e-12))
+        assert np.all(y >= G.default_inv_freq() / s * (1 - 1e-12))
+        assert y[0] == G.default_inv_freq()[0]  # highest frequency kept
+        assert y[-1] == pytest.approx(G.default_inv_freq()[-1] / s)  # lowest fully interpolated
+
+
+def test_yarn_ratio_ramp_follows_the_paper():
+    """Paper eq. 18: gamma = 0 for r < alpha, 1 for r > beta, linear in r between; h = (1-gamma) theta/s + gamma theta."""
+    s, alpha, beta = 8.0, 1.0, 32.0
+    theta = G.default_inv_freq()
+    r = G.original_length / (2 * math.pi / theta)
+    gamma = np.clip((r - alpha) / (beta - alpha), 0, 1)
+    want = (1 - gamma) * theta / s + gamma * theta
+    got = compute("yarn", G, {"factor": s, "ramp": "ratio", "alpha": alpha, "beta": beta})
+    np.testing.assert_allclose(got.inv_freq, want, rtol=1e-14)
+    assert got.attention_factor == pytest.approx(0.1 * math.log(s) + 1)
+    # kept exactly where wavelength < L/beta, fully interpolated where wavelength > L/alpha
+    wavelength = 2 * math.pi / theta
+    np.testing.assert_array_equal(got.inv_freq[wavelength < G.original_length / beta], theta[wavelength < G.original_length / beta])
+    np.testing.assert_allclose(got.inv_freq[wavelength > G.original_length / alpha], theta[wavelength > G.original_length / alpha] / s)
+
+
+def test_ratio_and_index_ramps_differ_only_in_the_blend_region():
+    idx = compute("yarn", G, {"factor": 8}).inv_freq
+    rat = compute("yarn", G, {"factor": 8, "ramp": "ratio"}).inv_freq
+    theta = G.default_inv_freq()
+    differ = ~np.isclose(idx, rat, rtol=1e-9)
+    assert differ.any()
+    _, rows = plan("yarn", G, {"factor": 8})
+    blended = np.array([r.group == "blended" for r in rows])
+    r = G.original_length / (2 * math.pi / theta)
+    # both keep the fastest pairs and interpolate the slowest: differences only where some ramp is blending
+    assert not differ[r > 64].any() and not differ[r < 0.5].any()
+    assert differ[blended].any()
+
+
+def test_yarn_attention_factor_and_ntk_by_parts():
+    y = compute("yarn", G, {"factor": 16})
+    assert y.attention_factor == pytest.approx(0.1 * math.log(16) + 1)
+    nbp = compute("ntk-by-parts", G, {"factor": 16})
+    np.testing.assert_array_equal(nbp.inv_freq, y.inv_freq)
+    assert nbp.attention_factor == 1.0
+    assert compute("yarn", G, {"factor": 16, "attention_factor": 1.5}).attention_factor == 1.5
+
+
+def test_dynamic_yarn_uses_length_over_original():
+    dy = compute("dynamic-yarn", G, {}, 3 * 4096)
+    y = compute("yarn", G, {"factor": 3})
+    np.testing.assert_allclose(dy.inv_freq, y.inv_freq, rtol=1e-14)
+    assert dy.attention_factor == pytest.approx(y.attention_factor)
+
+
+# ---------------------------------------------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize(
+    "spec,fragment",
+    [
+        ("nope", "unknown method"),
+        ("pi:factor=0.5", ">= 1"),
+        ("yarn:beta_slow=32,beta_fast=1", "beta_slow"),
+        ("yarn:alpha=40", "beta_slow"),
+        ("yarn:beta_fast=-3", "> 0"),
+        ("pi:beta_fast=3", "does not take"),
+        ("yarn:ramp=cubic", "index, ratio"),
+        ("yarn:ramp=ratio,truncate=false", "truncate"),
+        ("yarn:factor=abc", "number"),
+        ("llama3:low_freq_factor=4,high_freq_factor=1", "low_freq_factor"),
+        ("ntk:factor=2,alpha=2", "either"),
+        ("yarn:factor", "NAME:key=value"),
+    ],
+)
+def test_invalid_parameters_are_user_errors(spec, fragment):
+    with pytest.raises(CtxevalError, match=fragment):
+        for s in expand_specs([spec]):
+            compute(s.name, G, s.params)
+
+
+def test_spec_parsing_and_factor_sweep():
+    assert parse_spec("yarn:factor=4,beta_fast=32").params == {"factor": "4", "beta_fast": "32"}
+    labels = [s.label for s in expand_specs(["none", "yarn", "pi:factor=3", "dynamic-yarn"], [2, 4])]
+    assert labels == ["none", "yarn(factor=2)", "yarn(factor=4)", "pi(factor=3)", "dynamic-yarn"]
+    assert expand_specs(["yarn:alpha=2,beta=16"])[0].params == {"beta_slow": 2.0, "beta_fast": 16.0}
