@@ -18,6 +18,7 @@ from rich.table import Table
 
 from . import methods as M
 from .errors import CtxevalError
+from .tasks import load_task
 
 app = typer.Typer(
     help="Measure how well RoPE context-extension methods work: perplexity vs. length, needle in a haystack.",
@@ -208,3 +209,218 @@ def _plan_geometry(head_dim: int | None, partial: float, base: float | None, ori
 
 def main() -> None:
     app()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shared evaluation options
+
+def parse_lengths(text: str) -> list[int]:
+    """'2k,4k,8k' | '1024:8192:1024' (linear) | '1k:16k:x2' (geometric); k = 1024."""
+
+    def one(tok: str) -> int:
+        tok = tok.strip().lower()
+        try:
+            value = float(tok[:-1]) * 1024 if tok.endswith("k") else float(tok)
+        except ValueError:
+            raise CtxevalError(f"bad length '{tok}' in --lengths '{text}'; write e.g. 2k,4k,8k or 1k:16k:x2") from None
+        if value != int(value) or value < 2:
+            raise CtxevalError(f"length '{tok}' must be a whole number of tokens >= 2")
+        return int(value)
+
+    values: list[int] = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        if ":" in part:
+            pieces = part.split(":")
+            if len(pieces) != 3:
+                raise CtxevalError(f"a length range is START:STOP:STEP or START:STOP:xFACTOR, got '{part}'")
+            start, stop, step = one(pieces[0]), one(pieces[1]), pieces[2].strip().lower()
+            if step.startswith("x"):
+                factor = float(step[1:]) if step[1:] else 0
+                if factor <= 1:
+                    raise CtxevalError(f"geometric step must be > 1, got '{step}'")
+                v = float(start)
+                while v <= stop + 1e-9:
+                    values.append(int(round(v)))
+                    v *= factor
+            else:
+                inc = one(step) if step not in ("0", "1") else int(step)
+                if inc < 1:
+                    raise CtxevalError(f"length step must be >= 1, got '{step}'")
+                values.extend(range(start, stop + 1, inc))
+        else:
+            values.append(one(part))
+    if not values:
+        raise CtxevalError("--lengths is empty; write e.g. 2k,4k,8k")
+    return sorted(set(values))
+
+
+def safe_name(text: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(text).name if Path(text).exists() else text).strip("-")[:60] or "model"
+
+
+class RichProgress:
+    """The Progress interface drawn with rich: bar, ETA, current point, running ppl."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=False)
+        self.task = None
+
+    def __enter__(self) -> "RichProgress":
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.stop()
+
+    def start(self, total: int) -> None:
+        self.task = self.bar.add_task("starting", total=max(total, 1))
+
+    def advance(self, amount: int, description: str, ppl: float | None = None) -> None:
+        text = description + (f"  ppl {ppl:.2f}" if ppl is not None else "")
+        self.bar.update(self.task, advance=amount, description=text)
+
+    def note(self, message: str) -> None:
+        self.bar.console.print(f"[yellow]{message}[/yellow]")
+
+
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Hub id, local dir, .gguf file, or bundled name (smollm2).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU).")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto|cpu|cuda|cuda:N")]
+AttnOpt = Annotated[str, typer.Option("--attn", help="Attention implementation: sdpa|eager|flash_attention_2.")]
+RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model repository's own code.")]
+
+PPL_DEFAULTS: dict[str, Any] = {
+    "model": "smollm2", "data": "austen", "text_field": "text", "lengths": "2k,4k,8k,16k", "method": ["none"],
+    "protocol": "truncate", "docs": 1, "stride": None, "aggregate": "token", "bos": True,
+}
+
+
+@app.command("ppl")
+@user_errors
+def ppl_cmd(
+    model: ModelOpt = None,
+    data: Annotated[Optional[str], typer.Option(help="austen | mobydick | files/dirs/globs | hf:NAME[:CONFIG][@SPLIT]")] = None,
+    text_field: Annotated[Optional[str], typer.Option(help="Record field holding the text (.jsonl/.parquet/.csv/hf).")] = None,
+    lengths: Annotated[Optional[str], typer.Option(help="Evaluation lengths: 2k,4k,8k | 1k:16k:x2 | 1024:8192:1024.")] = None,
+    method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; repeatable.")] = None,
+    factor: FactorOpt = None,
+    protocol: Annotated[Optional[str], typer.Option(help="truncate (YaRN paper) | sliding.")] = None,
+    docs: Annotated[Optional[int], typer.Option(help="Number of documents.")] = None,
+    stride: Annotated[Optional[int], typer.Option(help="Sliding-window stride S (protocol sliding).")] = None,
+    aggregate: Annotated[Optional[str], typer.Option(help="token (token-weighted) | window (mean of window means).")] = None,
+    bos: Annotated[Optional[bool], typer.Option("--bos/--no-bos", help="Start each sequence with the tokenizer's BOS.")] = None,
+    chunk_size: Annotated[int, typer.Option(help="Positions per LM-head chunk (memory vs. speed).")] = 1024,
+    valid_tolerance: Annotated[float, typer.Option(help="Valid-length table: allowed ppl rise over the original length.")] = 0.10,
+    task: Annotated[Optional[str], typer.Option(help="Preset name (ppl-austen, ppl-pg19, ppl-yarn-proofpile) or .toml path.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory (default results/ppl-<model>-<time>).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a run directory that holds a different spec.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed recorded in the run (the protocols draw nothing at random).")] = 0,
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    attn: AttnOpt = "sdpa",
+    trust_remote_code: RemoteOpt = False,
+) -> None:
+    """Perplexity vs. context length for each method: the YaRN paper's table, a plot, a resumable run directory."""
+    from . import corpora
+    from .evals.perplexity import AGGREGATES, PplConfig, sweep
+    from .models import load_model
+    from .store import RunStore, run_status
+
+    given = {"model": model, "data": data, "text_field": text_field, "lengths": lengths, "method": method,
+             "protocol": protocol, "docs": docs, "stride": stride, "aggregate": aggregate, "bos": bos}
+    preset = load_task(task, "ppl") if task else {}
+    unknown = set(preset) - set(PPL_DEFAULTS)
+    if unknown:
+        raise CtxevalError(f"task '{task}' sets unknown keys: {', '.join(sorted(unknown))}")
+    opt = {k: given[k] if given[k] is not None else preset.get(k, PPL_DEFAULTS[k]) for k in PPL_DEFAULTS}
+    if opt["aggregate"] not in AGGREGATES:
+        raise CtxevalError(f"--aggregate must be one of {', '.join(AGGREGATES)}, got '{opt['aggregate']}'")
+    if opt["docs"] < 1:
+        raise CtxevalError(f"--docs must be >= 1, got {opt['docs']}")
+    methods_list = opt["method"] if isinstance(opt["method"], list) else [opt["method"]]
+    specs = M.expand_specs(methods_list, parse_factors(factor))
+    cfg = PplConfig(tuple(parse_lengths(opt["lengths"])), opt["protocol"], opt["stride"], opt["bos"], chunk_size)
+
+    lm = load_model(opt["model"], dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code)
+    if lm.rope.geometry is None and any(s.name != "none" for s in specs):
+        raise CtxevalError(f"model '{opt['model']}' has no RoPE ({lm.rope.reason}); only --method none applies")
+    if cfg.bos and getattr(lm.tokenizer, "bos_token_id", None) is None:
+        err.print("note: the tokenizer has no BOS token; sequences start with document text (as --no-bos)")
+        cfg = PplConfig(cfg.lengths, cfg.protocol, cfg.stride, False, cfg.chunk_size)
+    from .evals.perplexity import check_chunked_head
+
+    check_chunked_head(lm.model, lm.device, lm.model.config.get_text_config().vocab_size)
+    top = max(cfg.lengths)
+    if cfg.protocol == "truncate":
+        documents = corpora.select_long_documents(opt["data"], lm.tokenizer, opt["docs"], cfg.doc_tokens_needed(top), opt["text_field"])
+    else:
+        documents = corpora.first_documents(opt["data"], lm.tokenizer, opt["docs"], opt["text_field"])
+    original = lm.rope.geometry.original_length if lm.rope.geometry else getattr(lm.model.config.get_text_config(), "max_position_embeddings", top)
+
+    spec_record = {
+        "task": "ppl", "model": opt["model"], "data": opt["data"], "text_field": opt["text_field"],
+        "protocol": cfg.protocol, "stride": cfg.stride, "bos": cfg.bos, "docs": opt["docs"],
+        "lengths": list(cfg.lengths), "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": seed,
+        "preset": task,
+    }
+    stamp = __import__("time").strftime("%Y%m%d-%H%M%S")
+    run_dir = out or Path("results") / f"ppl-{safe_name(opt['model'])}-{stamp}"
+    store = RunStore(run_dir, spec_record, overwrite=overwrite)
+    store.start({
+        "model": lm.record(),
+        "data": {"spec": opt["data"], "documents": [{"doc": d.doc_id, "tokens": int(len(d.ids))} for d in documents]},
+        "protocol": {"name": cfg.protocol, "stride": cfg.stride, "bos": cfg.bos,
+                     "bos_token": getattr(lm.tokenizer, "bos_token", None) if cfg.bos else None,
+                     "aggregate": opt["aggregate"], "chunk_size": cfg.chunk_size,
+                     "one_forward_per_document": cfg.protocol == "truncate"},
+        "methods": store.record.get("methods", {}),
+        "seed": seed,
+    })
+    err.print(f"run directory: {run_dir}  ({len(documents)} document(s): "
+              + ", ".join(f"{d.doc_id} {len(d.ids):,} tokens" for d in documents) + ")")
+    with run_status(store), RichProgress() as progress:
+        sweep(lm, specs, documents, cfg, store, progress)
+    render_ppl(store, specs, original, opt["aggregate"], valid_tolerance, title=f"{opt['model']} on {opt['data']} ({cfg.protocol})")
+
+
+def render_ppl(store: Any, specs: list[M.MethodSpec], original_length: int, aggregate: str, tolerance: float,
+               title: str) -> None:
+    """table.md / table.csv / valid.csv / ppl.png in the run directory, and the rich table on stdout."""
+    from . import report
+    from .plots import plot_ppl
+
+    long = report.ppl_long(store.rows(), aggregate)
+    wide = report.ppl_wide(long, [s.label for s in specs])
+    status = report.status_wide(long, wide)
+    valid = report.valid_lengths(wide, original_length, tolerance)
+    headers, rows = report.ppl_cells(wide, status)
+    vheaders, vrows = report.valid_cells(valid)
+    n_docs = int(long["n_docs"].max()) if len(long) else 0
+    caption = f"Perplexity ({aggregate}-weighted over {n_docs} document(s)); original length {original_length}."
+    (store.dir / "table.md").write_text(
+        f"# {title}\n\n{caption}\n\n" + report.markdown(headers, rows)
+        + f"\n## Valid length (ppl within {tolerance:.0%} of the reference)\n\n" + report.markdown(vheaders, vrows)
+    )
+    export = wide.copy()
+    export.index.name = "method"
+    export.to_csv(store.dir / "table.csv", float_format="%.6g")
+    valid.to_csv(store.dir / "valid.csv", index=False, float_format="%.6g")
+    plot_ppl(wide, original_length, title, store.dir / "ppl.png")
+    table = Table(title=title, caption=caption)
+    for h in headers:
+        table.add_column(h, justify="left" if h == "method" else "right")
+    for r in rows:
+        table.add_row(*r)
+    out.print(table)
+    vt = Table(title=f"valid length (ppl within {tolerance:.0%})")
+    for h in vheaders:
+        vt.add_column(h)
+    for r in vrows:
+        vt.add_row(*[str(c) for c in r])
+    out.print(vt)
+    err.print(f"wrote {store.dir}/table.md, table.csv, valid.csv, ppl.png")

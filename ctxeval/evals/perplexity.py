@@ -1,0 +1,319 @@
+"""Perplexity vs. context length: exact protocols, one forward per document, chunked loss.
+
+Protocols
+  truncate (YaRN paper's code): for each length L, BOS + the document's first L-1 tokens, NLL over those L-1
+           tokens. A causal model's prediction at position t sees only tokens <= t, so for methods that do not
+           depend on the sequence length ONE forward at max(lengths) yields every shorter length's NLL.
+  sliding  window of L tokens (BOS + L-1 document tokens), stride S; every token is scored once, in the window
+           that first covers it (the usual Hugging Face sliding-window perplexity).
+
+Scorers return sums and counts (nll_sum, n_tokens, window_nll_sum, n_windows) so aggregation over documents is
+exact: token-weighted exp(sum nll / sum tokens), or the mean of window means (the YaRN paper's GovReport numbers).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import CtxevalError
+from ..methods import MethodSpec, get_method
+from ..corpora import TokenDoc
+
+PROTOCOLS = ("truncate", "sliding")
+AGGREGATES = ("token", "window")
+DEFAULT_CHUNK = 1024
+
+
+class Progress(Protocol):
+    """What the evaluation reports while it runs; only the CLI knows how to draw it."""
+
+    def start(self, total: int) -> None: ...
+    def advance(self, amount: int, description: str, ppl: float | None = None) -> None: ...
+    def note(self, message: str) -> None: ...
+
+
+class _Silent:
+    def start(self, total: int) -> None: ...
+    def advance(self, amount: int, description: str, ppl: float | None = None) -> None: ...
+    def note(self, message: str) -> None: ...
+
+
+class PointOOM(Exception):
+    """Out of memory while measuring one point."""
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc).lower() or "can't allocate" in str(exc).lower())
+
+
+@dataclass(frozen=True)
+class PplConfig:
+    lengths: tuple[int, ...]
+    protocol: str = "truncate"
+    stride: int | None = None
+    bos: bool = True
+    chunk_size: int = DEFAULT_CHUNK
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise CtxevalError("give at least one --lengths value")
+        if min(self.lengths) < 2:
+            raise CtxevalError(f"every length must be >= 2 tokens, got {min(self.lengths)}")
+        if self.protocol not in PROTOCOLS:
+            raise CtxevalError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got '{self.protocol}'")
+        if self.chunk_size < 1:
+            raise CtxevalError(f"--chunk-size must be >= 1, got {self.chunk_size}")
+        if self.protocol == "sliding":
+            if self.stride is None or self.stride < 1:
+                raise CtxevalError(f"--protocol sliding needs --stride S >= 1, got {self.stride}")
+            limit = min(self.lengths) - 1  # the next window must start no later than the first unscored token
+            if self.stride > limit:
+                raise CtxevalError(
+                    f"--stride {self.stride} is longer than a window's scored span ({limit} tokens at length "
+                    f"{min(self.lengths)}): tokens would be skipped; use --stride <= {limit}"
+                )
+        elif self.stride is not None:
+            raise CtxevalError("--stride applies only to --protocol sliding")
+
+    def doc_tokens_needed(self, length: int) -> int:
+        """Document tokens in a sequence of `length` tokens (one slot goes to BOS)."""
+        return length - 1 if self.bos else length
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# chunked loss
+
+
+def _head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+    body = getattr(model, model.base_model_prefix, None)
+    head = model.get_output_embeddings()
+    if body is None or head is None or body is model:
+        raise CtxevalError(f"{type(model).__name__} has no separate body and LM head; ctxeval cannot score it")
+    cfg = model.config.get_text_config()
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    scale = getattr(cfg, "logit_scale", None)
+
+    def post(logits: torch.Tensor) -> torch.Tensor:
+        if scale is not None:
+            logits = logits * scale
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return body, head, post
+
+
+@torch.inference_mode()
+def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """Per-token NLL of input_ids[t+1] given input_ids[:t+1], never materialising [length x vocab] logits.
+
+    input_ids: (1, n) -> returns (n-1,) float32 on the CPU. The LM head + cross entropy run over chunks of
+    `chunk_size` positions of the body's hidden states.
+    """
+    body, head, post = _head_parts(model)
+    hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (1, n, hidden)
+    targets = input_ids[0, 1:]  # (n-1,)
+    out = torch.empty(targets.numel(), dtype=torch.float32)
+    for start in range(0, targets.numel(), chunk_size):
+        stop = min(start + chunk_size, targets.numel())
+        logits = post(head(hidden[0, start:stop]).float())  # (chunk, vocab)
+        out[start:stop] = F.cross_entropy(logits, targets[start:stop], reduction="none").cpu()
+    return out
+
+
+@torch.inference_mode()
+def check_chunked_head(model: torch.nn.Module, device: str, vocab_size: int) -> float:
+    """Compare the chunked path with the model's own forward on a short input; refuse models whose logits we do not
+    reproduce (custom post-processing). Returns the max relative logit difference."""
+    body, head, post = _head_parts(model)
+    ids = torch.arange(1, 17, device=device).remainder(vocab_size).unsqueeze(0)  # (1, 16)
+    want = model(input_ids=ids, use_cache=False).logits[0].float()
+    got = post(head(body(input_ids=ids, use_cache=False).last_hidden_state[0]).float())
+    diff = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+    if not diff < 1e-3:
+        raise CtxevalError(
+            f"{type(model).__name__}'s logits differ from body + LM head by {diff:.1e}: it post-processes logits in a "
+            "way ctxeval does not reproduce, so its perplexity would be wrong; please report this model"
+        )
+    return diff
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# protocols
+
+
+def _sequence(doc: np.ndarray, start: int, n_doc: int, bos: int | None) -> list[int]:
+    ids = doc[start:start + n_doc].tolist()
+    return ([bos] if bos is not None else []) + ids
+
+
+class PplRunner:
+    """Measures (method x length x document) points into a RunStore, skipping the points already there."""
+
+    KEY = ("label", "length", "doc")
+
+    def __init__(self, model: torch.nn.Module, device: str, cfg: PplConfig, bos_id: int | None, model_name: str,
+                 progress: Progress | None = None) -> None:
+        self.model, self.device, self.cfg = model, device, cfg
+        self.bos = bos_id if cfg.bos else None
+        self.model_name = model_name
+        self.progress = progress or _Silent()
+
+    def _nll(self, seq: list[int]) -> torch.Tensor:
+        ids = torch.tensor([seq], device=self.device)
+        try:
+            return token_nll(self.model, ids, self.cfg.chunk_size)
+        except Exception as exc:
+            if _is_oom(exc):
+                if self.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                raise PointOOM(str(exc).splitlines()[0] if str(exc) else "out of memory") from None
+            raise
+
+    def _row(self, spec: MethodSpec, length: int, doc: str, **fields: Any) -> dict[str, Any]:
+        return {"model": self.model_name, "method": spec.name, "label": spec.label, "params": spec.params,
+                "task": "ppl", "protocol": self.cfg.protocol, "length": length, "doc": doc, **fields}
+
+    def _ok(self, spec: MethodSpec, length: int, doc: str, nll_sum: float, n: int, window_sum: float, n_windows: int,
+            seconds: float) -> dict[str, Any]:
+        mean = nll_sum / n
+        return self._row(spec, length, doc, status="ok", metric="nll", value=mean, ppl=math.exp(mean),
+                         nll_sum=nll_sum, n_tokens=n, window_nll_sum=window_sum, n_windows=n_windows,
+                         seconds=round(seconds, 3))
+
+    # -- truncate ----------------------------------------------------------------------------------------------------
+    def _truncate_one_forward(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int]) -> list[dict[str, Any]]:
+        top = max(lengths)
+        start = time.perf_counter()
+        nll = self._nll(_sequence(doc.ids, 0, self.cfg.doc_tokens_needed(top), self.bos)).double()  # (top-1,)
+        seconds = time.perf_counter() - start
+        cums = torch.cumsum(nll, 0)
+        rows = []
+        for length in lengths:
+            n = length - 1
+            total = float(cums[n - 1])
+            # one forward serves every length; its time is attributed in proportion to the tokens
+            rows.append(self._ok(spec, length, doc.doc_id, total, n, total / n, 1, seconds * n / (top - 1)))
+        return rows
+
+    def _truncate_at(self, spec: MethodSpec, doc: TokenDoc, length: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        nll = self._nll(_sequence(doc.ids, 0, self.cfg.doc_tokens_needed(length), self.bos)).double()
+        total = float(nll.sum())
+        return self._ok(spec, length, doc.doc_id, total, nll.numel(), total / nll.numel(), 1, time.perf_counter() - start)
+
+    # -- sliding -----------------------------------------------------------------------------------------------------
+    def _sliding_at(self, spec: MethodSpec, doc: TokenDoc, length: int) -> dict[str, Any]:
+        start_time = time.perf_counter()
+        content = self.cfg.doc_tokens_needed(length)
+        n = len(doc.ids)
+        scored_until = 0 if self.bos is not None else 1  # first doc token index not yet scored
+        nll_sum, n_tok, window_sum, n_windows = 0.0, 0, 0.0, 0
+        for begin in range(0, n, self.cfg.stride):
+            end = min(begin + content, n)
+            if end <= scored_until:
+                continue
+            if end - begin < (1 if self.bos is not None else 2):
+                break
+            nll = self._nll(_sequence(doc.ids, begin, end - begin, self.bos)).double()
+            # nll[j] predicts doc token begin + j (with BOS) or begin + j + 1 (without)
+            first_target = begin if self.bos is not None else begin + 1
+            new = nll[scored_until - first_target:]
+            nll_sum += float(new.sum())
+            n_tok += new.numel()
+            window_sum += float(new.mean())
+            n_windows += 1
+            scored_until = end
+            if end == n:
+                break
+        return self._ok(spec, length, doc.doc_id, nll_sum, n_tok, window_sum, n_windows, time.perf_counter() - start_time)
+
+    # -- driver ------------------------------------------------------------------------------------------------------
+    def cost(self, spec: MethodSpec, docs: list[TokenDoc], pending: dict[tuple[str, str], list[int]]) -> int:
+        """Tokens to forward for the pending points (progress total)."""
+        total = 0
+        for doc in docs:
+            lengths = pending.get((spec.label, doc.doc_id), [])
+            if not lengths:
+                continue
+            if self.cfg.protocol == "sliding":
+                total += sum(len(doc.ids) * length // self.cfg.stride for length in lengths)
+            elif get_method(spec.name).length_dependent:
+                total += sum(lengths)
+            else:
+                total += max(lengths)
+        return total
+
+    def measure(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int], emit: Callable[[list[dict]], None],
+                skip_from: dict[str, int]) -> None:
+        """Measure `lengths` (ascending) of one method on one document, emitting rows point by point."""
+        skip = skip_from.get(spec.label, math.inf)
+        for length in sorted(x for x in lengths if x >= skip):
+            emit([self._row(spec, length, doc.doc_id, status="skipped", metric="nll", value=None,
+                            note=f"skipped: out of memory at {skip} tokens")])
+        lengths = sorted(x for x in lengths if x < skip)
+        static = not get_method(spec.name).length_dependent
+        if self.cfg.protocol == "truncate" and static and len(lengths) > 1:
+            try:
+                rows = self._truncate_one_forward(spec, doc, lengths)
+                emit(rows)
+                self.progress.advance(max(lengths), f"{spec.label} {doc.doc_id}", rows[-1]["ppl"])
+                return
+            except PointOOM:
+                self.progress.note(f"{spec.label}: out of memory at {max(lengths)} tokens; measuring length by length")
+        for i, length in enumerate(lengths):
+            try:
+                if self.cfg.protocol == "truncate":
+                    row = self._truncate_at(spec, doc, length)
+                else:
+                    row = self._sliding_at(spec, doc, length)
+            except PointOOM as exc:
+                skip_from[spec.label] = length
+                emit([self._row(spec, length, doc.doc_id, status="oom", metric="nll", value=None, note=str(exc)[:300])])
+                for longer in lengths[i + 1:]:
+                    emit([self._row(spec, longer, doc.doc_id, status="skipped", metric="nll", value=None,
+                                    note=f"skipped: out of memory at {length} tokens")])
+                self.progress.note(f"{spec.label}: out of memory at {length} tokens; longer lengths skipped")
+                return
+            emit([row])
+            cost = len(doc.ids) * length // self.cfg.stride if self.cfg.protocol == "sliding" else length
+            self.progress.advance(cost, f"{spec.label} L={length} {doc.doc_id}", row["ppl"])
+
+
+def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig, store: Any,
+          progress: Progress | None = None) -> None:
+    """Measure every (method, length, document) point not yet in `store`, one method applied at a time.
+
+    The weights are loaded once (`lm`); methods are swapped in place with apply_method and restored after."""
+    from ..patching import apply_method
+
+    progress = progress or _Silent()
+    runner = PplRunner(lm.model, lm.device, cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name, progress)
+    done = {store.key(r, PplRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
+    pending: dict[tuple[str, str], list[int]] = {}
+    for spec in specs:
+        for doc in docs:
+            todo = [L for L in cfg.lengths if store.key({"label": spec.label, "length": L, "doc": doc.doc_id}, PplRunner.KEY) not in done]
+            if todo:
+                pending[(spec.label, doc.doc_id)] = todo
+    progress.start(sum(runner.cost(spec, docs, pending) for spec in specs))
+    effective = dict(store.record.get("methods", {}))
+    skip_from: dict[str, int] = {}
+    for spec in specs:
+        if not any((spec.label, doc.doc_id) in pending for doc in docs):
+            continue
+        with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params) as handle:
+            effective[spec.label] = handle.record(tuple(cfg.lengths))
+            store.update(methods=effective)
+            for doc in docs:
+                if (spec.label, doc.doc_id) in pending:
+                    runner.measure(spec, doc, pending[(spec.label, doc.doc_id)], store.append, skip_from)

@@ -1,0 +1,123 @@
+"""Rows -> pandas long table -> wide tables (markdown / CSV / rich). Reports derive from rows only, so any set
+of runs can be merged and re-rendered later."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import pandas as pd
+
+from .errors import CtxevalError
+
+MISSING = "—"
+
+
+def latest_rows(rows: Iterable[dict[str, Any]], key: tuple[str, ...]) -> pd.DataFrame:
+    """Long table with the last row per key (a resumed point replaces its earlier failure)."""
+    df = pd.DataFrame(list(rows))
+    if df.empty:
+        return df
+    df["_key"] = df[list(key)].astype(str).agg("|".join, axis=1)
+    return df.drop_duplicates("_key", keep="last").drop(columns="_key")
+
+
+def ppl_long(rows: Iterable[dict[str, Any]], aggregate: str = "token") -> pd.DataFrame:
+    """One row per (model, label, length): ppl aggregated over documents, with token and document counts.
+
+    aggregate=token: exp(sum NLL / sum tokens); aggregate=window: exp(mean of window-mean NLLs)."""
+    if aggregate not in ("token", "window"):
+        raise CtxevalError(f"--aggregate must be token or window, got '{aggregate}'")
+    df = latest_rows(rows, ("model", "label", "length", "doc"))
+    if df.empty:
+        return pd.DataFrame(columns=["model", "label", "length", "ppl", "n_tokens", "n_docs", "status"])
+    out = []
+    for (model, label, length), g in df.groupby(["model", "label", "length"], sort=False):
+        ok = g[g["status"] == "ok"]
+        failed = g[g["status"] != "ok"]
+        if len(ok) and not len(failed):
+            if aggregate == "token":
+                ppl = math.exp(ok["nll_sum"].sum() / ok["n_tokens"].sum())
+            else:
+                ppl = math.exp(ok["window_nll_sum"].sum() / ok["n_windows"].sum())
+            status = "ok"
+        else:
+            ppl, status = float("nan"), (failed["status"].iloc[0] if len(failed) else "missing")
+        out.append({"model": model, "label": label, "length": int(length), "ppl": ppl,
+                    "n_tokens": int(ok["n_tokens"].sum()) if len(ok) else 0, "n_docs": len(ok), "status": status})
+    return pd.DataFrame(out)
+
+
+def ppl_wide(long: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
+    """Rows = method label, columns = evaluation length (YaRN Table 2 shape). Missing cells stay NaN."""
+    wide = long.pivot_table(index="label", columns="length", values="ppl", aggfunc="first", dropna=False)
+    labels = order or list(dict.fromkeys(long["label"]))
+    wide = wide.reindex([l for l in labels if l in wide.index])
+    wide.columns = [int(c) for c in wide.columns]
+    return wide.sort_index(axis=1)
+
+
+def status_wide(long: pd.DataFrame, wide: pd.DataFrame) -> pd.DataFrame:
+    st = long.pivot_table(index="label", columns="length", values="status", aggfunc="first")
+    st.columns = [int(c) for c in st.columns]
+    return st.reindex(index=wide.index, columns=wide.columns)
+
+
+def valid_lengths(wide: pd.DataFrame, original_length: int, tolerance: float) -> pd.DataFrame:
+    """Per method: ppl at the original length L (or the longest evaluated length <= L) and the longest evaluated
+    length, going up from there, whose ppl stays within (1 + tolerance) of it (ALiBi-style extrapolation table)."""
+    below = [c for c in wide.columns if c <= original_length]
+    ref_len = max(below) if below else min(wide.columns)
+    rows = []
+    for label, series in wide.iterrows():
+        ref = series.get(ref_len)
+        valid = None
+        if ref is not None and not math.isnan(ref):
+            for length in [c for c in wide.columns if c >= ref_len]:
+                value = series[length]
+                if math.isnan(value) or value > ref * (1 + tolerance):
+                    break
+                valid = length
+        rows.append({"method": label, "reference length": ref_len, "ppl at reference": ref,
+                     f"longest length within {tolerance:.0%}": valid,
+                     "x original": (valid / original_length) if valid else None})
+    return pd.DataFrame(rows)
+
+
+def fmt_length(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)
+
+
+def fmt_ppl(value: Any, status: str | None = None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return {"oom": "OOM", "skipped": "skip"}.get(status or "", MISSING)
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
+
+
+def markdown(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(headers), sep, *(line(r) for r in rows)]) + "\n"
+
+
+def ppl_cells(wide: pd.DataFrame, status: pd.DataFrame | None = None) -> tuple[list[str], list[list[str]]]:
+    headers = ["method"] + [fmt_length(c) for c in wide.columns]
+    rows = []
+    for label, series in wide.iterrows():
+        rows.append([label] + [fmt_ppl(series[c], None if status is None else status.loc[label, c]) for c in wide.columns])
+    return headers, rows
+
+
+def valid_cells(valid: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    headers = list(valid.columns)
+    rows = []
+    for _, r in valid.iterrows():
+        rows.append([
+            r.iloc[0], fmt_length(int(r.iloc[1])), fmt_ppl(r.iloc[2]),
+            fmt_length(int(r.iloc[3])) if r.iloc[3] is not None and not pd.isna(r.iloc[3]) else MISSING,
+            f"{r.iloc[4]:.2f}" if r.iloc[4] is not None and not pd.isna(r.iloc[4]) else MISSING,
+        ])
+    return headers, rows

@@ -1,0 +1,171 @@
+"""Run directory: run.json (status + full provenance) and rows.jsonl (one JSON line per measured point).
+
+run.json is written before the first point (status `running`) and finalised as `success`, `error` or
+`interrupted`. Rows are appended and flushed one point at a time, so a crash or Ctrl-C loses at most the point in
+flight. A rerun with the same spec skips the points already there; a different spec is refused unless overwrite.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import CtxevalError
+
+RUN_FILE, ROWS_FILE = "run.json", "rows.jsonl"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def environment() -> dict[str, Any]:
+    """Library versions, machine and git commit of the ctxeval checkout (if any)."""
+    versions = {}
+    for name in ("ctxeval", "torch", "transformers", "datasets", "numpy", "accelerate", "gguf"):
+        try:
+            from importlib.metadata import version
+
+            versions[name] = version(name)
+        except Exception:  # not installed
+            versions[name] = None
+    commit = None
+    try:
+        here = Path(__file__).resolve().parent
+        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5).stdout.strip() or None
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        if commit and dirty:
+            commit += "+dirty"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    gpu = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    return {"versions": versions, "python": sys.version.split()[0], "platform": platform.platform(),
+            "machine": platform.machine(), "cpu_count": os.cpu_count(), "gpu": gpu, "git_commit": commit,
+            "argv": sys.argv}
+
+
+class RunStore:
+    """One run directory. `spec` is what defines the measurement; resume requires the same spec."""
+
+    def __init__(self, out: Path, spec: dict[str, Any], overwrite: bool = False) -> None:
+        self.dir = Path(out)
+        self.spec = json.loads(json.dumps(spec, default=str))  # normalise (tuples -> lists, ...)
+        self.run_path, self.rows_path = self.dir / RUN_FILE, self.dir / ROWS_FILE
+        self.record: dict[str, Any] = {}
+        if self.run_path.exists():
+            old = json.loads(self.run_path.read_text())
+            if old.get("spec") != self.spec:
+                if not overwrite:
+                    changed = sorted(k for k in set(old.get("spec", {})) | set(self.spec)
+                                     if old.get("spec", {}).get(k) != self.spec.get(k))
+                    raise CtxevalError(
+                        f"{self.dir} holds a run with a different spec (differs in: {', '.join(changed)}); "
+                        "use another --out, or --overwrite to replace it"
+                    )
+                shutil.rmtree(self.dir)
+            else:
+                self.record = old
+        elif self.dir.exists() and any(self.dir.iterdir()) and not overwrite:
+            raise CtxevalError(f"{self.dir} exists and is not a ctxeval run directory; use another --out or --overwrite")
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    # -- rows ------------------------------------------------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        return read_rows(self.rows_path)
+
+    def done_keys(self, key_fields: Iterable[str]) -> set[tuple]:
+        fields = tuple(key_fields)
+        return {tuple(json.dumps(r.get(f), sort_keys=True) for f in fields) for r in self.rows()}
+
+    @staticmethod
+    def key(row: dict[str, Any], key_fields: Iterable[str]) -> tuple:
+        return tuple(json.dumps(row.get(f), sort_keys=True) for f in key_fields)
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        """Append rows of one point and make them durable before returning."""
+        with open(self.rows_path, "a", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row, default=float) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    # -- run.json -------------------------------------------------------------------------------------------------
+    def start(self, provenance: dict[str, Any]) -> None:
+        history = self.record.get("history", [])
+        if self.record:
+            history.append({k: self.record.get(k) for k in ("status", "started", "finished", "error")})
+        self.record = {
+            "status": "running",
+            "started": _now(),
+            "finished": None,
+            "spec": self.spec,
+            **provenance,
+            "environment": environment(),
+            "history": history,
+        }
+        self._write()
+
+    def update(self, **fields: Any) -> None:
+        self.record.update(fields)
+        self._write()
+
+    def finish(self, status: str, error: str | None = None, **fields: Any) -> None:
+        self.record.update(status=status, finished=_now(), error=error, **fields)
+        self._write()
+
+    def _write(self) -> None:
+        tmp = self.run_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.record, indent=2, default=str))
+        tmp.replace(self.run_path)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of a rows.jsonl; a torn last line (crash mid-write) is ignored."""
+    if not Path(path).exists():
+        return []
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+class run_status:
+    """Finalise run.json whatever happens: success, error (with the message) or interrupted (Ctrl-C)."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+
+    def __enter__(self) -> RunStore:
+        return self.store
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
+        if exc_type is None:
+            self.store.finish("success")
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.store.finish("interrupted", error="interrupted by the user (Ctrl-C); rerun the same command to resume")
+        else:
+            self.store.finish("error", error=f"{exc_type.__name__}: {exc}")
+        return False
