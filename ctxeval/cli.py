@@ -264,6 +264,10 @@ class RichProgress:
     """The Progress interface drawn with rich: bar, ETA, current point, running ppl."""
 
     def __init__(self) -> None:
+        import time as _time
+
+        self.t0 = _time.perf_counter()
+        self.live = err.is_terminal  # redirected stderr (logs, CI) gets one plain line per point instead
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -271,18 +275,25 @@ class RichProgress:
         self.task = None
 
     def __enter__(self) -> "RichProgress":
-        self.bar.start()
+        if self.live:
+            self.bar.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.bar.stop()
+        if self.live:
+            self.bar.stop()
 
     def start(self, total: int) -> None:
         self.task = self.bar.add_task("starting", total=max(total, 1))
 
-    def advance(self, amount: int, description: str, ppl: float | None = None) -> None:
-        text = description + (f"  ppl {ppl:.2f}" if ppl is not None else "")
+    def advance(self, amount: int, description: str) -> None:
+        text = description
         self.bar.update(self.task, advance=amount, description=text)
+        if not self.live:
+            import time as _time
+
+            task = self.bar.tasks[0]
+            err.print(f"[{_time.perf_counter() - self.t0:7.1f}s {task.completed / task.total:4.0%}] {text}")
 
     def note(self, message: str) -> None:
         self.bar.console.print(f"[yellow]{message}[/yellow]")
@@ -424,3 +435,231 @@ def render_ppl(store: Any, specs: list[M.MethodSpec], original_length: int, aggr
         vt.add_row(*[str(c) for c in r])
     out.print(vt)
     err.print(f"wrote {store.dir}/table.md, table.csv, valid.csv, ppl.png")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# needle / passkey
+
+def parse_depths(text: str, spacing: str) -> list[float]:
+    """'0,50,100' | '0:100:11' (start:stop:count); --depth-spacing sigmoid packs count depths towards the ends."""
+    if spacing not in ("linear", "sigmoid"):
+        raise CtxevalError(f"--depth-spacing must be linear or sigmoid, got '{spacing}'")
+    try:
+        if ":" in text:
+            start, stop, count = text.split(":")
+            start, stop, n = float(start), float(stop), int(count)
+            if n < 1:
+                raise ValueError
+            if spacing == "sigmoid":
+                from .evals.needle import sigmoid_depths
+
+                values = [start + (stop - start) * d / 100 for d in sigmoid_depths(n)]
+            else:
+                values = [start + (stop - start) * i / max(n - 1, 1) for i in range(n)] if n > 1 else [start]
+        else:
+            values = [float(v) for v in text.split(",") if v.strip()]
+            if spacing == "sigmoid":
+                raise CtxevalError("--depth-spacing sigmoid needs a START:STOP:COUNT range in --depths")
+    except ValueError:
+        raise CtxevalError(f"bad --depths '{text}'; write 0,50,100 or 0:100:11") from None
+    values = sorted({round(v, 2) for v in values})
+    bad = [v for v in values if not 0 <= v <= 100]
+    if bad:
+        raise CtxevalError(f"depths are percentages in 0..100, got {bad[0]:g}")
+    if not values:
+        raise CtxevalError("--depths is empty")
+    return values
+
+
+def _load_preset(name: str, needle_text: str | None, question: str | None, answer_prefix: str | None,
+                 answer: str | None) -> Any:
+    from .evals.needle import NeedlePreset
+
+    if name.endswith(".toml"):
+        data = load_task(name, "needle")
+    else:
+        from .tasks import preset_names
+
+        choices = [n.removeprefix("needle-") for n in preset_names("needle")]
+        if name not in choices:
+            raise CtxevalError(f"unknown needle preset '{name}'; choose one of {', '.join(choices)}, or a .toml file")
+        data = load_task(f"needle-{name}", "needle")
+    overrides = {"needle": needle_text, "question": question, "answer_prefix": answer_prefix}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if answer is not None:
+        data.update(value=f"fixed:{answer}", match="all", keys=1, values_per_key=1)
+    return NeedlePreset.from_dict(Path(name).stem if name.endswith(".toml") else name, data)
+
+
+def _retrieval(task: str, *, model: str, lengths: str, depths: str | None, depth_spacing: str, samples: int,
+               needle: str, needle_text: str | None, question: str | None, answer_prefix: str | None,
+               answer: str | None, haystack: str, text_field: str, snap: bool, chat_template: str, scoring: str,
+               max_new_tokens: int | None, batch_size: int, threshold: float, method: list[str], factor: str | None,
+               seed: int, out: Path | None, overwrite: bool, dtype: str, device: str, attn: str,
+               trust_remote_code: bool) -> None:
+    from .evals.needle import NeedleConfig, NeedleRunner, PromptBuilder, haystack_tokens, make_sample, sweep
+    from .models import load_model
+    from .store import RunStore, run_status
+
+    import numpy as np
+
+    preset = _load_preset(needle, needle_text, question, answer_prefix, answer)
+    specs = M.expand_specs(method, parse_factors(factor))
+    random_depth = task == "passkey"
+    cfg = NeedleConfig(tuple(parse_lengths(lengths)), tuple(parse_depths(depths, depth_spacing)) if not random_depth else (),
+                       samples, scoring, max_new_tokens, seed, random_depth, batch_size)
+    if chat_template not in ("auto", "on", "off"):
+        raise CtxevalError(f"--chat-template must be auto, on or off, got '{chat_template}'")
+    if not 0 < threshold <= 1:
+        raise CtxevalError(f"--threshold must be in (0, 1], got {threshold}")
+
+    lm = load_model(model, dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code)
+    if lm.rope.geometry is None and any(s.name != "none" for s in specs):
+        raise CtxevalError(f"model '{model}' has no RoPE ({lm.rope.reason}); only --method none applies")
+    has_template = bool(getattr(lm.tokenizer, "chat_template", None))
+    if chat_template == "on" and not has_template:
+        raise CtxevalError(f"--chat-template on, but the tokenizer of '{model}' has no chat template; use auto or off")
+    use_template = has_template if chat_template == "auto" else chat_template == "on"
+    hay_ids, hay_info = haystack_tokens(lm.tokenizer, haystack, max(cfg.lengths), text_field)
+    builder = PromptBuilder(lm.tokenizer, preset, hay_ids, chat_template=use_template, snap=snap)
+    probe = make_sample(preset, np.random.default_rng(seed))
+    runner = NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name, task)
+    need = builder.minimum_length(probe, runner.budget(probe))
+    if min(cfg.lengths) < need:
+        raise CtxevalError(f"length {min(cfg.lengths)} is shorter than the instruction, needle and question "
+                           f"({need} tokens with this tokenizer); use --lengths of at least {need}")
+    if len(hay_ids) < max(cfg.lengths):
+        raise CtxevalError(f"the haystack '{haystack}' has {len(hay_ids):,} tokens, fewer than --lengths {max(cfg.lengths)}; "
+                           "use a longer corpus or shorter lengths")
+    original = lm.rope.geometry.original_length if lm.rope.geometry else None
+    spec_record = {
+        "task": task, "model": model, "preset": preset.__dict__, "haystack": haystack, "text_field": text_field,
+        "lengths": list(cfg.lengths), "depths": list(cfg.depths), "random_depth": random_depth, "samples": samples,
+        "scoring": scoring, "max_new_tokens": max_new_tokens, "snap": snap, "chat_template": use_template,
+        "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": seed,
+    }
+    stamp = __import__("time").strftime("%Y%m%d-%H%M%S")
+    run_dir = out or Path("results") / f"{task}-{safe_name(model)}-{stamp}"
+    store = RunStore(run_dir, spec_record, overwrite=overwrite)
+    store.start({"model": lm.record(), "haystack": hay_info, "methods": store.record.get("methods", {}),
+                 "seed": seed, "scoring": {"name": scoring, "rule": preset.match, "llm_judge": False}})
+    err.print(f"run directory: {run_dir}  ({len(cfg.cells())} samples per method; chat template "
+              f"{'on' if use_template else 'off'}; scoring {scoring})")
+    with run_status(store), RichProgress() as progress:
+        runner.progress = progress
+        sweep(lm, specs, runner, store)
+    render_retrieval(store, task, specs, original, threshold, f"{model}: {preset.name} in {haystack}")
+
+
+def render_retrieval(store: Any, task: str, specs: list[M.MethodSpec], original: int | None, threshold: float,
+                     title: str) -> None:
+    """Per method heatmap + accuracy table (depth x length); summary (method x length) with effective length."""
+    from . import report
+    from .plots import plot_heatmap
+
+    df = report.needle_long(store.rows())
+    order = [s.label for s in specs]
+    summary = report.needle_summary(df, order, threshold)
+    lengths = [c for c in summary.columns if c != "effective length"]
+    headers = ["method"] + [report.fmt_length(c) for c in lengths] + [f"effective length (>= {threshold:.0%})"]
+    rows = [[label] + [report.fmt_acc(summary.loc[label, c]) for c in lengths]
+            + [report.fmt_length(int(summary.loc[label, "effective length"])) if not pd_isna(summary.loc[label, "effective length"]) else "none"]
+            for label in summary.index]
+    md = [f"# {title}\n", f"Mean accuracy over depths and samples; scoring without an LLM judge. Original length {original}.\n",
+          report.markdown(headers, rows)]
+    if task == "passkey":
+        pk = report.passkey_summary(df, order, threshold)
+        prow = [[r["method"], report.fmt_length(int(r["passkey context"])) if not pd_isna(r["passkey context"]) else "none",
+                 report.fmt_acc(r["mean accuracy up to it"])] for _, r in pk.iterrows()]
+        md += [f"\n## Passkey context (accuracy >= {threshold:.0%})\n\n", report.markdown(["method", "passkey context", "mean accuracy up to it"], prow)]
+        pk.to_csv(store.dir / "passkey.csv", index=False)
+    for label in summary.index:
+        grid, status = report.accuracy_grid(df, label)
+        if task != "passkey":
+            gh = ["depth"] + [report.fmt_length(c) for c in grid.columns]
+            gr = [[f"{d:g}%"] + [report.fmt_acc(grid.loc[d, c], status.loc[d, c]) for c in grid.columns] for d in grid.index]
+            md += [f"\n## {label}: accuracy by depth and length\n\n", report.markdown(gh, gr)]
+            plot_heatmap(grid, status, f"{label}: {title}", original, store.dir / f"heatmap-{safe_name(label)}.png")
+    (store.dir / "table.md").write_text("".join(md))
+    export = summary.copy()
+    export.index.name = "method"
+    export.to_csv(store.dir / "summary.csv")
+    table = Table(title=title, caption=f"mean accuracy; effective length = longest length with every shorter length >= {threshold:.0%}")
+    for h in headers:
+        table.add_column(h, justify="left" if h == "method" else "right")
+    for r in rows:
+        table.add_row(*r)
+    out.print(table)
+    err.print(f"wrote {store.dir}/table.md, summary.csv" + (", heatmap-*.png" if task != "passkey" else ", passkey.csv"))
+
+
+def pd_isna(value: Any) -> bool:
+    import pandas as pd
+
+    return value is None or bool(pd.isna(value))
+
+
+_NEEDLE_HELP = "Preset: ruler, ruler-multikey, ruler-multivalue, ruler-multiquery, passkey, gkamradt, or a .toml file."
+
+
+@app.command("needle")
+@user_errors
+def needle_cmd(
+    model: Annotated[str, typer.Option(help="Hub id, local dir, .gguf file, or bundled name (smollm2).")] = "smollm2",
+    lengths: Annotated[str, typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2.")] = "1k,2k,4k",
+    depths: Annotated[str, typer.Option(help="Needle depths in percent: 0,50,100 | 0:100:11 (start:stop:count).")] = "0:100:5",
+    depth_spacing: Annotated[str, typer.Option(help="linear | sigmoid (packed towards the ends, as the original test).")] = "linear",
+    samples: Annotated[int, typer.Option(help="Samples per cell, each with its own seeded needle and offset.")] = 1,
+    needle: Annotated[str, typer.Option(help=_NEEDLE_HELP)] = "ruler",
+    needle_text: Annotated[Optional[str], typer.Option(help="Override the needle sentence ({key}, {value}).")] = None,
+    question: Annotated[Optional[str], typer.Option(help="Override the question ({keys}).")] = None,
+    answer_prefix: Annotated[Optional[str], typer.Option(help="Override the answer prefix.")] = None,
+    answer: Annotated[Optional[str], typer.Option(help="A fixed expected answer (with --needle-text).")] = None,
+    haystack: Annotated[str, typer.Option(help="filler | austen | mobydick | files | hf:NAME (any --data spec).")] = "filler",
+    text_field: Annotated[str, typer.Option(help="Record field holding the text.")] = "text",
+    snap: Annotated[bool, typer.Option(help="Move each needle back to the previous sentence end.")] = False,
+    chat_template: Annotated[str, typer.Option(help="auto | on | off: wrap as a user turn, prefill the answer prefix.")] = "auto",
+    scoring: Annotated[str, typer.Option(help="generate (greedy + string match) | forced (one teacher-forced pass).")] = "generate",
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Generation budget (default: answer tokens + 8).")] = None,
+    batch_size: Annotated[int, typer.Option(help="Forced scoring: prompts of one length per forward.")] = 4,
+    threshold: Annotated[float, typer.Option(help="Accuracy that counts for the effective length.")] = 0.8,
+    method: MethodOpt = ["none"],
+    factor: FactorOpt = None,
+    seed: Annotated[int, typer.Option(help="Seed of every random choice (values, keys, offsets).")] = 0,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory (default results/needle-<model>-<time>).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a run directory that holds a different spec.")] = False,
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    attn: AttnOpt = "sdpa",
+    trust_remote_code: RemoteOpt = False,
+) -> None:
+    """Needle in a haystack: accuracy over a depth x length grid per method, heatmaps, effective length."""
+    _retrieval("needle", **{k: v for k, v in locals().items()})
+
+
+@app.command("passkey")
+@user_errors
+def passkey_cmd(
+    model: Annotated[str, typer.Option(help="Hub id, local dir, .gguf file, or bundled name (smollm2).")] = "smollm2",
+    lengths: Annotated[str, typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2.")] = "1k,2k,4k",
+    samples: Annotated[int, typer.Option(help="Samples per length, each at a seeded uniform random depth.")] = 10,
+    haystack: Annotated[str, typer.Option(help="filler (the original test's) or any --data spec.")] = "filler",
+    text_field: Annotated[str, typer.Option(help="Record field holding the text.")] = "text",
+    chat_template: Annotated[str, typer.Option(help="auto | on | off")] = "off",
+    scoring: Annotated[str, typer.Option(help="generate | forced")] = "generate",
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Generation budget (default: answer tokens + 8).")] = None,
+    batch_size: Annotated[int, typer.Option(help="Forced scoring: prompts of one length per forward.")] = 4,
+    threshold: Annotated[float, typer.Option(help="Accuracy that counts for the passkey context.")] = 0.8,
+    method: MethodOpt = ["none"],
+    factor: FactorOpt = None,
+    seed: Annotated[int, typer.Option(help="Seed of every random choice (keys, depths, offsets).")] = 0,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory (default results/passkey-<model>-<time>).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a run directory that holds a different spec.")] = False,
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    attn: AttnOpt = "sdpa",
+    trust_remote_code: RemoteOpt = False,
+) -> None:
+    """Passkey retrieval (YaRN's): per length accuracy, passkey context and mean accuracy up to it."""
+    _retrieval("passkey", depths=None, depth_spacing="linear", needle="passkey", needle_text=None, question=None,
+               answer_prefix=None, answer=None, snap=False, **{k: v for k, v in locals().items()})

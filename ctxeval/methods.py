@@ -140,11 +140,6 @@ def _ntk(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeFreq
     `alpha` is the original post's name for the same scale; `base` sets b' directly.
     """
     d = geom.rotary_dim
-    given = [k for k in ("alpha", "base") if params.get(k) is not None]
-    if given and params["factor"] != 1.0:
-        raise CtxevalError(f"ntk: give either factor or {given[0]}, not both")
-    if len(given) > 1:
-        raise CtxevalError("ntk: give either alpha or base, not both")
     if params.get("base") is not None:
         new_base = params["base"]
     else:
@@ -221,11 +216,6 @@ def _yarn_attention_factor(s: float, params: dict[str, Any]) -> float:
 
 def _by_parts(geom: Geometry, params: dict[str, Any], s: float, L: int) -> np.ndarray:
     """NTK-by-parts blend of frequencies (YaRN eq. 18): h(theta) = (1 - gamma) theta / s + gamma theta."""
-    if params["beta_slow"] >= params["beta_fast"]:
-        raise CtxevalError(
-            f"beta_slow (alpha) must be smaller than beta_fast (beta), got beta_slow={params['beta_slow']} "
-            f"beta_fast={params['beta_fast']}; the paper uses alpha=1, beta=32"
-        )
     theta = geom.default_inv_freq()
     gamma = yarn_ramp(geom, params, L)
     return (1.0 - gamma) * theta / s + gamma * theta
@@ -256,8 +246,6 @@ def _llama3(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeF
     """Llama 3.1 scaling: keep wavelengths < L/high_freq_factor, divide those > L/low_freq_factor by s, and blend
     in between with smooth = (L/lambda - low) / (high - low) (transformers `_compute_llama3_parameters`)."""
     s, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
-    if low >= high:
-        raise CtxevalError(f"llama3: low_freq_factor must be smaller than high_freq_factor, got {low} >= {high}")
     L = _length(geom, params)
     theta = geom.default_inv_freq()
     wavelength = 2 * math.pi / theta
@@ -385,7 +373,28 @@ def resolve_params(method: Method, given: dict[str, Any]) -> dict[str, Any]:
         raise CtxevalError(f"{method.name}: truncate applies only to ramp=index; drop it or use ramp=index")
     for p in method.params:
         params.setdefault(p.name, p.default)
+    _check_combination(method, params)
     return params
+
+
+def _check_combination(method: Method, params: dict[str, Any]) -> None:
+    """Constraints between parameters, checked before any model work starts."""
+    if "beta_fast" in params and params["beta_slow"] >= params["beta_fast"]:
+        raise CtxevalError(
+            f"{method.name}: beta_slow (alpha) must be smaller than beta_fast (beta), got beta_slow="
+            f"{params['beta_slow']:g} beta_fast={params['beta_fast']:g}; the paper uses alpha=1, beta=32"
+        )
+    if "low_freq_factor" in params and params["low_freq_factor"] >= params["high_freq_factor"]:
+        raise CtxevalError(
+            f"{method.name}: low_freq_factor must be smaller than high_freq_factor, got "
+            f"{params['low_freq_factor']:g} >= {params['high_freq_factor']:g}"
+        )
+    if method.name == "ntk":
+        given = [k for k in ("alpha", "base") if params.get(k) is not None]
+        if given and params["factor"] != 1.0:
+            raise CtxevalError(f"ntk: give either factor or {given[0]}, not both")
+        if len(given) > 1:
+            raise CtxevalError("ntk: give either alpha or base, not both")
 
 
 def compute(

@@ -60,3 +60,38 @@ def plot_ppl(wide: Any, original_length: int, title: str, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_heatmap(grid: Any, status: Any, title: str, original_length: int | None, path: Path) -> Path:
+    """Accuracy heatmap: depth on y, length on x, the original test's red-yellow-green scale, values printed."""
+    import math
+
+    import numpy as np
+
+    values = grid.to_numpy(dtype=float)
+    fig, ax = plt.subplots(figsize=(1.1 * values.shape[1] + 2.5, 0.45 * values.shape[0] + 1.8))
+    masked = np.ma.masked_invalid(values)
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="#dddddd")
+    im = ax.imshow(masked, cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            v = values[i, j]
+            text = f"{v:.0%}" if not math.isnan(v) else {"oom": "OOM", "skipped": "skip"}.get(str(status.iat[i, j]), "—")
+            ax.text(j, i, text, ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(values.shape[1]))
+    ax.set_xticklabels([f"{c // 1024}k" if c % 1024 == 0 and c >= 1024 else str(c) for c in grid.columns])
+    ax.set_yticks(range(values.shape[0]))
+    ax.set_yticklabels([f"{d:g}%" for d in grid.index])
+    past = [j for j, c in enumerate(grid.columns) if original_length is not None and c > original_length]
+    if past:
+        ax.axvline(past[0] - 0.5, color="black", lw=1.5, ls="--")
+    ax.set_xlabel("context length (tokens)" + (f"; right of the dashed line: past the original {original_length}" if past else ""))
+    ax.set_ylabel("needle depth")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="accuracy")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -121,3 +121,67 @@ def valid_cells(valid: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             f"{r.iloc[4]:.2f}" if r.iloc[4] is not None and not pd.isna(r.iloc[4]) else MISSING,
         ])
     return headers, rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# needle / passkey
+
+
+def needle_long(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """Per-sample rows, last per (model, label, length, depth, sample)."""
+    df = latest_rows(rows, ("model", "label", "length", "depth", "sample"))
+    if df.empty:
+        return df
+    df["length"] = df["length"].astype(int)
+    return df
+
+
+def accuracy_grid(df: pd.DataFrame, label: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Mean accuracy (rows = depth %, columns = length) for one method, and the cells' status (ok/oom/skipped)."""
+    sub = df[df["label"] == label]
+    ok = sub[sub["status"] == "ok"]
+    grid = ok.pivot_table(index="depth", columns="length", values="correct", aggfunc="mean")
+    all_cells = sub.pivot_table(index="depth", columns="length", values="status", aggfunc="first")
+    grid = grid.reindex(index=all_cells.index, columns=all_cells.columns)
+    return grid.sort_index().sort_index(axis=1), all_cells.sort_index().sort_index(axis=1)
+
+
+def effective_length(acc_by_length: pd.Series, threshold: float) -> int | None:
+    """Longest length L such that every evaluated length <= L has mean accuracy >= threshold (None if the
+    shortest already fails). Contiguous from the shortest, so a lucky long length cannot overstate it."""
+    best = None
+    for length, acc in sorted(acc_by_length.items()):
+        if acc is None or math.isnan(acc) or acc < threshold:
+            break
+        best = int(length)
+    return best
+
+
+def needle_summary(df: pd.DataFrame, order: list[str], threshold: float) -> pd.DataFrame:
+    """Rows = method, columns = length (mean accuracy over depths and samples), plus the effective length."""
+    ok = df[df["status"] == "ok"]
+    wide = ok.pivot_table(index="label", columns="length", values="correct", aggfunc="mean")
+    lengths = sorted(df["length"].unique())
+    wide = wide.reindex(index=[l for l in order if l in set(df["label"])], columns=lengths)
+    wide["effective length"] = [effective_length(wide.loc[label, lengths], threshold) for label in wide.index]
+    return wide
+
+
+def passkey_summary(df: pd.DataFrame, order: list[str], threshold: float) -> pd.DataFrame:
+    """YaRN's two passkey figures: passkey context (longest length with accuracy >= threshold, contiguous) and
+    the mean accuracy over the lengths up to it."""
+    wide = needle_summary(df, order, threshold)
+    lengths = [c for c in wide.columns if c != "effective length"]
+    rows = []
+    for label in wide.index:
+        ctx = wide.loc[label, "effective length"]
+        upto = [c for c in lengths if ctx is not None and not pd.isna(ctx) and c <= ctx]
+        mean = float(wide.loc[label, upto].mean()) if upto else float("nan")
+        rows.append({"method": label, "passkey context": ctx, "mean accuracy up to it": mean})
+    return pd.DataFrame(rows)
+
+
+def fmt_acc(value: Any, status: str | None = None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return {"oom": "OOM", "skipped": "skip"}.get(status or "", MISSING)
+    return f"{value:.0%}"

@@ -29,3 +29,39 @@ def tiny_llama(rope_parameters=None, seed=0, **overrides):
 @pytest.fixture
 def llama():
     return tiny_llama()
+
+
+def build_tokenizer(vocab_size=300):
+    """A small byte-level BPE tokenizer trained offline on CPython's bundled docs (no download)."""
+    from pydoc_data.topics import topics
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(list(topics.values()), vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                            special_tokens=["<s>", "</s>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny random Llama (L = 64) with a real tokenizer: loadable by --model DIR."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    tok = build_tokenizer()
+    model = tiny_llama(vocab_size=len(tok))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def text_dir(tmp_path_factory):
+    """Small text fixtures written by the tests: three documents of different lengths."""
+    from pydoc_data.topics import topics
+
+    path = tmp_path_factory.mktemp("texts")
+    names = sorted(topics, key=lambda k: -len(topics[k]))
+    (path / "a_long.txt").write_text(topics[names[0]])
+    (path / "b_medium.txt").write_text(topics[names[5]][:6000])
+    (path / "c_short.txt").write_text("Only a few words here.")
+    return path

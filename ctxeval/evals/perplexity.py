@@ -35,13 +35,13 @@ class Progress(Protocol):
     """What the evaluation reports while it runs; only the CLI knows how to draw it."""
 
     def start(self, total: int) -> None: ...
-    def advance(self, amount: int, description: str, ppl: float | None = None) -> None: ...
+    def advance(self, amount: int, description: str) -> None: ...
     def note(self, message: str) -> None: ...
 
 
 class _Silent:
     def start(self, total: int) -> None: ...
-    def advance(self, amount: int, description: str, ppl: float | None = None) -> None: ...
+    def advance(self, amount: int, description: str) -> None: ...
     def note(self, message: str) -> None: ...
 
 
@@ -266,7 +266,7 @@ class PplRunner:
             try:
                 rows = self._truncate_one_forward(spec, doc, lengths)
                 emit(rows)
-                self.progress.advance(max(lengths), f"{spec.label} {doc.doc_id}", rows[-1]["ppl"])
+                self.progress.advance(max(lengths), f"{spec.label} {doc.doc_id} ppl@{max(lengths)} {rows[-1]['ppl']:.2f}")
                 return
             except PointOOM:
                 self.progress.note(f"{spec.label}: out of memory at {max(lengths)} tokens; measuring length by length")
@@ -286,7 +286,7 @@ class PplRunner:
                 return
             emit([row])
             cost = len(doc.ids) * length // self.cfg.stride if self.cfg.protocol == "sliding" else length
-            self.progress.advance(cost, f"{spec.label} L={length} {doc.doc_id}", row["ppl"])
+            self.progress.advance(cost, f"{spec.label} L={length} {doc.doc_id} ppl {row['ppl']:.2f}")
 
 
 def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig, store: Any,

@@ -1,0 +1,464 @@
+"""Needle in a haystack and passkey: prompts built in token space at exact lengths, scored without an LLM judge.
+
+A prompt is [BOS] + instruction + haystack-with-needles + question + answer prefix (optionally wrapped in the
+tokenizer's chat template, the answer prefix prefilled as the assistant turn). Every piece is tokenized with
+add_special_tokens=False (a BOS inside a needle is a classic bug) and BOS is added once. The haystack is cut so
+that the whole sequence the model processes is exactly `length` tokens: prompt + answer for `forced` scoring,
+prompt + generation budget for `generate`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..errors import CtxevalError
+from ..methods import MethodSpec, get_method
+from .perplexity import PointOOM, Progress, _is_oom, _Silent
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+SCORINGS = ("generate", "forced")
+# RULER draws keys from a word list; ours is a fixed list in code so that keys are reproducible from the seed
+_ADJ = ("ancient amber bitter brave calm clever cold curious daring eager fancy fierce gentle giant glossy golden "
+        "hollow humble icy jolly lively lucky mellow misty noble odd plain quiet rapid rustic shiny silent smooth "
+        "sturdy sunny swift tender tidy vivid wary wild witty").split()
+_NOUN = ("anchor apple badger basket beacon bridge canyon cedar comet cottage falcon feather garden glacier harbor "
+         "island kettle lantern meadow mirror orchard otter pebble pepper quarry river saddle signal spruce summit "
+         "teapot thunder tunnel valley violin walnut willow window zephyr").split()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# presets and samples
+
+
+@dataclass(frozen=True)
+class NeedlePreset:
+    name: str
+    instruction: str
+    needle: str  # "{key}" and "{value}" are filled per needle
+    question: str  # "{keys}" is filled with the queried keys
+    answer_prefix: str
+    value: str  # digits:N | int:LO:HI | fixed:TEXT
+    keys: int = 1  # queried keys
+    values_per_key: int = 1
+    distractors: int = 0  # needles with other keys, not asked about
+    match: str = "all"  # all (RULER string_match_all) | first_int (passkey) | terms
+    match_terms: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, name: str, data: dict[str, Any]) -> "NeedlePreset":
+        known = set(cls.__dataclass_fields__) - {"name"}
+        unknown = set(data) - known
+        if unknown:
+            raise CtxevalError(f"needle preset '{name}' has unknown keys: {', '.join(sorted(unknown))}")
+        data = {**data, "match_terms": tuple(data.get("match_terms", ()))}
+        preset = cls(name=name, **data)
+        preset.check()
+        return preset
+
+    def check(self) -> None:
+        if self.match not in ("all", "first_int", "terms"):
+            raise CtxevalError(f"needle preset '{self.name}': match must be all, first_int or terms")
+        if not re.fullmatch(r"digits:\d+|int:\d+:\d+|fixed:.+", self.value):
+            raise CtxevalError(f"needle preset '{self.name}': value must be digits:N, int:LO:HI or fixed:TEXT, got '{self.value}'")
+        if min(self.keys, self.values_per_key) < 1 or self.distractors < 0:
+            raise CtxevalError(f"needle preset '{self.name}': keys and values_per_key must be >= 1, distractors >= 0")
+        if "{value}" not in self.needle and not self.value.startswith("fixed:"):
+            raise CtxevalError(f"needle preset '{self.name}': the needle text must contain {{value}}")
+
+
+@dataclass(frozen=True)
+class Sample:
+    needles: tuple[str, ...]  # queried needles first, then distractors
+    n_queried: int
+    question: str
+    answer_prefix: str
+    answers: tuple[str, ...]  # every expected value
+
+    @property
+    def answer_text(self) -> str:
+        """The completion after the answer prefix that forced scoring teacher-forces."""
+        return " " + ", ".join(self.answers)
+
+
+def _value(spec: str, rng: np.random.Generator) -> str:
+    kind, _, rest = spec.partition(":")
+    if kind == "digits":
+        n = int(rest)
+        return str(rng.integers(10 ** (n - 1), 10**n))
+    if kind == "int":
+        lo, hi = (int(x) for x in rest.split(":"))
+        return str(rng.integers(lo, hi + 1))
+    return rest
+
+
+def make_sample(preset: NeedlePreset, rng: np.random.Generator) -> Sample:
+    """Seeded needle values and keys (distinct keys; distinct values within a sample)."""
+    total_keys = preset.keys + preset.distractors
+    pairs = rng.choice(len(_ADJ) * len(_NOUN), size=total_keys, replace=False)
+    keys = [f"{_ADJ[p // len(_NOUN)]}-{_NOUN[p % len(_NOUN)]}" for p in pairs]
+    used: set[str] = set()
+    needles, answers = [], []
+    for i, key in enumerate(keys):
+        for _ in range(preset.values_per_key if i < preset.keys else 1):
+            value = _value(preset.value, rng)
+            while value in used and not preset.value.startswith("fixed:"):
+                value = _value(preset.value, rng)
+            used.add(value)
+            needles.append(preset.needle.format(key=key, value=value))
+            if i < preset.keys:
+                answers.append(value)
+    queried = keys[: preset.keys]
+    key_text = ", ".join(queried[:-1]) + (" and " if len(queried) > 1 else "") + queried[-1]
+    n_queried = preset.keys * preset.values_per_key
+    return Sample(tuple(needles), n_queried, preset.question.format(keys=key_text),
+                  preset.answer_prefix.format(keys=key_text), tuple(answers))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scoring
+
+
+_INT = re.compile(r"-?\d+")
+
+
+def score_response(preset: NeedlePreset, sample: Sample, response: str) -> bool:
+    """RULER string_match_all (every value appears), passkey (first integer equals the key), or all terms."""
+    if preset.match == "first_int":
+        found = _INT.search(response)
+        return bool(found) and found.group() == sample.answers[0]
+    if preset.match == "terms":
+        return all(term.lower() in response.lower() for term in preset.match_terms)
+    return all(answer.lower() in response.lower() for answer in sample.answers)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# prompt builder
+
+
+@dataclass
+class Prompt:
+    ids: list[int]  # the prompt (ends with the answer prefix)
+    answer_ids: list[int]  # the answer tokens that forced scoring appends
+    needle_spans: list[tuple[int, int]]  # [start, end) of each needle's tokens in ids
+    depth_tokens: int  # insertion offset of the first queried needle inside the haystack
+    haystack_tokens: int
+
+
+def sigmoid_depths(count: int) -> list[float]:
+    """Depths packed towards 0% and 100%, as the original needle test's sigmoid spacing."""
+    if count == 1:
+        return [50.0]
+    x = np.linspace(-4, 4, count)
+    s = 1 / (1 + np.exp(-x))
+    return [round(float(v), 2) for v in 100 * (s - s[0]) / (s[-1] - s[0])]
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer: Any, preset: NeedlePreset, haystack_ids: np.ndarray, *, chat_template: bool,
+                 bos: bool = True, snap: bool = False) -> None:
+        self.tok = tokenizer
+        self.preset = preset
+        self.haystack = haystack_ids  # (n,) token ids of consecutive haystack text
+        self.snap = snap
+        self.bos = [tokenizer.bos_token_id] if bos and tokenizer.bos_token_id is not None else []
+        self.chat = chat_template
+        self.pre_chat: list[int] = []
+        self.post_chat: list[int] = []
+        if chat_template:
+            marker = "\u2063CTXEVAL\u2063"
+            text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                                 add_generation_prompt=True)
+            pre, _, post = text.partition(marker)
+            self.pre_chat, self.post_chat = self.encode(pre), self.encode(post)
+            if self.bos and self.pre_chat[:1] == self.bos:
+                self.bos = []  # the template already starts with BOS
+        self._sentence_end = self._sentence_end_table()
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def _sentence_end_table(self) -> np.ndarray:
+        """For each vocab id: does its text end a sentence (., !, ? or a newline)?"""
+        ids = np.unique(self.haystack)
+        ends = np.zeros(int(max(ids.max(), 1)) + 1, dtype=bool)
+        for i in ids:
+            text = self.tok.decode([int(i)])
+            stripped = text.rstrip(" ")
+            ends[i] = "\n" in text or (stripped != "" and stripped[-1] in ".!?")
+        return ends
+
+    def fixed_tokens(self, sample: Sample) -> tuple[list[int], list[int], list[list[int]], list[int]]:
+        head = self.bos + self.pre_chat + self.encode(self.preset.instruction + "\n")
+        needles = [self.encode(" " + n) for n in sample.needles]
+        question = self.encode("\n" + sample.question)
+        if self.chat:
+            tail = question + self.post_chat + self.encode(sample.answer_prefix)
+        else:
+            tail = question + self.encode(" " + sample.answer_prefix)
+        return head, tail, needles, self.encode(sample.answer_text)
+
+    def minimum_length(self, sample: Sample, reserve: int) -> int:
+        head, tail, needles, _ = self.fixed_tokens(sample)
+        return len(head) + len(tail) + sum(map(len, needles)) + reserve + 1
+
+    def build(self, length: int, depth: float, sample: Sample, rng: np.random.Generator, reserve: int) -> Prompt:
+        """A prompt whose tokens + `reserve` (answer tokens or generation budget) equal `length` exactly.
+
+        The first queried needle goes at `depth`% of the haystack tokens; the other needles (more values, more
+        keys, distractors) at seeded random depths. The haystack is consecutive text from a seeded offset."""
+        head, tail, needles, answer = self.fixed_tokens(sample)
+        budget = length - len(head) - len(tail) - sum(map(len, needles)) - reserve
+        if budget < 1:
+            raise CtxevalError(
+                f"length {length} is shorter than the instruction, needle(s), question and answer "
+                f"({length - budget + 1} tokens with this tokenizer); use longer --lengths"
+            )
+        if budget > len(self.haystack):
+            raise CtxevalError(
+                f"the haystack has {len(self.haystack):,} tokens but length {length} needs {budget:,}; "
+                "use a longer --haystack corpus or shorter --lengths"
+            )
+        offset = int(rng.integers(0, len(self.haystack) - budget + 1))
+        hay = self.haystack[offset:offset + budget].tolist()
+        positions = [self._position(depth, hay)]
+        positions += [self._position(float(rng.uniform(0, 100)), hay) for _ in needles[1:]]
+        order = sorted(range(len(needles)), key=lambda i: (positions[i], i))
+        ids = list(head)
+        spans: list[tuple[int, int]] = [(0, 0)] * len(needles)
+        cursor = 0
+        for i in order:
+            ids.extend(hay[cursor:positions[i]])
+            cursor = positions[i]
+            spans[i] = (len(ids), len(ids) + len(needles[i]))
+            ids.extend(needles[i])
+        ids.extend(hay[cursor:])
+        ids.extend(tail)
+        assert len(ids) + reserve == length, (len(ids), reserve, length)
+        return Prompt(ids, answer, spans, positions[0], budget)
+
+    def _position(self, depth: float, hay: list[int]) -> int:
+        """Insertion offset at depth% of the haystack; with snap, moved back to just after a sentence end."""
+        pos = int(round(depth / 100 * len(hay)))
+        if self.snap:
+            while 0 < pos < len(hay) and not self._sentence_end[hay[pos - 1]]:
+                pos -= 1
+        return pos
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# haystacks
+
+
+def haystack_tokens(tokenizer: Any, spec: str, min_tokens: int, text_field: str = "text") -> tuple[np.ndarray, dict[str, Any]]:
+    """Token ids of the haystack: the filler repeated, or a corpus' documents joined by a blank line."""
+    from .. import corpora
+
+    if spec == "filler":
+        unit = np.asarray(tokenizer(" " + FILLER, add_special_tokens=False)["input_ids"])
+        reps = max(1, math.ceil((min_tokens + 1) / len(unit)) + 1)
+        return np.tile(unit, reps), {"haystack": "filler", "text": FILLER}
+    sep = np.asarray(tokenizer("\n\n", add_special_tokens=False)["input_ids"])
+    parts, total, used = [], 0, []
+    for doc in corpora.iter_documents(spec, text_field):
+        ids = corpora.tokenize(tokenizer, doc)
+        parts += [ids, sep]
+        total += len(ids) + len(sep)
+        used.append({"doc": doc.doc_id, "tokens": int(len(ids))})
+        if total >= 4 * min_tokens:
+            break
+    if not parts:
+        raise CtxevalError(f"haystack corpus '{spec}' holds no text")
+    return np.concatenate(parts), {"haystack": spec, "documents": used}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runner
+
+
+@dataclass(frozen=True)
+class NeedleConfig:
+    lengths: tuple[int, ...]
+    depths: tuple[float, ...]  # ignored when random_depth
+    samples: int = 1
+    scoring: str = "generate"
+    max_new_tokens: int | None = None  # None: the answer's token count + 8
+    seed: int = 0
+    random_depth: bool = False  # passkey: a uniform random depth per sample
+    batch_size: int = 4  # forced scoring: prompts of one length per forward
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise CtxevalError("give at least one --lengths value")
+        if self.samples < 1:
+            raise CtxevalError(f"--samples must be >= 1, got {self.samples}")
+        if self.scoring not in SCORINGS:
+            raise CtxevalError(f"--scoring must be one of {', '.join(SCORINGS)}, got '{self.scoring}'")
+        bad = [d for d in self.depths if not 0 <= d <= 100]
+        if bad:
+            raise CtxevalError(f"depths are percentages in 0..100, got {bad[0]:g}")
+        if not self.random_depth and not self.depths:
+            raise CtxevalError("give at least one --depths value")
+        if self.batch_size < 1:
+            raise CtxevalError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise CtxevalError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+
+    def cells(self) -> list[tuple[int, int, int]]:
+        """(length, depth index, sample) for every sample; with random_depth the depth index is 0."""
+        depth_count = 1 if self.random_depth else len(self.depths)
+        return [(L, d, s) for L in self.lengths for d in range(depth_count) for s in range(self.samples)]
+
+    def rng(self, length: int, depth_index: int, sample: int) -> np.random.Generator:
+        """The same seed gives the same needle, key, offset (and passkey depth) for every method."""
+        return np.random.default_rng([self.seed, length, depth_index, sample])
+
+
+@dataclass
+class _Item:
+    length: int
+    depth_index: int
+    sample_index: int
+    depth: float
+    sample: Sample
+    prompt: Prompt
+
+
+class NeedleRunner:
+    KEY = ("label", "length", "depth", "sample")
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, device: str, builder: PromptBuilder, cfg: NeedleConfig,
+                 model_name: str, task: str, progress: Progress | None = None) -> None:
+        self.model, self.tok, self.device, self.builder, self.cfg = model, tokenizer, device, builder, cfg
+        self.model_name, self.task = model_name, task
+        self.progress = progress or _Silent()
+
+    def budget(self, sample: Sample) -> int:
+        if self.cfg.scoring == "forced":
+            return len(self.builder.encode(sample.answer_text))
+        return self.cfg.max_new_tokens or len(self.builder.encode(sample.answer_text)) + 8
+
+    def _sample_and_depth(self, length: int, depth_index: int, sample_index: int) -> tuple[np.random.Generator, Sample, float]:
+        rng = self.cfg.rng(length, depth_index, sample_index)
+        sample = make_sample(self.builder.preset, rng)
+        depth = round(float(rng.uniform(0, 100)), 2) if self.cfg.random_depth else self.cfg.depths[depth_index]
+        return rng, sample, depth
+
+    def depth(self, cell: tuple[int, int, int]) -> float:
+        return self._sample_and_depth(*cell)[2]
+
+    def item(self, length: int, depth_index: int, sample_index: int) -> _Item:
+        rng, sample, depth = self._sample_and_depth(length, depth_index, sample_index)
+        prompt = self.builder.build(length, depth, sample, rng, self.budget(sample))
+        return _Item(length, depth_index, sample_index, depth, sample, prompt)
+
+    def _row(self, spec: MethodSpec, it: _Item, **fields: Any) -> dict[str, Any]:
+        return {"model": self.model_name, "method": spec.name, "label": spec.label, "params": spec.params,
+                "task": self.task, "preset": self.builder.preset.name, "scoring": self.cfg.scoring,
+                "length": it.length, "depth": it.depth, "sample": it.sample_index,
+                "answer": ", ".join(it.sample.answers), "prompt_tokens": len(it.prompt.ids),
+                "answer_tokens": len(it.prompt.answer_ids),
+                "haystack_tokens": it.prompt.haystack_tokens, **fields}
+
+    # -- forced: one forward over prompt + answer, batched by length ---------------------------------------------
+    @torch.inference_mode()
+    def _forced(self, items: list[_Item]) -> list[dict[str, Any]]:
+        from .perplexity import _head_parts
+
+        body, head, post = _head_parts(self.model)
+        seqs = [it.prompt.ids + it.prompt.answer_ids for it in items]
+        batch = torch.tensor(seqs, device=self.device)  # (B, length): equal lengths by construction
+        hidden = body(input_ids=batch, use_cache=False).last_hidden_state  # (B, length, hidden)
+        out = []
+        for b, it in enumerate(items):
+            n_prompt, n_answer = len(it.prompt.ids), len(it.prompt.answer_ids)
+            logits = post(head(hidden[b, n_prompt - 1:n_prompt - 1 + n_answer]).float())  # (n_answer, vocab)
+            target = torch.tensor(it.prompt.answer_ids, device=logits.device)
+            nll = float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
+            pred = logits.argmax(-1)
+            out.append({"correct": int(bool((pred == target).all())), "answer_nll": nll,
+                        "response": self.tok.decode(pred.tolist())})
+        return out
+
+    # -- generate: greedy decoding ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _generate(self, it: _Item, handle: Any) -> dict[str, Any]:
+        ids = torch.tensor([it.prompt.ids], device=self.device)
+        budget = self.budget(it.sample)
+        if handle is not None and handle.method.length_dependent:
+            handle.freeze_length(it.length)  # prompt + budget: cached keys and new queries share one RoPE
+        try:
+            gen = self.model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget, do_sample=False,
+                num_beams=1, pad_token_id=self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id,
+                temperature=None, top_p=None, top_k=None,
+            )
+        finally:
+            if handle is not None and handle.method.length_dependent:
+                handle.freeze_length(None)
+        response = self.tok.decode(gen[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+        return {"correct": int(score_response(self.builder.preset, it.sample, response)), "response": response}
+
+    def measure(self, spec: MethodSpec, cells: list[tuple[int, int, int]], emit: Callable[[list[dict]], None],
+                handle: Any = None) -> None:
+        """Score `cells` of one method (shortest lengths first), emitting one row per sample as it finishes.
+        An out-of-memory length is recorded and longer lengths of this method are skipped."""
+        skip_from = math.inf
+        by_length: dict[int, list[tuple[int, int, int]]] = {}
+        for cell in sorted(cells):
+            by_length.setdefault(cell[0], []).append(cell)
+        for length, group in sorted(by_length.items()):
+            items = [self.item(*cell) for cell in group]
+            if length >= skip_from:
+                emit([self._row(spec, it, status="skipped", correct=None, note=f"skipped: out of memory at {skip_from}")
+                      for it in items])
+                continue
+            step = self.cfg.batch_size if self.cfg.scoring == "forced" else 1
+            for start in range(0, len(items), step):
+                chunk = items[start:start + step]
+                t0 = time.perf_counter()
+                try:
+                    results = self._forced(chunk) if self.cfg.scoring == "forced" else [self._generate(chunk[0], handle)]
+                except Exception as exc:
+                    if not _is_oom(exc):
+                        raise
+                    if self.device.startswith("cuda"):
+                        torch.cuda.empty_cache()
+                    skip_from = length
+                    note = (str(exc).splitlines() or ["out of memory"])[0][:300]
+                    emit([self._row(spec, it, status="oom", correct=None, note=note) for it in items[start:]])
+                    self.progress.note(f"{spec.label}: out of memory at {length} tokens; longer lengths skipped")
+                    break
+                seconds = (time.perf_counter() - t0) / len(chunk)
+                emit([self._row(spec, it, status="ok", seconds=round(seconds, 3), **res) for it, res in zip(chunk, results)])
+                self.progress.advance(length * len(chunk), f"{spec.label} L={length} depth {chunk[-1].depth:g}% "
+                                      f"{'ok' if results[-1]['correct'] else 'miss'}")
+
+
+def sweep(lm: Any, specs: list[MethodSpec], runner: NeedleRunner, store: Any) -> None:
+    """Every (method, length, depth, sample) not yet in `store`, one method applied at a time."""
+    from ..patching import apply_method
+
+    done = {store.key(r, NeedleRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
+    cells = runner.cfg.cells()
+    depths = {c: runner.depth(c) for c in cells}
+    pending = {
+        spec.label: [c for c in cells
+                     if store.key({"label": spec.label, "length": c[0], "depth": depths[c], "sample": c[2]}, NeedleRunner.KEY) not in done]
+        for spec in specs
+    }
+    runner.progress.start(sum(c[0] for cs in pending.values() for c in cs))
+    effective = dict(store.record.get("methods", {}))
+    for spec in specs:
+        if not pending[spec.label]:
+            continue
+        with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params) as handle:
+            effective[spec.label] = handle.record(tuple(runner.cfg.lengths))
+            store.update(methods=effective)
+            runner.measure(spec, pending[spec.label], store.append, handle)

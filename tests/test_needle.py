@@ -1,0 +1,182 @@
+"""needle / passkey: exact prompt lengths, intact needles, scoring, forced vs generate, resume, outputs, bad input."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ctxeval.cli import app, parse_depths
+from ctxeval.errors import CtxevalError
+from ctxeval.evals import needle as N
+from ctxeval.tasks import load_task, preset_names
+
+from conftest import build_tokenizer, tiny_llama
+
+runner = CliRunner()
+PRESETS = [n.removeprefix("needle-") for n in preset_names("needle")]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def preset(name):
+    return N.NeedlePreset.from_dict(name, load_task(f"needle-{name}", "needle"))
+
+
+def builder(tok, name, chat=False, snap=False, hay="filler"):
+    ids, _ = N.haystack_tokens(tok, hay, 4000)
+    return N.PromptBuilder(tok, preset(name), ids, chat_template=chat, snap=snap)
+
+
+def test_all_presets_listed():
+    assert set(PRESETS) == {"ruler", "ruler-multikey", "ruler-multivalue", "ruler-multiquery", "passkey", "gkamradt"}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("depth", [0.0, 33.3, 50.0, 100.0])
+@pytest.mark.parametrize("chat", [False, True])
+def test_prompt_length_exact_needles_intact_one_bos(tok, name, depth, chat):
+    if chat:
+        tok.chat_template = "{% for m in messages %}<s>[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] "
+    else:
+        tok.chat_template = None
+    b = builder(tok, name, chat=chat)
+    for length in (900, 1111):
+        rng = np.random.default_rng([1, length])
+        sample = N.make_sample(b.preset, rng)
+        for reserve in (len(b.encode(sample.answer_text)), 24):
+            p = b.build(length, depth, sample, np.random.default_rng(7), reserve)
+            assert len(p.ids) + reserve == length
+            assert p.ids.count(tok.bos_token_id) == 1 and p.ids[0] == tok.bos_token_id  # BOS once, first
+            for needle_text, (start, end) in zip(sample.needles, p.needle_spans):
+                assert p.ids[start:end] == b.encode(" " + needle_text)  # intact, contiguous
+            head = len(b.fixed_tokens(sample)[0])
+            before = sum(e - s for s, e in p.needle_spans if s < p.needle_spans[0][0])
+            assert p.needle_spans[0][0] - head - before == round(depth / 100 * p.haystack_tokens)
+            assert p.answer_ids == b.encode(sample.answer_text)
+    tok.chat_template = None
+
+
+def test_snap_moves_needle_to_a_sentence_end(tok):
+    b = builder(tok, "ruler", snap=True)
+    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    p = b.build(600, 47.0, sample, np.random.default_rng(3), 10)
+    start = p.needle_spans[0][0]
+    assert tok.decode(p.ids[start - 1:start]).rstrip(" ")[-1] in ".!?\n"
+    assert p.depth_tokens <= round(0.47 * p.haystack_tokens)
+
+
+def test_samples_are_seeded_and_distinct():
+    pr = preset("ruler-multikey")
+    a, b = N.make_sample(pr, np.random.default_rng(5)), N.make_sample(pr, np.random.default_rng(5))
+    assert a == b and len(a.needles) == 4 and len(a.answers) == 1
+    mv = N.make_sample(preset("ruler-multivalue"), np.random.default_rng(1))
+    assert len(mv.answers) == 4 == len(set(mv.answers))
+    mq = N.make_sample(preset("ruler-multiquery"), np.random.default_rng(1))
+    assert mq.question.count("-") == 4 and " and " in mq.question
+    pk = N.make_sample(preset("passkey"), np.random.default_rng(2))
+    assert 1 <= int(pk.answers[0]) <= 50000
+
+
+def test_scoring_rules():
+    ruler = N.make_sample(preset("ruler-multivalue"), np.random.default_rng(0))
+    p = preset("ruler-multivalue")
+    assert N.score_response(p, ruler, " " + ", ".join(ruler.answers) + ".")
+    assert not N.score_response(p, ruler, " " + ", ".join(ruler.answers[:3]))
+    pk, pkp = N.Sample(("x",), 1, "q", "a", ("4242",)), preset("passkey")
+    assert N.score_response(pkp, pk, " 4242. Remember 99")
+    assert not N.score_response(pkp, pk, " 99 and then 4242")
+    assert not N.score_response(pkp, pk, " 42420")
+    gk, gkp = N.Sample(("x",), 1, "q", "a", ("eat",)), preset("gkamradt")
+    assert N.score_response(gkp, gk, " to eat a Sandwich in dolores park.")
+    assert not N.score_response(gkp, gk, " to visit Dolores Park.")
+
+
+def test_forced_and_generate_agree(tok):
+    """Same prompt: forced says correct exactly when greedy generation reproduces the answer tokens."""
+    model = tiny_llama(vocab_size=len(tok))
+    b = builder(tok, "gkamradt")
+    cfg_forced = N.NeedleConfig((300,), (50.0,), scoring="forced")
+    r = N.NeedleRunner(model, tok, "cpu", b, cfg_forced, "tiny", "needle")
+    item = r.item(300, 0, 0)
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([item.prompt.ids]), max_new_tokens=4, do_sample=False,
+                                pad_token_id=tok.eos_token_id)[0, len(item.prompt.ids):].tolist()
+    for answer_ids, expect in ((greedy, 1), ([(greedy[0] + 1) % len(tok)] + greedy[1:], 0)):
+        item.prompt.answer_ids = answer_ids
+        forced = r._forced([item])[0]
+        assert forced["correct"] == expect
+        text = tok.decode(answer_ids)
+        item.sample = N.Sample(item.sample.needles, 1, "q", "a", (text.strip(),))
+        gen_runner = N.NeedleRunner(model, tok, "cpu", b, N.NeedleConfig((300,), (50.0,), max_new_tokens=4), "tiny", "needle")
+        r_preset = N.NeedlePreset.from_dict("exact", {**load_task("needle-ruler", "needle")})
+        gen_runner.builder.preset = r_preset
+        generated = gen_runner._generate(item, None)
+        assert generated["correct"] == expect, (generated, text)
+
+
+def test_depth_parsing():
+    assert parse_depths("0:100:5", "linear") == [0, 25, 50, 75, 100]
+    sig = parse_depths("0:100:7", "sigmoid")
+    assert sig[0] == 0 and sig[-1] == 100 and sig[1] - sig[0] < sig[3] - sig[2]
+    with pytest.raises(CtxevalError, match="0..100"):
+        parse_depths("0,120", "linear")
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+
+def needle(*args):
+    return runner.invoke(app, ["needle", *args])
+
+
+def test_needle_cli_outputs_and_resume(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    args = ["--model", str(tiny_model_dir), "--lengths", "400,500", "--depths", "0,50,100", "--samples", "2",
+            "--method", "none", "--method", "yarn:factor=4", "--scoring", "forced", "--out", str(out)]
+    first = needle(*args)
+    assert first.exit_code == 0, first.output
+    rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 3 * 2
+    assert all(r["prompt_tokens"] + r["answer_tokens"] == r["length"] for r in rows)
+    for name in ("table.md", "summary.csv", "heatmap-none.png", "heatmap-yarn-factor-4.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert "accuracy by depth and length" in (out / "table.md").read_text()
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "success" and run["scoring"]["llm_judge"] is False
+    again = needle(*args)
+    assert again.exit_code == 0
+    assert len((out / "rows.jsonl").read_text().splitlines()) == len(rows)
+
+
+def test_passkey_cli(tmp_path, tiny_model_dir):
+    out = tmp_path / "pk"
+    result = runner.invoke(app, ["passkey", "--model", str(tiny_model_dir), "--lengths", "300,400", "--samples", "3",
+                                 "--max-new-tokens", "6", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and len({r["depth"] for r in rows}) > 1  # random depth per sample
+    assert all(r["prompt_tokens"] + 6 == r["length"] for r in rows)
+    assert "Passkey context" in (out / "table.md").read_text() and (out / "passkey.csv").exists()
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    (["--depths", "0,150"], "0..100"),
+    (["--lengths", "40"], "shorter than the instruction"),
+    (["--samples", "0"], "--samples"),
+    (["--needle", "haystack-king"], "unknown needle preset"),
+    (["--haystack", "SHORT", "--lengths", "2000"], "haystack"),
+    (["--scoring", "judge"], "--scoring"),
+    (["--chat-template", "on"], "no chat template"),
+])
+def test_needle_bad_input(tmp_path, tiny_model_dir, extra, fragment):
+    short = tmp_path / "short.txt"
+    short.write_text("A short haystack. " * 20)
+    extra = [str(short) if e == "SHORT" else e for e in extra]
+    result = needle("--model", str(tiny_model_dir), "--lengths", "400", "--out", str(tmp_path / "o"), *extra)
+    assert result.exit_code == 2, result.output
+    assert fragment in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output

@@ -1,0 +1,266 @@
+"""ctxeval ppl: protocols, chunked loss, resume, interruption, OOM, bad input, end to end through the CLI."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from ctxeval.cli import app
+from ctxeval.corpora import TokenDoc
+from ctxeval.evals import perplexity as P
+from ctxeval.methods import expand_specs
+from ctxeval.patching import apply_method
+from ctxeval.store import RunStore
+
+from conftest import TINY, tiny_llama
+
+runner = CliRunner()
+L = TINY["max_position_embeddings"]
+
+
+class FakeLM:
+    """What sweep() needs from a LoadedModel."""
+
+    def __init__(self, model):
+        from ctxeval.models import rope_info_from_config
+
+        self.model, self.device, self.name = model, "cpu", "tiny"
+        self.rope = rope_info_from_config(model.config)
+        self.tokenizer = type("T", (), {"bos_token_id": 1})()
+
+
+def docs(n=2, length=5 * L, seed=0):
+    g = np.random.default_rng(seed)
+    return [TokenDoc(f"doc{i}", g.integers(2, TINY["vocab_size"], length)) for i in range(n)]
+
+
+def full_nll(model, seq):
+    ids = torch.tensor([seq])
+    with torch.no_grad():
+        logits = model(ids).logits[0, :-1].float()
+    return F.cross_entropy(logits, ids[0, 1:], reduction="none")
+
+
+# ------------------------------------------------------------------------------------------------- chunked loss
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_chunked_loss_equals_full_logits(tied):
+    model = tiny_llama(tie_word_embeddings=tied)
+    seq = [2 + i % 120 for i in range(3 * L)]
+    want = full_nll(model, seq)
+    for chunk in (1, 7, 64, 10_000):
+        torch.testing.assert_close(P.token_nll(model, torch.tensor([seq]), chunk), want, rtol=1e-5, atol=1e-5)
+    assert P.check_chunked_head(model, "cpu", TINY["vocab_size"]) < 1e-5
+
+
+def test_chunked_loss_with_logit_softcapping():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, final_logit_softcapping=5.0, max_position_embeddings=64)
+    model = Gemma2ForCausalLM(cfg).eval()
+    seq = list(range(2, 100))
+    torch.testing.assert_close(P.token_nll(model, torch.tensor([seq]), 16), full_nll(model, seq), rtol=1e-5, atol=1e-5)
+
+
+def test_custom_logit_postprocessing_is_refused(llama):
+    head = llama.get_output_embeddings()
+    original = llama.forward
+
+    def shifted(*a, **k):
+        out = original(*a, **k)
+        out.logits = out.logits + 3.0 * torch.arange(out.logits.shape[-1])
+        return out
+
+    llama.forward = shifted
+    with pytest.raises(Exception, match="post-processes logits"):
+        P.check_chunked_head(llama, "cpu", TINY["vocab_size"])
+
+
+# ------------------------------------------------------------------------------------------------- protocols
+
+def _store(tmp_path, name="run"):
+    store = RunStore(tmp_path / name, {"t": 1})
+    store.start({})
+    return store
+
+
+@pytest.mark.parametrize("method", ["none", "yarn:factor=4", "dynamic-ntk:factor=2", "dynamic-yarn"])
+def test_one_forward_equals_per_length_forwards(tmp_path, method):
+    model = tiny_llama()
+    lengths = (L // 2, L, 2 * L, 4 * L)
+    cfg = P.PplConfig(lengths)
+    store = _store(tmp_path)
+    specs = expand_specs([method])
+    documents = docs()
+    P.sweep(FakeLM(model), specs, documents, cfg, store)
+    rows = {(r["doc"], r["length"]): r for r in store.rows()}
+    spec = specs[0]
+    with apply_method(model, spec.name, **spec.params):
+        for doc in documents:
+            for length in lengths:
+                want = full_nll(model, [1] + doc.ids[: length - 1].tolist()).double()
+                got = rows[(doc.doc_id, length)]
+                assert got["n_tokens"] == length - 1
+                assert abs(got["nll_sum"] - float(want.sum())) / float(want.sum()) <= 1e-4
+
+
+def test_sliding_scores_every_token_once(tmp_path):
+    model = tiny_llama()
+    doc = docs(1, 3 * L + 17)[0]
+    for bos in (True, False):
+        cfg = P.PplConfig((L,), "sliding", stride=L // 4, bos=bos)
+        runner_ = P.PplRunner(model, "cpu", cfg, 1, "tiny")
+        row = runner_._sliding_at(expand_specs(["none"])[0], doc, L)
+        assert row["n_tokens"] == len(doc.ids) - (0 if bos else 1)
+        # reference: score token t with the window that first covers it, computed naively
+        content = L - 1 if bos else L
+        want, scored = 0.0, (0 if bos else 1)
+        for begin in range(0, len(doc.ids), L // 4):
+            end = min(begin + content, len(doc.ids))
+            seq = ([1] if bos else []) + doc.ids[begin:end].tolist()
+            nll = full_nll(model, seq).double()
+            first = begin if bos else begin + 1
+            want += float(nll[scored - first:].sum())
+            scored = end
+            if end == len(doc.ids):
+                break
+        assert row["nll_sum"] == pytest.approx(want, rel=1e-5)
+
+
+def test_config_validation():
+    from ctxeval.errors import CtxevalError
+
+    with pytest.raises(CtxevalError, match="stride"):
+        P.PplConfig((64,), "sliding", stride=0)
+    with pytest.raises(CtxevalError, match="skipped"):
+        P.PplConfig((64,), "sliding", stride=64)
+    with pytest.raises(CtxevalError, match="protocol"):
+        P.PplConfig((64,), "nope")
+
+
+def test_oom_is_recorded_and_longer_lengths_skipped(tmp_path, monkeypatch):
+    model = tiny_llama()
+    real = P.token_nll
+
+    def limited(model_, ids, chunk):
+        if ids.shape[1] > 2 * L:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(model_, ids, chunk)
+
+    monkeypatch.setattr(P, "token_nll", limited)
+    store = _store(tmp_path)
+    P.sweep(FakeLM(model), expand_specs(["none", "dynamic-ntk:factor=2"]), docs(1), P.PplConfig((L, 2 * L, 4 * L, 8 * L)), store)
+    status = {(r["label"], r["length"]): r["status"] for r in store.rows()}
+    for label in ("none", "dynamic-ntk(factor=2)"):
+        assert status[(label, L)] == status[(label, 2 * L)] == "ok"
+        assert status[(label, 4 * L)] == "oom" and status[(label, 8 * L)] == "skipped"
+
+
+# ------------------------------------------------------------------------------------------------- CLI end to end
+
+def ppl(*args):
+    return runner.invoke(app, ["ppl", *args])
+
+
+def test_cli_end_to_end_resume_and_outputs(tmp_path, tiny_model_dir, text_dir):
+    out = tmp_path / "run"
+    args = ["--model", str(tiny_model_dir), "--data", str(text_dir), "--lengths", "32,64,128", "--method", "none",
+            "--method", "yarn", "--factor", "2,4", "--out", str(out)]
+    first = ppl(*args)
+    assert first.exit_code == 0, first.output
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "success"
+    assert run["data"]["documents"][0]["doc"].endswith("a_long.txt")
+    assert set(run["methods"]) == {"none", "yarn(factor=2)", "yarn(factor=4)"}
+    eff = run["methods"]["yarn(factor=4)"]["effective"][0]
+    assert eff["attention_factor"] == pytest.approx(0.1 * math.log(4) + 1)
+    assert eff["max_rel_diff"] < 1e-5
+    rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 9 and all(r["status"] == "ok" for r in rows)
+    assert {"model", "method", "params", "task", "length", "metric", "value", "n_tokens", "seconds", "ppl"} <= set(rows[0])
+    for name in ("table.md", "table.csv", "valid.csv", "ppl.png"):
+        assert (out / name).stat().st_size > 0
+    table = (out / "table.md").read_text()
+    assert "yarn(factor=4)" in table and "Valid length" in table
+    # rerun: nothing re-measured, same table
+    second = ppl(*args)
+    assert second.exit_code == 0
+    assert len((out / "rows.jsonl").read_text().splitlines()) == 9
+    assert (out / "table.md").read_text() == table
+    # a different spec on the same directory is refused
+    other = ppl(*args[:-2], "--lengths", "32,64", "--out", str(out))
+    assert other.exit_code == 2 and "different spec" in other.stderr
+
+
+def test_interrupted_run_keeps_rows_and_resumes(tmp_path, tiny_model_dir, text_dir, monkeypatch):
+    out = tmp_path / "run"
+    args = ["--model", str(tiny_model_dir), "--data", str(text_dir), "--lengths", "32,64", "--method", "none",
+            "--method", "pi:factor=2", "--method", "ntk:factor=2", "--out", str(out)]
+    real = P.PplRunner.measure
+    calls = {"n": 0}
+
+    def interrupt_second(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(P.PplRunner, "measure", interrupt_second)
+    result = ppl(*args)
+    assert result.exit_code != 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "interrupted"
+    kept = (out / "rows.jsonl").read_text().splitlines()
+    assert len(kept) == 2  # the first method's two lengths survived
+    monkeypatch.setattr(P.PplRunner, "measure", real)
+    resumed = ppl(*args)
+    assert resumed.exit_code == 0, resumed.output
+    lines = (out / "rows.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and lines[:2] == kept
+    assert json.loads((out / "run.json").read_text())["status"] == "success"
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    (["--method", "warp"], "unknown method"),
+    (["--method", "pi:factor=0.5"], "factor must be >= 1"),
+    (["--method", "yarn:beta_slow=32,beta_fast=1"], "beta_slow"),
+    (["--lengths", "100000"], "longest of"),
+    (["--data", "/no/such/file.txt"], "no such file"),
+    (["--data", "hf:ctxeval-no-such/dataset"], "could not load hf:"),
+    (["--protocol", "sliding", "--stride", "0"], "stride"),
+    (["--data", "BINARY"], "not a text file"),
+    (["--docs", "5", "--lengths", "32"], "--docs"),
+    (["--lengths", "2k,abc"], "bad length"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, text_dir, extra, fragment, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    binary = tmp_path / "blob.txt"
+    binary.write_bytes(bytes(range(256)) * 10)
+    extra = [str(binary) if e == "BINARY" else e for e in extra]
+    args = ["--model", str(tiny_model_dir), "--data", str(text_dir), "--lengths", "32", "--out", str(tmp_path / "o")]
+    for i in range(0, len(extra), 2):  # later flags override earlier ones
+        if extra[i] in args:
+            args[args.index(extra[i]) + 1] = extra[i + 1]
+        else:
+            args += extra[i:i + 2]
+    result = ppl(*args)
+    assert result.exit_code == 2, result.output
+    assert fragment in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_task_preset_and_flags_override(tmp_path, tiny_model_dir, text_dir):
+    task = tmp_path / "mine.toml"
+    task.write_text(f'kind = "ppl"\ndata = "{text_dir}"\nlengths = "32,64"\nmethod = ["none", "pi:factor=2"]\n')
+    result = ppl("--task", str(task), "--model", str(tiny_model_dir), "--lengths", "48", "--out", str(tmp_path / "r"))
+    assert result.exit_code == 0, result.output
+    run = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert run["spec"]["lengths"] == [48] and run["spec"]["methods"] == ["none", "pi(factor=2)"]
+    assert ppl("--task", "no-such-preset").exit_code == 2
