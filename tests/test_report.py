@@ -1,0 +1,81 @@
+"""store + report: rows survive torn writes, resumed failures are replaced, missing cells stay missing."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from ctxeval import report
+from ctxeval.errors import CtxevalError
+from ctxeval.store import RunStore, read_rows, run_status
+
+
+def row(label, length, doc, nll_sum=None, n=10, status="ok"):
+    r = {"model": "m", "label": label, "length": length, "doc": doc, "status": status}
+    if status == "ok":
+        r.update(nll_sum=nll_sum, n_tokens=n, window_nll_sum=nll_sum / n, n_windows=1)
+    return r
+
+
+def test_token_and_window_aggregation():
+    rows = [row("a", 64, "d1", 10.0, 10), row("a", 64, "d2", 60.0, 30)]
+    long = report.ppl_long(rows, "token")
+    assert long.loc[0, "ppl"] == pytest.approx(math.exp(70 / 40))
+    assert report.ppl_long(rows, "window").loc[0, "ppl"] == pytest.approx(math.exp((1.0 + 2.0) / 2))
+    with pytest.raises(CtxevalError):
+        report.ppl_long(rows, "median")
+
+
+def test_missing_and_failed_cells_are_not_zero():
+    rows = [row("a", 64, "d1", 10.0), row("a", 128, "d1", 12.0), row("b", 64, "d1", 9.0),
+            row("b", 128, "d1", status="oom")]
+    long = report.ppl_long(rows)
+    wide = report.ppl_wide(long, ["a", "b", "c"])
+    status = report.status_wide(long, wide)
+    headers, cells = report.ppl_cells(wide, status)
+    assert cells[1][2] == "OOM" and list(wide.index) == ["a", "b"]
+    rows.append(row("c", 64, "d1", 8.0))
+    wide = report.ppl_wide(report.ppl_long(rows))
+    assert math.isnan(wide.loc["c", 128])
+    assert report.ppl_cells(wide)[1][2][2] == report.MISSING
+
+
+def test_resumed_point_replaces_its_failure():
+    rows = [row("a", 64, "d1", status="oom"), row("a", 64, "d1", 10.0)]
+    assert report.ppl_long(rows).loc[0, "status"] == "ok"
+
+
+def test_valid_lengths():
+    wide = pd.DataFrame({32: [5.0, 5.0], 64: [4.0, 4.0], 128: [4.3, 9.0], 256: [4.5, 4.1]}, index=["good", "bad"])
+    valid = report.valid_lengths(wide, 64, 0.10)
+    assert list(valid.iloc[:, 3]) == [128, 64]  # 'good' stops at 256 (4.5 > 4.4); 'bad' fails at 128
+
+
+def test_effective_length_is_contiguous():
+    assert report.effective_length(pd.Series({1: 1.0, 2: 0.9, 4: 0.5, 8: 1.0}), 0.8) == 2
+    assert report.effective_length(pd.Series({1: 0.2, 2: 1.0}), 0.8) is None
+
+
+def test_torn_last_line_is_ignored(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"a": 1}) + "\n" + '{"a": 2, "b"')
+    assert read_rows(path) == [{"a": 1}]
+
+
+def test_run_status_records_errors_and_interrupts(tmp_path):
+    store = RunStore(tmp_path / "r", {"x": 1})
+    store.start({})
+    with pytest.raises(ValueError):
+        with run_status(store):
+            raise ValueError("boom")
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "error"
+    store = RunStore(tmp_path / "r", {"x": 1})  # same spec: resume
+    store.start({})
+    with pytest.raises(KeyboardInterrupt):
+        with run_status(store):
+            raise KeyboardInterrupt
+    record = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert record["status"] == "interrupted" and record["history"][0]["status"] == "error"
+    with pytest.raises(CtxevalError, match="different spec"):
+        RunStore(tmp_path / "r", {"x": 2})
