@@ -43,6 +43,10 @@ def user_errors(fn: Callable) -> Callable:
                 raise
             err.print(f"[red]error:[/red] {exc}", markup=True)
             raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("[yellow]interrupted:[/yellow] finished points are kept; rerun the same command to resume",
+                      markup=True)
+            raise typer.Exit(130) from None
 
     return wrapper
 
@@ -565,7 +569,7 @@ def render_retrieval(store: Any, task: str, specs: list[M.MethodSpec], original:
     rows = [[label] + [report.fmt_acc(summary.loc[label, c]) for c in lengths]
             + [report.fmt_length(int(summary.loc[label, "effective length"])) if not pd_isna(summary.loc[label, "effective length"]) else "none"]
             for label in summary.index]
-    md = [f"# {title}\n", f"Mean accuracy over depths and samples; scoring without an LLM judge. Original length {original}.\n",
+    md = [f"# {title}\n\n", f"Mean accuracy over depths and samples; scoring without an LLM judge. Original length {original}.\n\n",
           report.markdown(headers, rows)]
     if task == "passkey":
         pk = report.passkey_summary(df, order, threshold)

@@ -36,11 +36,6 @@ def find_rotary_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Modu
 
 
 def _check_supported(name: str, module: torch.nn.Module) -> None:
-    if isinstance(getattr(module, "rope_type", None), dict) or getattr(module, "layer_types", None):
-        raise CtxevalError(
-            f"{type(module).__name__} ('{name}') uses a different RoPE per attention layer type (Gemma 3 style); "
-            "ctxeval cannot apply extension methods to it yet: use --method none"
-        )
     if not hasattr(module, "inv_freq") or not hasattr(module, "attention_scaling"):
         raise CtxevalError(
             f"{type(module).__name__} ('{name}') is not a transformers-style rotary module (inv_freq + "
@@ -253,14 +248,17 @@ def apply_method(model: torch.nn.Module, method: str, geometry: Geometry | None 
     m = get_method(method)
     full = resolve_params(m, params)
     if geometry is None:
-        info = rope_info_from_config(model.config)
-        geometry = info.geometry
-        if info.per_layer_types:
-            raise CtxevalError(
-                f"this model uses a different RoPE per layer type ({', '.join(info.per_layer_types)}, Gemma 3 style); "
-                "ctxeval cannot apply extension methods to it yet: use --method none"
-            )
+        geometry = rope_info_from_config(model.config).geometry
     modules = find_rotary_modules(model)
+    per_layer = [name for name, mod in modules
+                 if isinstance(getattr(mod, "rope_type", None), dict) or getattr(mod, "layer_types", None)]
+    if per_layer:
+        if m.name == "none":
+            return _NoRopeHandle(model, m, full, note="per-layer-type RoPE (Gemma 3 style) left as the checkpoint ships it")
+        raise CtxevalError(
+            f"this model uses a different RoPE per attention layer type ('{per_layer[0]}', Gemma 3 style); ctxeval "
+            "cannot apply extension methods to it yet: use --method none"
+        )
     if geometry is None or not modules:
         if m.name == "none":
             return _NoRopeHandle(model, m, full)
@@ -274,8 +272,10 @@ def apply_method(model: torch.nn.Module, method: str, geometry: Geometry | None 
 class _NoRopeHandle(RopeHandle):
     """`none` on a model without RoPE (learned positions, ALiBi): nothing to patch, nothing to read back."""
 
-    def __init__(self, model: torch.nn.Module, method: Method, params: dict[str, Any]) -> None:
+    def __init__(self, model: torch.nn.Module, method: Method, params: dict[str, Any],
+                 note: str = "model has no RoPE") -> None:
         super().__init__(model, method, params, Geometry(2, math.e, 1), [])
+        self.note = note
         self.active = True
 
     def verify(self, lengths: tuple[int, ...] | None = None) -> float:
@@ -283,7 +283,7 @@ class _NoRopeHandle(RopeHandle):
 
     def record(self, lengths: tuple[int, ...] = ()) -> dict[str, Any]:
         return {"method": "none", "params": {}, "length_dependent": False, "geometry": None, "rotary_modules": [],
-                "effective": [], "note": "model has no RoPE"}
+                "effective": [], "note": self.note}
 
     def restore(self) -> None:
         self.active = False

@@ -172,3 +172,19 @@ def test_model_shipping_dynamic_scaling_is_overridden_and_restored():
     torch.testing.assert_close(plain, logits(reference, ids), rtol=1e-5, atol=1e-5)
     assert model.model.rotary_emb.rope_type == "dynamic"
     torch.testing.assert_close(logits(model, ids), before, rtol=1e-6, atol=1e-6)
+
+
+def test_gemma3_per_layer_rope_is_refused_except_none():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=16)
+    model = Gemma3ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 128, (1, 40))
+    before = logits(model, ids)
+    with apply_method(model, "none") as handle:
+        assert "Gemma 3" in handle.record()["note"]
+        assert torch.equal(logits(model, ids), before)
+    with pytest.raises(CtxevalError, match="per attention layer type"):
+        apply_method(model, "yarn", factor=2)

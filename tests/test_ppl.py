@@ -213,7 +213,7 @@ def test_interrupted_run_keeps_rows_and_resumes(tmp_path, tiny_model_dir, text_d
 
     monkeypatch.setattr(P.PplRunner, "measure", interrupt_second)
     result = ppl(*args)
-    assert result.exit_code != 0
+    assert result.exit_code == 130 and "rerun the same command" in result.stderr
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "interrupted"
     kept = (out / "rows.jsonl").read_text().splitlines()
