@@ -303,6 +303,22 @@ class RichProgress:
         self.bar.console.print(f"[yellow]{message}[/yellow]")
 
 
+def _load_for(model: str, specs: list[M.MethodSpec], dtype: str, device: str, attn: str, trust_remote_code: bool) -> Any:
+    """Load the model once for a sweep; a model without RoPE accepts only method none."""
+    from .models import load_model
+
+    lm = load_model(model, dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code)
+    if lm.rope.geometry is None and any(s.name != "none" for s in specs):
+        raise CtxevalError(f"model '{model}' has no RoPE ({lm.rope.reason}); only --method none applies")
+    return lm
+
+
+def _default_out(task: str, model: str, out: Path | None) -> Path:
+    import time
+
+    return out or Path("results") / f"{task}-{safe_name(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Hub id, local dir, .gguf file, or bundled name (smollm2).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto|cpu|cuda|cuda:N")]
@@ -343,7 +359,6 @@ def ppl_cmd(
     """Perplexity vs. context length for each method: the YaRN paper's table, a plot, a resumable run directory."""
     from . import corpora
     from .evals.perplexity import AGGREGATES, PplConfig, sweep
-    from .models import load_model
     from .store import RunStore, run_status
 
     given = {"model": model, "data": data, "text_field": text_field, "lengths": lengths, "method": method,
@@ -361,9 +376,7 @@ def ppl_cmd(
     specs = M.expand_specs(methods_list, parse_factors(factor))
     cfg = PplConfig(tuple(parse_lengths(opt["lengths"])), opt["protocol"], opt["stride"], opt["bos"], chunk_size)
 
-    lm = load_model(opt["model"], dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code)
-    if lm.rope.geometry is None and any(s.name != "none" for s in specs):
-        raise CtxevalError(f"model '{opt['model']}' has no RoPE ({lm.rope.reason}); only --method none applies")
+    lm = _load_for(opt["model"], specs, dtype, device, attn, trust_remote_code)
     if cfg.bos and getattr(lm.tokenizer, "bos_token_id", None) is None:
         err.print("note: the tokenizer has no BOS token; sequences start with document text (as --no-bos)")
         cfg = PplConfig(cfg.lengths, cfg.protocol, cfg.stride, False, cfg.chunk_size)
@@ -383,8 +396,7 @@ def ppl_cmd(
         "lengths": list(cfg.lengths), "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": seed,
         "preset": task,
     }
-    stamp = __import__("time").strftime("%Y%m%d-%H%M%S")
-    run_dir = out or Path("results") / f"ppl-{safe_name(opt['model'])}-{stamp}"
+    run_dir = _default_out("ppl", opt["model"], out)
     store = RunStore(run_dir, spec_record, overwrite=overwrite)
     store.start({
         "model": lm.record(),
@@ -502,7 +514,6 @@ def _retrieval(task: str, *, model: str, lengths: str, depths: str | None, depth
                seed: int, out: Path | None, overwrite: bool, dtype: str, device: str, attn: str,
                trust_remote_code: bool) -> None:
     from .evals.needle import NeedleConfig, NeedleRunner, PromptBuilder, haystack_tokens, make_sample, sweep
-    from .models import load_model
     from .store import RunStore, run_status
 
     import numpy as np
@@ -517,9 +528,7 @@ def _retrieval(task: str, *, model: str, lengths: str, depths: str | None, depth
     if not 0 < threshold <= 1:
         raise CtxevalError(f"--threshold must be in (0, 1], got {threshold}")
 
-    lm = load_model(model, dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code)
-    if lm.rope.geometry is None and any(s.name != "none" for s in specs):
-        raise CtxevalError(f"model '{model}' has no RoPE ({lm.rope.reason}); only --method none applies")
+    lm = _load_for(model, specs, dtype, device, attn, trust_remote_code)
     has_template = bool(getattr(lm.tokenizer, "chat_template", None))
     if chat_template == "on" and not has_template:
         raise CtxevalError(f"--chat-template on, but the tokenizer of '{model}' has no chat template; use auto or off")
@@ -542,8 +551,7 @@ def _retrieval(task: str, *, model: str, lengths: str, depths: str | None, depth
         "scoring": scoring, "max_new_tokens": max_new_tokens, "snap": snap, "chat_template": use_template,
         "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": seed,
     }
-    stamp = __import__("time").strftime("%Y%m%d-%H%M%S")
-    run_dir = out or Path("results") / f"{task}-{safe_name(model)}-{stamp}"
+    run_dir = _default_out(task, model, out)
     store = RunStore(run_dir, spec_record, overwrite=overwrite)
     store.start({"model": lm.record(), "haystack": hay_info, "methods": store.record.get("methods", {}),
                  "seed": seed, "scoring": {"name": scoring, "rule": preset.match, "llm_judge": False}})

@@ -84,6 +84,9 @@ def _hf(spec: str, text_field: str) -> Iterator[Document]:
     name, _, config = body.partition(":")
     if not name:
         raise CtxevalError("write hf:NAME[:CONFIG][@SPLIT], e.g. hf:emozilla/pg19-test@test")
+    from .hub import hub_reachable, offline_unless_reachable
+
+    offline_unless_reachable()
     try:
         ds = datasets.load_dataset(name, config or None, split=split or "test", streaming=True)
         for i, row in enumerate(ds):
@@ -94,6 +97,8 @@ def _hf(spec: str, text_field: str) -> Iterator[Document]:
         raise
     except Exception as exc:  # offline: ConnectionError, OSError, DatasetNotFoundError ...
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        if not hub_reachable():
+            first = "the Hugging Face Hub is unreachable (no network) and the dataset is not cached"
         raise CtxevalError(
             f"could not load {spec} from the Hugging Face Hub ({first}); check the name and your network, or use a "
             f"local file or an offline corpus ({', '.join(NAMED_CORPORA)})"

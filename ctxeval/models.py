@@ -234,11 +234,21 @@ def _resolve(name: str, revision: str | None) -> tuple[dict[str, Any], str, dict
             f"--model '{name}' is neither a model directory, a .gguf file, a bundled name ({', '.join(BUNDLED)}) "
             "nor a Hugging Face hub id"
         )
+    from .hub import offline_unless_reachable
+
+    offline_unless_reachable()
     return {"kind": "hub", "id": name, "revision": revision}, name, ({"revision": revision} if revision else {})
 
 
 def _load_error(name: str, source: dict[str, Any], exc: Exception) -> CtxevalError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    from .hub import hub_reachable
+
+    if source["kind"] == "hub" and not hub_reachable():
+        return CtxevalError(
+            f"could not load model '{name}': the Hugging Face Hub is unreachable (no network) and the model is not in "
+            f"the local cache; pass a local directory or .gguf file, or a bundled name ({', '.join(BUNDLED)})"
+        )
     hint = (
         "check the id and your network, or pass a local directory or .gguf file"
         if source["kind"] == "hub"

@@ -237,6 +237,8 @@ def test_interrupted_run_keeps_rows_and_resumes(tmp_path, tiny_model_dir, text_d
     (["--data", "BINARY"], "not a text file"),
     (["--docs", "5", "--lengths", "32"], "--docs"),
     (["--lengths", "2k,abc"], "bad length"),
+    (["--model", "ctxeval-test/no-such-model"], "could not load model"),
+    (["--model", "./no/such/dir"], "neither a model directory"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, text_dir, extra, fragment, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -264,3 +266,20 @@ def test_task_preset_and_flags_override(tmp_path, tiny_model_dir, text_dir):
     run = json.loads((tmp_path / "r" / "run.json").read_text())
     assert run["spec"]["lengths"] == [48] and run["spec"]["methods"] == ["none", "pi(factor=2)"]
     assert ppl("--task", "no-such-preset").exit_code == 2
+
+
+def test_model_without_rope_runs_none_and_refuses_methods(tmp_path, text_dir):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from conftest import build_tokenizer
+
+    tok = build_tokenizer()
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tok), n_positions=128)).save_pretrained(tmp_path / "gpt2")
+    tok.save_pretrained(tmp_path / "gpt2")
+    base = ["--model", str(tmp_path / "gpt2"), "--data", str(text_dir), "--lengths", "32,64"]
+    bad = ppl(*base, "--method", "yarn:factor=2", "--out", str(tmp_path / "a"))
+    assert bad.exit_code == 2 and "no RoPE" in bad.stderr
+    ok = ppl(*base, "--method", "none", "--out", str(tmp_path / "b"))
+    assert ok.exit_code == 0, ok.output
+    run = json.loads((tmp_path / "b" / "run.json").read_text())
+    assert run["model"]["rope"]["rotary_dim"] is None and run["methods"]["none"]["note"] == "model has no RoPE"

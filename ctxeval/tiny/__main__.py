@@ -1,0 +1,47 @@
+"""python -m ctxeval.tiny train [--out DIR] [--minutes N | --steps N] [--seed S]
+python -m ctxeval.tiny heldout DIR   (write the held-out pydoc documents as DIR/NN-title.txt)"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import MODEL_DIR
+
+    parser = argparse.ArgumentParser(prog="python -m ctxeval.tiny", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    tr = sub.add_parser("train", help="train tokenizer + model from scratch on the CPU")
+    tr.add_argument("--out", default=str(MODEL_DIR), help=f"output directory (default: the bundled {MODEL_DIR})")
+    tr.add_argument("--minutes", type=float, default=None, help="train for about N minutes (step count from measured speed)")
+    tr.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ho = sub.add_parser("heldout", help="write the held-out documents (the `pydoc` evaluation corpus) as .txt files")
+    ho.add_argument("dir")
+    args = parser.parse_args(argv)
+
+    if args.command == "heldout":
+        from .data import write_held_out
+
+        for path in write_held_out(args.dir):
+            print(path)
+        return 0
+
+    import torch
+
+    from .train import TinyConfig, train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = TinyConfig(seed=args.seed)
+    if args.steps:
+        cfg.steps = args.steps
+    train(args.out, cfg, minutes=args.minutes, log=lambda m: print(m, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
