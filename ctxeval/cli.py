@@ -349,7 +349,7 @@ def ppl_cmd(
     valid_tolerance: Annotated[float, typer.Option(help="Valid-length table: allowed ppl rise over the original length.")] = 0.10,
     task: Annotated[Optional[str], typer.Option(help="Preset name (ppl-austen, ppl-pg19, ppl-yarn-proofpile) or .toml path.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Run directory (default results/ppl-<model>-<time>).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace a run directory that holds a different spec.")] = False,
+    overwrite: OverwriteOpt = False,
     seed: Annotated[int, typer.Option(help="Seed recorded in the run (the protocols draw nothing at random).")] = 0,
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
@@ -612,6 +612,13 @@ def pd_isna(value: Any) -> bool:
 
 
 _NEEDLE_HELP = "Preset: ruler, ruler-multikey, ruler-multivalue, ruler-multiquery, passkey, gkamradt, or a .toml file."
+TextFieldOpt = Annotated[str, typer.Option(help="Record field holding the text.")]
+ScoringOpt = Annotated[str, typer.Option(help="generate (greedy + string match) | forced (one teacher-forced pass).")]
+MaxNewOpt = Annotated[Optional[int], typer.Option(help="Generation budget (default: answer tokens + 8).")]
+BatchOpt = Annotated[int, typer.Option(help="Forced scoring: prompts of one length per forward.")]
+SeedOpt = Annotated[int, typer.Option(help="Seed of every random choice (values, keys, depths, offsets).")]
+OutOpt = Annotated[Optional[Path], typer.Option(help="Run directory (default results/<command>-<model>-<time>).")]
+OverwriteOpt = Annotated[bool, typer.Option(help="Replace a run directory that holds a different spec.")]
 
 
 @app.command("needle")
@@ -628,18 +635,18 @@ def needle_cmd(
     answer_prefix: Annotated[Optional[str], typer.Option(help="Override the answer prefix.")] = None,
     answer: Annotated[Optional[str], typer.Option(help="A fixed expected answer (with --needle-text).")] = None,
     haystack: Annotated[str, typer.Option(help="filler | austen | mobydick | files | hf:NAME (any --data spec).")] = "filler",
-    text_field: Annotated[str, typer.Option(help="Record field holding the text.")] = "text",
+    text_field: TextFieldOpt = "text",
     snap: Annotated[bool, typer.Option(help="Move each needle back to the previous sentence end.")] = False,
     chat_template: Annotated[str, typer.Option(help="auto | on | off: wrap as a user turn, prefill the answer prefix.")] = "auto",
-    scoring: Annotated[str, typer.Option(help="generate (greedy + string match) | forced (one teacher-forced pass).")] = "generate",
-    max_new_tokens: Annotated[Optional[int], typer.Option(help="Generation budget (default: answer tokens + 8).")] = None,
-    batch_size: Annotated[int, typer.Option(help="Forced scoring: prompts of one length per forward.")] = 4,
+    scoring: ScoringOpt = "generate",
+    max_new_tokens: MaxNewOpt = None,
+    batch_size: BatchOpt = 4,
     threshold: Annotated[float, typer.Option(help="Accuracy that counts for the effective length.")] = 0.8,
     method: MethodOpt = ["none"],
     factor: FactorOpt = None,
-    seed: Annotated[int, typer.Option(help="Seed of every random choice (values, keys, offsets).")] = 0,
-    out: Annotated[Optional[Path], typer.Option(help="Run directory (default results/needle-<model>-<time>).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace a run directory that holds a different spec.")] = False,
+    seed: SeedOpt = 0,
+    out: OutOpt = None,
+    overwrite: OverwriteOpt = False,
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
     attn: AttnOpt = "sdpa",
@@ -656,17 +663,17 @@ def passkey_cmd(
     lengths: Annotated[str, typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2.")] = "1k,2k,4k",
     samples: Annotated[int, typer.Option(help="Samples per length, each at a seeded uniform random depth.")] = 10,
     haystack: Annotated[str, typer.Option(help="filler (the original test's) or any --data spec.")] = "filler",
-    text_field: Annotated[str, typer.Option(help="Record field holding the text.")] = "text",
+    text_field: TextFieldOpt = "text",
     chat_template: Annotated[str, typer.Option(help="auto | on | off")] = "off",
-    scoring: Annotated[str, typer.Option(help="generate | forced")] = "generate",
-    max_new_tokens: Annotated[Optional[int], typer.Option(help="Generation budget (default: answer tokens + 8).")] = None,
-    batch_size: Annotated[int, typer.Option(help="Forced scoring: prompts of one length per forward.")] = 4,
+    scoring: ScoringOpt = "generate",
+    max_new_tokens: MaxNewOpt = None,
+    batch_size: BatchOpt = 4,
     threshold: Annotated[float, typer.Option(help="Accuracy that counts for the passkey context.")] = 0.8,
     method: MethodOpt = ["none"],
     factor: FactorOpt = None,
-    seed: Annotated[int, typer.Option(help="Seed of every random choice (keys, depths, offsets).")] = 0,
-    out: Annotated[Optional[Path], typer.Option(help="Run directory (default results/passkey-<model>-<time>).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace a run directory that holds a different spec.")] = False,
+    seed: SeedOpt = 0,
+    out: OutOpt = None,
+    overwrite: OverwriteOpt = False,
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
     attn: AttnOpt = "sdpa",

@@ -1,7 +1,8 @@
 """Text sources -> documents -> token ids (cached).
 
 A data spec is one of:
-  - a named offline corpus: `austen`, `mobydick` (Debian packages, see offline_corpora.py);
+  - a named offline corpus: `pydoc` (CPython's bundled docs held out from the tiny model's training),
+    `austen`, `mobydick` (Debian packages, see offline_corpora.py);
   - local paths, directories or globs: a `.txt`/`.md` file is ONE document; `.jsonl`/`.json`/`.parquet`/`.csv`
     hold one document per record in the text field (read with `datasets`);
   - `hf:NAME[:CONFIG][@SPLIT]` through `datasets.load_dataset` (needs the network).
@@ -24,6 +25,9 @@ from .offline_corpora import NAMED_CORPORA, load_named_corpus
 from .paths import cache_dir
 
 TEXT_SUFFIXES = {".txt", ".md", ".text", ".rst"}
+# corpora every install has: CPython's bundled docs, the part held out from the bundled tiny model's training
+BUILTIN_CORPORA = {"pydoc": "CPython's bundled documentation (pydoc_data), the topics held out from the tiny model's training"}
+ALL_CORPORA = {**BUILTIN_CORPORA, **NAMED_CORPORA}
 RECORD_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -47,7 +51,7 @@ def _local_files(spec: str) -> list[Path]:
         return files
     if path.is_file():
         return [path]
-    named = ", ".join(NAMED_CORPORA)
+    named = ", ".join(ALL_CORPORA)
     raise CtxevalError(f"--data '{spec}': no such file or directory (named corpora: {named}; or hf:NAME[:CONFIG][@SPLIT])")
 
 
@@ -101,12 +105,18 @@ def _hf(spec: str, text_field: str) -> Iterator[Document]:
             first = "the Hugging Face Hub is unreachable (no network) and the dataset is not cached"
         raise CtxevalError(
             f"could not load {spec} from the Hugging Face Hub ({first}); check the name and your network, or use a "
-            f"local file or an offline corpus ({', '.join(NAMED_CORPORA)})"
+            f"local file or an offline corpus ({', '.join(ALL_CORPORA)})"
         ) from None
 
 
 def iter_documents(spec: str, text_field: str = "text") -> Iterator[Document]:
     """Documents of a data spec, in corpus order (lazily: hub datasets stream)."""
+    if spec == "pydoc":
+        from .tiny.data import held_out_documents
+
+        for title, text in held_out_documents():
+            yield Document(title, text)
+        return
     if spec in NAMED_CORPORA:
         for title, text in load_named_corpus(spec):
             yield Document(title, text)

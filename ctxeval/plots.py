@@ -1,4 +1,4 @@
-"""matplotlib figures: frequency plan, perplexity vs. length (more land here as evaluations grow)."""
+"""matplotlib figures: frequency plan, perplexity vs. length, needle heatmaps."""
 
 from __future__ import annotations
 
@@ -9,6 +9,15 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never open a window
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def plot_plan(rows: Sequence[Any], title: str, original_length: int, path: Path) -> Path:
@@ -26,12 +35,7 @@ def plot_plan(rows: Sequence[Any], title: str, original_length: int, path: Path)
     ax.set_ylabel("scale θ_i / θ'_i")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_ppl(wide: Any, original_length: int, title: str, path: Path) -> Path:
@@ -54,12 +58,7 @@ def plot_ppl(wide: Any, original_length: int, title: str, path: Path) -> Path:
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_heatmap(grid: Any, status: Any, title: str, original_length: int | None, path: Path) -> Path:
@@ -89,9 +88,4 @@ def plot_heatmap(grid: Any, status: Any, title: str, original_length: int | None
     ax.set_ylabel("needle depth")
     ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="accuracy")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

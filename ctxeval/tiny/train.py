@@ -334,14 +334,15 @@ def train(out: str | Path, cfg: TinyConfig | None = None, *, minutes: float | No
             lm_loss = float(nll[lm_rows].mean()) if lm_rows.any() else float("nan")
             ans = (weights[:, 1:] > 1) & is_ret[:, None]
             ans_loss = float(nll[ans].mean()) if ans.any() else float("nan")
-        ema = float(loss) if ema is None else 0.98 * ema + 0.02 * float(loss)
+        value = float(loss.detach())
+        ema = value if ema is None else 0.98 * ema + 0.02 * value
         if minutes is not None and step == 20:
             per_step = (time.perf_counter() - t_train) / step
             total = max(step + 1, int(minutes * 60 / per_step))
             log(f"--minutes {minutes:g}: {per_step:.2f}s per step -> {total} steps")
         if step % 50 == 0 or step == total:
             elapsed = time.perf_counter() - t_train
-            row = {"step": step, "loss": round(float(loss), 4), "loss_ema": round(ema, 4), "lm_loss": round(lm_loss, 4),
+            row = {"step": step, "loss": round(value, 4), "loss_ema": round(ema, 4), "lm_loss": round(lm_loss, 4),
                    "answer_loss": round(ans_loss, 4), "lr": round(_lr(step - 1, cfg, total), 6),
                    "seconds": round(elapsed, 1), "tokens_per_s": round(step * cfg.batch_size * cfg.length / elapsed)}
             if evaluate and (step % cfg.eval_every == 0 or step == total):
