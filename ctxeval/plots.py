@@ -84,7 +84,7 @@ def plot_heatmap(grid: Any, status: Any, title: str, original_length: int | None
     past = [j for j, c in enumerate(grid.columns) if original_length is not None and c > original_length]
     if past:
         ax.axvline(past[0] - 0.5, color="black", lw=1.5, ls="--")
-    ax.set_xlabel("context length (tokens)" + (f"; right of the dashed line: past the original {original_length}" if past else ""))
+    ax.set_xlabel("context length" + (f" (dashed: original {original_length})" if past else ""))
     ax.set_ylabel("needle depth")
     ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="accuracy")
