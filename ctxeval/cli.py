@@ -308,8 +308,12 @@ def _load_for(model: str, specs: list[M.MethodSpec], dtype: str, device: str, at
     from .models import load_model
 
     lm = load_model(model, dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code)
-    if lm.rope.geometry is None and any(s.name != "none" for s in specs):
+    if lm.rope.geometry is None and any(s.name not in ("none", "native") for s in specs):
         raise CtxevalError(f"model '{model}' has no RoPE ({lm.rope.reason}); only --method none applies")
+    shipped = lm.rope.shipped.get("rope_type", "default")
+    if shipped != "default" and any(s.name == "none" for s in specs):
+        err.print(f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
+                  "original length; add --method native to measure the RoPE it ships")
     return lm
 
 

@@ -139,9 +139,12 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     cached = getattr(tokenizer, "_ctxeval_fingerprint", None)
     if cached:
         return cached
-    vocab = tokenizer.get_vocab()
-    digest = hashlib.sha256(json.dumps(sorted(vocab.items())[:5000] + [len(vocab)]).encode()).hexdigest()[:16]
-    fingerprint = f"{type(tokenizer).__name__}-{len(vocab)}-{digest}"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    # the whole definition (vocab, merges, normalizer, pre-tokenizer) plus the Python-side options
+    definition = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    options = json.dumps({k: str(v) for k, v in sorted(getattr(tokenizer, "init_kwargs", {}).items())})
+    digest = hashlib.sha256((definition + options).encode()).hexdigest()[:24]
+    fingerprint = f"{type(tokenizer).__name__}-{len(tokenizer)}-{digest}"
     try:
         tokenizer._ctxeval_fingerprint = fingerprint
     except AttributeError:

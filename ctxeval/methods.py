@@ -255,10 +255,16 @@ def _llama3(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeF
     return RopeFreqs(inv, 1.0, s)
 
 
+def _native(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeFreqs:
+    raise CtxevalError("native is the checkpoint's own RoPE as shipped (e.g. Llama 3.1's llama3 scaling): it has no "
+                       "formula here; ctxeval reads it back from the model instead")
+
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("none", "plain RoPE, no extension", _none),
+        Method("none", "plain RoPE at the original base, no extension (replaces a scaling the checkpoint ships)", _none),
+        Method("native", "the checkpoint's own RoPE as shipped, untouched (read back and recorded)", _native),
         Method(
             "pi", "Position Interpolation: every frequency divided by s", _pi, (_FACTOR,), aliases=("linear",),
             transformers_rope_type="linear",
@@ -389,6 +395,8 @@ def _check_combination(method: Method, params: dict[str, Any]) -> None:
             f"{method.name}: low_freq_factor must be smaller than high_freq_factor, got "
             f"{params['low_freq_factor']:g} >= {params['high_freq_factor']:g}"
         )
+    if method.name == "dynamic-ntk" and params["rule"] == "paper" and params["factor"] != 1.0:
+        raise CtxevalError("dynamic-ntk: rule=paper uses s = max(1, l/L) and takes no factor; drop factor or use rule=transformers")
     if method.name == "ntk":
         given = [k for k in ("alpha", "base") if params.get(k) is not None]
         if given and params["factor"] != 1.0:
@@ -496,7 +504,8 @@ def expand_specs(specs: list[str], factors: list[float] | None = None) -> list[M
         typed = resolve_params(method, spec.params)
         given = {method.param_aliases.get(k, k): typed[method.param_aliases.get(k, k)] for k in spec.params}
         sweep = factors if (factors and method.takes_factor and "factor" not in given
-                            and not any(given.get(k) is not None for k in ("alpha", "base"))) else [None]
+                            and not any(given.get(k) is not None for k in ("alpha", "base"))
+                            and given.get("rule") != "paper") else [None]
         for factor in sweep:
             params = dict(given) if factor is None else {**given, "factor": float(factor)}
             resolve_params(method, params)  # validate the combination

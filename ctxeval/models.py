@@ -309,6 +309,8 @@ def load_model(
     source, load_from, extra = _resolve(name, revision)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, **extra}
     tok_kwargs = extra
+    if device.startswith("cuda"):
+        kwargs["device_map"] = {"": device}  # load straight onto the GPU, not through host RAM
     try:
         tokenizer = AutoTokenizer.from_pretrained(load_from, trust_remote_code=trust_remote_code, **tok_kwargs)
         model = AutoModelForCausalLM.from_pretrained(
@@ -316,7 +318,8 @@ def load_model(
         )
     except (OSError, ValueError) as exc:  # hub unreachable, bad id, unsupported architecture, remote code refused
         raise _load_error(name, source, exc) from exc
-    model.to(device)
+    if not device.startswith("cuda"):
+        model.to(device)
     model.eval()
     if source["kind"] == "hub":
         source["revision"] = getattr(model.config, "_commit_hash", None) or revision

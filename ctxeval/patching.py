@@ -247,6 +247,8 @@ def apply_method(model: torch.nn.Module, method: str, geometry: Geometry | None 
     """
     m = get_method(method)
     full = resolve_params(m, params)
+    if m.name == "native":
+        return _NativeHandle(model, m, full)
     if geometry is None:
         geometry = rope_info_from_config(model.config).geometry
     modules = find_rotary_modules(model)
@@ -287,3 +289,31 @@ class _NoRopeHandle(RopeHandle):
 
     def restore(self) -> None:
         self.active = False
+
+
+class _NativeHandle(RopeHandle):
+    """`native`: the checkpoint's RoPE exactly as shipped. Nothing is written; the record holds the shipped rope
+    parameters and the RoPE read back from each rotary module's output at the original length."""
+
+    def __init__(self, model: torch.nn.Module, method: Method, params: dict[str, Any]) -> None:
+        info = rope_info_from_config(model.config)
+        modules = [(n, m) for n, m in find_rotary_modules(model) if hasattr(m, "inv_freq") and hasattr(m, "attention_scaling")]
+        super().__init__(model, method, params, info.geometry or Geometry(2, math.e, 1), modules)
+        self.info = info
+        self.active = True
+
+    def verify(self, lengths: tuple[int, ...] | None = None) -> float:
+        return 0.0
+
+    def restore(self) -> None:
+        self.active = False
+
+    def record(self, lengths: tuple[int, ...] = ()) -> dict[str, Any]:
+        effective = []
+        if self.modules and self.info.geometry is not None:
+            rb = self.readback(self.geometry.original_length)[0]
+            effective.append({"length": self.geometry.original_length, "attention_factor_readback": rb.attention_factor,
+                              "inv_freq_readback": rb.inv_freq.tolist()})
+        return {"method": "native", "params": {}, "length_dependent": None, "rotary_modules": [n for n, _ in self.modules],
+                "shipped_rope_parameters": self.info.shipped, "effective": effective,
+                "note": "the checkpoint's own RoPE, untouched"}

@@ -65,6 +65,8 @@ class RunStore:
 
     def __init__(self, out: Path, spec: dict[str, Any], overwrite: bool = False) -> None:
         self.dir = Path(out)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise CtxevalError(f"--out {self.dir} is a file, not a directory; choose a directory path")
         self.spec = json.loads(json.dumps(spec, default=str))  # normalise (tuples -> lists, ...)
         self.run_path, self.rows_path = self.dir / RUN_FILE, self.dir / ROWS_FILE
         self.record: dict[str, Any] = {}
@@ -99,7 +101,11 @@ class RunStore:
 
     def append(self, rows: list[dict[str, Any]]) -> None:
         """Append rows of one point and make them durable before returning."""
-        with open(self.rows_path, "a", encoding="utf-8") as fh:
+        with open(self.rows_path, "a+", encoding="utf-8") as fh:
+            if fh.tell() > 0:  # a torn last line (crash mid-write) must not swallow the next row
+                fh.seek(fh.tell() - 1)
+                if fh.read(1) != "\n":
+                    fh.write("\n")
             for row in rows:
                 fh.write(json.dumps(row, default=float) + "\n")
             fh.flush()

@@ -70,7 +70,7 @@ def test_ntk_is_default_rope_at_ntk_base(d, b, L, s):
 G = Geometry(128, 1e4, 4096)
 
 
-@pytest.mark.parametrize("name", [m for m in METHODS if m != "none"])
+@pytest.mark.parametrize("name", [m for m in METHODS if m not in ("none", "native")])
 def test_factor_one_is_identity(name):
     params = {"factor": 1.0} if METHODS[name].takes_factor else {}
     default = compute("none", G)
@@ -171,6 +171,8 @@ def test_dynamic_yarn_uses_length_over_original():
         ("yarn:factor=abc", "number"),
         ("llama3:low_freq_factor=4,high_freq_factor=1", "low_freq_factor"),
         ("ntk:factor=2,alpha=2", "either"),
+        ("dynamic-ntk:rule=paper,factor=2", "takes no factor"),
+        ("native", "no formula"),
         ("yarn:factor", "NAME:key=value"),
     ],
 )
@@ -185,3 +187,4 @@ def test_spec_parsing_and_factor_sweep():
     labels = [s.label for s in expand_specs(["none", "yarn", "pi:factor=3", "dynamic-yarn"], [2, 4])]
     assert labels == ["none", "yarn(factor=2)", "yarn(factor=4)", "pi(factor=3)", "dynamic-yarn"]
     assert expand_specs(["yarn:alpha=2,beta=16"])[0].params == {"beta_slow": 2.0, "beta_fast": 16.0}
+    assert [s.label for s in expand_specs(["dynamic-ntk:rule=paper"], [2, 4])] == ["dynamic-ntk(rule=paper)"]

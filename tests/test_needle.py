@@ -48,7 +48,7 @@ def test_prompt_length_exact_needles_intact_one_bos(tok, name, depth, chat):
     for length in (900, 1111):
         rng = np.random.default_rng([1, length])
         sample = N.make_sample(b.preset, rng)
-        for reserve in (len(b.encode(sample.answer_text)), 24):
+        for reserve in (len(b.answer_ids(sample)), 24):
             p = b.build(length, depth, sample, np.random.default_rng(7), reserve)
             assert len(p.ids) + reserve == length
             assert p.ids.count(tok.bos_token_id) == 1 and p.ids[0] == tok.bos_token_id  # BOS once, first
@@ -57,7 +57,13 @@ def test_prompt_length_exact_needles_intact_one_bos(tok, name, depth, chat):
             head = len(b.fixed_tokens(sample)[0])
             before = sum(e - s for s, e in p.needle_spans if s < p.needle_spans[0][0])
             assert p.needle_spans[0][0] - head - before == round(depth / 100 * p.haystack_tokens)
-            assert p.answer_ids == b.encode(sample.answer_text)
+            assert len(p.answer_ids) == len(b.answer_ids(sample))
+            decoded = tok.decode(p.answer_ids)
+            assert all(a in decoded for a in sample.answers)
+            if b.preset.values_per_key > 1:  # forced answers list the values in reading order
+                by_text = sorted(sample.answers[: b.preset.values_per_key], key=lambda a: decoded.index(a))
+                by_span = [sample.answers[j] for j in sorted(range(b.preset.values_per_key), key=lambda j: p.needle_spans[j][0])]
+                assert by_text == by_span
     tok.chat_template = None
 
 
@@ -171,12 +177,17 @@ def test_passkey_cli(tmp_path, tiny_model_dir):
     (["--haystack", "SHORT", "--lengths", "2000"], "haystack"),
     (["--scoring", "judge"], "--scoring"),
     (["--chat-template", "on"], "no chat template"),
+    (["--needle-text", "The {value} of {foo}."], "{foo}"),
+    (["--out", "AFILE"], "not a directory"),
 ])
 def test_needle_bad_input(tmp_path, tiny_model_dir, extra, fragment):
     short = tmp_path / "short.txt"
     short.write_text("A short haystack. " * 20)
-    extra = [str(short) if e == "SHORT" else e for e in extra]
-    result = needle("--model", str(tiny_model_dir), "--lengths", "400", "--out", str(tmp_path / "o"), *extra)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    extra = [str(short) if e == "SHORT" else str(afile) if e == "AFILE" else e for e in extra]
+    out = [] if "--out" in extra else ["--out", str(tmp_path / "o")]
+    result = needle("--model", str(tiny_model_dir), "--lengths", "400", *out, *extra)
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output

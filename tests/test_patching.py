@@ -188,3 +188,17 @@ def test_gemma3_per_layer_rope_is_refused_except_none():
         assert torch.equal(logits(model, ids), before)
     with pytest.raises(CtxevalError, match="per attention layer type"):
         apply_method(model, "yarn", factor=2)
+
+
+def test_native_keeps_the_shipped_rope_and_records_it():
+    model = tiny_llama({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16},
+                       max_position_embeddings=64)
+    ids = torch.randint(0, TINY["vocab_size"], (1, 80))
+    before = logits(model, ids)
+    with apply_method(model, "native") as handle:
+        assert torch.equal(logits(model, ids), before)
+        rec = handle.record()
+    assert rec["shipped_rope_parameters"]["rope_type"] == "yarn"
+    want = compute("yarn", Geometry(16, 10000.0, 16), {"factor": 4.0})
+    assert rec["effective"][0]["attention_factor_readback"] == pytest.approx(want.attention_factor, rel=1e-6)
+    np.testing.assert_allclose(rec["effective"][0]["inv_freq_readback"], want.inv_freq, rtol=1e-5)

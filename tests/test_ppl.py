@@ -283,3 +283,12 @@ def test_model_without_rope_runs_none_and_refuses_methods(tmp_path, text_dir):
     assert ok.exit_code == 0, ok.output
     run = json.loads((tmp_path / "b" / "run.json").read_text())
     assert run["model"]["rope"]["rotary_dim"] is None and run["methods"]["none"]["note"] == "model has no RoPE"
+
+
+def test_runner_without_bos_token_scores_document_text_only():
+    model = tiny_llama()
+    doc = docs(1, 2 * L)[0]
+    runner_ = P.PplRunner(model, "cpu", P.PplConfig((L,)), None, "tiny")  # tokenizer without BOS
+    row = runner_._truncate_at(expand_specs(["none"])[0], doc, L)
+    assert row["n_tokens"] == L - 1
+    assert row["nll_sum"] == pytest.approx(float(full_nll(model, doc.ids[:L].tolist()).sum()), rel=1e-5)

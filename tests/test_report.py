@@ -79,3 +79,12 @@ def test_run_status_records_errors_and_interrupts(tmp_path):
     assert record["status"] == "interrupted" and record["history"][0]["status"] == "error"
     with pytest.raises(CtxevalError, match="different spec"):
         RunStore(tmp_path / "r", {"x": 2})
+
+
+def test_append_after_a_torn_line_keeps_the_new_row(tmp_path):
+    store = RunStore(tmp_path / "r", {"x": 1})
+    store.append([{"a": 1}])
+    with open(store.rows_path, "a") as fh:
+        fh.write('{"a": 2, "b"')  # killed mid-write
+    store.append([{"a": 3}])
+    assert read_rows(store.rows_path) == [{"a": 1}, {"a": 3}]

@@ -71,6 +71,19 @@ class NeedlePreset:
             raise CtxevalError(f"needle preset '{self.name}': keys and values_per_key must be >= 1, distractors >= 0")
         if "{value}" not in self.needle and not self.value.startswith("fixed:"):
             raise CtxevalError(f"needle preset '{self.name}': the needle text must contain {{value}}")
+        import string
+
+        for field_name, text, allowed in (("needle", self.needle, {"key", "value"}), ("question", self.question, {"keys"}),
+                                          ("answer_prefix", self.answer_prefix, {"keys"})):
+            try:
+                names = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+            except ValueError as exc:
+                raise CtxevalError(f"needle preset '{self.name}': bad braces in {field_name}: {exc}") from None
+            if names - allowed:
+                raise CtxevalError(
+                    f"needle preset '{self.name}': {field_name} may use only {', '.join('{' + a + '}' for a in sorted(allowed))}, "
+                    f"got {', '.join('{' + n + '}' for n in sorted(names - allowed))} (write {{{{ and }}}} for literal braces)"
+                )
 
 
 @dataclass(frozen=True)
@@ -202,7 +215,14 @@ class PromptBuilder:
             tail = question + self.post_chat + self.encode(sample.answer_prefix)
         else:
             tail = question + self.encode(" " + sample.answer_prefix)
-        return head, tail, needles, self.encode(sample.answer_text)
+        return head, tail, needles, self.answer_ids(sample)
+
+    def answer_ids(self, sample: Sample) -> list[int]:
+        """' v1, v2, ...' tokenized value by value, so that reordering the values keeps the token count."""
+        ids: list[int] = []
+        for i, value in enumerate(sample.answers):
+            ids += (self.encode(",") if i else []) + self.encode(" " + value)
+        return ids
 
     def minimum_length(self, sample: Sample, reserve: int) -> int:
         head, tail, needles, _ = self.fixed_tokens(sample)
@@ -241,7 +261,20 @@ class PromptBuilder:
         ids.extend(hay[cursor:])
         ids.extend(tail)
         assert len(ids) + reserve == length, (len(ids), reserve, length)
+        if self.preset.values_per_key > 1:
+            answer = self.answer_ids(self.reading_order(sample, spans))
         return Prompt(ids, answer, spans, positions[0], budget)
+
+    def reading_order(self, sample: Sample, spans: list[tuple[int, int]]) -> Sample:
+        """Several values for one key: the forced answer lists them in the order they appear in the text
+        (several keys keep the question's key order)."""
+        per_key = self.preset.values_per_key
+        answers = list(sample.answers)
+        for k in range(len(answers) // per_key):
+            idx = list(range(k * per_key, (k + 1) * per_key))
+            ordered = sorted(idx, key=lambda j: spans[j][0])
+            answers[k * per_key:(k + 1) * per_key] = [sample.answers[j] for j in ordered]
+        return Sample(sample.needles, sample.n_queried, sample.question, sample.answer_prefix, tuple(answers))
 
     def _position(self, depth: float, hay: list[int]) -> int:
         """Insertion offset at depth% of the haystack; with snap, moved back to just after a sentence end."""
@@ -280,6 +313,16 @@ def haystack_tokens(tokenizer: Any, spec: str, min_tokens: int, text_field: str 
 
 # ---------------------------------------------------------------------------------------------------------------
 # runner
+
+
+def greedy_config(tokenizer: Any, max_new_tokens: int) -> Any:
+    """Plain greedy decoding: a fresh GenerationConfig, so that a checkpoint's own generation_config
+    (repetition_penalty, no_repeat_ngram_size, sampling) cannot change the answer."""
+    from transformers import GenerationConfig
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                            eos_token_id=tokenizer.eos_token_id)
 
 
 @dataclass(frozen=True)
@@ -341,8 +384,8 @@ class NeedleRunner:
 
     def budget(self, sample: Sample) -> int:
         if self.cfg.scoring == "forced":
-            return len(self.builder.encode(sample.answer_text))
-        return self.cfg.max_new_tokens or len(self.builder.encode(sample.answer_text)) + 8
+            return len(self.builder.answer_ids(sample))
+        return self.cfg.max_new_tokens or len(self.builder.answer_ids(sample)) + 8
 
     def _sample_and_depth(self, length: int, depth_index: int, sample_index: int) -> tuple[np.random.Generator, Sample, float]:
         rng = self.cfg.rng(length, depth_index, sample_index)
@@ -394,11 +437,8 @@ class NeedleRunner:
         if handle is not None and handle.method.length_dependent:
             handle.freeze_length(it.length)  # prompt + budget: cached keys and new queries share one RoPE
         try:
-            gen = self.model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget, do_sample=False,
-                num_beams=1, pad_token_id=self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id,
-                temperature=None, top_p=None, top_k=None,
-            )
+            gen = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                      generation_config=greedy_config(self.tok, budget))
         finally:
             if handle is not None and handle.method.length_dependent:
                 handle.freeze_length(None)
@@ -420,7 +460,8 @@ class NeedleRunner:
                       for it in items])
                 continue
             step = self.cfg.batch_size if self.cfg.scoring == "forced" else 1
-            for start in range(0, len(items), step):
+            start = 0
+            while start < len(items):
                 chunk = items[start:start + step]
                 t0 = time.perf_counter()
                 try:
@@ -430,6 +471,10 @@ class NeedleRunner:
                         raise
                     if self.device.startswith("cuda"):
                         torch.cuda.empty_cache()
+                    if step > 1:  # a smaller batch may fit: halve before giving up on this length
+                        step //= 2
+                        self.progress.note(f"{spec.label}: out of memory at {length} tokens; batch size {step}")
+                        continue
                     skip_from = length
                     note = (str(exc).splitlines() or ["out of memory"])[0][:300]
                     emit([self._row(spec, it, status="oom", correct=None, note=note) for it in items[start:]])
@@ -439,6 +484,7 @@ class NeedleRunner:
                 emit([self._row(spec, it, status="ok", seconds=round(seconds, 3), **res) for it, res in zip(chunk, results)])
                 self.progress.advance(length * len(chunk), f"{spec.label} L={length} depth {chunk[-1].depth:g}% "
                                       f"{'ok' if results[-1]['correct'] else 'miss'}")
+                start += len(chunk)
 
 
 def sweep(lm: Any, specs: list[MethodSpec], runner: NeedleRunner, store: Any) -> None:

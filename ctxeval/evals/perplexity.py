@@ -163,6 +163,10 @@ class PplRunner:
 
     def __init__(self, model: torch.nn.Module, device: str, cfg: PplConfig, bos_id: int | None, model_name: str,
                  progress: Progress | None = None) -> None:
+        from dataclasses import replace
+
+        if cfg.bos and bos_id is None:
+            cfg = replace(cfg, bos=False)  # a tokenizer without BOS: sequences start with document text
         self.model, self.device, self.cfg = model, device, cfg
         self.bos = bos_id if cfg.bos else None
         self.model_name = model_name
