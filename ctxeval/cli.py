@@ -329,7 +329,7 @@ def _default_out(task: str, model: str, out: Path | None) -> Path:
     return out or Path("results") / f"{task}-{safe_name(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-MODEL_HELP = "Hub id (owner/name), local dir, .gguf file, or bundled name: tiny (default), smollm2."
+MODEL_HELP = "Hub id (owner/name), local dir, .gguf file, or bundled name: smollm2 (default), tiny (after python -m ctxeval.tiny train)."
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto|cpu|cuda|cuda:N")]
@@ -337,7 +337,7 @@ AttnOpt = Annotated[str, typer.Option("--attn", help="Attention implementation: 
 RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model repository's own code.")]
 
 PPL_DEFAULTS: dict[str, Any] = {
-    "model": "tiny", "data": "pydoc", "text_field": "text", "lengths": None, "method": ["none"],
+    "model": "smollm2", "data": "austen", "text_field": "text", "lengths": None, "method": ["none"],
     "protocol": "truncate", "docs": 1, "stride": None, "aggregate": "token", "bos": True,
 }
 
@@ -346,10 +346,10 @@ PPL_DEFAULTS: dict[str, Any] = {
 @user_errors
 def ppl_cmd(
     model: ModelOpt = None,
-    data: Annotated[Optional[str], typer.Option(help="pydoc (default) | austen | mobydick | files/dirs/globs | hf:NAME[:CONFIG][@SPLIT]")] = None,
+    data: Annotated[Optional[str], typer.Option(help="austen (default) | mobydick | pydoc | files/dirs/globs | hf:NAME[:CONFIG][@SPLIT]")] = None,
     text_field: Annotated[Optional[str], typer.Option(help="Record field holding the text (.jsonl/.parquet/.csv/hf).")] = None,
     lengths: Annotated[Optional[str], typer.Option(help="Evaluation lengths: 2k,4k,8k | 1k:16k:x2 | 1024:8192:1024 "
-                                                      "(default: 0.5x to 8x the model's original length).")] = None,
+                                                      "(default: 0.5x, 1x and 2x the model's original length).")] = None,
     method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; repeatable.")] = None,
     factor: FactorOpt = None,
     protocol: Annotated[Optional[str], typer.Option(help="truncate (YaRN paper) | sliding.")] = None,
@@ -391,7 +391,7 @@ def ppl_cmd(
         PplConfig(tuple(lengths_given), opt["protocol"], opt["stride"], opt["bos"], chunk_size)  # fail before loading
 
     lm = _load_for(opt["model"], specs, dtype, device, attn, trust_remote_code)
-    cfg = PplConfig(tuple(lengths_given or default_lengths(lm, (0.5, 1, 2, 4, 8))), opt["protocol"], opt["stride"],
+    cfg = PplConfig(tuple(lengths_given or default_lengths(lm, (0.5, 1, 2))), opt["protocol"], opt["stride"],
                     opt["bos"], chunk_size)
     if cfg.bos and getattr(lm.tokenizer, "bos_token_id", None) is None:
         err.print("note: the tokenizer has no BOS token; sequences start with document text (as --no-bos)")
@@ -550,7 +550,7 @@ def _retrieval(task: str, *, model: str, lengths: str | None, depths: str | None
     if lengths_given is None:
         from dataclasses import replace
 
-        cfg = replace(cfg, lengths=tuple(default_lengths(lm, (1, 2, 4, 8))))
+        cfg = replace(cfg, lengths=tuple(default_lengths(lm, (0.25, 0.5, 1, 2))))
     has_template = bool(getattr(lm.tokenizer, "chat_template", None))
     if chat_template == "on" and not has_template:
         raise CtxevalError(f"--chat-template on, but the tokenizer of '{model}' has no chat template; use auto or off")
@@ -646,9 +646,9 @@ OverwriteOpt = Annotated[bool, typer.Option(help="Replace a run directory that h
 @app.command("needle")
 @user_errors
 def needle_cmd(
-    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "tiny",
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "smollm2",
     lengths: Annotated[Optional[str], typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2 "
-                                                   "(default: 1x, 2x, 4x, 8x the model's original length).")] = None,
+                                                   "(default: 0.25x, 0.5x, 1x, 2x the model's original length).")] = None,
     depths: Annotated[str, typer.Option(help="Needle depths in percent: 0,50,100 | 0:100:11 (start:stop:count).")] = "0:100:5",
     depth_spacing: Annotated[str, typer.Option(help="linear | sigmoid (packed towards the ends, as the original test).")] = "linear",
     samples: Annotated[int, typer.Option(help="Samples per cell, each with its own seeded needle and offset.")] = 1,
@@ -682,9 +682,9 @@ def needle_cmd(
 @app.command("passkey")
 @user_errors
 def passkey_cmd(
-    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "tiny",
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "smollm2",
     lengths: Annotated[Optional[str], typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2 "
-                                                   "(default: 1x, 2x, 4x, 8x the model's original length).")] = None,
+                                                   "(default: 0.25x, 0.5x, 1x, 2x the model's original length).")] = None,
     samples: Annotated[int, typer.Option(help="Samples per length, each at a seeded uniform random depth.")] = 10,
     haystack: Annotated[str, typer.Option(help="filler (the original test's) or any --data spec.")] = "filler",
     text_field: TextFieldOpt = "text",

