@@ -133,7 +133,8 @@ def _small_cfg(**kw):
     from ctxeval.tiny.train import TinyConfig
 
     base = dict(length=256, vocab_size=700, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                steps=3, batch_size=4, warmup=1, retrieval_fraction=0.5, seed=0)
+                steps=3, batch_size=4, warmup=1, seed=0,
+                mix={"lm": 0.25, "needle": 0.25, "recall": 0.25, "repeat": 0.25})
     return TinyConfig(**{**base, **kw})
 
 
@@ -161,8 +162,12 @@ def test_retrieval_sequences_match_the_needle_layout(small_corpus):
         text = tok.decode(ids.tolist())
         assert "Some special magic numbers are hidden" in text and "mentioned in the provided text is" in text
         assert ids.tolist().count(tok.bos_token_id) == 1
-    ids, weights, is_ret = batches.next()
-    assert ids.shape == (cfg.batch_size, cfg.length) and weights.shape == ids.shape and is_ret.shape == (cfg.batch_size,)
+    ids, weights, kinds = batches.next()
+    assert ids.shape == (cfg.batch_size, cfg.length) and weights.shape == ids.shape and len(kinds) == cfg.batch_size
+    for make in (batches.recall, batches.repeat, batches.lm):
+        for _ in range(5):
+            ids, weights = make()
+            assert ids.shape == weights.shape == (cfg.length,) and ids[0] == tok.bos_token_id
 
 
 def test_train_smoke_three_steps(tmp_path, small_corpus):

@@ -35,15 +35,15 @@ class TinyConfig:
     num_heads: int = 4  # head_dim = hidden_size / num_heads
     rope_theta: float = 10000.0
     # optimisation
-    steps: int = 2400
+    steps: int = 4000
     batch_size: int = 16
-    lr: float = 2e-3
+    lr: float = 8e-4
     min_lr_ratio: float = 0.1
-    warmup: int = 100
+    warmup: int = 200
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    # data
-    retrieval_fraction: float = 0.4  # of the sequences of a batch
+    # data: share of each kind of sequence in a batch
+    mix: dict[str, float] = field(default_factory=lambda: {"lm": 0.35, "needle": 0.3, "recall": 0.2, "repeat": 0.15})
     answer_weight: float = 5.0  # loss weight of the answer tokens of a retrieval sequence
     doc_start_fraction: float = 0.3  # language-modelling windows that start at a document start
     pools: dict[str, float] = field(default_factory=lambda: {"pydoc": 0.4, "docstrings": 0.3, "sources": 0.3})
@@ -140,6 +140,7 @@ class Batches:
         self.kind_p /= self.kind_p.sum()
         self.bos = tokenizer.bos_token_id
         self.sep = np.asarray(tokenizer("\n\n", add_special_tokens=False)["input_ids"])
+        self.digit_ids = np.asarray(tokenizer.convert_tokens_to_ids(list("0123456789")))
 
     def _pool(self) -> str:
         return self.pool_names[int(self.rng.choice(len(self.pool_names), p=self.pool_p))]
@@ -174,18 +175,98 @@ class Batches:
             weights = np.concatenate([weights, np.ones(rest, dtype=np.float32)])
         return ids, weights
 
-    def next(self) -> tuple[Any, Any, Any]:
+    def recall(self) -> tuple[np.ndarray, np.ndarray]:
+        """Retrieval lines: key-value facts, then queries of some of them (shuffled) answered with the value.
+
+        Two layouts: the needle's own sentences (fact = needle, query = answer prefix) or compact `key: value`
+        lines. Dense copy practice: the value tokens of every query are weighted like a needle answer."""
+        from ..evals.needle import _ADJ, _NOUN
+
+        rng, L = self.rng, self.cfg.length
+        preset = self.presets["ruler"]
+        compact = rng.random() < 0.5
+        n = int(rng.integers(2, 7 if compact else 4))
+        pairs = rng.choice(len(_ADJ) * len(_NOUN), size=n, replace=False)
+        keys = [f"{_ADJ[p // len(_NOUN)]}-{_NOUN[p % len(_NOUN)]}" for p in pairs]
+        values = [str(rng.integers(10**6, 10**7)) for _ in keys]
+        enc = lambda text: np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+        if compact:
+            facts = [enc(f"\n{k}: {v}") for k, v in zip(keys, values)]
+            queries = [(enc(f"\n{k}:"), enc(f" {v}")) for k, v in zip(keys, values)]
+        else:
+            facts = [enc(" " + preset.needle.format(key=k, value=v)) for k, v in zip(keys, values)]
+            queries = [(enc(" " + preset.answer_prefix.format(keys=k)), enc(f" {v}.")) for k, v in zip(keys, values)]
+        order = rng.permutation(n)
+        while n > 1 and 1 + sum(len(f) + len(q[0]) + len(q[1]) for f, q in zip(facts[:n], queries[:n])) > L:
+            n -= 1  # keep only the facts whose queries fit too
+            order = order[order < n]
+        room = L - 1 - sum(len(f) + len(q[0]) + len(q[1]) for f, q in zip(facts[:n], queries[:n]))
+        gaps = rng.multinomial(int(rng.integers(0, max(room, 0) + 1)), np.ones(n + 1) / (n + 1)) if room > 0 else np.zeros(n + 1, int)
+        ids = [np.asarray([self.bos])]
+        w = [np.ones(1, dtype=np.float32)]
+        for i, f in enumerate(facts[:n]):
+            gap = self.streams[self._pool()].window(int(gaps[i]), rng, False)
+            ids += [gap, f]
+            w += [np.ones(len(gap) + len(f), dtype=np.float32)]
+        gap = self.streams[self._pool()].window(int(gaps[n]), rng, False)
+        ids.append(gap)
+        w.append(np.ones(len(gap), dtype=np.float32))
+        for q in order:
+            prefix, value = queries[q]
+            ids += [prefix, value]
+            w += [np.ones(len(prefix), dtype=np.float32), np.full(len(value), self.cfg.answer_weight, dtype=np.float32)]
+        ids_a, w_a = np.concatenate(ids)[:L], np.concatenate(w)[:L]
+        if len(ids_a) < L:
+            rest = L - len(ids_a)
+            ids_a = np.concatenate([ids_a, self.sep, self.streams[self._pool()].window(rest, rng, False)])[:L]
+            w_a = np.concatenate([w_a, np.ones(rest, dtype=np.float32)])
+        return ids_a, w_a
+
+    def repeat(self) -> tuple[np.ndarray, np.ndarray]:
+        """Induction practice. Half the time: BOS + random tokens (or digits) + the same tokens again, loss only on
+        the copy; else BOS + text + a span of that text again."""
+        rng, L = self.rng, self.cfg.length
+        if rng.random() < 0.5:
+            n = int(rng.integers(8, (L - 1) // 2 + 1))
+            if rng.random() < 0.5:
+                seq = rng.choice(self.digit_ids, size=n)
+            else:
+                seq = rng.integers(3, len(self.tok), size=n)
+            lead = int(rng.integers(0, L - 1 - 2 * n + 1))
+            gap = int(rng.integers(0, L - 1 - 2 * n - lead + 1))
+            text = self.streams[self._pool()].window(lead + gap, rng, False)
+            ids = np.concatenate([[self.bos], text[:lead], seq, text[lead:], seq])
+            w = np.ones(len(ids), dtype=np.float32)
+            w[1 + lead:1 + lead + n] = 0.0  # the random tokens themselves are unpredictable
+            rest = L - len(ids)
+            ids = np.concatenate([ids, self.sep, self.streams[self._pool()].window(rest, rng, False)])[:L]
+            w = np.concatenate([w, np.ones(rest, dtype=np.float32)])
+            return ids, w
+        stream = self.streams[self._pool()]
+        first = stream.window(L - 1, rng, False)
+        span = int(rng.integers(12, L // 3))
+        start = int(rng.integers(0, (L - 1) // 2 - span + 1)) if (L - 1) // 2 > span else 0
+        cut = int(rng.integers(start + span, L - 1 - span + 1))
+        ids = np.concatenate([[self.bos], first[:cut], first[start:start + span]])
+        ids = np.concatenate([ids, first[cut:]])[:L]
+        return ids, np.ones(L, dtype=np.float32)
+
+    def next(self) -> tuple[Any, Any, list[str]]:
+        """(input_ids (B, L), loss weights (B, L), kind of each row)"""
         import torch
 
+        kinds = list(self.cfg.mix)
+        p = np.asarray([self.cfg.mix[k] for k in kinds], dtype=float)
+        p /= p.sum()
+        make = {"lm": self.lm, "needle": self.retrieval, "recall": self.recall, "repeat": self.repeat}
         seqs, weights, is_ret = [], [], []
         for _ in range(self.cfg.batch_size):
-            ret = self.rng.random() < self.cfg.retrieval_fraction
-            ids, w = self.retrieval() if ret else self.lm()
+            kind = kinds[int(self.rng.choice(len(kinds), p=p))]
+            ids, w = make[kind]()
             seqs.append(ids)
             weights.append(w)
-            is_ret.append(ret)
-        return (torch.from_numpy(np.stack(seqs)), torch.from_numpy(np.stack(weights)),
-                torch.tensor(is_ret))
+            is_ret.append(kind)
+        return torch.from_numpy(np.stack(seqs)), torch.from_numpy(np.stack(weights)), is_ret
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,7 +402,7 @@ def train(out: str | Path, cfg: TinyConfig | None = None, *, minutes: float | No
     while step < total:
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg, total)
-        ids, weights, is_ret = batches.next()
+        ids, weights, kinds = batches.next()
         logits = model(input_ids=ids).logits
         loss, nll = weighted_loss(logits, ids, weights)
         opt.zero_grad(set_to_none=True)
@@ -330,10 +411,12 @@ def train(out: str | Path, cfg: TinyConfig | None = None, *, minutes: float | No
         opt.step()
         step += 1
         with torch.no_grad():
-            lm_rows = ~is_ret
-            lm_loss = float(nll[lm_rows].mean()) if lm_rows.any() else float("nan")
-            ans = (weights[:, 1:] > 1) & is_ret[:, None]
-            ans_loss = float(nll[ans].mean()) if ans.any() else float("nan")
+            def part(kind: str, answers: bool) -> float:
+                rows = torch.tensor([k == kind for k in kinds])[:, None]
+                mask = rows & ((weights[:, 1:] > 1) if answers else torch.ones_like(weights[:, 1:], dtype=torch.bool))
+                return float(nll[mask].mean()) if mask.any() else float("nan")
+
+            lm_loss, ans_loss, recall_loss = part("lm", False), part("needle", True), part("recall", True)
         value = float(loss.detach())
         ema = value if ema is None else 0.98 * ema + 0.02 * value
         if minutes is not None and step == 20:
@@ -343,7 +426,7 @@ def train(out: str | Path, cfg: TinyConfig | None = None, *, minutes: float | No
         if step % 50 == 0 or step == total:
             elapsed = time.perf_counter() - t_train
             row = {"step": step, "loss": round(value, 4), "loss_ema": round(ema, 4), "lm_loss": round(lm_loss, 4),
-                   "answer_loss": round(ans_loss, 4), "lr": round(_lr(step - 1, cfg, total), 6),
+                   "answer_loss": round(ans_loss, 4), "recall_loss": round(recall_loss, 4), "lr": round(_lr(step - 1, cfg, total), 6),
                    "seconds": round(elapsed, 1), "tokens_per_s": round(step * cfg.batch_size * cfg.length / elapsed)}
             if evaluate and (step % cfg.eval_every == 0 or step == total):
                 row.update({k: round(v, 4) for k, v in needle_check(model, tokenizer, cfg.length).items()})
