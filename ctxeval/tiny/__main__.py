@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     tr.add_argument("--rope-theta", type=float, default=None, help="RoPE base (default: the recipe's)")
+    tr.add_argument("--head-dim", type=int, default=None, help="attention head dim (default: the recipe's)")
     ho = sub.add_parser("heldout", help="write the held-out documents (the `pydoc` evaluation corpus) as .txt files")
     ho.add_argument("dir")
     args = parser.parse_args(argv)
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.steps = args.steps
     if args.rope_theta:
         cfg.rope_theta = args.rope_theta
+    if args.head_dim:
+        cfg.head_dim = args.head_dim
     train(args.out, cfg, minutes=args.minutes, log=lambda m: print(m, flush=True))
     return 0
 

@@ -32,7 +32,8 @@ class TinyConfig:
     hidden_size: int = 128
     intermediate_size: int = 384
     num_layers: int = 4
-    num_heads: int = 4  # head_dim = hidden_size / num_heads
+    num_heads: int = 4
+    head_dim: int | None = None  # None: hidden_size / num_heads
     rope_theta: float = 10000.0
     # optimisation
     steps: int = 4000
@@ -279,7 +280,7 @@ def build_model(cfg: TinyConfig, vocab_size: int, tokenizer: Any) -> Any:
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
-        head_dim=cfg.hidden_size // cfg.num_heads, max_position_embeddings=cfg.length,
+        head_dim=cfg.head_dim or cfg.hidden_size // cfg.num_heads, max_position_embeddings=cfg.length,
         rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, initializer_range=0.02, attention_bias=False, mlp_bias=False,
