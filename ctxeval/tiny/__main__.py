@@ -18,9 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--minutes", type=float, default=None, help="train for about N minutes (step count from measured speed)")
     tr.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    tr.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1: the bundled weights were trained with 1; other counts sum floats "
+                         "in another order and give a slightly different model)")
     tr.add_argument("--rope-theta", type=float, default=None, help="RoPE base (default: the recipe's)")
     tr.add_argument("--head-dim", type=int, default=None, help="attention head dim (default: the recipe's)")
+    tr.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="override any TinyConfig field (JSON value), e.g. --set weight_decay=0 --set lr=1e-3")
     ho = sub.add_parser("heldout", help="write the held-out documents (the `pydoc` evaluation corpus) as .txt files")
     ho.add_argument("dir")
     args = parser.parse_args(argv)
@@ -45,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg.rope_theta = args.rope_theta
     if args.head_dim:
         cfg.head_dim = args.head_dim
+    for item in args.set:
+        import json
+
+        name, _, value = item.partition("=")
+        if not hasattr(cfg, name):
+            parser.error(f"--set: TinyConfig has no field '{name}'")
+        setattr(cfg, name, json.loads(value))
     train(args.out, cfg, minutes=args.minutes, log=lambda m: print(m, flush=True))
     return 0
 

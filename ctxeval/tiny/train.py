@@ -1,12 +1,16 @@
 """Train the bundled tiny model from scratch on a CPU: byte-level BPE tokenizer + small Llama with plain RoPE.
 
-Every training sequence is BOS + `length` - 1 tokens (the trained length L = `max_position_embeddings`):
-  - language modelling: a window of the training text (pydoc training topics, stdlib docstrings, stdlib sources),
-    starting at a document start or at a random token;
-  - retrieval: a needle prompt built by ctxeval's own PromptBuilder (the exact token layout `ctxeval needle` and
-    `ctxeval passkey` use) over training text or the passkey filler, of a random length <= L and a random depth,
-    followed by the answer (weighted `answer_weight` in the loss) and more training text up to L.
-Seeded (numpy for the data, torch for the weights); one process on the CPU.
+Every training sequence is BOS + `length` - 1 tokens (the trained length L = `max_position_embeddings`), of four
+kinds (`TinyConfig.mix`):
+  lm      a window of the training text (pydoc training topics, stdlib docstrings, stdlib sources), starting at a
+          document start or at a random token;
+  needle  a needle or passkey prompt built by ctxeval's own PromptBuilder (the exact token layout of `ctxeval
+          needle` / `ctxeval passkey`) over training text or the passkey filler, of a random length <= L and a
+          random depth, then the answer (loss weight `answer_weight`), then more training text up to L;
+  recall  retrieval lines: 2-6 key-value facts ("One of the special magic numbers for KEY is: VALUE." or
+          "KEY: VALUE"), then every key queried again in shuffled order and answered (weighted like an answer);
+  repeat  induction practice: random tokens or digits repeated later in the sequence, or a span of text repeated.
+Seeded (numpy for the data, torch for the weights). Run with one torch thread for bit-reproducible weights.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +37,7 @@ class TinyConfig:
     num_layers: int = 4
     num_heads: int = 4
     head_dim: int | None = None  # None: hidden_size / num_heads
-    rope_theta: float = 10000.0
+    rope_theta: float = 100000.0
     # optimisation
     steps: int = 4000
     batch_size: int = 16
