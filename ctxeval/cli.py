@@ -72,16 +72,35 @@ FactorOpt = Annotated[
 ]
 
 
-def parse_factors(text: str | None) -> list[float] | None:
+def _parse_numbers(text: str | None, flag: str, example: str) -> list[float] | None:
     if text is None:
         return None
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise CtxevalError(f"--factor takes numbers separated by commas (e.g. 2,4,8), got '{text}'") from None
+        raise CtxevalError(f"{flag} takes numbers separated by commas (e.g. {example}), got '{text}'") from None
     if not values:
-        raise CtxevalError("--factor is empty")
+        raise CtxevalError(f"{flag} is empty")
     return values
+
+
+def parse_factors(text: str | None) -> list[float] | None:
+    return _parse_numbers(text, "--factor", "2,4,8")
+
+
+def parse_temperatures(text: str | None) -> list[float] | None:
+    """--attention-temperature 1,1.1,1.2 -> [1.0, 1.1, 1.2] (each > 0)."""
+    from .temperature import check_temperature
+
+    values = _parse_numbers(text, "--attention-temperature", "1,1.2")
+    return None if values is None else [check_temperature(v) for v in values]
+
+
+TemperatureOpt = Annotated[
+    Optional[str],
+    typer.Option("--attention-temperature", help="Multiply every attention logit by LAMBDA (any model, RoPE or not; "
+                                                 "1 = unchanged); a list sweeps: 1,1.1,1.2."),
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -310,6 +329,12 @@ def _load_for(model: str, specs: list[M.MethodSpec], dtype: str, device: str, at
     lm = load_model(model, dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code)
     if lm.rope.geometry is None and any(s.name not in ("none", "native") for s in specs):
         raise CtxevalError(f"model '{model}' has no RoPE ({lm.rope.reason}); only --method none applies")
+    if any(s.temperature != 1.0 for s in specs):
+        from .temperature import supports_temperature
+
+        if not supports_temperature(lm.model):
+            raise CtxevalError(f"--attention-temperature: the attention modules of '{model}' expose no logit scale "
+                               "ctxeval can change ('scaling', or BLOOM's inv_norm_factor/beta); drop the option")
     shipped = lm.rope.shipped.get("rope_type", "default")
     if shipped != "default" and any(s.name == "none" for s in specs):
         err.print(f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
@@ -329,7 +354,8 @@ def _default_out(task: str, model: str, out: Path | None) -> Path:
     return out or Path("results") / f"{task}-{safe_name(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-MODEL_HELP = "Hub id (owner/name), local dir, .gguf file, or bundled name: smollm2 (default), tiny (after python -m ctxeval.tiny train)."
+MODEL_HELP = ("Hub id (owner/name), local dir, .gguf file, or bundled name: tiny (default; omitting --model also applies "
+              "the quickstart settings of ctxeval/tiny/__init__.py) or smollm2.")
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto|cpu|cuda|cuda:N")]
@@ -337,7 +363,7 @@ AttnOpt = Annotated[str, typer.Option("--attn", help="Attention implementation: 
 RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model repository's own code.")]
 
 PPL_DEFAULTS: dict[str, Any] = {
-    "model": "smollm2", "data": "austen", "text_field": "text", "lengths": None, "method": ["none"],
+    "model": "tiny", "data": "pydoc", "text_field": "text", "lengths": None, "method": ["none"],
     "protocol": "truncate", "docs": 1, "stride": None, "aggregate": "token", "bos": True,
 }
 
@@ -346,12 +372,13 @@ PPL_DEFAULTS: dict[str, Any] = {
 @user_errors
 def ppl_cmd(
     model: ModelOpt = None,
-    data: Annotated[Optional[str], typer.Option(help="austen (default) | mobydick | pydoc | files/dirs/globs | hf:NAME[:CONFIG][@SPLIT]")] = None,
+    data: Annotated[Optional[str], typer.Option(help="pydoc (default) | austen | mobydick | files/dirs/globs | hf:NAME[:CONFIG][@SPLIT]")] = None,
     text_field: Annotated[Optional[str], typer.Option(help="Record field holding the text (.jsonl/.parquet/.csv/hf).")] = None,
     lengths: Annotated[Optional[str], typer.Option(help="Evaluation lengths: 2k,4k,8k | 1k:16k:x2 | 1024:8192:1024 "
                                                       "(default: 0.5x, 1x and 2x the model's original length).")] = None,
     method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; repeatable.")] = None,
     factor: FactorOpt = None,
+    attention_temperature: TemperatureOpt = None,
     protocol: Annotated[Optional[str], typer.Option(help="truncate (YaRN paper) | sliding.")] = None,
     docs: Annotated[Optional[int], typer.Option(help="Number of documents.")] = None,
     stride: Annotated[Optional[int], typer.Option(help="Sliding-window stride S (protocol sliding).")] = None,
@@ -375,7 +402,8 @@ def ppl_cmd(
 
     given = {"model": model, "data": data, "text_field": text_field, "lengths": lengths, "method": method,
              "protocol": protocol, "docs": docs, "stride": stride, "aggregate": aggregate, "bos": bos}
-    preset = load_task(task, "ppl") if task else {}
+    quickstart = model is None and task is None
+    preset = load_task(task, "ppl") if task else (dict(_quickstart("ppl")) if quickstart else {})
     unknown = set(preset) - set(PPL_DEFAULTS)
     if unknown:
         raise CtxevalError(f"task '{task}' sets unknown keys: {', '.join(sorted(unknown))}")
@@ -385,7 +413,7 @@ def ppl_cmd(
     if opt["docs"] < 1:
         raise CtxevalError(f"--docs must be >= 1, got {opt['docs']}")
     methods_list = opt["method"] if isinstance(opt["method"], list) else [opt["method"]]
-    specs = M.expand_specs(methods_list, parse_factors(factor))
+    specs = M.expand_specs(methods_list, parse_factors(factor), parse_temperatures(attention_temperature))
     lengths_given = parse_lengths(opt["lengths"]) if opt["lengths"] is not None else None
     if lengths_given:
         PplConfig(tuple(lengths_given), opt["protocol"], opt["stride"], opt["bos"], chunk_size)  # fail before loading
@@ -411,6 +439,7 @@ def ppl_cmd(
         "protocol": cfg.protocol, "stride": cfg.stride, "bos": cfg.bos, "docs": opt["docs"],
         "lengths": list(cfg.lengths), "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": seed,
         "preset": task,
+        **({"settings": "quickstart (ctxeval/tiny/__init__.py)"} if quickstart else {}),
     }
     run_dir = _default_out("ppl", opt["model"], out)
     store = RunStore(run_dir, spec_record, overwrite=overwrite)
@@ -429,6 +458,16 @@ def ppl_cmd(
     with run_status(store), RichProgress() as progress:
         sweep(lm, specs, documents, cfg, store, progress)
     render_ppl(store, specs, original, opt["aggregate"], valid_tolerance, title=f"{opt['model']} on {opt['data']} ({cfg.protocol})")
+
+
+def print_table(title: str, caption: str | None, headers: list[str], rows: list[list[str]]) -> None:
+    """A rich table on stdout: the method column left-aligned and never wrapped, numbers right-aligned."""
+    table = Table(title=title, caption=caption)
+    for h in headers:
+        table.add_column(h, justify="left" if h == "method" else "right", no_wrap=h == "method")
+    for r in rows:
+        table.add_row(*[str(c) for c in r])
+    out.print(table)
 
 
 def render_ppl(store: Any, specs: list[M.MethodSpec], original_length: int, aggregate: str, tolerance: float,
@@ -454,15 +493,10 @@ def render_ppl(store: Any, specs: list[M.MethodSpec], original_length: int, aggr
     export.to_csv(store.dir / "table.csv", float_format="%.6g")
     valid.to_csv(store.dir / "valid.csv", index=False, float_format="%.6g")
     plot_ppl(wide, original_length, title, store.dir / "ppl.png")
-    table = Table(title=title, caption=caption)
-    for h in headers:
-        table.add_column(h, justify="left" if h == "method" else "right")
-    for r in rows:
-        table.add_row(*r)
-    out.print(table)
+    print_table(title, caption, headers, rows)
     vt = Table(title=f"valid length (ppl within {tolerance:.0%})")
     for h in vheaders:
-        vt.add_column(h)
+        vt.add_column(h, no_wrap=h == "method")
     for r in vrows:
         vt.add_row(*[str(c) for c in r])
     out.print(vt)
@@ -523,19 +557,38 @@ def _load_preset(name: str, needle_text: str | None, question: str | None, answe
     return NeedlePreset.from_dict(Path(name).stem if name.endswith(".toml") else name, data)
 
 
-def _retrieval(task: str, *, model: str, lengths: str | None, depths: str | None, depth_spacing: str, samples: int,
+def _quickstart(task: str) -> dict[str, Any]:
+    from .tiny import QUICKSTART
+
+    return QUICKSTART[task]
+
+
+def _retrieval(task: str, *, model: str | None, lengths: str | None, depths: str | None, depth_spacing: str,
+               samples: int | None,
                needle: str, needle_text: str | None, question: str | None, answer_prefix: str | None,
                answer: str | None, haystack: str, text_field: str, snap: bool, chat_template: str, scoring: str,
-               max_new_tokens: int | None, batch_size: int, threshold: float, method: list[str], factor: str | None,
-               seed: int, out: Path | None, overwrite: bool, dtype: str, device: str, attn: str,
+               max_new_tokens: int | None, batch_size: int, threshold: float, method: list[str] | None,
+               factor: str | None, attention_temperature: str | None, seed: int, out: Path | None, overwrite: bool, dtype: str, device: str, attn: str,
                trust_remote_code: bool) -> None:
     from .evals.needle import NeedleConfig, NeedleRunner, PromptBuilder, haystack_tokens, make_sample, sweep
     from .store import RunStore, run_status
 
+    quickstart = model is None
+    if quickstart:  # the bundled model with its quickstart settings, each overridden by what the user gave
+        from .models import DEFAULT_MODEL
+
+        qs = _quickstart(task)
+        model = DEFAULT_MODEL
+        lengths = lengths if lengths is not None else qs.get("lengths")
+        samples = samples if samples is not None else qs.get("samples")
+        method = method if method is not None else list(qs.get("method", ["none"]))
+    samples = samples if samples is not None else (10 if task == "passkey" else 1)
+    method = method if method is not None else ["none"]
+
     import numpy as np
 
     preset = _load_preset(needle, needle_text, question, answer_prefix, answer)
-    specs = M.expand_specs(method, parse_factors(factor))
+    specs = M.expand_specs(method, parse_factors(factor), parse_temperatures(attention_temperature))
     random_depth = task == "passkey"
     lengths_given = parse_lengths(lengths) if lengths is not None else None
     depth_list = tuple(parse_depths(depths, depth_spacing)) if not random_depth else ()
@@ -572,6 +625,7 @@ def _retrieval(task: str, *, model: str, lengths: str | None, depths: str | None
         "lengths": list(cfg.lengths), "depths": list(cfg.depths), "random_depth": random_depth, "samples": samples,
         "scoring": scoring, "max_new_tokens": max_new_tokens, "snap": snap, "chat_template": use_template,
         "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": seed,
+        **({"settings": "quickstart (ctxeval/tiny/__init__.py)"} if quickstart else {}),
     }
     run_dir = _default_out(task, model, out)
     store = RunStore(run_dir, spec_record, overwrite=overwrite)
@@ -618,12 +672,8 @@ def render_retrieval(store: Any, task: str, specs: list[M.MethodSpec], original:
     export = summary.copy()
     export.index.name = "method"
     export.to_csv(store.dir / "summary.csv")
-    table = Table(title=title, caption=f"mean accuracy; effective length = longest length with every shorter length >= {threshold:.0%}")
-    for h in headers:
-        table.add_column(h, justify="left" if h == "method" else "right")
-    for r in rows:
-        table.add_row(*r)
-    out.print(table)
+    print_table(title, f"mean accuracy; effective length = longest length with every shorter length >= {threshold:.0%}",
+                headers, rows)
     err.print(f"wrote {store.dir}/table.md, summary.csv" + (", heatmap-*.png" if task != "passkey" else ", passkey.csv"))
 
 
@@ -646,12 +696,13 @@ OverwriteOpt = Annotated[bool, typer.Option(help="Replace a run directory that h
 @app.command("needle")
 @user_errors
 def needle_cmd(
-    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "smollm2",
+    model: ModelOpt = None,
     lengths: Annotated[Optional[str], typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2 "
                                                    "(default: 0.25x, 0.5x, 1x, 2x the model's original length).")] = None,
     depths: Annotated[str, typer.Option(help="Needle depths in percent: 0,50,100 | 0:100:11 (start:stop:count).")] = "0:100:5",
     depth_spacing: Annotated[str, typer.Option(help="linear | sigmoid (packed towards the ends, as the original test).")] = "linear",
-    samples: Annotated[int, typer.Option(help="Samples per cell, each with its own seeded needle and offset.")] = 1,
+    samples: Annotated[Optional[int], typer.Option(help="Samples per cell, each with its own seeded needle and offset "
+                                                   "(default 1).")] = None,
     needle: Annotated[str, typer.Option(help=_NEEDLE_HELP)] = "ruler",
     needle_text: Annotated[Optional[str], typer.Option(help="Override the needle sentence ({key}, {value}).")] = None,
     question: Annotated[Optional[str], typer.Option(help="Override the question ({keys}).")] = None,
@@ -665,8 +716,10 @@ def needle_cmd(
     max_new_tokens: MaxNewOpt = None,
     batch_size: BatchOpt = 4,
     threshold: Annotated[float, typer.Option(help="Accuracy that counts for the effective length.")] = 0.8,
-    method: MethodOpt = ["none"],
+    method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; repeatable "
+                                                        "(default none).")] = None,
     factor: FactorOpt = None,
+    attention_temperature: TemperatureOpt = None,
     seed: SeedOpt = 0,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
@@ -682,10 +735,11 @@ def needle_cmd(
 @app.command("passkey")
 @user_errors
 def passkey_cmd(
-    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "smollm2",
+    model: ModelOpt = None,
     lengths: Annotated[Optional[str], typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2 "
                                                    "(default: 0.25x, 0.5x, 1x, 2x the model's original length).")] = None,
-    samples: Annotated[int, typer.Option(help="Samples per length, each at a seeded uniform random depth.")] = 10,
+    samples: Annotated[Optional[int], typer.Option(help="Samples per length, each at a seeded uniform random depth "
+                                                   "(default 10).")] = None,
     haystack: Annotated[str, typer.Option(help="filler (the original test's) or any --data spec.")] = "filler",
     text_field: TextFieldOpt = "text",
     chat_template: Annotated[str, typer.Option(help="auto | on | off")] = "off",
@@ -693,8 +747,10 @@ def passkey_cmd(
     max_new_tokens: MaxNewOpt = None,
     batch_size: BatchOpt = 4,
     threshold: Annotated[float, typer.Option(help="Accuracy that counts for the passkey context.")] = 0.8,
-    method: MethodOpt = ["none"],
+    method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; repeatable "
+                                                        "(default none).")] = None,
     factor: FactorOpt = None,
+    attention_temperature: TemperatureOpt = None,
     seed: SeedOpt = 0,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
@@ -706,3 +762,12 @@ def passkey_cmd(
     """Passkey retrieval (YaRN's): per length accuracy, passkey context and mean accuracy up to it."""
     _retrieval("passkey", depths=None, depth_spacing="linear", needle="passkey", needle_text=None, question=None,
                answer_prefix=None, answer=None, snap=False, **{k: v for k, v in locals().items()})
+
+
+# commands that live in their own modules
+from .cli_report import register as _register_report  # noqa: E402
+
+_register_report(app)
+from .cli_entropy import register as _register_entropy  # noqa: E402
+
+_register_entropy(app)

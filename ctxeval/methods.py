@@ -464,13 +464,20 @@ def plan(method: str | Method, geom: Geometry, params: dict[str, Any] | None = N
 class MethodSpec:
     name: str
     params: dict[str, Any]
+    temperature: float = 1.0  # attention temperature lambda (logits x lambda), any model; 1 = unchanged
+
+    @property
+    def record_params(self) -> dict[str, Any]:
+        """The method's parameters plus the attention temperature when it is not 1 (what rows record)."""
+        return self.params if self.temperature == 1.0 else {**self.params, "attention_temperature": self.temperature}
 
     @property
     def label(self) -> str:
-        """Stable display/row key, e.g. 'yarn(factor=4)'."""
-        if not self.params:
+        """Stable display/row key, e.g. 'yarn(factor=4)' or 'none(attention_temperature=1.2)'."""
+        params = self.record_params
+        if not params:
             return self.name
-        inner = ",".join(f"{k}={_fmt(v)}" for k, v in sorted(self.params.items()))
+        inner = ",".join(f"{k}={_fmt(v)}" for k, v in sorted(params.items()))
         return f"{self.name}({inner})"
 
 
@@ -493,8 +500,10 @@ def parse_spec(spec: str) -> MethodSpec:
     return MethodSpec(method.name, params)
 
 
-def expand_specs(specs: list[str], factors: list[float] | None = None) -> list[MethodSpec]:
-    """Parse --method values and sweep --factor over every method that takes a factor and did not set one.
+def expand_specs(specs: list[str], factors: list[float] | None = None,
+                 temperatures: list[float] | None = None) -> list[MethodSpec]:
+    """Parse --method values and sweep --factor over every method that takes a factor and did not set one; every
+    method is crossed with every attention temperature (default [1.0]).
 
     Parameters are validated and normalised to their typed values (defaults are not added to the label)."""
     out: list[MethodSpec] = []
@@ -509,7 +518,8 @@ def expand_specs(specs: list[str], factors: list[float] | None = None) -> list[M
         for factor in sweep:
             params = dict(given) if factor is None else {**given, "factor": float(factor)}
             resolve_params(method, params)  # validate the combination
-            out.append(MethodSpec(method.name, params))
+            for temperature in temperatures or [1.0]:
+                out.append(MethodSpec(method.name, params, float(temperature)))
     seen, unique = set(), []
     for s in out:
         if s.label not in seen:

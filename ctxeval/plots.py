@@ -48,17 +48,22 @@ def plot_ppl(wide: Any, original_length: int, title: str, path: Path) -> Path:
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=4, label=str(label))
     ax.axvline(original_length, color="black", ls="--", lw=1, label=f"original length {original_length}")
-    ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xticks(list(wide.columns))
-    ax.set_xticklabels([f"{c // 1024}k" if c % 1024 == 0 and c >= 1024 else str(c) for c in wide.columns])
+    _finish_length_axes(ax, list(wide.columns), "evaluation length (tokens)", "perplexity (log scale)", title)
+    return _save(fig, path)
+
+
+def _finish_length_axes(ax: Any, lengths: list[int], xlabel: str, ylabel: str, title: str) -> None:
+    """log2 x axis with one tick per length (1k, 2k, ...), labels, title, grid, legend."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths)
+    ax.set_xticklabels([f"{c // 1024}k" if c % 1024 == 0 and c >= 1024 else str(c) for c in lengths])
     ax.minorticks_off()
-    ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity (log scale)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
 
 
 def plot_heatmap(grid: Any, status: Any, title: str, original_length: int | None, path: Path) -> Path:
@@ -88,4 +93,20 @@ def plot_heatmap(grid: Any, status: Any, title: str, original_length: int | None
     ax.set_ylabel("needle depth")
     ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="accuracy")
+    return _save(fig, path)
+
+
+def plot_entropy(wide: Any, original_length: int, title: str, path: Path) -> Path:
+    """Mean attention entropy vs. length, one line per method; uniform attention dashed, the original length marked."""
+    import math
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, series in wide.iterrows():
+        pts = [(c, v) for c, v in series.items() if not (isinstance(v, float) and math.isnan(v))]
+        if not pts:
+            continue
+        style = {"ls": "--", "color": "grey", "marker": None} if str(label).startswith("uniform") else {"marker": "o", "ms": 4}
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=str(label), **style)
+    ax.axvline(original_length, color="black", ls=":", lw=1, label=f"original length {original_length}")
+    _finish_length_axes(ax, list(wide.columns), "context length (tokens)", "mean attention entropy (nats)", title)
     return _save(fig, path)

@@ -402,7 +402,7 @@ class NeedleRunner:
         return _Item(length, depth_index, sample_index, depth, sample, prompt)
 
     def _row(self, spec: MethodSpec, it: _Item, **fields: Any) -> dict[str, Any]:
-        return {"model": self.model_name, "method": spec.name, "label": spec.label, "params": spec.params,
+        return {"model": self.model_name, "method": spec.name, "label": spec.label, "params": spec.record_params,
                 "task": self.task, "preset": self.builder.preset.name, "scoring": self.cfg.scoring,
                 "length": it.length, "depth": it.depth, "sample": it.sample_index,
                 "answer": ", ".join(it.sample.answers), "prompt_tokens": len(it.prompt.ids),
@@ -489,7 +489,7 @@ class NeedleRunner:
 
 def sweep(lm: Any, specs: list[MethodSpec], runner: NeedleRunner, store: Any) -> None:
     """Every (method, length, depth, sample) not yet in `store`, one method applied at a time."""
-    from ..patching import apply_method
+    from .applied import applied
 
     done = {store.key(r, NeedleRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
     cells = runner.cfg.cells()
@@ -504,7 +504,5 @@ def sweep(lm: Any, specs: list[MethodSpec], runner: NeedleRunner, store: Any) ->
     for spec in specs:
         if not pending[spec.label]:
             continue
-        with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params) as handle:
-            effective[spec.label] = handle.record(tuple(runner.cfg.lengths))
-            store.update(methods=effective)
+        with applied(lm, spec, runner.cfg.lengths, store, effective) as handle:
             runner.measure(spec, pending[spec.label], store.append, handle)

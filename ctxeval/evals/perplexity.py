@@ -184,7 +184,7 @@ class PplRunner:
             raise
 
     def _row(self, spec: MethodSpec, length: int, doc: str, **fields: Any) -> dict[str, Any]:
-        return {"model": self.model_name, "method": spec.name, "label": spec.label, "params": spec.params,
+        return {"model": self.model_name, "method": spec.name, "label": spec.label, "params": spec.record_params,
                 "task": "ppl", "protocol": self.cfg.protocol, "length": length, "doc": doc, **fields}
 
     def _ok(self, spec: MethodSpec, length: int, doc: str, nll_sum: float, n: int, window_sum: float, n_windows: int,
@@ -298,7 +298,7 @@ def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig
     """Measure every (method, length, document) point not yet in `store`, one method applied at a time.
 
     The weights are loaded once (`lm`); methods are swapped in place with apply_method and restored after."""
-    from ..patching import apply_method
+    from .applied import applied
 
     progress = progress or _Silent()
     runner = PplRunner(lm.model, lm.device, cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name, progress)
@@ -315,9 +315,7 @@ def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig
     for spec in specs:
         if not any((spec.label, doc.doc_id) in pending for doc in docs):
             continue
-        with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params) as handle:
-            effective[spec.label] = handle.record(tuple(cfg.lengths))
-            store.update(methods=effective)
+        with applied(lm, spec, cfg.lengths, store, effective):
             for doc in docs:
                 if (spec.label, doc.doc_id) in pending:
                     runner.measure(spec, doc, pending[(spec.label, doc.doc_id)], store.append, skip_from)

@@ -1,0 +1,329 @@
+"""`ctxeval report`: runs merged into comparison tables from rows.jsonl, protocols never mixed, missing never zero."""
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ctxeval import merge
+from ctxeval.cli import app  # report is registered there (its --debug callback resets state)
+from ctxeval.errors import CtxevalError
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+runner = CliRunner()
+
+
+def cli(*args):
+    return runner.invoke(app, ["report", *map(str, args)])
+
+
+# -- run directories written by hand, in the schema of results/ ------------------------------------------------
+
+
+def write_run(path, record, rows):
+    path.mkdir(parents=True)
+    (path / "run.json").write_text(json.dumps(record, indent=2))
+    (path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _record(task, spec, model, started, status, original, dtype, **extra):
+    return {"status": status, "started": started, "finished": started, "spec": {"task": task, "model": model,
+                                                                                "dtype": dtype, **spec},
+            "model": {"name": model, "dtype": dtype, "max_position_embeddings": original},
+            "methods": {"none": {"method": "none", "params": {}, "geometry": {"rotary_dim": 16, "base": 10000.0,
+                                                                               "original_length": original}}},
+            "seed": 0, "environment": {}, "history": [], "error": None, **extra}
+
+
+def ppl_run(root, name, *, model="m1", ppl=None, docs=("d1",), bos=True, aggregate="token", data="austen",
+            started="2026-01-01T00:00:00+00:00", status="success", original=128, dtype="float32", failed=()):
+    """ppl: {label: {length: ppl}}; failed: (label, length, status) points recorded as failures."""
+    ppl = ppl or {"none": {64: 10.0, 128: 12.0}, "yarn(factor=2)": {64: 11.0, 128: 11.5}}
+    lengths = sorted({L for v in ppl.values() for L in v} | {f[1] for f in failed})
+    spec = {"data": data, "text_field": "text", "protocol": "truncate", "stride": None, "bos": bos, "docs": len(docs),
+            "lengths": lengths, "methods": list(ppl), "seed": 0, "preset": None}
+    record = _record("ppl", spec, model, started, status, original, dtype,
+                     data={"spec": data, "documents": [{"doc": d, "tokens": 1000} for d in docs]},
+                     protocol={"name": "truncate", "stride": None, "bos": bos, "bos_token": "<s>" if bos else None,
+                               "aggregate": aggregate, "chunk_size": 1024, "one_forward_per_document": True})
+    rows = []
+    for label, values in ppl.items():
+        for length, value in values.items():
+            for doc in docs:
+                n = length - 1
+                rows.append({"model": model, "method": label.split("(")[0], "label": label, "params": {},
+                             "task": "ppl", "protocol": "truncate", "length": length, "doc": doc, "status": "ok",
+                             "metric": "nll", "value": math.log(value), "ppl": value, "nll_sum": math.log(value) * n,
+                             "n_tokens": n, "window_nll_sum": math.log(value), "n_windows": 1, "seconds": 0.1})
+    for label, length, st in failed:
+        for doc in docs:
+            rows.append({"model": model, "method": label, "label": label, "params": {}, "task": "ppl",
+                         "protocol": "truncate", "length": length, "doc": doc, "status": st, "seconds": 0.0})
+    return write_run(root / name, record, rows)
+
+
+def needle_run(root, name, *, task="needle", model="m1", acc=None, depths=(0.0, 50.0, 100.0), samples=1,
+               haystack="austen", scoring="generate", started="2026-01-01T00:00:00+00:00", original=128,
+               dtype="float32"):
+    """acc: {label: {length: correct (0/1) for every depth and sample, or a list per sample}}."""
+    acc = acc or {"none": {64: 1, 128: 1}}
+    lengths = sorted({L for v in acc.values() for L in v})
+    preset = {"name": "passkey" if task == "passkey" else "ruler", "needle": "The magic number is {value}.",
+              "value": "digits:7", "keys": 1, "match": "all"}
+    spec = {"preset": preset, "haystack": haystack, "text_field": "text", "lengths": lengths,
+            "depths": [] if task == "passkey" else list(depths), "random_depth": task == "passkey",
+            "samples": samples, "scoring": scoring, "max_new_tokens": None, "snap": False, "chat_template": False,
+            "methods": list(acc), "seed": 0}
+    record = _record(task, spec, model, started, "success", original, dtype,
+                     haystack={"haystack": haystack}, scoring={"name": scoring, "rule": "all", "llm_judge": False})
+    rows = []
+    for label, values in acc.items():
+        for length, correct in values.items():
+            per_sample = correct if isinstance(correct, list) else [correct] * samples
+            for d_i, depth in enumerate([None] if task == "passkey" else depths):
+                for s, c in enumerate(per_sample):
+                    rows.append({"model": model, "method": label, "label": label, "params": {}, "task": task,
+                                 "preset": preset["name"], "scoring": scoring, "length": length,
+                                 "depth": float(depth if depth is not None else 10.0 * s), "sample": s,
+                                 "answer": "1234567", "prompt_tokens": length - 8, "status": "ok", "seconds": 0.1,
+                                 "correct": int(c), "response": "1234567" if c else "no"})
+    return write_run(root / name, record, rows)
+
+
+def main_table(rep, group_id):
+    return next(t for t in rep.tables if t.id == group_id)
+
+
+def row_of(table, model, method):
+    return next(dict(zip(table.columns, r)) for r in table.rows if r[0] == model and r[1] == method)
+
+
+def cells_of(table, model, method):
+    return next(dict(zip(table.headers, c)) for c in table.cells if c[0] == model and c[1] == method)
+
+
+# -- merging ---------------------------------------------------------------------------------------------------
+
+
+def test_two_models_one_ppl_table_missing_cells_stay_missing(tmp_path):
+    a = ppl_run(tmp_path, "a", model="m1")
+    b = ppl_run(tmp_path, "b", model="m2", original=256,
+                ppl={"none": {64: 9.0, 128: 9.5, 256: 30.0}, "yarn(factor=2)": {64: 9.2, 128: 9.4, 256: 9.9}})
+    rep = merge.build_report([a, b])
+    assert [g.id for g in rep.groups] == ["ppl-1"]
+    table = main_table(rep, "ppl-1")
+    assert table.columns == ["model", "method", "64", "128", "256"]
+    assert [(r[0], r[1]) for r in table.rows] == [("m1", "none"), ("m1", "yarn(factor=2)"), ("m2", "none"),
+                                                 ("m2", "yarn(factor=2)")]
+    assert row_of(table, "m1", "none")["128"] == pytest.approx(12.0)
+    assert row_of(table, "m2", "none")["256"] == pytest.approx(30.0)
+    # m1 never ran 256: missing, not zero, everywhere
+    assert row_of(table, "m1", "none")["256"] is None
+    assert cells_of(table, "m1", "none")["256"] == "—"
+    tidy = list(csv.DictReader(io.StringIO(merge.to_csv(rep))))
+    cell = next(r for r in tidy if r["table"] == "ppl-1" and r["model"] == "m1" and r["method"] == "none"
+                and r["column"] == "256")
+    assert cell["value"] == "" and cell["status"] == "missing"
+    data = json.loads(json.dumps(merge.to_json(rep), allow_nan=False))
+    jrow = data["groups"][0]["tables"][0]["rows"][0]
+    assert jrow["256"] is None and jrow["64"] == pytest.approx(10.0)
+    assert data["groups"][0]["original_lengths"] == {"m1": 128, "m2": 256}
+    wide = list(csv.reader(io.StringIO(merge.table_csv(table))))
+    assert wide[0] == table.columns and wide[1][-1] == ""
+    # valid length per model, against that model's own original length
+    valid = main_table(rep, "ppl-1-valid")
+    assert row_of(valid, "m1", "none")["reference length"] == 128
+    assert row_of(valid, "m2", "none")["reference length"] == 256
+    assert row_of(valid, "m2", "yarn(factor=2)")["longest length within 10%"] == 256
+
+
+def test_failed_cells_show_their_status_not_zero(tmp_path):
+    a = ppl_run(tmp_path, "a", ppl={"none": {64: 10.0, 128: 12.0}, "yarn(factor=2)": {64: 11.0}},
+                failed=[("yarn(factor=2)", 128, "oom")])
+    rep = merge.build_report([a])
+    table = main_table(rep, "ppl-1")
+    assert row_of(table, "m1", "yarn(factor=2)")["128"] is None
+    assert cells_of(table, "m1", "yarn(factor=2)")["128"] == "OOM"
+    tidy = list(csv.DictReader(io.StringIO(merge.to_csv(rep))))
+    assert [r["status"] for r in tidy if r["method"] == "yarn(factor=2)" and r["column"] == "128"
+            and r["table"] == "ppl-1"] == ["oom"]
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(bos=False), "bos"),
+    (dict(docs=("d2",)), "documents"),
+    (dict(aggregate="window"), "aggregate"),
+    (dict(data="mobydick"), "data"),
+])
+def test_ppl_runs_that_differ_in_protocol_are_not_mixed(tmp_path, change, field):
+    a = ppl_run(tmp_path, "a")
+    b = ppl_run(tmp_path, "b", model="m2", **change)
+    rep = merge.build_report([a, b])
+    assert [g.id for g in rep.groups] == ["ppl-1", "ppl-2"]
+    assert all(g.distinguishing == [field] for g in rep.groups)
+    assert rep.groups[0].title.startswith("Perplexity (1 of 2): " + field)
+    assert {r[0] for r in main_table(rep, "ppl-1").rows} == {"m1"}
+    assert {r[0] for r in main_table(rep, "ppl-2").rows} == {"m2"}
+    assert any(f"differ in {field}" in n for n in rep.notes)
+    md = merge.to_markdown(rep)
+    assert md.count("## Perplexity (") == 2
+    with pytest.raises(CtxevalError, match=f"--single: the ppl runs differ in {field}"):
+        merge.build_report([a, b], single=True)
+
+
+def test_aggregate_override_puts_runs_in_one_table(tmp_path):
+    a = ppl_run(tmp_path, "a")
+    b = ppl_run(tmp_path, "b", model="m2", aggregate="window")
+    rep = merge.build_report([a, b], aggregate="token")
+    assert [g.id for g in rep.groups] == ["ppl-1"] and rep.groups[0].key["aggregate"] == "token"
+
+
+def test_needle_runs_split_by_depths_merged_across_lengths(tmp_path):
+    short = needle_run(tmp_path, "short", acc={"none": {64: 1, 128: 1}})
+    long = needle_run(tmp_path, "long", acc={"none": {256: 0}, "yarn(factor=2)": {256: 1, 512: 1}},
+                      started="2026-01-02T00:00:00+00:00")
+    other = needle_run(tmp_path, "other", depths=(0.0, 100.0), acc={"none": {64: 1}})
+    rep = merge.build_report([short, long, other])
+    assert [g.id for g in rep.groups] == ["needle-1", "needle-2"]
+    assert rep.groups[0].distinguishing == ["depths"]
+    table = main_table(rep, "needle-1")
+    assert table.columns == ["model", "method", "64", "128", "256", "512", "effective length"]
+    none, yarn = row_of(table, "m1", "none"), row_of(table, "m1", "yarn(factor=2)")
+    assert none["64"] == 1.0 and none["256"] == 0.0 and none["512"] is None and none["effective length"] == 128
+    assert yarn["64"] is None and yarn["effective length"] == 512
+    shown = cells_of(table, "m1", "yarn(factor=2)")
+    assert shown["64"] == "—" and shown["256"] == "100%" and shown["effective length (>= 80%)"] == "512†"
+    assert table.footnotes and "†" in table.footnotes[0]
+    grid, _ = rep.groups[0].grids[("m1", "yarn(factor=2)")]
+    assert list(grid.columns) == [64, 128, 256, 512] and math.isnan(grid.loc[0.0, 64])
+
+
+def test_same_model_and_method_in_two_runs_later_wins_failure_never_replaces_value(tmp_path):
+    old = ppl_run(tmp_path, "old", ppl={"none": {64: 10.0, 128: 12.0}}, started="2026-01-01T00:00:00+00:00")
+    new = ppl_run(tmp_path, "new", ppl={"none": {128: 13.0, 256: 20.0}}, failed=[("none", 64, "oom")],
+                  started="2026-01-02T00:00:00+00:00")
+    for order in ([old, new], [new, old]):  # time decides, not the command line
+        rep = merge.build_report(order)
+        row = row_of(main_table(rep, "ppl-1"), "m1", "none")
+        assert row["64"] == pytest.approx(10.0)  # the later oom does not erase the earlier measurement
+        assert row["128"] == pytest.approx(13.0)  # measured twice: the later run's value
+        assert row["256"] == pytest.approx(20.0)
+        assert sorted(rep.groups[0].notes) == [
+            f"m1 · none: 1 point(s) measured by both {old} and {new}; kept {new}'s (started later)",
+            f"m1 · none: 1 point(s) measured by both {old} and {new}; kept {old}'s values ({new} has oom there; "
+            "a failure never replaces a value)"]
+
+
+def test_unfinished_run_is_used_with_a_note_and_run_json_path_is_accepted(tmp_path):
+    a = ppl_run(tmp_path, "a", status="interrupted", ppl={"none": {64: 10.0}})
+    rep = merge.build_report([a / "run.json"])
+    assert any("incomplete (status interrupted)" in n for n in rep.notes)
+    assert row_of(main_table(rep, "ppl-1"), "m1", "none")["64"] == pytest.approx(10.0)
+
+
+def test_resumed_point_inside_one_run_replaces_its_failure(tmp_path):
+    a = ppl_run(tmp_path, "a", ppl={"none": {64: 10.0}}, failed=[("none", 64, "oom")])
+    rows = [json.loads(l) for l in (a / "rows.jsonl").read_text().splitlines()]
+    (a / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))  # failure first, then success
+    assert row_of(main_table(merge.build_report([a]), "ppl-1"), "m1", "none")["64"] == pytest.approx(10.0)
+
+
+def test_same_model_in_two_dtypes_is_two_rows(tmp_path):
+    a = ppl_run(tmp_path, "a", dtype="float32")
+    b = ppl_run(tmp_path, "b", dtype="bfloat16", ppl={"none": {64: 10.5}})
+    table = main_table(merge.build_report([a, b]), "ppl-1")
+    assert {r[0] for r in table.rows} == {"m1 (float32)", "m1 (bfloat16)"}
+    assert row_of(table, "m1 (bfloat16)", "none")["64"] == pytest.approx(10.5)
+
+
+def test_ppl_needle_and_passkey_together(tmp_path):
+    p = ppl_run(tmp_path, "p")
+    n = needle_run(tmp_path, "n", model="m2", acc={"none": {64: 1, 128: 0}})
+    k = needle_run(tmp_path, "k", task="passkey", samples=5, haystack="filler",
+                   acc={"none": {64: [1, 1, 1, 1, 1], 128: [1, 1, 1, 1, 0], 256: [1, 0, 0, 0, 0]}})
+    rep = merge.build_report([k, n, p])
+    assert [g.id for g in rep.groups] == ["ppl-1", "needle-1", "passkey-1"]
+    pk = main_table(rep, "passkey-1")
+    row = row_of(pk, "m1", "none")
+    assert row["passkey context"] == 128 and row["mean accuracy up to it"] == pytest.approx(0.9)
+    assert row["256"] == pytest.approx(0.2)
+    assert row_of(main_table(rep, "needle-1"), "m2", "none")["effective length"] == 64
+    md = merge.to_markdown(rep)
+    for heading in ("## Perplexity", "## Needle in a haystack", "## Passkey retrieval", "passkey context (>= 80%)"):
+        assert heading in md
+    written = merge.write_report(rep, tmp_path / "out")
+    names = {w.name for w in written}
+    assert {"table.md", "report.csv", "report.json", "ppl-1.csv", "ppl-1-valid.csv", "needle-1.csv",
+            "passkey-1.csv", "ppl-1.png", "needle-1.png", "passkey-1.png"} <= names
+    assert "![" in (tmp_path / "out" / "table.md").read_text()
+    json.loads((tmp_path / "out" / "report.json").read_text())
+
+
+@pytest.mark.skipif(not (RESULTS / "needle-smollm2-austen-long" / "rows.jsonl").exists(), reason="no committed results")
+def test_committed_needle_runs_merge_into_one_table():
+    rep = merge.build_report([RESULTS / "needle-smollm2-austen-short", RESULTS / "needle-smollm2-austen-long"])
+    table = main_table(rep, "needle-1")
+    none = row_of(table, "smollm2", "none")
+    assert [none[c] for c in ("1024", "2048", "4096", "16384")] == [1.0, 1.0, 1.0, 0.0]
+    assert none["effective length"] == 4096
+    assert row_of(table, "smollm2", "yarn(factor=2)")["1024"] is None
+
+
+# -- the command -----------------------------------------------------------------------------------------------
+
+
+def test_cli_markdown_csv_json_and_out(tmp_path):
+    a, b = ppl_run(tmp_path, "a"), needle_run(tmp_path, "n")
+    md = cli(a, b)
+    assert md.exit_code == 0, md.output
+    header = next(line for line in md.stdout.splitlines() if line.startswith("| model") and "| 64" in line)
+    assert header.split("|")[3:5] == [" 64    ", " 128   "] and "## Needle in a haystack" in md.stdout
+    as_csv = cli(a, b, "--format", "csv")
+    assert as_csv.exit_code == 0
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert {r["table"] for r in rows} == {"ppl-1", "ppl-1-valid", "needle-1"}
+    as_json = cli(a, b, "--format", "json")
+    assert as_json.exit_code == 0
+    assert [g["id"] for g in json.loads(as_json.stdout)["groups"]] == ["ppl-1", "needle-1"]
+    out = cli(a, b, "--out", tmp_path / "rep")
+    assert out.exit_code == 0 and (tmp_path / "rep" / "ppl-1.png").exists() and "wrote" in out.stderr
+    assert not list(tmp_path.glob("a/table.md"))  # the runs themselves are never written to
+
+
+def _bad_inputs(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    norows = ppl_run(tmp_path, "norows")
+    (norows / "rows.jsonl").write_text("")
+    holder = tmp_path / "holder"
+    ppl_run(holder, "inner")
+    good = ppl_run(tmp_path, "good")
+    broken = ppl_run(tmp_path, "broken")
+    (broken / "run.json").write_text("{not json")
+    return {
+        "missing": ([tmp_path / "nope"], "does not exist"),
+        "not a run": ([empty], "no run.json"),
+        "no rows": ([norows], "no measured rows"),
+        "parent of runs": ([holder], "pass them one by one"),
+        "broken run.json": ([broken], "cannot be read"),
+        "bad format": ([good, "--format", "xml"], "--format must be md, csv or json"),
+        "out is a run": ([good, "--out", good], "is a run directory"),
+        "single": ([good, ppl_run(tmp_path, "nobos", bos=False), "--single"], "differ in bos"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "not a run", "no rows", "parent of runs", "broken run.json",
+                                  "bad format", "out is a run", "single"])
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, case):
+    args, fragment = _bad_inputs(tmp_path)[case]
+    result = cli(*args)
+    assert result.exit_code == 2, result.output
+    assert fragment in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
