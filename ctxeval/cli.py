@@ -771,3 +771,6 @@ _register_report(app)
 from .cli_entropy import register as _register_entropy  # noqa: E402
 
 _register_entropy(app)
+from .cli_bound import register as _register_bound  # noqa: E402
+
+_register_bound(app)

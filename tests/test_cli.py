@@ -17,7 +17,7 @@ def run(*args):
     return runner.invoke(app, list(args))
 
 
-@pytest.mark.parametrize("command", [[], ["methods"], ["plan"], ["ppl"], ["needle"], ["passkey"], ["entropy"], ["report"]])
+@pytest.mark.parametrize("command", [[], ["methods"], ["plan"], ["ppl"], ["needle"], ["passkey"], ["entropy"], ["report"], ["bound"]])
 def test_help(command):
     result = run(*command, "--help")
     assert result.exit_code == 0, result.output
