@@ -47,6 +47,10 @@ def user_errors(fn: Callable) -> Callable:
             err.print("[yellow]interrupted:[/yellow] finished points are kept; rerun the same command to resume",
                       markup=True)
             raise typer.Exit(130) from None
+        finally:
+            from .distributed import shutdown
+
+            shutdown()  # leave torch.distributed's process group (no-op without torchrun)
 
     return wrapper
 
@@ -322,11 +326,22 @@ class RichProgress:
         self.bar.console.print(f"[yellow]{message}[/yellow]")
 
 
-def _load_for(model: str, specs: list[M.MethodSpec], dtype: str, device: str, attn: str, trust_remote_code: bool) -> Any:
-    """Load the model once for a sweep; a model without RoPE accepts only method none."""
-    from .models import load_model
+def _load_for(model: str, specs: list[M.MethodSpec], dtype: str, device: str, attn: str, trust_remote_code: bool,
+              device_map: str | None = None, max_memory: str | None = None) -> Any:
+    """Join torchrun's process group if there is one, then load the model once for a sweep (on this rank's device,
+    or spread by --device-map); a model without RoPE accepts only method none."""
+    from .distributed import init_from_env
+    from .models import load_model, parse_max_memory
 
-    lm = load_model(model, dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code)
+    memory = parse_max_memory(max_memory)
+    if memory and not device_map:
+        raise CtxevalError("--max-memory needs --device-map (e.g. --device-map auto)")
+    dist, device = init_from_env(device)
+    if dist.active and device_map:
+        raise CtxevalError("--device-map spreads one model over several GPUs; under torchrun every rank loads its own "
+                           "copy on its GPU. Use one or the other")
+    lm = load_model(model, dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code,
+                    device_map=device_map, max_memory=memory)
     if lm.rope.geometry is None and any(s.name not in ("none", "native") for s in specs):
         raise CtxevalError(f"model '{model}' has no RoPE ({lm.rope.reason}); only --method none applies")
     if any(s.temperature != 1.0 for s in specs):
@@ -340,6 +355,39 @@ def _load_for(model: str, specs: list[M.MethodSpec], dtype: str, device: str, at
         err.print(f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
                   "original length; add --method native to measure the RoPE it ships")
     return lm
+
+
+class QuietProgress:
+    """Progress of a rank other than 0 under torchrun: notes only, prefixed with the rank."""
+
+    def __enter__(self) -> "QuietProgress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None: ...
+    def start(self, total: int) -> None: ...
+    def advance(self, amount: int, description: str) -> None: ...
+
+    def note(self, message: str) -> None:
+        from .distributed import current
+
+        err.print(f"[yellow]rank {current().rank}: {message}[/yellow]")
+
+
+def _measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, provenance: dict[str, Any], message: str,
+             work: Callable[[Any, Any], None]) -> Any:
+    """Open the run directory (rank 0 creates or resumes it), run `work(store, progress)` with run.json finalised
+    whatever happens, merge the ranks' rows; returns the store on rank 0 and None on the others."""
+    from .distributed import current, finish_rows, open_store
+    from .store import RunStore, run_status
+
+    dist = current()
+    store = open_store(RunStore, run_dir, spec_record, overwrite, provenance)
+    if dist.is_main:
+        err.print(message + (f"; {dist.world} ranks (torchrun)" if dist.active else ""))
+    with run_status(store), (RichProgress() if dist.is_main else QuietProgress()) as progress:
+        work(store, progress)
+        finish_rows(store)
+    return store if dist.is_main else None
 
 
 def default_lengths(lm: Any, multiples: tuple[float, ...]) -> list[int]:
@@ -361,6 +409,10 @@ DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto|bfloat16|float16|fl
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto|cpu|cuda|cuda:N")]
 AttnOpt = Annotated[str, typer.Option("--attn", help="Attention implementation: sdpa|eager|flash_attention_2.")]
 RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model repository's own code.")]
+DeviceMapOpt = Annotated[Optional[str], typer.Option(
+    "--device-map", help="auto|balanced|sequential: spread a model too large for one GPU over all visible GPUs (accelerate).")]
+MaxMemoryOpt = Annotated[Optional[str], typer.Option(
+    "--max-memory", help="With --device-map: memory per device, e.g. 0=70GiB,1=70GiB,cpu=200GiB.")]
 
 PPL_DEFAULTS: dict[str, Any] = {
     "model": "tiny", "data": "pydoc", "text_field": "text", "lengths": None, "method": ["none"],
@@ -394,12 +446,14 @@ def ppl_cmd(
     device: DeviceOpt = "auto",
     attn: AttnOpt = "sdpa",
     trust_remote_code: RemoteOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the memory each length needs (from the config "
+                                                          "alone) and exit without loading weights.")] = False,
 ) -> None:
     """Perplexity vs. context length for each method: the YaRN paper's table, a plot, a resumable run directory."""
     from . import corpora
     from .evals.perplexity import AGGREGATES, PplConfig, sweep
-    from .store import RunStore, run_status
-
     given = {"model": model, "data": data, "text_field": text_field, "lengths": lengths, "method": method,
              "protocol": protocol, "docs": docs, "stride": stride, "aggregate": aggregate, "bos": bos}
     quickstart = model is None and task is None
@@ -418,7 +472,13 @@ def ppl_cmd(
     if lengths_given:
         PplConfig(tuple(lengths_given), opt["protocol"], opt["stride"], opt["bos"], chunk_size)  # fail before loading
 
-    lm = _load_for(opt["model"], specs, dtype, device, attn, trust_remote_code)
+    if dry_run:
+        from .memory import print_estimate
+
+        print_estimate(opt["model"], tuple(lengths_given or ()), dtype, device, attn, chunk_size, trust_remote_code,
+                       out)
+        return
+    lm = _load_for(opt["model"], specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
     cfg = PplConfig(tuple(lengths_given or default_lengths(lm, (0.5, 1, 2))), opt["protocol"], opt["stride"],
                     opt["bos"], chunk_size)
     if cfg.bos and getattr(lm.tokenizer, "bos_token_id", None) is None:
@@ -442,22 +502,21 @@ def ppl_cmd(
         **({"settings": "quickstart (ctxeval/tiny/__init__.py)"} if quickstart else {}),
     }
     run_dir = _default_out("ppl", opt["model"], out)
-    store = RunStore(run_dir, spec_record, overwrite=overwrite)
-    store.start({
+    provenance = {
         "model": lm.record(),
         "data": {"spec": opt["data"], "documents": [{"doc": d.doc_id, "tokens": int(len(d.ids))} for d in documents]},
         "protocol": {"name": cfg.protocol, "stride": cfg.stride, "bos": cfg.bos,
                      "bos_token": getattr(lm.tokenizer, "bos_token", None) if cfg.bos else None,
                      "aggregate": opt["aggregate"], "chunk_size": cfg.chunk_size,
                      "one_forward_per_document": cfg.protocol == "truncate"},
-        "methods": store.record.get("methods", {}),
         "seed": seed,
-    })
-    err.print(f"run directory: {run_dir}  ({len(documents)} document(s): "
-              + ", ".join(f"{d.doc_id} {len(d.ids):,} tokens" for d in documents) + ")")
-    with run_status(store), RichProgress() as progress:
-        sweep(lm, specs, documents, cfg, store, progress)
-    render_ppl(store, specs, original, opt["aggregate"], valid_tolerance, title=f"{opt['model']} on {opt['data']} ({cfg.protocol})")
+    }
+    message = (f"run directory: {run_dir}  ({len(documents)} document(s): "
+               + ", ".join(f"{d.doc_id} {len(d.ids):,} tokens" for d in documents) + ")")
+    store = _measure(run_dir, spec_record, overwrite, provenance, message,
+                     lambda store, progress: sweep(lm, specs, documents, cfg, store, progress))
+    if store is not None:
+        render_ppl(store, specs, original, opt["aggregate"], valid_tolerance, title=f"{opt['model']} on {opt['data']} ({cfg.protocol})")
 
 
 def print_table(title: str, caption: str | None, headers: list[str], rows: list[list[str]]) -> None:
@@ -568,10 +627,10 @@ def _retrieval(task: str, *, model: str | None, lengths: str | None, depths: str
                needle: str, needle_text: str | None, question: str | None, answer_prefix: str | None,
                answer: str | None, haystack: str, text_field: str, snap: bool, chat_template: str, scoring: str,
                max_new_tokens: int | None, batch_size: int, threshold: float, method: list[str] | None,
-               factor: str | None, attention_temperature: str | None, seed: int, out: Path | None, overwrite: bool, dtype: str, device: str, attn: str,
-               trust_remote_code: bool) -> None:
+               factor: str | None, attention_temperature: str | None, seed: int, out: Path | None, overwrite: bool,
+               dtype: str, device: str, attn: str, trust_remote_code: bool, device_map: str | None,
+               max_memory: str | None) -> None:
     from .evals.needle import NeedleConfig, NeedleRunner, PromptBuilder, haystack_tokens, make_sample, sweep
-    from .store import RunStore, run_status
 
     quickstart = model is None
     if quickstart:  # the bundled model with its quickstart settings, each overridden by what the user gave
@@ -599,7 +658,7 @@ def _retrieval(task: str, *, model: str | None, lengths: str | None, depths: str
     if not 0 < threshold <= 1:
         raise CtxevalError(f"--threshold must be in (0, 1], got {threshold}")
 
-    lm = _load_for(model, specs, dtype, device, attn, trust_remote_code)
+    lm = _load_for(model, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
     if lengths_given is None:
         from dataclasses import replace
 
@@ -628,15 +687,18 @@ def _retrieval(task: str, *, model: str | None, lengths: str | None, depths: str
         **({"settings": "quickstart (ctxeval/tiny/__init__.py)"} if quickstart else {}),
     }
     run_dir = _default_out(task, model, out)
-    store = RunStore(run_dir, spec_record, overwrite=overwrite)
-    store.start({"model": lm.record(), "haystack": hay_info, "methods": store.record.get("methods", {}),
-                 "seed": seed, "scoring": {"name": scoring, "rule": preset.match, "llm_judge": False}})
-    err.print(f"run directory: {run_dir}  ({len(cfg.cells())} samples per method; chat template "
-              f"{'on' if use_template else 'off'}; scoring {scoring})")
-    with run_status(store), RichProgress() as progress:
+    provenance = {"model": lm.record(), "haystack": hay_info, "seed": seed,
+                  "scoring": {"name": scoring, "rule": preset.match, "llm_judge": False}}
+    message = (f"run directory: {run_dir}  ({len(cfg.cells())} samples per method; chat template "
+               f"{'on' if use_template else 'off'}; scoring {scoring})")
+
+    def work(store: Any, progress: Any) -> None:
         runner.progress = progress
         sweep(lm, specs, runner, store)
-    render_retrieval(store, task, specs, original, threshold, f"{model}: {preset.name} in {haystack}")
+
+    store = _measure(run_dir, spec_record, overwrite, provenance, message, work)
+    if store is not None:
+        render_retrieval(store, task, specs, original, threshold, f"{model}: {preset.name} in {haystack}")
 
 
 def render_retrieval(store: Any, task: str, specs: list[M.MethodSpec], original: int | None, threshold: float,
@@ -727,6 +789,8 @@ def needle_cmd(
     device: DeviceOpt = "auto",
     attn: AttnOpt = "sdpa",
     trust_remote_code: RemoteOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
 ) -> None:
     """Needle in a haystack: accuracy over a depth x length grid per method, heatmaps, effective length."""
     _retrieval("needle", **{k: v for k, v in locals().items()})
@@ -758,6 +822,8 @@ def passkey_cmd(
     device: DeviceOpt = "auto",
     attn: AttnOpt = "sdpa",
     trust_remote_code: RemoteOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
 ) -> None:
     """Passkey retrieval (YaRN's): per length accuracy, passkey context and mean accuracy up to it."""
     _retrieval("passkey", depths=None, depth_spacing="linear", needle="passkey", needle_text=None, question=None,

@@ -46,6 +46,8 @@ def register(app: typer.Typer) -> None:
         dtype: C.DtypeOpt = "auto",
         device: C.DeviceOpt = "auto",
         trust_remote_code: C.RemoteOpt = False,
+        device_map: C.DeviceMapOpt = None,
+        max_memory: C.MaxMemoryOpt = None,
     ) -> None:
         """Attention entropy vs. context length per method (what YaRN's temperature corrects): table, plot, run dir."""
         from dataclasses import replace
@@ -54,7 +56,6 @@ def register(app: typer.Typer) -> None:
         from .errors import CtxevalError
         from .evals.entropy import EntropyConfig, check_layers, sweep
         from .models import DEFAULT_MODEL
-        from .store import RunStore, run_status
 
         model_name = model or DEFAULT_MODEL
         if docs < 1:
@@ -62,7 +63,7 @@ def register(app: typer.Typer) -> None:
         specs = M.expand_specs(method or ["none"], C.parse_factors(factor), C.parse_temperatures(attention_temperature))
         given = tuple(C.parse_lengths(lengths)) if lengths is not None else None
         cfg = EntropyConfig(given or (2,), _int_list(layers, "--layers"), _int_list(heads, "--heads"), query_chunk, bos)
-        lm = C._load_for(model_name, specs, dtype, device, "sdpa", trust_remote_code)
+        lm = C._load_for(model_name, specs, dtype, device, "sdpa", trust_remote_code, device_map, max_memory)
         text_cfg = lm.model.config.get_text_config()
         check_layers(text_cfg.num_hidden_layers, cfg.layers)
         if given is None:
@@ -77,18 +78,17 @@ def register(app: typer.Typer) -> None:
             "lengths": list(cfg.lengths), "methods": [s.label for s in specs], "layers": cfg.layers or "all",
             "heads": cfg.heads or "all", "bos": cfg.bos, "dtype": lm.dtype,
         }
-        store = RunStore(C._default_out("entropy", model_name, out), spec_record, overwrite=overwrite)
-        store.start({
+        provenance = {
             "model": lm.record(),
             "data": {"spec": data, "documents": [{"doc": d.doc_id, "tokens": int(len(d.ids))} for d in documents]},
             "protocol": {"name": "truncate", "bos": cfg.bos, "attention": "sdpa, entropies recomputed per query chunk",
                          "query_chunk": cfg.query_chunk},
-            "methods": store.record.get("methods", {}),
-        })
-        C.err.print(f"run directory: {store.dir}  ({len(documents)} document(s))")
-        with run_status(store), C.RichProgress() as progress:
-            sweep(lm, specs, documents, cfg, store, progress)
-        render_entropy(store, specs, original, f"{model_name} on {data}: attention entropy")
+        }
+        run_dir = C._default_out("entropy", model_name, out)
+        store = C._measure(run_dir, spec_record, overwrite, provenance, f"run directory: {run_dir}  ({len(documents)} document(s))",
+                           lambda store, progress: sweep(lm, specs, documents, cfg, store, progress))
+        if store is not None:
+            render_entropy(store, specs, original, f"{model_name} on {data}: attention entropy")
 
 
 def render_entropy(store: Any, specs: list, original_length: int, title: str) -> None:

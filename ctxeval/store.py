@@ -3,6 +3,9 @@
 run.json is written before the first point (status `running`) and finalised as `success`, `error` or
 `interrupted`. Rows are appended and flushed one point at a time, so a crash or Ctrl-C loses at most the point in
 flight. A rerun with the same spec skips the points already there; a different spec is refused unless overwrite.
+Under torchrun, rank r appends to rows.rank<r>.jsonl and only rank 0 writes run.json; rank 0 merges the rank files
+into rows.jsonl at the end. Reading always includes leftover rank files, so a crashed distributed run resumes with
+any number of ranks.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Iterable
 from .errors import CtxevalError
 
 RUN_FILE, ROWS_FILE = "run.json", "rows.jsonl"
+RANK_ROWS_GLOB = "rows.rank*.jsonl"
 
 
 def _now() -> str:
@@ -63,8 +67,12 @@ def environment() -> dict[str, Any]:
 class RunStore:
     """One run directory. `spec` is what defines the measurement; resume requires the same spec."""
 
-    def __init__(self, out: Path, spec: dict[str, Any], overwrite: bool = False) -> None:
+    def __init__(self, out: Path, spec: dict[str, Any], overwrite: bool = False, rank: int | None = None) -> None:
+        """rank None: a single process (rows.jsonl, writes run.json); rank r under torchrun: appends to
+        rows.rank<r>.jsonl, and only rank 0 writes run.json (the others open a directory rank 0 prepared)."""
         self.dir = Path(out)
+        self.writer = rank in (None, 0)
+        self.append_path = self.dir / (ROWS_FILE if rank is None else f"rows.rank{rank}.jsonl")
         if self.dir.exists() and not self.dir.is_dir():
             raise CtxevalError(f"--out {self.dir} is a file, not a directory; choose a directory path")
         self.spec = json.loads(json.dumps(spec, default=str))  # normalise (tuples -> lists, ...)
@@ -73,6 +81,8 @@ class RunStore:
         if self.run_path.exists():
             old = json.loads(self.run_path.read_text())
             if old.get("spec") != self.spec:
+                if not self.writer:
+                    raise CtxevalError(f"{self.dir}: run.json holds another spec than this rank's; all ranks must run one command")
                 if not overwrite:
                     changed = sorted(k for k in set(old.get("spec", {})) | set(self.spec)
                                      if old.get("spec", {}).get(k) != self.spec.get(k))
@@ -89,7 +99,19 @@ class RunStore:
 
     # -- rows ------------------------------------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
-        return read_rows(self.rows_path)
+        """rows.jsonl, then every rank file (a distributed run in progress or one that crashed)."""
+        rows = read_rows(self.rows_path)
+        for path in sorted(self.dir.glob(RANK_ROWS_GLOB)):
+            rows.extend(read_rows(path))
+        return rows
+
+    def merge_rank_files(self) -> None:
+        """Append the rows of every rows.rank<r>.jsonl to rows.jsonl (rank order), then remove the rank files."""
+        for path in sorted(self.dir.glob(RANK_ROWS_GLOB), key=lambda p: int(p.name[9:-6]) if p.name[9:-6].isdigit() else 0):
+            rows = read_rows(path)
+            if rows:
+                self._append_to(self.rows_path, rows)
+            path.unlink()
 
     def done_keys(self, key_fields: Iterable[str]) -> set[tuple]:
         fields = tuple(key_fields)
@@ -101,7 +123,11 @@ class RunStore:
 
     def append(self, rows: list[dict[str, Any]]) -> None:
         """Append rows of one point and make them durable before returning."""
-        with open(self.rows_path, "a+", encoding="utf-8") as fh:
+        self._append_to(self.append_path, rows)
+
+    @staticmethod
+    def _append_to(path: Path, rows: list[dict[str, Any]]) -> None:
+        with open(path, "a+", encoding="utf-8") as fh:
             if fh.tell() > 0:  # a torn last line (crash mid-write) must not swallow the next row
                 fh.seek(fh.tell() - 1)
                 if fh.read(1) != "\n":
@@ -136,6 +162,8 @@ class RunStore:
         self._write()
 
     def _write(self) -> None:
+        if not self.writer:
+            return
         tmp = self.run_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.record, indent=2, default=str))
         tmp.replace(self.run_path)

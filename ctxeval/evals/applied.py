@@ -4,7 +4,7 @@ with the effective RoPE (read back from the model) recorded in the run before an
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..methods import MethodSpec
 
@@ -20,3 +20,30 @@ def applied(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, eff
         effective[spec.label] = {**handle.record(tuple(lengths)), "attention_temperature": spec.temperature}
         store.update(methods=effective)
         yield handle
+
+
+def run_items(lm: Any, specs: list[MethodSpec], items: list[tuple[int, Any, float]], lengths: tuple[int, ...],
+              store: Any, progress: Any, work: Callable[[MethodSpec, Any, Any], None]) -> None:
+    """Measure work items (spec index, payload, cost in tokens) one method at a time.
+
+    Under torchrun each rank takes its share (distributed.Dist.shard: balanced by cost) and rank 0 first records
+    every method's read-back RoPE, so run.json is complete whichever rank measures what. `work(spec, payload,
+    handle)` measures one item and appends its rows."""
+    from ..distributed import current
+
+    dist = current()
+    dist.barrier()  # every rank has read the finished points before any rank appends new ones
+    effective = dict(store.record.get("methods", {}))
+    if dist.active and dist.is_main:
+        for spec in specs:
+            with applied(lm, spec, lengths, store, effective):
+                pass
+    mine = dist.shard(items, cost=lambda it: it[2])
+    progress.start(int(sum(it[2] for it in mine)))
+    for index, spec in enumerate(specs):
+        payloads = [it[1] for it in mine if it[0] == index]
+        if not payloads:
+            continue
+        with applied(lm, spec, lengths, store, effective) as handle:
+            for payload in payloads:
+                work(spec, payload, handle)

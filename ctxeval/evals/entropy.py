@@ -205,24 +205,22 @@ class EntropyRunner:
 def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: EntropyConfig, store: Any,
           progress: Progress | None = None) -> None:
     """Every (method, length, document) point not yet in `store`, one method applied at a time."""
-    from .applied import applied
+    from .applied import run_items
 
     progress = progress or _Silent()
     runner = EntropyRunner(lm.model, lm.device, cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name, progress)
     done = {store.key(r, EntropyRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
-    pending = {(s.label, d.doc_id): [L for L in cfg.lengths
-                                     if store.key({"label": s.label, "length": L, "doc": d.doc_id}, EntropyRunner.KEY) not in done]
-               for s in specs for d in docs}
-    progress.start(sum(max(v) if v else 0 for v in pending.values()))
-    effective = dict(store.record.get("methods", {}))
+    items: list[tuple[int, Any, float]] = []
+    for index, spec in enumerate(specs):
+        per_length = get_method(spec.name).length_dependent
+        for doc in docs:
+            todo = [L for L in cfg.lengths
+                    if store.key({"label": spec.label, "length": L, "doc": doc.doc_id}, EntropyRunner.KEY) not in done]
+            for group in ([[L] for L in todo] if per_length else [todo] if todo else []):
+                items.append((index, (doc, group), max(group)))
     with capture(lm.model, cfg) as cap:
-        for spec in specs:
-            if not any(pending[(spec.label, d.doc_id)] for d in docs):
-                continue
-            with applied(lm, spec, cfg.lengths, store, effective):
-                for doc in docs:
-                    if pending[(spec.label, doc.doc_id)]:
-                        runner.measure(spec, doc, pending[(spec.label, doc.doc_id)], cap, store.append)
+        run_items(lm, specs, items, cfg.lengths, store, progress,
+                  lambda spec, item, _handle: runner.measure(spec, item[0], item[1], cap, store.append))
 
 
 def check_layers(n_layers: int, layers: tuple[int, ...] | None) -> None:

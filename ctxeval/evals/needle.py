@@ -446,10 +446,12 @@ class NeedleRunner:
         return {"correct": int(score_response(self.builder.preset, it.sample, response)), "response": response}
 
     def measure(self, spec: MethodSpec, cells: list[tuple[int, int, int]], emit: Callable[[list[dict]], None],
-                handle: Any = None) -> None:
+                handle: Any = None, skip: dict[str, float] | None = None) -> None:
         """Score `cells` of one method (shortest lengths first), emitting one row per sample as it finishes.
-        An out-of-memory length is recorded and longer lengths of this method are skipped."""
-        skip_from = math.inf
+        An out-of-memory length is recorded and longer lengths of this method are skipped (`skip` carries that
+        across calls: label -> first length that ran out of memory)."""
+        skip = {} if skip is None else skip
+        skip_from = skip.get(spec.label, math.inf)
         by_length: dict[int, list[tuple[int, int, int]]] = {}
         for cell in sorted(cells):
             by_length.setdefault(cell[0], []).append(cell)
@@ -475,7 +477,7 @@ class NeedleRunner:
                         step //= 2
                         self.progress.note(f"{spec.label}: out of memory at {length} tokens; batch size {step}")
                         continue
-                    skip_from = length
+                    skip_from = skip[spec.label] = length
                     note = (str(exc).splitlines() or ["out of memory"])[0][:300]
                     emit([self._row(spec, it, status="oom", correct=None, note=note) for it in items[start:]])
                     self.progress.note(f"{spec.label}: out of memory at {length} tokens; longer lengths skipped")
@@ -488,21 +490,21 @@ class NeedleRunner:
 
 
 def sweep(lm: Any, specs: list[MethodSpec], runner: NeedleRunner, store: Any) -> None:
-    """Every (method, length, depth, sample) not yet in `store`, one method applied at a time."""
-    from .applied import applied
+    """Every (method, length, depth, sample) not yet in `store`, one method applied at a time (under torchrun:
+    this rank's share of the (method, length, cells) work items)."""
+    from .applied import run_items
 
     done = {store.key(r, NeedleRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
     cells = runner.cfg.cells()
     depths = {c: runner.depth(c) for c in cells}
-    pending = {
-        spec.label: [c for c in cells
-                     if store.key({"label": spec.label, "length": c[0], "depth": depths[c], "sample": c[2]}, NeedleRunner.KEY) not in done]
-        for spec in specs
-    }
-    runner.progress.start(sum(c[0] for cs in pending.values() for c in cs))
-    effective = dict(store.record.get("methods", {}))
-    for spec in specs:
-        if not pending[spec.label]:
-            continue
-        with applied(lm, spec, runner.cfg.lengths, store, effective) as handle:
-            runner.measure(spec, pending[spec.label], store.append, handle)
+    step = max(1, runner.cfg.batch_size)
+    items: list[tuple[int, Any, float]] = []
+    for index, spec in enumerate(specs):
+        todo = [c for c in cells
+                if store.key({"label": spec.label, "length": c[0], "depth": depths[c], "sample": c[2]}, NeedleRunner.KEY) not in done]
+        for length in sorted({c[0] for c in todo}):
+            group = [c for c in todo if c[0] == length]
+            items.extend((index, group[i:i + step], length * len(group[i:i + step])) for i in range(0, len(group), step))
+    skip: dict[str, float] = {}
+    run_items(lm, specs, items, runner.cfg.lengths, store, runner.progress,
+              lambda spec, chunk, handle: runner.measure(spec, chunk, store.append, handle, skip))

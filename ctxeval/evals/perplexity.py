@@ -298,24 +298,19 @@ def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig
     """Measure every (method, length, document) point not yet in `store`, one method applied at a time.
 
     The weights are loaded once (`lm`); methods are swapped in place with apply_method and restored after."""
-    from .applied import applied
+    from .applied import run_items
 
     progress = progress or _Silent()
     runner = PplRunner(lm.model, lm.device, cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name, progress)
     done = {store.key(r, PplRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
-    pending: dict[tuple[str, str], list[int]] = {}
-    for spec in specs:
+    # work items: (method, document, lengths); one forward serves a static method's lengths under truncate
+    items: list[tuple[int, Any, float]] = []
+    for index, spec in enumerate(specs):
+        per_length = cfg.protocol == "sliding" or get_method(spec.name).length_dependent
         for doc in docs:
             todo = [L for L in cfg.lengths if store.key({"label": spec.label, "length": L, "doc": doc.doc_id}, PplRunner.KEY) not in done]
-            if todo:
-                pending[(spec.label, doc.doc_id)] = todo
-    progress.start(sum(runner.cost(spec, docs, pending) for spec in specs))
-    effective = dict(store.record.get("methods", {}))
+            for group in ([[L] for L in todo] if per_length else [todo] if todo else []):
+                items.append((index, (doc, group), runner.cost(spec, [doc], {(spec.label, doc.doc_id): group})))
     skip_from: dict[str, int] = {}
-    for spec in specs:
-        if not any((spec.label, doc.doc_id) in pending for doc in docs):
-            continue
-        with applied(lm, spec, cfg.lengths, store, effective):
-            for doc in docs:
-                if (spec.label, doc.doc_id) in pending:
-                    runner.measure(spec, doc, pending[(spec.label, doc.doc_id)], store.append, skip_from)
+    run_items(lm, specs, items, cfg.lengths, store, progress,
+              lambda spec, item, _handle: runner.measure(spec, item[0], item[1], store.append, skip_from))

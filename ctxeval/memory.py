@@ -1,0 +1,110 @@
+"""Memory one evaluation point needs, from the model config alone (`ctxeval ppl --dry-run`).
+
+For a length L (bytes b per weight/activation element: 4 fp32, 2 bf16/fp16):
+  weights      parameters x b; parameters counted from the config: embeddings (x2 if untied) + per layer
+               q/k/v/o projections (GQA-aware) + MLP (3 x hidden x intermediate, x experts for MoE) + norms
+  activations  inference, no gradients: the residual stream and its normed copy (2 L h), plus the larger of the
+               attention block (q, k, v, output: L (2 H + 2 Hkv) d) and the MLP block (3 L I) of one layer
+  attention    sdpa / flash: O(L d) workspace, ~0; eager: the scores and probabilities of one layer,
+               2 H L^2 x b (the reason long contexts need sdpa or flash)
+  logits       ctxeval's chunked loss: one chunk of C positions x vocab in float32, plus its log-softmax:
+               2 C V x 4 bytes (never L x V)
+  KV cache     needle/passkey generation keeps 2 x layers x Hkv x d x L x b
+The total for `ppl` is weights + activations + attention + logits; add the KV cache for `needle --scoring
+generate`. Allocator fragmentation and the CUDA context (~0.5 GiB) come on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 1024**3
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    length: int
+    weights: float  # bytes
+    activations: float
+    attention: float
+    logits: float
+    kv_cache: float
+
+    @property
+    def ppl_total(self) -> float:
+        return self.weights + self.activations + self.attention + self.logits
+
+
+def count_parameters(cfg: Any) -> int:
+    """Dense decoder parameter count from a transformers config (text part)."""
+    t = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    h, n = int(t.hidden_size), int(t.num_hidden_layers)
+    heads = int(t.num_attention_heads)
+    kv = int(getattr(t, "num_key_value_heads", None) or heads)
+    d = int(getattr(t, "head_dim", None) or h // heads)
+    inter = int(getattr(t, "intermediate_size", None) or 4 * h)
+    experts = int(getattr(t, "num_local_experts", None) or getattr(t, "num_experts", None) or 1)
+    vocab = int(t.vocab_size)
+    tied = bool(getattr(t, "tie_word_embeddings", getattr(cfg, "tie_word_embeddings", False)))
+    attn = h * heads * d + 2 * h * kv * d + heads * d * h
+    mlp = 3 * h * inter * experts
+    return vocab * h * (1 if tied else 2) + n * (attn + mlp + 2 * h) + h
+
+
+def estimate(cfg: Any, lengths: tuple[int, ...], dtype: str, attn: str, chunk: int) -> list[MemoryEstimate]:
+    t = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    b = BYTES[dtype]
+    h, n = int(t.hidden_size), int(t.num_hidden_layers)
+    heads = int(t.num_attention_heads)
+    kv = int(getattr(t, "num_key_value_heads", None) or heads)
+    d = int(getattr(t, "head_dim", None) or h // heads)
+    inter = int(getattr(t, "intermediate_size", None) or 4 * h)
+    vocab = int(t.vocab_size)
+    weights = count_parameters(cfg) * b
+    rows = []
+    for L in lengths:
+        activations = (2 * L * h + max(L * (2 * heads + 2 * kv) * d, 3 * L * inter)) * b
+        attention = 2 * heads * L * L * b if attn == "eager" else 0.0
+        logits = 2 * min(chunk, L) * vocab * 4
+        kv_cache = 2 * n * kv * d * L * b
+        rows.append(MemoryEstimate(L, weights, activations, attention, logits, kv_cache))
+    return rows
+
+
+def print_estimate(model: str, lengths: tuple[int, ...], dtype: str, device: str, attn: str, chunk: int,
+                   trust_remote_code: bool, out: Any = None) -> None:
+    """`ctxeval ppl --dry-run`: the table, from the config alone (no weights are loaded)."""
+    from .cli import print_table
+    from .errors import CtxevalError
+    from .models import load_hf_config, rope_info_from_config
+
+    from .models import resolve_device
+
+    cfg = load_hf_config(model, trust_remote_code=trust_remote_code)
+    if dtype == "auto":
+        dtype = "bfloat16" if resolve_device(device).startswith("cuda") else "float32"
+        note = f"dtype auto on this machine: {dtype} (bfloat16 on a GPU, float32 on CPU)"
+    else:
+        note = f"dtype {dtype}"
+    if dtype not in BYTES:
+        raise CtxevalError(f"--dtype must be one of auto, {', '.join(BYTES)}, got '{dtype}'")
+    info = rope_info_from_config(cfg)
+    if not lengths:
+        L = info.geometry.original_length if info.geometry else cfg.get_text_config().max_position_embeddings
+        lengths = tuple(sorted({max(2, int(L * m)) for m in (0.5, 1, 2)}))
+    rows = estimate(cfg, lengths, dtype, attn, chunk)
+    n_params = count_parameters(cfg)
+    print_table(
+        f"{model}: memory per evaluation length, estimated from the config ({n_params / 1e6:,.1f}M parameters)",
+        f"{note}; attention {attn}; logits chunk {chunk}. ppl total = weights + activations + attention + logits; "
+        "needle --scoring generate adds the KV cache. CUDA context and fragmentation not included.",
+        ["length", "weights", "activations", "attention", "logits", "ppl total", "KV cache"],
+        [[f"{r.length:,}", fmt_bytes(r.weights), fmt_bytes(r.activations), fmt_bytes(r.attention), fmt_bytes(r.logits),
+          fmt_bytes(r.ppl_total), fmt_bytes(r.kv_cache)] for r in rows],
+    )
+
+
+def fmt_bytes(x: float) -> str:
+    return f"{x / GIB:.2f} GiB" if x >= GIB else f"{x / 2**20:.0f} MiB"
