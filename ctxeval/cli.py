@@ -392,7 +392,9 @@ def _measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, proven
 
 def default_lengths(lm: Any, multiples: tuple[float, ...]) -> list[int]:
     """Lengths as multiples of the model's original length (its max_position_embeddings without RoPE)."""
-    L = lm.rope.geometry.original_length if lm.rope.geometry else lm.model.config.get_text_config().max_position_embeddings
+    L = lm.rope.geometry.original_length if lm.rope.geometry else getattr(lm.model.config.get_text_config(), "max_position_embeddings", None)
+    if not L:
+        raise CtxevalError(f"'{lm.name}' declares no trained length (max_position_embeddings); give --lengths")
     return sorted({max(2, int(L * m)) for m in multiples})
 
 

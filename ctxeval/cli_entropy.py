@@ -64,6 +64,9 @@ def register(app: typer.Typer) -> None:
         given = tuple(C.parse_lengths(lengths)) if lengths is not None else None
         cfg = EntropyConfig(given or (2,), _int_list(layers, "--layers"), _int_list(heads, "--heads"), query_chunk, bos)
         lm = C._load_for(model_name, specs, dtype, device, "sdpa", trust_remote_code, device_map, max_memory)
+        if lm.attn_implementation != "sdpa":
+            raise CtxevalError(f"entropy reads q and k through transformers' sdpa attention, which transformers does not "
+                               f"provide for {type(lm.model).__name__}; this model cannot be measured")
         text_cfg = lm.model.config.get_text_config()
         check_layers(text_cfg.num_hidden_layers, cfg.layers)
         if given is None:
@@ -72,7 +75,8 @@ def register(app: typer.Typer) -> None:
             cfg = replace(cfg, bos=False)
         need = max(cfg.lengths) - (1 if cfg.bos else 0)
         documents = corpora.select_long_documents(data, lm.tokenizer, docs, need, text_field)
-        original = lm.rope.geometry.original_length if lm.rope.geometry else text_cfg.max_position_embeddings
+        original = (lm.rope.geometry.original_length if lm.rope.geometry
+                    else getattr(text_cfg, "max_position_embeddings", None) or max(cfg.lengths))
         spec_record = {
             "task": "entropy", "model": model_name, "data": data, "text_field": text_field, "docs": docs,
             "lengths": list(cfg.lengths), "methods": [s.label for s in specs], "layers": cfg.layers or "all",

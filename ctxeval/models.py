@@ -345,9 +345,21 @@ def load_model(
         kwargs["device_map"] = {"": device}  # load straight onto the GPU, not through host RAM
     try:
         tokenizer = AutoTokenizer.from_pretrained(load_from, trust_remote_code=trust_remote_code, **tok_kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            load_from, dtype=getattr(torch, dtype), attn_implementation=attn_implementation, **kwargs
-        )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                load_from, dtype=getattr(torch, dtype), attn_implementation=attn_implementation, **kwargs
+            )
+        except ValueError as exc:
+            if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                raise
+            # architectures without an sdpa path in transformers (BLOOM, ...): their own eager attention
+            import sys
+
+            print(f"note: {name} has no sdpa attention in transformers; using eager attention", file=sys.stderr)
+            attn_implementation = "eager"
+            model = AutoModelForCausalLM.from_pretrained(
+                load_from, dtype=getattr(torch, dtype), attn_implementation=attn_implementation, **kwargs
+            )
     except (OSError, ValueError) as exc:  # hub unreachable, bad id, unsupported architecture, remote code refused
         raise _load_error(name, source, exc) from exc
     if device_map:

@@ -93,3 +93,21 @@ def test_cli_sweeps_and_records_temperature(tmp_path, text_dir):
     bad = runner.invoke(app, ["ppl", "--model", str(tmp_path / "gpt2"), "--data", str(text_dir), "--lengths", "32",
                               "--attention-temperature", "0", "--out", str(tmp_path / "b")])
     assert bad.exit_code == 2 and "must be > 0" in bad.output
+
+
+def test_bloom_alibi_baseline_through_the_cli(tmp_path, text_dir):
+    """ALiBi (no RoPE, no sdpa path in transformers): eager fallback with a note, method none, temperature recorded."""
+    tok = build_tokenizer()
+    BloomForCausalLM(BloomConfig(hidden_size=32, n_layer=2, n_head=2, vocab_size=len(tok))).save_pretrained(tmp_path / "bloom")
+    tok.save_pretrained(tmp_path / "bloom")
+    base = ["--model", str(tmp_path / "bloom"), "--data", str(text_dir), "--lengths", "32,64"]
+    result = runner.invoke(app, ["ppl", *base, "--attention-temperature", "1,2", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert "using eager attention" in result.output
+    run = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert run["model"]["attn_implementation"] == "eager" and run["model"]["rope"]["rotary_dim"] is None
+    assert run["spec"]["methods"] == ["none", "none(attention_temperature=2)"]
+    no_lengths = runner.invoke(app, ["ppl", *base[:4], "--out", str(tmp_path / "s")])
+    assert no_lengths.exit_code == 2 and "give --lengths" in no_lengths.output
+    entropy = runner.invoke(app, ["entropy", *base, "--out", str(tmp_path / "e")])
+    assert entropy.exit_code == 2 and "sdpa" in entropy.output and not (tmp_path / "e").exists()

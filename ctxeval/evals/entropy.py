@@ -128,7 +128,8 @@ def capture(model: Any, cfg: EntropyConfig) -> Iterator[_Capture]:
 
     impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
     if impl != "sdpa":
-        raise CtxevalError(f"entropy needs --attn sdpa (the model runs '{impl}')")
+        raise CtxevalError(f"entropy reads q and k through transformers' sdpa attention, and this model runs '{impl}' "
+                           "(transformers has no sdpa path for its architecture); entropy cannot measure it")
     cap = _Capture(set(cfg.layers) if cfg.layers is not None else None, cfg.heads, cfg.query_chunk)
     mapping = AttentionInterface._global_mapping
     original = mapping["sdpa"]
