@@ -27,6 +27,8 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 out = Console(highlight=False, soft_wrap=True)
+if not out.is_terminal:  # logs and files: print tables at their full width instead of the 80-column default
+    out = Console(highlight=False, soft_wrap=True, width=240)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 _state = {"debug": False}
 
@@ -522,10 +524,14 @@ def ppl_cmd(
 
 
 def print_table(title: str, caption: str | None, headers: list[str], rows: list[list[str]]) -> None:
-    """A rich table on stdout: the method column left-aligned and never wrapped, numbers right-aligned."""
+    """A rich table on stdout: numbers right-aligned and never cut; a narrow terminal folds the method column."""
     table = Table(title=title, caption=caption)
-    for h in headers:
-        table.add_column(h, justify="left" if h == "method" else "right", no_wrap=h == "method")
+    for i, h in enumerate(headers):
+        if h == "method":
+            table.add_column(h, justify="left", overflow="fold")
+        else:
+            width = max([len(str(r[i])) for r in rows if i < len(r)] + [1])
+            table.add_column(h, justify="right", no_wrap=True, min_width=width)
     for r in rows:
         table.add_row(*[str(c) for c in r])
     out.print(table)
@@ -555,12 +561,7 @@ def render_ppl(store: Any, specs: list[M.MethodSpec], original_length: int, aggr
     valid.to_csv(store.dir / "valid.csv", index=False, float_format="%.6g")
     plot_ppl(wide, original_length, title, store.dir / "ppl.png")
     print_table(title, caption, headers, rows)
-    vt = Table(title=f"valid length (ppl within {tolerance:.0%})")
-    for h in vheaders:
-        vt.add_column(h, no_wrap=h == "method")
-    for r in vrows:
-        vt.add_row(*[str(c) for c in r])
-    out.print(vt)
+    print_table(f"valid length (ppl within {tolerance:.0%})", None, vheaders, [[str(c) for c in r] for r in vrows])
     err.print(f"wrote {store.dir}/table.md, table.csv, valid.csv, ppl.png")
 
 
