@@ -43,7 +43,8 @@ def user_errors(fn: Callable) -> Callable:
         except CtxevalError as exc:
             if _state["debug"]:
                 raise
-            err.print(f"[red]error:[/red] {exc}", markup=True)
+            if str(exc):  # empty: a torchrun rank whose error rank 0 already reported
+                err.print(f"[red]error:[/red] {exc}", markup=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             err.print("[yellow]interrupted:[/yellow] finished points are kept; rerun the same command to resume",
@@ -342,16 +343,21 @@ def _load_for(model: str, specs: list[M.MethodSpec], dtype: str, device: str, at
     if dist.active and device_map:
         raise CtxevalError("--device-map spreads one model over several GPUs; under torchrun every rank loads its own "
                            "copy on its GPU. Use one or the other")
+    if dist.active and not dist.is_main:
+        dist.barrier()  # rank 0 loads first: it alone fills caches (the SmolLM2 conversion, hub downloads)
     lm = load_model(model, dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code,
                     device_map=device_map, max_memory=memory)
+    if dist.active and dist.is_main:
+        dist.barrier()
     if lm.rope.geometry is None and any(s.name not in ("none", "native") for s in specs):
         raise CtxevalError(f"model '{model}' has no RoPE ({lm.rope.reason}); only --method none applies")
     if any(s.temperature != 1.0 for s in specs):
         from .temperature import supports_temperature
 
-        if not supports_temperature(lm.model):
-            raise CtxevalError(f"--attention-temperature: the attention modules of '{model}' expose no logit scale "
-                               "ctxeval can change ('scaling', or BLOOM's inv_norm_factor/beta); drop the option")
+        if not supports_temperature(lm.model, lm.device):
+            raise CtxevalError(f"--attention-temperature: the attention of '{model}' exposes no logit scale that "
+                               "ctxeval can change and that its forward reads ('scaling', or BLOOM's "
+                               "inv_norm_factor/beta); drop the option")
     shipped = lm.rope.shipped.get("rope_type", "default")
     if shipped != "default" and any(s.name == "none" for s in specs):
         err.print(f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
@@ -379,16 +385,21 @@ def _measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, proven
              work: Callable[[Any, Any], None]) -> Any:
     """Open the run directory (rank 0 creates or resumes it), run `work(store, progress)` with run.json finalised
     whatever happens, merge the ranks' rows; returns the store on rank 0 and None on the others."""
-    from .distributed import current, finish_rows, open_store
+    from .distributed import conclude, current, open_store
     from .store import RunStore, run_status
 
     dist = current()
+    run_dir = dist.agree(run_dir)  # the default name comes from rank 0's clock
     store = open_store(RunStore, run_dir, spec_record, overwrite, provenance)
     if dist.is_main:
         err.print(message + (f"; {dist.world} ranks (torchrun)" if dist.active else ""))
     with run_status(store), (RichProgress() if dist.is_main else QuietProgress()) as progress:
-        work(store, progress)
-        finish_rows(store)
+        failed = None
+        try:
+            work(store, progress)
+        except BaseException as exc:  # noqa: BLE001 - every rank must reach conclude(), failed or not
+            failed = exc
+        conclude(store, failed)
     return store if dist.is_main else None
 
 
@@ -461,7 +472,7 @@ def ppl_cmd(
     given = {"model": model, "data": data, "text_field": text_field, "lengths": lengths, "method": method,
              "protocol": protocol, "docs": docs, "stride": stride, "aggregate": aggregate, "bos": bos}
     quickstart = model is None and task is None
-    preset = load_task(task, "ppl") if task else (dict(_quickstart("ppl")) if quickstart else {})
+    preset = load_task(task, "ppl") if task else (_quickstart("ppl", factor is not None and method is None) if quickstart else {})
     unknown = set(preset) - set(PPL_DEFAULTS)
     if unknown:
         raise CtxevalError(f"task '{task}' sets unknown keys: {', '.join(sorted(unknown))}")
@@ -619,10 +630,20 @@ def _load_preset(name: str, needle_text: str | None, question: str | None, answe
     return NeedlePreset.from_dict(Path(name).stem if name.endswith(".toml") else name, data)
 
 
-def _quickstart(task: str) -> dict[str, Any]:
+def _quickstart(task: str, factor_given: bool = False) -> dict[str, Any]:
+    """The quickstart settings of `task`; with --factor (and no --method) its methods drop their own factor so that
+    the user's factor sweeps them."""
     from .tiny import QUICKSTART
 
-    return QUICKSTART[task]
+    settings = dict(QUICKSTART[task])
+    if factor_given:
+        def strip(spec: str) -> str:
+            name, _, rest = spec.partition(":")
+            kept = [kv for kv in rest.split(",") if kv and not kv.strip().startswith("factor=")]
+            return name + (":" + ",".join(kept) if kept else "")
+
+        settings["method"] = [strip(m) for m in settings["method"]]
+    return settings
 
 
 def _retrieval(task: str, *, model: str | None, lengths: str | None, depths: str | None, depth_spacing: str,
@@ -639,7 +660,7 @@ def _retrieval(task: str, *, model: str | None, lengths: str | None, depths: str
     if quickstart:  # the bundled model with its quickstart settings, each overridden by what the user gave
         from .models import DEFAULT_MODEL
 
-        qs = _quickstart(task)
+        qs = _quickstart(task, factor is not None and method is None)
         model = DEFAULT_MODEL
         lengths = lengths if lengths is not None else qs.get("lengths")
         samples = samples if samples is not None else qs.get("samples")
@@ -675,6 +696,14 @@ def _retrieval(task: str, *, model: str | None, lengths: str | None, depths: str
     probe = make_sample(preset, np.random.default_rng(seed))
     runner = NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name, task)
     need = builder.minimum_length(probe, runner.budget(probe))
+    if lengths_given is None and min(cfg.lengths) < need and max(cfg.lengths) >= need:
+        from dataclasses import replace
+
+        dropped = [L for L in cfg.lengths if L < need]
+        err.print(f"note: default lengths {', '.join(map(str, dropped))} are shorter than the prompt ({need} tokens); "
+                  "left out")
+        cfg = replace(cfg, lengths=tuple(L for L in cfg.lengths if L >= need))
+        runner = NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name, task)
     if min(cfg.lengths) < need:
         raise CtxevalError(f"length {min(cfg.lengths)} is shorter than the instruction, needle and question "
                            f"({need} tokens with this tokenizer); use --lengths of at least {need}")

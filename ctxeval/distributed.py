@@ -19,6 +19,15 @@ from typing import Any, Callable, Sequence, TypeVar
 from .errors import CtxevalError
 
 T = TypeVar("T")
+# a rank that finishes its share early waits for the slowest one at the end: allow long sweeps (hours)
+TIMEOUT_HOURS = float(os.environ.get("CTXEVAL_DIST_TIMEOUT_HOURS", "24"))
+
+
+class FollowerExit(CtxevalError):
+    """Rank 0 already reported the error; the other ranks exit with code 2 without repeating it."""
+
+    def __init__(self) -> None:
+        super().__init__("")
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,27 @@ class Dist:
             import torch.distributed as td
 
             td.barrier()
+
+    def agree(self, value: T) -> T:
+        """Rank 0's value on every rank (e.g. the default run directory, built from rank 0's clock)."""
+        if not self.active:
+            return value
+        import torch.distributed as td
+
+        box = [value]
+        td.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_ok(self, ok: bool) -> bool:
+        """True when every rank says ok (a collective: every rank must call it, failed or not)."""
+        if not self.active:
+            return ok
+        import torch
+        import torch.distributed as td
+
+        flag = torch.tensor([1 if ok else 0], device=f"cuda:{self.local_rank}" if td.get_backend() == "nccl" else "cpu")
+        td.all_reduce(flag, op=td.ReduceOp.MIN)
+        return bool(flag.item())
 
     def shard(self, items: Sequence[T], cost: Callable[[T], float]) -> list[T]:
         """This rank's items, in their original order: LPT assignment by cost, ties by position."""
@@ -83,7 +113,9 @@ def init_from_env(device: str) -> tuple[Dist, str]:
                                "use --nproc-per-node <= the GPU count")
         torch.cuda.set_device(local_rank)
     if not td.is_initialized():
-        td.init_process_group(backend="nccl" if use_cuda else "gloo")
+        from datetime import timedelta
+
+        td.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timedelta(hours=TIMEOUT_HOURS))
     # torchrun stops the other ranks with SIGTERM when one fails: finish run.json as interrupted, keep the rows
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     _CURRENT = Dist(rank, world, local_rank)
@@ -91,32 +123,45 @@ def init_from_env(device: str) -> tuple[Dist, str]:
 
 
 def shutdown() -> None:
+    """Leave the process group (no barrier: a rank that failed must not pair with the others' collectives)."""
     global _CURRENT
     if _CURRENT.active:
         import torch.distributed as td
 
         if td.is_initialized():
-            td.barrier()
             td.destroy_process_group()
     _CURRENT = Dist()
 
 
 def open_store(store_cls: Any, run_dir: Any, spec: dict[str, Any], overwrite: bool, provenance: dict[str, Any]) -> Any:
-    """Rank 0 creates (or resumes, or replaces) the run directory and writes run.json; the others then open it."""
+    """Rank 0 creates (or resumes, or replaces) the run directory, folds rank files a crashed run left into
+    rows.jsonl and writes run.json; the others then open it. An error on rank 0 stops every rank."""
     d = current()
-    store = None
+    store, problem = None, None
     if d.is_main:
-        store = store_cls(run_dir, spec, overwrite=overwrite)
-        store.start({**provenance, "methods": store.record.get("methods", {}), "distributed": {"world_size": d.world}})
-    d.barrier()
+        try:
+            store = store_cls(run_dir, spec, overwrite=overwrite)
+            store.merge_rank_files()
+            store.start({**provenance, "methods": store.record.get("methods", {}),
+                         "distributed": {"world_size": d.world}})
+        except CtxevalError as exc:
+            problem = exc
+    if d.agree(str(problem) if problem else None) is not None:
+        raise problem if d.is_main else FollowerExit()
     if not d.is_main:
         store = store_cls(run_dir, spec, overwrite=False, rank=d.rank)
     return store
 
 
-def finish_rows(store: Any) -> None:
-    """Wait for every rank, then rank 0 folds the rank files into rows.jsonl."""
+def conclude(store: Any, failed: BaseException | None) -> None:
+    """Every rank, after its share (or its failure): agree whether all succeeded, let rank 0 fold the rank files
+    into rows.jsonl, then re-raise this rank's error or report another rank's."""
     d = current()
-    d.barrier()
+    everyone_ok = d.all_ok(failed is None)
     if d.is_main:
         store.merge_rank_files()
+    if failed is not None:
+        raise failed
+    if not everyone_ok:
+        raise (CtxevalError("another rank failed (its error is above); the rows measured so far are kept: rerun the "
+                            "same command to resume") if d.is_main else FollowerExit())

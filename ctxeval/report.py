@@ -14,12 +14,17 @@ MISSING = "—"
 
 
 def latest_rows(rows: Iterable[dict[str, Any]], key: tuple[str, ...]) -> pd.DataFrame:
-    """Long table with the last row per key (a resumed point replaces its earlier failure)."""
+    """Long table with one row per key: the last measured (ok) row, else the last row. A resumed point replaces
+    its earlier failure, and a stale failure (e.g. from a crashed rank's file merged later) never hides a
+    measurement."""
     df = pd.DataFrame(list(rows))
     if df.empty:
         return df
     df["_key"] = df[list(key)].astype(str).agg("|".join, axis=1)
-    return df.drop_duplicates("_key", keep="last").drop(columns="_key")
+    df["_ok"] = (df["status"] == "ok") if "status" in df else True
+    df = df.reset_index(drop=True).rename_axis("_order").reset_index()
+    df = df.sort_values(["_ok", "_order"], kind="stable")
+    return df.drop_duplicates("_key", keep="last").sort_values("_order").drop(columns=["_key", "_ok", "_order"])
 
 
 def ppl_long(rows: Iterable[dict[str, Any]], aggregate: str = "token") -> pd.DataFrame:

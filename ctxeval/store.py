@@ -101,13 +101,20 @@ class RunStore:
     def rows(self) -> list[dict[str, Any]]:
         """rows.jsonl, then every rank file (a distributed run in progress or one that crashed)."""
         rows = read_rows(self.rows_path)
-        for path in sorted(self.dir.glob(RANK_ROWS_GLOB)):
+        for path in self._rank_files():
             rows.extend(read_rows(path))
         return rows
 
+    def _rank_files(self) -> list[Path]:
+        def rank(p: Path) -> int:
+            digits = p.name[len("rows.rank"):-len(".jsonl")]
+            return int(digits) if digits.isdigit() else -1
+
+        return sorted(self.dir.glob(RANK_ROWS_GLOB), key=rank)
+
     def merge_rank_files(self) -> None:
         """Append the rows of every rows.rank<r>.jsonl to rows.jsonl (rank order), then remove the rank files."""
-        for path in sorted(self.dir.glob(RANK_ROWS_GLOB), key=lambda p: int(p.name[9:-6]) if p.name[9:-6].isdigit() else 0):
+        for path in self._rank_files():
             rows = read_rows(path)
             if rows:
                 self._append_to(self.rows_path, rows)

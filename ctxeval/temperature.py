@@ -5,7 +5,9 @@ Works on RoPE and non-RoPE models alike by scaling the factor each attention mod
     `scaling=` to the attention function, eager or sdpa or flash);
   - BLOOM (ALiBi): logits = beta * alibi + inv_norm_factor * q.k, so both `beta` and `inv_norm_factor` are scaled and
     the whole logit, ALiBi bias included, is multiplied by lambda.
-A model whose attention modules have neither is refused (a temperature that silently does nothing would be a lie).
+A model whose attention modules have neither, or whose output does not change when they are scaled (checked by a
+probe forward), is refused: a temperature that silently does nothing would be a lie. With logit soft-capping
+(Gemma 2) the scale acts before the cap: c tanh(lambda z / c), not lambda times the capped logit.
 This is independent of YaRN's attention factor, which scales q and k through cos/sin (logits by its square).
 """
 
@@ -27,9 +29,21 @@ def _targets(model: Any) -> list[tuple[Any, tuple[str, ...]]]:
     return found
 
 
-def supports_temperature(model: Any) -> bool:
-    """True when `model` has attention modules whose logit scale ctxeval knows how to change."""
-    return bool(_targets(model))
+def supports_temperature(model: Any, device: str = "cpu") -> bool:
+    """True when `model` has attention modules whose logit scale ctxeval knows how to change AND changing it
+    changes the model's output (a probe forward of 8 tokens at lambda = 2). Some modules carry a scale that their
+    forward never reads (Falcon's RoPE paths keep `inv_norm_factor` unused): those are refused, not run as a no-op."""
+    import torch
+
+    if not _targets(model):
+        return False
+    vocab = model.config.get_text_config().vocab_size
+    ids = (torch.arange(3, 11) % vocab)[None].to(device)
+    with torch.inference_mode():
+        base = model(input_ids=ids).logits
+        with attention_temperature(model, 2.0):
+            hot = model(input_ids=ids).logits
+    return not torch.equal(base, hot)
 
 
 def check_temperature(value: float) -> float:

@@ -94,3 +94,42 @@ def test_crashed_two_rank_run_resumes_with_one_rank(tmp_path, tiny_model_dir, te
     assert not list(run_dir.glob("rows.rank*.jsonl"))
     assert (run_dir / "table.md").read_text() == reference
     assert json.loads((run_dir / "run.json").read_text())["status"] == "success"
+
+
+@pytest.mark.skipif(not Path(TORCHRUN).exists(), reason="torchrun not installed")
+def test_default_run_directory_is_rank_0s_and_a_failing_rank_fails_the_run(tmp_path, tiny_model_dir, text_dir):
+    """Without --out every rank writes into rank 0's directory; when one rank raises, the run ends as error (not
+    success), rows of the other rank are kept, and a 1-process rerun completes it."""
+    args = ["ppl", "--model", str(tiny_model_dir), "--data", str(text_dir), "--docs", "2", "--lengths", "32,64",
+            "-m", "none", "-m", "pi:factor=2", "--device", "cpu"]
+    _torchrun(args, tmp_path)
+    runs = list((tmp_path / "results").iterdir())
+    assert len(runs) == 1 and len(_rows(runs[0] / "rows.jsonl")) == 8
+
+    script = tmp_path / "crash.py"  # rank 1 fails inside its share of the work
+    script.write_text(
+        "import os, sys\n"
+        "import ctxeval.evals.perplexity as P\n"
+        "real = P.PplRunner.measure\n"
+        "def measure(self, *a, **k):\n"
+        "    if os.environ['RANK'] == '1':\n"
+        "        raise RuntimeError('injected failure on rank 1')\n"
+        "    return real(self, *a, **k)\n"
+        "P.PplRunner.measure = measure\n"
+        "from ctxeval.cli import main\n"
+        "sys.argv = ['ctxeval'] + sys.argv[1:]\n"
+        "main()\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    out = tmp_path / "crashed"
+    result = subprocess.run([TORCHRUN, "--nproc-per-node", "2", "--master-port", str(30500 + os.getpid() % 1000),
+                             str(script), *args, "--out", str(out)], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=300)
+    assert result.returncode != 0
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "error" and "another rank failed" in record["error"]
+    assert not (out / "table.md").exists()
+    kept = len(_rows(out / "rows.jsonl"))
+    assert 0 < kept < 8  # rank 0's share, merged
+    again = runner.invoke(app, [*args, "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert len(_rows(out / "rows.jsonl")) == 8

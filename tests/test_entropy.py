@@ -110,3 +110,38 @@ def test_cli_entropy_run_and_resume(tmp_path, tiny_model_dir, text_dir):
     assert len((tmp_path / "e" / "rows.jsonl").read_text().splitlines()) == 9  # nothing re-measured
     bad = runner.invoke(app, [*args[:-2], "--layers", "5", "--out", str(tmp_path / "f")])
     assert bad.exit_code == 2 and "--layers must be in 0..1" in bad.output
+
+
+def test_out_of_memory_at_the_longest_length_falls_back_to_shorter_forwards():
+    from ctxeval.evals.perplexity import PointOOM
+
+    sdpa, _ = _pair()
+    doc = TokenDoc("d", np.arange(5, 5 + 2 * N) % 100)
+    cfg = EntropyConfig((16, 32, N))
+    r = EntropyRunner(sdpa, "cpu", cfg, 1, "tiny")
+    real = r._forward
+
+    def forward(cap, doc, length):
+        if length > 32:
+            raise PointOOM("out of memory (injected)")
+        return real(cap, doc, length)
+
+    r._forward = forward
+    rows = []
+    with capture(sdpa, cfg) as cap:
+        r.measure(expand_specs(["none"])[0], doc, [16, 32, N], cap, rows.extend)
+    assert {(row["length"], row["status"]) for row in rows} == {(16, "ok"), (32, "ok"), (N, "oom")}
+
+
+def test_native_is_length_dependent_only_for_a_shipped_dynamic_rope():
+    from types import SimpleNamespace
+
+    from ctxeval.evals.applied import length_dependent
+    from ctxeval.models import rope_info_from_config
+
+    native = expand_specs(["native"])[0]
+    plain = SimpleNamespace(rope=rope_info_from_config(tiny_llama().config))
+    dynamic = SimpleNamespace(rope=rope_info_from_config(
+        tiny_llama(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}).config))
+    assert not length_dependent(native, plain) and length_dependent(native, dynamic)
+    assert length_dependent(expand_specs(["dynamic-ntk"])[0], plain)

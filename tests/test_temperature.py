@@ -111,3 +111,16 @@ def test_bloom_alibi_baseline_through_the_cli(tmp_path, text_dir):
     assert no_lengths.exit_code == 2 and "give --lengths" in no_lengths.output
     entropy = runner.invoke(app, ["entropy", *base, "--out", str(tmp_path / "e")])
     assert entropy.exit_code == 2 and "sdpa" in entropy.output and not (tmp_path / "e").exists()
+
+
+def test_a_scale_the_forward_never_reads_is_refused():
+    """Falcon's RoPE attention keeps inv_norm_factor/beta but does not use them: the probe forward catches it."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    from ctxeval.temperature import supports_temperature
+
+    torch.manual_seed(0)
+    falcon = FalconForCausalLM(FalconConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
+                                            alibi=False, new_decoder_architecture=False)).eval()
+    assert not supports_temperature(falcon)
+    assert supports_temperature(tiny_llama(vocab_size=64))

@@ -22,9 +22,37 @@ def applied(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, eff
         yield handle
 
 
-def run_items(lm: Any, specs: list[MethodSpec], items: list[tuple[int, Any, float]], lengths: tuple[int, ...],
-              store: Any, progress: Any, work: Callable[[MethodSpec, Any, Any], None]) -> None:
-    """Measure work items (spec index, payload, cost in tokens) one method at a time.
+# shipped RoPE types whose transformers module changes its frequencies with the sequence length
+DYNAMIC_SHIPPED = {"dynamic", "longrope"}
+
+
+def length_dependent(spec: MethodSpec, lm: Any) -> bool:
+    """Whether the method's RoPE depends on the sequence length (then one forward cannot serve shorter lengths).
+    `native` is, when the checkpoint ships a dynamic or LongRoPE scaling (Phi-3 picks its factors by length)."""
+    from ..methods import get_method
+
+    if spec.name == "native":
+        return getattr(lm, "rope", None) is not None and lm.rope.shipped.get("rope_type") in DYNAMIC_SHIPPED
+    return bool(get_method(spec.name).length_dependent)
+
+
+def forward_cost(length: int) -> float:
+    """Relative cost of one forward: linear layers ~ L, attention ~ L^2 (dominant past ~16k for 7B models)."""
+    return length + length * length / 16384
+
+
+def plan_groups(todo: list[int], per_length: bool, few_items: bool) -> list[list[int]]:
+    """Lengths measured together: all in one forward for a static method, one by one for a dynamic one, or for
+    any method when there are fewer work items than ranks (then one forward per length keeps every GPU busy)."""
+    if not todo:
+        return []
+    return [[L] for L in todo] if per_length or few_items else [todo]
+
+
+def run_items(lm: Any, specs: list[MethodSpec], items: list[tuple[int, Any, float, int, int]],
+              lengths: tuple[int, ...], store: Any, progress: Any, work: Callable[[MethodSpec, Any, Any], None]) -> None:
+    """Measure work items (spec index, payload, cost, progress tokens, length) one method at a time, shortest
+    length first.
 
     Under torchrun each rank takes its share (distributed.Dist.shard: balanced by cost) and rank 0 first records
     every method's read-back RoPE, so run.json is complete whichever rank measures what. `work(spec, payload,
@@ -39,9 +67,10 @@ def run_items(lm: Any, specs: list[MethodSpec], items: list[tuple[int, Any, floa
             with applied(lm, spec, lengths, store, effective):
                 pass
     mine = dist.shard(items, cost=lambda it: it[2])
-    progress.start(int(sum(it[2] for it in mine)))
+    progress.start(int(sum(it[3] for it in mine)))
     for index, spec in enumerate(specs):
-        payloads = [it[1] for it in mine if it[0] == index]
+        # ascending length: a shipped dynamic RoPE (transformers' own state) then sees lengths in order
+        payloads = [it[1] for it in sorted((it for it in mine if it[0] == index), key=lambda it: it[4])]
         if not payloads:
             continue
         with applied(lm, spec, lengths, store, effective) as handle:

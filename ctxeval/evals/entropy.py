@@ -184,15 +184,22 @@ class EntropyRunner:
                 "uniform_entropy": uniform_entropy(length), "heads": list(self.cfg.heads) if self.cfg.heads else "all",
                 "seconds": seconds, "status": "ok"}
 
-    def measure(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int], cap: _Capture, append: Any) -> None:
-        static = not get_method(spec.name).length_dependent
+    def measure(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int], cap: _Capture, append: Any,
+                static: bool = True) -> None:
+        """One forward at max(lengths) for a static method (falls back to one forward per length when it runs out
+        of memory, so shorter lengths are still measured); one forward per length otherwise."""
         groups = [sorted(lengths)] if static else [[L] for L in sorted(lengths)]
-        for group in groups:
+        while groups:
+            group = groups.pop(0)
             top = max(group)
             t0 = time.perf_counter()
             try:
                 per_layer = self._forward(cap, doc, top)
             except PointOOM as exc:
+                if len(group) > 1:
+                    self.progress.note(f"{spec.label}: out of memory at {top} tokens; measuring length by length")
+                    groups = [[L] for L in group] + groups
+                    continue
                 append([{"model": self.model_name, "method": spec.name, "label": spec.label,
                          "params": spec.record_params, "task": "entropy", "length": L, "doc": doc.doc_id,
                          "status": "oom", "error": str(exc)} for L in group])
@@ -206,22 +213,27 @@ class EntropyRunner:
 def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: EntropyConfig, store: Any,
           progress: Progress | None = None) -> None:
     """Every (method, length, document) point not yet in `store`, one method applied at a time."""
-    from .applied import run_items
+    from ..distributed import current
+    from .applied import forward_cost, length_dependent, plan_groups, run_items
 
     progress = progress or _Silent()
     runner = EntropyRunner(lm.model, lm.device, cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name, progress)
     done = {store.key(r, EntropyRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
-    items: list[tuple[int, Any, float]] = []
+    todo = {(i, doc.doc_id): [L for L in cfg.lengths
+                              if store.key({"label": s.label, "length": L, "doc": doc.doc_id}, EntropyRunner.KEY) not in done]
+            for i, s in enumerate(specs) for doc in docs}
+    few = current().world > sum(1 for v in todo.values() if v)
+    dynamic = {s.label for s in specs if length_dependent(s, lm)}
+    items: list[tuple[int, Any, float, int, int]] = []
     for index, spec in enumerate(specs):
-        per_length = get_method(spec.name).length_dependent
         for doc in docs:
-            todo = [L for L in cfg.lengths
-                    if store.key({"label": spec.label, "length": L, "doc": doc.doc_id}, EntropyRunner.KEY) not in done]
-            for group in ([[L] for L in todo] if per_length else [todo] if todo else []):
-                items.append((index, (doc, group), max(group)))
+            for group in plan_groups(todo[(index, doc.doc_id)], spec.label in dynamic, few):
+                cost = sum(map(forward_cost, group)) if spec.label in dynamic else forward_cost(max(group))
+                items.append((index, (doc, group), cost, sum(group) if spec.label in dynamic else max(group), max(group)))
     with capture(lm.model, cfg) as cap:
         run_items(lm, specs, items, cfg.lengths, store, progress,
-                  lambda spec, item, _handle: runner.measure(spec, item[0], item[1], cap, store.append))
+                  lambda spec, item, _handle: runner.measure(spec, item[0], item[1], cap, store.append,
+                                                             static=spec.label not in dynamic))
 
 
 def check_layers(n_layers: int, layers: tuple[int, ...] | None) -> None:

@@ -452,6 +452,7 @@ class NeedleRunner:
         across calls: label -> first length that ran out of memory)."""
         skip = {} if skip is None else skip
         skip_from = skip.get(spec.label, math.inf)
+        steps = skip.setdefault("batch", {})  # (label, length) -> batch size that fitted, kept across calls
         by_length: dict[int, list[tuple[int, int, int]]] = {}
         for cell in sorted(cells):
             by_length.setdefault(cell[0], []).append(cell)
@@ -461,7 +462,7 @@ class NeedleRunner:
                 emit([self._row(spec, it, status="skipped", correct=None, note=f"skipped: out of memory at {skip_from}")
                       for it in items])
                 continue
-            step = self.cfg.batch_size if self.cfg.scoring == "forced" else 1
+            step = steps.get((spec.label, length), self.cfg.batch_size) if self.cfg.scoring == "forced" else 1
             start = 0
             while start < len(items):
                 chunk = items[start:start + step]
@@ -475,6 +476,7 @@ class NeedleRunner:
                         torch.cuda.empty_cache()
                     if step > 1:  # a smaller batch may fit: halve before giving up on this length
                         step //= 2
+                        steps[(spec.label, length)] = step
                         self.progress.note(f"{spec.label}: out of memory at {length} tokens; batch size {step}")
                         continue
                     skip_from = skip[spec.label] = length
@@ -497,14 +499,17 @@ def sweep(lm: Any, specs: list[MethodSpec], runner: NeedleRunner, store: Any) ->
     done = {store.key(r, NeedleRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
     cells = runner.cfg.cells()
     depths = {c: runner.depth(c) for c in cells}
+    from .applied import forward_cost
+
     step = max(1, runner.cfg.batch_size)
-    items: list[tuple[int, Any, float]] = []
+    items: list[tuple[int, Any, float, int, int]] = []
     for index, spec in enumerate(specs):
         todo = [c for c in cells
                 if store.key({"label": spec.label, "length": c[0], "depth": depths[c], "sample": c[2]}, NeedleRunner.KEY) not in done]
         for length in sorted({c[0] for c in todo}):
             group = [c for c in todo if c[0] == length]
-            items.extend((index, group[i:i + step], length * len(group[i:i + step])) for i in range(0, len(group), step))
+            items.extend((index, group[i:i + step], forward_cost(length) * len(group[i:i + step]),
+                          length * len(group[i:i + step]), length) for i in range(0, len(group), step))
     skip: dict[str, float] = {}
     run_items(lm, specs, items, runner.cfg.lengths, store, runner.progress,
               lambda spec, chunk, handle: runner.measure(spec, chunk, store.append, handle, skip))

@@ -171,6 +171,7 @@ class PplRunner:
         self.bos = bos_id if cfg.bos else None
         self.model_name = model_name
         self.progress = progress or _Silent()
+        self.dynamic: set[str] = set()  # labels whose RoPE depends on the length (set by sweep)
 
     def _nll(self, seq: list[int]) -> torch.Tensor:
         ids = torch.tensor([seq], device=self.device)
@@ -251,7 +252,7 @@ class PplRunner:
                 continue
             if self.cfg.protocol == "sliding":
                 total += sum(len(doc.ids) * length // self.cfg.stride for length in lengths)
-            elif get_method(spec.name).length_dependent:
+            elif spec.label in self.dynamic or get_method(spec.name).length_dependent:
                 total += sum(lengths)
             else:
                 total += max(lengths)
@@ -265,7 +266,7 @@ class PplRunner:
             emit([self._row(spec, length, doc.doc_id, status="skipped", metric="nll", value=None,
                             note=f"skipped: out of memory at {skip} tokens")])
         lengths = sorted(x for x in lengths if x < skip)
-        static = not get_method(spec.name).length_dependent
+        static = not (spec.label in self.dynamic or get_method(spec.name).length_dependent)
         if self.cfg.protocol == "truncate" and static and len(lengths) > 1:
             try:
                 rows = self._truncate_one_forward(spec, doc, lengths)
@@ -298,19 +299,26 @@ def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig
     """Measure every (method, length, document) point not yet in `store`, one method applied at a time.
 
     The weights are loaded once (`lm`); methods are swapped in place with apply_method and restored after."""
-    from .applied import run_items
+    from ..distributed import current
+    from .applied import forward_cost, length_dependent, plan_groups, run_items
 
     progress = progress or _Silent()
     runner = PplRunner(lm.model, lm.device, cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name, progress)
+    runner.dynamic = {s.label for s in specs if length_dependent(s, lm)}
     done = {store.key(r, PplRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
     # work items: (method, document, lengths); one forward serves a static method's lengths under truncate
-    items: list[tuple[int, Any, float]] = []
+    todo = {(i, doc.doc_id): [L for L in cfg.lengths
+                              if store.key({"label": s.label, "length": L, "doc": doc.doc_id}, PplRunner.KEY) not in done]
+            for i, s in enumerate(specs) for doc in docs}
+    few = current().world > sum(1 for v in todo.values() if v)
+    items: list[tuple[int, Any, float, int, int]] = []
     for index, spec in enumerate(specs):
-        per_length = cfg.protocol == "sliding" or get_method(spec.name).length_dependent
+        per_length = cfg.protocol == "sliding" or spec.label in runner.dynamic
         for doc in docs:
-            todo = [L for L in cfg.lengths if store.key({"label": spec.label, "length": L, "doc": doc.doc_id}, PplRunner.KEY) not in done]
-            for group in ([[L] for L in todo] if per_length else [todo] if todo else []):
-                items.append((index, (doc, group), runner.cost(spec, [doc], {(spec.label, doc.doc_id): group})))
+            for group in plan_groups(todo[(index, doc.doc_id)], per_length, few):
+                n = len(doc.ids) // (cfg.stride or 1) if cfg.protocol == "sliding" else 1
+                items.append((index, (doc, group), n * sum(map(forward_cost, group if per_length else [max(group)])),
+                              runner.cost(spec, [doc], {(spec.label, doc.doc_id): group}), max(group)))
     skip_from: dict[str, int] = {}
     run_items(lm, specs, items, cfg.lengths, store, progress,
               lambda spec, item, _handle: runner.measure(spec, item[0], item[1], store.append, skip_from))
