@@ -807,8 +807,14 @@ def write_report(rep: Report, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     images = write_plots(rep, out_dir)
     written = [out_dir / name for name in images.values()]
+    import sys
+
+    from .store import _now, environment
+
+    record = {**to_json(rep, images), "generated": {  # how this report was made, as run.json says for a run
+        "command": "ctxeval " + " ".join(sys.argv[1:]), "time": _now(), "environment": environment()}}
     files = {"table.md": to_markdown(rep, images), "report.csv": to_csv(rep),
-             "report.json": json.dumps(to_json(rep, images), indent=2, allow_nan=False) + "\n"}
+             "report.json": json.dumps(record, indent=2, allow_nan=False, default=str) + "\n"}
     files.update({f"{t.id}.csv": table_csv(t) for t in rep.tables})
     for name, text in files.items():
         (out_dir / name).write_text(text, encoding="utf-8")
