@@ -490,8 +490,7 @@ def ppl_cmd(
     if dry_run:
         from .memory import print_estimate
 
-        print_estimate(opt["model"], tuple(lengths_given or ()), dtype, device, attn, chunk_size, trust_remote_code,
-                       out)
+        print_estimate(opt["model"], tuple(lengths_given or ()), dtype, device, attn, chunk_size, trust_remote_code)
         return
     lm = _load_for(opt["model"], specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
     cfg = PplConfig(tuple(lengths_given or default_lengths(lm, (0.5, 1, 2))), opt["protocol"], opt["stride"],

@@ -80,7 +80,7 @@ def estimate(cfg: Any, lengths: tuple[int, ...], dtype: str, attn: str, chunk: i
 
 
 def print_estimate(model: str, lengths: tuple[int, ...], dtype: str, device: str, attn: str, chunk: int,
-                   trust_remote_code: bool, out: Any = None) -> None:
+                   trust_remote_code: bool) -> None:
     """`ctxeval ppl --dry-run`: the table, from the config alone (no weights are loaded)."""
     from .cli import print_table
     from .errors import CtxevalError

@@ -446,13 +446,15 @@ class NeedleRunner:
         return {"correct": int(score_response(self.builder.preset, it.sample, response)), "response": response}
 
     def measure(self, spec: MethodSpec, cells: list[tuple[int, int, int]], emit: Callable[[list[dict]], None],
-                handle: Any = None, skip: dict[str, float] | None = None) -> None:
+                handle: Any = None, skip: dict[str, float] | None = None,
+                steps: dict[tuple[str, int], int] | None = None) -> None:
         """Score `cells` of one method (shortest lengths first), emitting one row per sample as it finishes.
         An out-of-memory length is recorded and longer lengths of this method are skipped (`skip` carries that
-        across calls: label -> first length that ran out of memory)."""
+        across calls: label -> first length that ran out of memory; `steps`: (label, length) -> the halved forced
+        batch size that fitted)."""
         skip = {} if skip is None else skip
+        steps = {} if steps is None else steps
         skip_from = skip.get(spec.label, math.inf)
-        steps = skip.setdefault("batch", {})  # (label, length) -> batch size that fitted, kept across calls
         by_length: dict[int, list[tuple[int, int, int]]] = {}
         for cell in sorted(cells):
             by_length.setdefault(cell[0], []).append(cell)
@@ -511,5 +513,6 @@ def sweep(lm: Any, specs: list[MethodSpec], runner: NeedleRunner, store: Any) ->
             items.extend((index, group[i:i + step], forward_cost(length) * len(group[i:i + step]),
                           length * len(group[i:i + step]), length) for i in range(0, len(group), step))
     skip: dict[str, float] = {}
+    steps: dict[tuple[str, int], int] = {}
     run_items(lm, specs, items, runner.cfg.lengths, store, runner.progress,
-              lambda spec, chunk, handle: runner.measure(spec, chunk, store.append, handle, skip))
+              lambda spec, chunk, handle: runner.measure(spec, chunk, store.append, handle, skip, steps))
