@@ -24,8 +24,9 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     @user_errors
     def report_cmd(
-        runs: Annotated[list[Path], typer.Argument(help="Run directories written by ctxeval ppl, needle or passkey "
-                                                        "(any mix of tasks and models).", show_default=False)],
+        runs: Annotated[list[Path], typer.Argument(help="Run directories written by ctxeval ppl, needle, passkey or "
+                                                        "entropy (any mix of tasks and models; a report directory "
+                                                        "among them is skipped).", show_default=False)],
         format: Annotated[str, typer.Option("--format", "-f", help="What stdout gets: md (default) | csv (one tidy "
                                                                    "table) | json.")] = "md",
         out: Annotated[Optional[Path], typer.Option(help="Also write table.md, report.csv, report.json, one CSV per "
@@ -42,8 +43,9 @@ def register(app: typer.Typer) -> None:
                                                               "one task differ in protocol or data.")] = False,
     ) -> None:
         """Merge run directories into comparison tables: ppl (model x method by length) with the valid-length
-        table, needle / passkey summaries with the effective length; runs that differ in protocol or data get
-        separate tables. Built from rows.jsonl; nothing is measured."""
+        table, needle / passkey summaries with the effective length, attention entropy (model x method by length,
+        with the uniform bound); runs that differ in protocol or data get separate tables. Built from rows.jsonl;
+        nothing is measured."""
         from . import merge
 
         fmt = format.lower()

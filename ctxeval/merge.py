@@ -1,4 +1,4 @@
-"""Merge run directories (ppl, needle, passkey; any models) into comparison tables and combined plots.
+"""Merge run directories (ppl, needle, passkey, entropy; any models) into comparison tables and combined plots.
 
 Tables are built from rows.jsonl only; run.json is read for metadata (task, model, dtype, original length,
 protocol, data, status). Runs are grouped by protocol: runs whose protocol or data differ never share a table.
@@ -6,12 +6,16 @@ protocol, data, status). Runs are grouped by protocol: runs whose protocol or da
 - **Group key** (what must agree for two runs to share a table):
   ppl: data spec, documents, text field, protocol, stride, BOS, aggregate;
   needle / passkey: the needle preset (every field), haystack, text field, depths, samples, seed, scoring,
-  generation budget, chat template, snap. Lengths, models and methods are not part of it: they are the table's
-  columns and rows, and a length a run did not measure is a missing cell ("—"), never zero.
+  generation budget, chat template, snap;
+  entropy: data spec, documents, text field, BOS, layers, heads.
+  Lengths, models and methods are not part of it: they are the table's columns and rows, and a length a run did
+  not measure is a missing cell ("—"), never zero.
 - **Same (model, method) in several runs of one group**: merged point by point (a short run and a long run fill
   one row). A point measured by more than one run is taken from the run started later, except that a measured
   value is never replaced by a failure (oom / skipped); every such overlap is listed in the group's notes.
 - **Same model name with different dtypes** in one group: rows are labelled `model (dtype)` so they never merge.
+- **A report directory** (written by `ctxeval report --out`: report.json, no run.json) among the paths, as in
+  `results/*/`, is skipped with a note; given alone it is an error.
 """
 
 from __future__ import annotations
@@ -32,17 +36,24 @@ from . import report as R
 from .errors import CtxevalError
 from .store import ROWS_FILE, RUN_FILE, read_rows
 
-KINDS = ("ppl", "needle", "passkey")
-KIND_TITLES = {"ppl": "Perplexity", "needle": "Needle in a haystack", "passkey": "Passkey retrieval"}
+KINDS = ("ppl", "needle", "passkey", "entropy")
+KIND_TITLES = {"ppl": "Perplexity", "needle": "Needle in a haystack", "passkey": "Passkey retrieval",
+               "entropy": "Attention entropy"}
 # the fields of one point: a point measured twice is one cell, not two
 POINT_FIELDS = {"ppl": ("model", "label", "length", "doc"),
                 "needle": ("model", "label", "length", "depth", "sample"),
-                "passkey": ("model", "label", "length", "sample")}
+                "passkey": ("model", "label", "length", "sample"),
+                "entropy": ("model", "label", "length", "doc")}
 REQUIRED = {"ppl": ("model", "label", "length", "doc", "status"),
             "needle": ("model", "label", "length", "depth", "sample", "status"),
-            "passkey": ("model", "label", "length", "sample", "status")}
-REQUIRED_OK = {"ppl": ("nll_sum", "n_tokens"), "needle": ("correct",), "passkey": ("correct",)}
+            "passkey": ("model", "label", "length", "sample", "status"),
+            "entropy": ("model", "label", "length", "doc", "status")}
+REQUIRED_OK = {"ppl": ("nll_sum", "n_tokens"), "needle": ("correct",), "passkey": ("correct",), "entropy": ("entropy",)}
 FAILED = {"oom", "skipped", "error"}
+WRITERS = "ctxeval ppl, needle, passkey or entropy"
+# entropy tables end with the upper bound: uniform attention over the visible keys, a function of the length only
+UNIFORM_MODEL = "any model"
+UNIFORM_LABEL = "uniform (ln of visible keys)"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -55,7 +66,7 @@ class Run:
 
     path: Path
     name: str  # as the user gave it (used in headings and notes)
-    task: str  # ppl | needle | passkey
+    task: str  # ppl | needle | passkey | entropy
     record: dict[str, Any]
     rows: list[dict[str, Any]]
     order: int  # position on the command line
@@ -105,7 +116,7 @@ def load_run(path: Path | str, order: int = 0) -> Run:
     if p.is_file() and p.name == RUN_FILE:
         p = p.parent
     if not p.exists():
-        raise CtxevalError(f"run directory {given} does not exist; pass directories written by ctxeval ppl, needle or passkey")
+        raise CtxevalError(f"run directory {given} does not exist; pass directories written by {WRITERS}")
     if not p.is_dir():
         raise CtxevalError(f"{given} is a file, not a run directory; pass the directory that holds run.json and rows.jsonl")
     run_json = p / RUN_FILE
@@ -114,8 +125,11 @@ def load_run(path: Path | str, order: int = 0) -> Run:
         if inner:
             raise CtxevalError(f"{given} is not a run directory but holds {len(inner)} (e.g. {inner[0]}); "
                                f"pass them one by one, e.g. {given}/*/")
+        if is_report_dir(p):
+            raise CtxevalError(f"{given} holds a report written by ctxeval report --out, not a run (no run.json); "
+                               f"pass the run directories it was made from")
         raise CtxevalError(f"{given} is not a ctxeval run directory (no run.json); pass directories written by "
-                           "ctxeval ppl, needle or passkey")
+                           f"{WRITERS}")
     try:
         record = json.loads(run_json.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -127,8 +141,8 @@ def load_run(path: Path | str, order: int = 0) -> Run:
     spec = record.get("spec") if isinstance(record.get("spec"), dict) else {}
     task = spec.get("task") or (rows[0].get("task") if rows else None)
     if task not in KINDS:
-        raise CtxevalError(f"{given}: unknown task '{task}' in run.json; ctxeval report merges ppl, needle and "
-                           "passkey runs")
+        raise CtxevalError(f"{given}: unknown task '{task}' in run.json; ctxeval report merges ppl, needle, "
+                           "passkey and entropy runs")
     if not rows:
         raise CtxevalError(f"{given} has no measured rows ({ROWS_FILE} missing or empty); resume the run with "
                            "its original command, or leave it out")
@@ -141,14 +155,31 @@ def load_run(path: Path | str, order: int = 0) -> Run:
     return Run(p, given, task, record, rows, order)
 
 
+def is_report_dir(path: Path) -> bool:
+    """A directory written by `ctxeval report --out` (its report.json; no run.json): not a run."""
+    if (path / RUN_FILE).exists() or not (path / "report.json").is_file():
+        return False
+    try:
+        data = json.loads((path / "report.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and {"settings", "runs", "groups"} <= set(data)
+
+
 def load_runs(paths: Sequence[Path | str]) -> tuple[list[Run], list[str]]:
-    """Load every run (a path given twice is used once). Returns the runs and notes about them."""
+    """Load every run (a path given twice is used once; a report directory among runs is skipped). Returns the runs
+    and notes about them."""
     if not paths:
-        raise CtxevalError("no run directories given; pass one or more directories written by ctxeval ppl, needle or passkey")
+        raise CtxevalError(f"no run directories given; pass one or more directories written by {WRITERS}")
     runs: list[Run] = []
     seen: dict[Path, str] = {}
     notes: list[str] = []
+    reports = [p for p in paths if Path(p).is_dir() and is_report_dir(Path(p))]
     for path in paths:
+        if path in reports and len(reports) < len(paths):
+            notes.append(f"{str(path).rstrip('/') or path} holds a report written by ctxeval report --out, not a run; "
+                         "skipped")
+            continue
         run = load_run(path, order=len(runs))
         resolved = run.path.resolve()
         if resolved in seen:
@@ -166,23 +197,38 @@ def load_runs(paths: Sequence[Path | str]) -> tuple[list[Run], list[str]]:
 # protocol keys and groups
 
 
+def _documents(run: Run) -> list[str]:
+    """The run's documents as run.json's data.documents lists them (else as its rows name them), in order."""
+    data = run.record.get("data") or {}
+    docs = [str(d.get("doc")) for d in data.get("documents") or [] if isinstance(d, dict)]
+    return docs or list(dict.fromkeys(str(r["doc"]) for r in run.rows))
+
+
 def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
     """What must agree for runs to share a table (flat: field -> JSON-able value)."""
     spec = run.spec
     if run.task == "ppl":
         proto = run.record.get("protocol") or {}
         data = run.record.get("data") or {}
-        docs = [str(d.get("doc")) for d in data.get("documents") or [] if isinstance(d, dict)]
-        if not docs:
-            docs = list(dict.fromkeys(str(r["doc"]) for r in run.rows))
         return {
             "data": spec.get("data", data.get("spec")),
-            "documents": docs,
+            "documents": _documents(run),
             "text_field": spec.get("text_field", "text"),
             "protocol": proto.get("name", spec.get("protocol")),
             "stride": proto.get("stride", spec.get("stride")),
             "bos": proto.get("bos", spec.get("bos")),
             "aggregate": aggregate or proto.get("aggregate", "token"),
+        }
+    if run.task == "entropy":
+        proto = run.record.get("protocol") or {}
+        data = run.record.get("data") or {}
+        return {
+            "data": spec.get("data", data.get("spec")),
+            "documents": _documents(run),
+            "text_field": spec.get("text_field", "text"),
+            "bos": spec.get("bos", proto.get("bos")),
+            "layers": spec.get("layers", "all"),
+            "heads": spec.get("heads", "all"),
         }
     preset = spec.get("preset")
     key: dict[str, Any] = {}
@@ -234,7 +280,7 @@ class Table:
     """One rendered table. `rows` hold raw values (None = missing), `cells` the formatted strings."""
 
     id: str
-    kind: str  # ppl | valid | needle | passkey
+    kind: str  # ppl | valid | needle | passkey | entropy
     title: str
     columns: list[str]  # machine keys: model, method, "2048", ..., effective length
     headers: list[str]  # display headers
@@ -284,7 +330,8 @@ class Group:
 
 
 def group_runs(runs: Sequence[Run], aggregate: str | None = None, single: bool = False) -> list[Group]:
-    """Group runs by (kind, protocol key); kinds in the order ppl, needle, passkey, groups in command-line order.
+    """Group runs by (kind, protocol key); kinds in the order ppl, needle, passkey, entropy, groups in command-line
+    order.
 
     single=True refuses (CtxevalError) when the runs of one kind would need more than one table."""
     found: dict[tuple[str, str], tuple[dict[str, Any], list[Run]]] = {}
@@ -507,6 +554,65 @@ def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float)
     return Table(group.id, group.kind, group.title, columns, headers, raw, status, shown, caption, footnotes)
 
 
+def uniform_entropy(length: int) -> float:
+    """Mean over queries 0..L-1 of ln(i+1) = ln(L!)/L: the entropy of uniform causal attention (the upper bound)."""
+    return math.lgamma(length + 1) / length
+
+
+def fmt_entropy(value: Any, status: str | None = None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return {"oom": "OOM", "skipped": "skip"}.get(status or "", R.MISSING)
+    return f"{value:.3f}"
+
+
+def _entropy_table(group: Group, rows: list[dict[str, Any]]) -> Table:
+    """Rows = model x method, columns = length, value = the mean over documents of each point's entropy (itself the
+    mean over layers, heads and query positions); a cell with a failed document shows the failure, as in ppl.
+    The last row is the uniform-attention bound, which depends on the length only."""
+    points: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        points.setdefault((str(row["model"]), str(row["label"]), int(row["length"])), []).append(row)
+    lengths = sorted({k[2] for k in points})
+    pairs = _row_order(group, rows)
+    n_docs = len(group.key.get("documents") or [])
+    raw, status, shown = [], [], []
+    partial: list[str] = []
+    for model, label in pairs:
+        vals: list[float | None] = []
+        sts: list[str | None] = []
+        for length in lengths:
+            mine = points.get((model, label, length), [])
+            failed = [r for r in mine if r.get("status") != "ok"]
+            if not mine or failed:
+                vals.append(None)
+                sts.append(str(failed[0].get("status")) if failed else "missing")
+                continue
+            vals.append(_num(sum(float(r["entropy"]) for r in mine) / len(mine)))
+            sts.append(None)
+            if len(mine) < n_docs:
+                partial.append(f"{R.fmt_length(length)} ({len(mine)} of {n_docs})")
+        if partial:
+            group.notes.append(f"{model} · {label}: averaged over fewer documents than the protocol's at "
+                               f"{', '.join(partial)}; the run did not measure the others")
+            partial = []
+        raw.append([model, label, *vals])
+        status.append([None, None, *sts])
+        shown.append([model, label, *(fmt_entropy(v, s) for v, s in zip(vals, sts))])
+    recorded = {int(r["length"]): float(r["uniform_entropy"]) for r in rows
+                if r.get("status") == "ok" and _num(r.get("uniform_entropy")) is not None}
+    bound = [recorded.get(L, uniform_entropy(L)) for L in lengths]
+    raw.append([UNIFORM_MODEL, UNIFORM_LABEL, *bound])
+    status.append([None, None, *([None] * len(lengths))])
+    shown.append([UNIFORM_MODEL, UNIFORM_LABEL, *(fmt_entropy(v) for v in bound)])
+    originals = ", ".join(f"{m} {R.fmt_length(L)}" for m, L in group.original_lengths.items())
+    caption = (f"Mean attention entropy in nats (over layers, heads, query positions and {n_docs} document(s)); "
+               f"original length: {originals}. Last row: the entropy if every query attended evenly to the keys it "
+               "sees, mean ln(i+1), the upper bound; it depends on the length only, the same for every model and "
+               "method.")
+    return Table(group.id, "entropy", group.title, ["model", "method", *map(str, lengths)],
+                 ["model", "method", *map(R.fmt_length, lengths)], raw, status, shown, caption=caption)
+
+
 @dataclass
 class Report:
     runs: list[Run]
@@ -541,6 +647,8 @@ def build_report(paths: Sequence[Path | str], *, threshold: float = 0.8, toleran
         rows, group.notes = merge_rows(group)
         if group.kind == "ppl":
             group.tables = _ppl_tables(group, rows, tolerance)
+        elif group.kind == "entropy":
+            group.tables = [_entropy_table(group, rows)]
         else:
             group.tables = [_retrieval_table(group, rows, threshold)]
     kinds = Counter(g.kind for g in groups)
@@ -665,7 +773,8 @@ def _styles(pairs: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any
 
 
 def _curve_label(group: Group, model: str, label: str) -> str:
-    return f"{model} · {label}" if len({r[0] for r in group.tables[0].rows}) > 1 else label
+    models = {r[0] for r in group.tables[0].rows if not (r[0] == UNIFORM_MODEL and r[1] == UNIFORM_LABEL)}
+    return f"{model} · {label}" if len(models) > 1 else label
 
 
 def plot_ppl_group(group: Group, path: Path) -> Path:
@@ -691,6 +800,38 @@ def plot_ppl_group(group: Group, path: Path) -> Path:
     ax.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity (log scale)")
+    ax.set_title(f"{group.title}\n{group.description}", fontsize=9)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_entropy_group(group: Group, path: Path) -> Path:
+    """Mean attention entropy vs. length for every model x method on one figure (log2 x), uniform attention dashed,
+    original lengths marked."""
+    plt = _plt()
+    table = group.tables[0]
+    lengths = [int(c) for c in table.columns[2:]]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    measured = [r for r in table.rows if not (r[0] == UNIFORM_MODEL and r[1] == UNIFORM_LABEL)]
+    styles = _styles([(r[0], r[1]) for r in measured])
+    for row in table.rows:
+        pts = [(L, v) for L, v in zip(lengths, row[2:]) if v is not None]
+        if not pts:
+            continue
+        if row in measured:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=4, lw=1.5,
+                    label=_curve_label(group, row[0], row[1]), **styles[(row[0], row[1])])
+        else:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color="grey", ls="--", lw=1.2,
+                    label="uniform attention (ln of visible keys)")
+    for i, (L, models) in enumerate(_by_length(group.original_lengths, lengths).items()):
+        ax.axvline(L, color="black", ls=[":", "--", "-."][i % 3], lw=1,
+                   label=f"original length {R.fmt_length(L)}" + (f" ({', '.join(models)})" if len(group.original_lengths) > 1 else ""))
+    _length_ticks(ax, lengths)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("mean attention entropy (nats)")
     ax.set_title(f"{group.title}\n{group.description}", fontsize=9)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
@@ -779,7 +920,8 @@ def plot_needle_group(group: Group, path: Path) -> Path:
 
 
 def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
-    """One PNG per group (ppl curves / needle heatmaps / passkey curves); returns group id -> file name."""
+    """One PNG per group (ppl curves / needle heatmaps / passkey curves / entropy curves); returns group id -> file
+    name."""
     images: dict[str, str] = {}
     for group in rep.groups:
         path = Path(out_dir) / f"{group.id}.png"
@@ -790,6 +932,10 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
         elif group.kind == "needle":
             if group.grids:
                 plot_needle_group(group, path)
+                images[group.id] = path.name
+        elif group.kind == "entropy":
+            if any(v is not None for row in group.tables[0].rows[:-1] for v in row[2:]):
+                plot_entropy_group(group, path)
                 images[group.id] = path.name
         else:
             plot_passkey_group(group, rep.threshold, path)

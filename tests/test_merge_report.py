@@ -96,6 +96,38 @@ def needle_run(root, name, *, task="needle", model="m1", acc=None, depths=(0.0, 
     return write_run(root / name, record, rows)
 
 
+def entropy_run(root, name, *, model="m1", ent=None, docs=("d1", "d2"), layers="all", heads="all", bos=True,
+                data="pydoc", started="2026-01-01T00:00:00+00:00", status="success", original=128, dtype="float32",
+                failed=(), skip_docs=()):
+    """ent: {label: {length: entropy (every document: that value + 0.1 x document index)}}; failed: (label, length,
+    status) points recorded as failures for every document; skip_docs: (label, length, doc) points not written."""
+    ent = ent or {"none": {64: 2.0, 128: 2.5}, "yarn(factor=2)": {64: 1.9, 128: 2.2}}
+    lengths = sorted({L for v in ent.values() for L in v} | {f[1] for f in failed})
+    spec = {"data": data, "text_field": "text", "docs": len(docs), "lengths": lengths, "methods": list(ent),
+            "layers": layers, "heads": heads, "bos": bos}
+    record = _record("entropy", spec, model, started, status, original, dtype,
+                     data={"spec": data, "documents": [{"doc": d, "tokens": 1000} for d in docs]},
+                     protocol={"name": "truncate", "bos": bos, "attention": "sdpa", "query_chunk": 512})
+    n_layers = [0, 1] if layers == "all" else list(layers)
+    rows = []
+    for label, values in ent.items():
+        for length, value in values.items():
+            for i, doc in enumerate(docs):
+                if (label, length, doc) in skip_docs:
+                    continue
+                e = value + 0.1 * i
+                rows.append({"model": model, "method": label.split("(")[0], "label": label, "params": {},
+                             "task": "entropy", "length": length, "doc": doc, "layers": n_layers,
+                             "entropy_per_layer": [e] * len(n_layers), "entropy": e,
+                             "uniform_entropy": math.lgamma(length + 1) / length,
+                             "heads": heads, "seconds": 0.1, "status": "ok"})
+    for label, length, st in failed:
+        for doc in docs:
+            rows.append({"model": model, "method": label.split("(")[0], "label": label, "params": {},
+                         "task": "entropy", "length": length, "doc": doc, "status": st, "error": "out of memory"})
+    return write_run(root / name, record, rows)
+
+
 def main_table(rep, group_id):
     return next(t for t in rep.tables if t.id == group_id)
 
@@ -273,6 +305,149 @@ def test_committed_needle_runs_merge_into_one_table():
     assert [none[c] for c in ("1024", "2048", "4096", "16384")] == [1.0, 1.0, 1.0, 0.0]
     assert none["effective length"] == 4096
     assert row_of(table, "smollm2", "yarn(factor=2)")["1024"] is None
+
+
+# -- entropy ---------------------------------------------------------------------------------------------------
+
+
+def _uniform(length):
+    return sum(math.log(i + 1) for i in range(length)) / length
+
+
+def test_two_models_entropy_runs_share_one_table_missing_cells_stay_missing(tmp_path):
+    a = entropy_run(tmp_path, "a", model="m1")
+    b = entropy_run(tmp_path, "b", model="m2", original=256,
+                    ent={"none": {64: 2.1, 128: 2.6, 256: 3.2}, "yarn(factor=2)": {256: 2.9}})
+    rep = merge.build_report([a, b])
+    assert [g.id for g in rep.groups] == ["entropy-1"]
+    assert rep.groups[0].title == "Attention entropy"
+    table = main_table(rep, "entropy-1")
+    assert table.kind == "entropy" and table.columns == ["model", "method", "64", "128", "256"]
+    assert [(r[0], r[1]) for r in table.rows] == [("m1", "none"), ("m1", "yarn(factor=2)"), ("m2", "none"),
+                                                 ("m2", "yarn(factor=2)"), (merge.UNIFORM_MODEL, merge.UNIFORM_LABEL)]
+    # mean over the two documents (value, value + 0.1)
+    assert row_of(table, "m1", "none")["128"] == pytest.approx(2.55)
+    assert cells_of(table, "m2", "none")["256"] == "3.250"
+    # m1 never ran 256, m2's yarn only 256: missing, never zero
+    assert row_of(table, "m1", "none")["256"] is None and cells_of(table, "m1", "none")["256"] == "—"
+    assert row_of(table, "m2", "yarn(factor=2)")["64"] is None and cells_of(table, "m2", "yarn(factor=2)")["64"] == "—"
+    # one uniform row for the whole table: ln of the visible keys, per length, whoever measured it
+    uniform = row_of(table, merge.UNIFORM_MODEL, merge.UNIFORM_LABEL)
+    assert [uniform[c] for c in ("64", "128", "256")] == pytest.approx([_uniform(64), _uniform(128), _uniform(256)])
+    assert cells_of(table, merge.UNIFORM_MODEL, merge.UNIFORM_LABEL)["64"] == f"{_uniform(64):.3f}"
+    assert "nats" in table.caption and "2 document(s)" in table.caption and "m1 128, m2 256" in table.caption
+    tidy = list(csv.DictReader(io.StringIO(merge.to_csv(rep))))
+    cell = next(r for r in tidy if r["table"] == "entropy-1" and r["model"] == "m1" and r["method"] == "none"
+                and r["column"] == "256")
+    assert cell["value"] == "" and cell["status"] == "missing"
+    data = json.loads(json.dumps(merge.to_json(rep), allow_nan=False))
+    group = data["groups"][0]
+    assert group["kind"] == "entropy" and group["protocol"]["layers"] == "all"
+    assert group["protocol"]["documents"] == ["d1", "d2"]
+    assert group["tables"][0]["rows"][0]["256"] is None
+    md = merge.to_markdown(rep)
+    assert "## Attention entropy\n" in md and "| any model | uniform (ln of visible keys) |" in md
+    written = {w.name for w in merge.write_report(rep, tmp_path / "out")}
+    assert {"entropy-1.csv", "entropy-1.png", "table.md", "report.csv", "report.json"} <= written
+    assert "![Attention entropy](entropy-1.png)" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_entropy_failures_show_their_status_and_partial_documents_are_noted(tmp_path):
+    a = entropy_run(tmp_path, "a", ent={"none": {64: 2.0, 128: 2.5}, "yarn(factor=2)": {64: 1.9}},
+                    failed=[("yarn(factor=2)", 128, "oom")], skip_docs=[("none", 128, "d2")], status="interrupted")
+    rep = merge.build_report([a])
+    table = main_table(rep, "entropy-1")
+    assert row_of(table, "m1", "yarn(factor=2)")["128"] is None
+    assert cells_of(table, "m1", "yarn(factor=2)")["128"] == "OOM"
+    assert row_of(table, "m1", "none")["128"] == pytest.approx(2.5)  # only d1 was measured
+    assert rep.groups[0].notes == ["m1 · none: averaged over fewer documents than the protocol's at 128 (1 of 2); "
+                                   "the run did not measure the others"]
+    assert any("incomplete (status interrupted)" in n for n in rep.notes)
+    tidy = list(csv.DictReader(io.StringIO(merge.to_csv(rep))))
+    assert [r["status"] for r in tidy if r["method"] == "yarn(factor=2)" and r["column"] == "128"] == ["oom"]
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(layers=[0, 3]), "layers"),
+    (dict(heads=[0]), "heads"),
+    (dict(bos=False), "bos"),
+    (dict(docs=("d3",)), "documents"),
+])
+def test_entropy_runs_that_differ_in_protocol_are_not_mixed(tmp_path, change, field):
+    a = entropy_run(tmp_path, "a")
+    b = entropy_run(tmp_path, "b", model="m2", **change)
+    rep = merge.build_report([a, b])
+    assert [g.id for g in rep.groups] == ["entropy-1", "entropy-2"]
+    assert all(g.distinguishing == [field] for g in rep.groups)
+    assert rep.groups[0].title.startswith("Attention entropy (1 of 2): " + field)
+    assert {r[0] for r in main_table(rep, "entropy-1").rows} == {"m1", merge.UNIFORM_MODEL}
+    assert {r[0] for r in main_table(rep, "entropy-2").rows} == {"m2", merge.UNIFORM_MODEL}
+    assert any(f"the entropy runs differ in {field}" in n for n in rep.notes)
+    assert merge.to_markdown(rep).count("## Attention entropy (") == 2
+    with pytest.raises(CtxevalError, match=f"--single: the entropy runs differ in {field}"):
+        merge.build_report([a, b], single=True)
+
+
+def test_entropy_same_model_in_two_runs_later_wins_failure_never_replaces_value(tmp_path):
+    old = entropy_run(tmp_path, "old", ent={"none": {64: 2.0, 128: 2.5}})
+    new = entropy_run(tmp_path, "new", ent={"none": {128: 2.7, 256: 3.0}}, failed=[("none", 64, "oom")],
+                      started="2026-01-02T00:00:00+00:00")
+    for order in ([old, new], [new, old]):
+        rep = merge.build_report(order)
+        row = row_of(main_table(rep, "entropy-1"), "m1", "none")
+        assert row["64"] == pytest.approx(2.05)  # the later oom does not erase the measurement
+        assert row["128"] == pytest.approx(2.75)  # the later run's value
+        assert row["256"] == pytest.approx(3.05)
+        assert sorted(rep.groups[0].notes) == [
+            f"m1 · none: 2 point(s) measured by both {old} and {new}; kept {new}'s (started later)",
+            f"m1 · none: 2 point(s) measured by both {old} and {new}; kept {old}'s values ({new} has oom there; "
+            "a failure never replaces a value)"]
+
+
+def test_ppl_and_entropy_together(tmp_path):
+    p = ppl_run(tmp_path, "p", data="pydoc", docs=("d1", "d2"))
+    e = entropy_run(tmp_path, "e", model="m2")
+    rep = merge.build_report([e, p])
+    assert [g.id for g in rep.groups] == ["ppl-1", "entropy-1"]  # kinds in a fixed order, never mixed
+    assert not any("differ" in n for n in rep.notes)
+    md = merge.to_markdown(rep)
+    assert md.index("## Perplexity") < md.index("## Attention entropy")
+    assert any(line.startswith(f"| `{e}`") and "| entropy | m2 " in line for line in md.splitlines())
+    written = {w.name for w in merge.write_report(rep, tmp_path / "out")}
+    assert {"ppl-1.png", "ppl-1.csv", "ppl-1-valid.csv", "entropy-1.png", "entropy-1.csv"} <= written
+    tidy = list(csv.DictReader(io.StringIO((tmp_path / "out" / "report.csv").read_text())))
+    assert {r["table"] for r in tidy} == {"ppl-1", "ppl-1-valid", "entropy-1"}
+    result = cli(p, e, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert [g["kind"] for g in json.loads(result.stdout)["groups"]] == ["ppl", "entropy"]
+
+
+@pytest.mark.skipif(not (RESULTS / "entropy-tiny-pydoc" / "rows.jsonl").exists(), reason="no committed results")
+def test_committed_entropy_run_merges_with_the_ppl_run():
+    rep = merge.build_report([RESULTS / "entropy-tiny-pydoc", RESULTS / "ppl-tiny-pydoc"])
+    assert [g.id for g in rep.groups] == ["ppl-1", "entropy-1"]
+    group = rep.groups[1]
+    assert group.key == {"data": "pydoc", "documents": ["specialnames", "string-methods", "execmodel"],
+                         "text_field": "text", "bos": True, "layers": "all", "heads": "all"}
+    table = main_table(rep, "entropy-1")
+    assert table.columns == ["model", "method", "64", "128", "256", "512", "1024", "2048"]
+    # the run's own table.md, to 3 decimals
+    assert cells_of(table, "tiny", "none")["2k"] == "5.169"
+    assert cells_of(table, "tiny", "yarn(factor=8)")["64"] == "2.003"
+    assert [cells_of(table, merge.UNIFORM_MODEL, merge.UNIFORM_LABEL)[h] for h in ("64", "2k")] == ["3.206", "6.627"]
+    assert all(v is not None for r in table.rows for v in r[2:])
+    assert group.original_lengths == {"tiny": 128} and not group.notes
+    assert "## Attention entropy" in merge.to_markdown(rep)
+
+
+def test_a_report_directory_among_runs_is_skipped_alone_refused(tmp_path):
+    a = entropy_run(tmp_path, "a")
+    merge.write_report(merge.build_report([a]), tmp_path / "rep")
+    rep = merge.build_report([a, tmp_path / "rep"])
+    assert [r.name for r in rep.runs] == [str(a)]
+    assert any("holds a report written by ctxeval report --out" in n and "skipped" in n for n in rep.notes)
+    result = cli(tmp_path / "rep")
+    assert result.exit_code == 2 and "holds a report written by ctxeval report --out" in result.stderr
 
 
 # -- the command -----------------------------------------------------------------------------------------------
