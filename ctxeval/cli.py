@@ -38,8 +38,11 @@ def user_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        finished = False
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            finished = True
+            return result
         except CtxevalError as exc:
             if _state["debug"]:
                 raise
@@ -53,7 +56,7 @@ def user_errors(fn: Callable) -> Callable:
         finally:
             from .distributed import shutdown
 
-            shutdown()  # leave torch.distributed's process group (no-op without torchrun)
+            shutdown(together=finished)  # leave torch.distributed's process group (no-op without torchrun)
 
     return wrapper
 

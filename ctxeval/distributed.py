@@ -122,13 +122,17 @@ def init_from_env(device: str) -> tuple[Dist, str]:
     return _CURRENT, (f"cuda:{local_rank}" if use_cuda else "cpu")
 
 
-def shutdown() -> None:
-    """Leave the process group (no barrier: a rank that failed must not pair with the others' collectives)."""
+def shutdown(together: bool = False) -> None:
+    """Leave the process group. together=True (every rank finished normally): wait for all ranks first, so no rank
+    tears its connections down while another still uses them (gloo can abort the process then). After a failure
+    no barrier: a failed rank must not pair with the others' collectives."""
     global _CURRENT
     if _CURRENT.active:
         import torch.distributed as td
 
         if td.is_initialized():
+            if together:
+                td.barrier()
             td.destroy_process_group()
     _CURRENT = Dist()
 
