@@ -117,9 +117,13 @@ def init_from_env(device: str) -> tuple[Dist, str]:
 
         td.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timedelta(hours=TIMEOUT_HOURS))
     # torchrun stops the other ranks with SIGTERM when one fails: finish run.json as interrupted, keep the rows
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     _CURRENT = Dist(rank, world, local_rank)
     return _CURRENT, (f"cuda:{local_rank}" if use_cuda else "cpu")
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def shutdown(together: bool = False) -> None:
