@@ -207,29 +207,16 @@ def _documents(run: Run) -> list[str]:
 def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
     """What must agree for runs to share a table (flat: field -> JSON-able value)."""
     spec = run.spec
-    if run.task == "ppl":
+    if run.task in ("ppl", "entropy"):
         proto = run.record.get("protocol") or {}
-        data = run.record.get("data") or {}
-        return {
-            "data": spec.get("data", data.get("spec")),
-            "documents": _documents(run),
-            "text_field": spec.get("text_field", "text"),
-            "protocol": proto.get("name", spec.get("protocol")),
-            "stride": proto.get("stride", spec.get("stride")),
-            "bos": proto.get("bos", spec.get("bos")),
-            "aggregate": aggregate or proto.get("aggregate", "token"),
-        }
-    if run.task == "entropy":
-        proto = run.record.get("protocol") or {}
-        data = run.record.get("data") or {}
-        return {
-            "data": spec.get("data", data.get("spec")),
-            "documents": _documents(run),
-            "text_field": spec.get("text_field", "text"),
-            "bos": spec.get("bos", proto.get("bos")),
-            "layers": spec.get("layers", "all"),
-            "heads": spec.get("heads", "all"),
-        }
+        corpus = {"data": spec.get("data", (run.record.get("data") or {}).get("spec")), "documents": _documents(run),
+                  "text_field": spec.get("text_field", "text")}
+        if run.task == "ppl":
+            return {**corpus, "protocol": proto.get("name", spec.get("protocol")),
+                    "stride": proto.get("stride", spec.get("stride")), "bos": proto.get("bos", spec.get("bos")),
+                    "aggregate": aggregate or proto.get("aggregate", "token")}
+        return {**corpus, "bos": spec.get("bos", proto.get("bos")), "layers": spec.get("layers", "all"),
+                "heads": spec.get("heads", "all")}
     preset = spec.get("preset")
     key: dict[str, Any] = {}
     if isinstance(preset, dict):
