@@ -764,6 +764,22 @@ def _curve_label(group: Group, model: str, label: str) -> str:
     return f"{model} · {label}" if len(models) > 1 else label
 
 
+def _finish_group_plot(fig: Any, ax: Any, group: Group, lengths: list[int], xlabel: str, ylabel: str,
+                       path: Path) -> Path:
+    """Original lengths marked, log2 length axis, labels, title, grid, legend; saved to `path`."""
+    for i, (L, models) in enumerate(_by_length(group.original_lengths, lengths).items()):
+        ax.axvline(L, color="black", ls=[":", "--", "-."][i % 3], lw=1,
+                   label=f"original length {R.fmt_length(L)}" + (f" ({', '.join(models)})" if len(group.original_lengths) > 1 else ""))
+    _length_ticks(ax, lengths)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{group.title}\n{group.description}", fontsize=9)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def plot_ppl_group(group: Group, path: Path) -> Path:
     """Perplexity vs. length for every model x method of the group on one figure (log y, original lengths marked)."""
     plt = _plt()
@@ -776,22 +792,12 @@ def plot_ppl_group(group: Group, path: Path) -> Path:
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=4, lw=1.5,
                     label=_curve_label(group, row[0], row[1]), **styles[(row[0], row[1])])
-    for i, (L, models) in enumerate(_by_length(group.original_lengths, lengths).items()):
-        ax.axvline(L, color="black", ls=[":", "--", "-."][i % 3], lw=1,
-                   label=f"original length {R.fmt_length(L)}" + (f" ({', '.join(models)})" if len(group.original_lengths) > 1 else ""))
-    _length_ticks(ax, lengths)
     ax.set_yscale("log")
     from matplotlib import ticker
 
     ax.yaxis.set_major_formatter(ticker.LogFormatter())
     ax.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
-    ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity (log scale)")
-    ax.set_title(f"{group.title}\n{group.description}", fontsize=9)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    return _save(fig, path)
+    return _finish_group_plot(fig, ax, group, lengths, "evaluation length (tokens)", "perplexity (log scale)", path)
 
 
 def plot_entropy_group(group: Group, path: Path) -> Path:
@@ -813,17 +819,7 @@ def plot_entropy_group(group: Group, path: Path) -> Path:
         else:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], color="grey", ls="--", lw=1.2,
                     label="uniform attention (ln of visible keys)")
-    for i, (L, models) in enumerate(_by_length(group.original_lengths, lengths).items()):
-        ax.axvline(L, color="black", ls=[":", "--", "-."][i % 3], lw=1,
-                   label=f"original length {R.fmt_length(L)}" + (f" ({', '.join(models)})" if len(group.original_lengths) > 1 else ""))
-    _length_ticks(ax, lengths)
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("mean attention entropy (nats)")
-    ax.set_title(f"{group.title}\n{group.description}", fontsize=9)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    return _save(fig, path)
+    return _finish_group_plot(fig, ax, group, lengths, "context length (tokens)", "mean attention entropy (nats)", path)
 
 
 def _by_length(originals: dict[str, int], lengths: Sequence[int]) -> dict[int, list[str]]:
