@@ -60,10 +60,10 @@ class PeakMemory:
 
 
 def main() -> None:
-    from ctxeval.cli import parse_lengths
+    from ctxeval.cli.options import parse_lengths
     from ctxeval.corpora import select_long_documents
     from ctxeval.evals.perplexity import PplConfig, PplRunner
-    from ctxeval.methods import expand_specs
+    from ctxeval.specs import expand_specs
     from ctxeval.models import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

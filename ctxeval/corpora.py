@@ -21,7 +21,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from .errors import CtxevalError
-from .offline_corpora import NAMED_CORPORA, load_named_corpus
+from .hub import hub_reachable, offline_unless_reachable
+from .offline_corpora import NAMED_CORPORA, held_out_documents, load_named_corpus
 from .paths import cache_dir
 
 TEXT_SUFFIXES = {".txt", ".md", ".text", ".rst"}
@@ -88,8 +89,6 @@ def _hf(spec: str, text_field: str) -> Iterator[Document]:
     name, _, config = body.partition(":")
     if not name:
         raise CtxevalError("write hf:NAME[:CONFIG][@SPLIT], e.g. hf:emozilla/pg19-test@test")
-    from .hub import hub_reachable, offline_unless_reachable
-
     offline_unless_reachable()
     try:
         ds = datasets.load_dataset(name, config or None, split=split or "test", streaming=True)
@@ -112,8 +111,6 @@ def _hf(spec: str, text_field: str) -> Iterator[Document]:
 def iter_documents(spec: str, text_field: str = "text") -> Iterator[Document]:
     """Documents of a data spec, in corpus order (lazily: hub datasets stream)."""
     if spec == "pydoc":
-        from .tiny.data import held_out_documents
-
         for title, text in held_out_documents():
             yield Document(title, text)
         return

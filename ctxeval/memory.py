@@ -19,6 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import CtxevalError
+from .geometry import trained_length
+from .models import load_hf_config, resolve_device
+
 GIB = 1024**3
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -79,15 +83,19 @@ def estimate(cfg: Any, lengths: tuple[int, ...], dtype: str, attn: str, chunk: i
     return rows
 
 
-def print_estimate(model: str, lengths: tuple[int, ...], dtype: str, device: str, attn: str, chunk: int,
-                   trust_remote_code: bool) -> None:
-    """`ctxeval ppl --dry-run`: the table, from the config alone (no weights are loaded)."""
-    from .cli import print_table
-    from .errors import CtxevalError
-    from .models import load_hf_config, rope_info_from_config
+@dataclass(frozen=True)
+class DryRun:
+    """`ctxeval ppl --dry-run` for one model: the estimate per length, from the config alone."""
 
-    from .models import resolve_device
+    parameters: int
+    dtype: str  # resolved (auto -> bfloat16 on a GPU, float32 on CPU)
+    dtype_note: str
+    rows: list[MemoryEstimate]
 
+
+def dry_run(model: str, lengths: tuple[int, ...], dtype: str, device: str, attn: str, chunk: int,
+            trust_remote_code: bool) -> DryRun:
+    """Estimates for `lengths` (default: 0.5x, 1x, 2x the trained length) without loading any weights."""
     cfg = load_hf_config(model, trust_remote_code=trust_remote_code)
     if dtype == "auto":
         dtype = "bfloat16" if resolve_device(device).startswith("cuda") else "float32"
@@ -96,21 +104,9 @@ def print_estimate(model: str, lengths: tuple[int, ...], dtype: str, device: str
         note = f"dtype {dtype}"
     if dtype not in BYTES:
         raise CtxevalError(f"--dtype must be one of auto, {', '.join(BYTES)}, got '{dtype}'")
-    info = rope_info_from_config(cfg)
     if not lengths:
-        L = info.geometry.original_length if info.geometry else cfg.get_text_config().max_position_embeddings
+        L = trained_length(cfg)
+        if not L:
+            raise CtxevalError(f"'{model}' declares no trained length (max_position_embeddings); give --lengths")
         lengths = tuple(sorted({max(2, int(L * m)) for m in (0.5, 1, 2)}))
-    rows = estimate(cfg, lengths, dtype, attn, chunk)
-    n_params = count_parameters(cfg)
-    print_table(
-        f"{model}: memory per evaluation length, estimated from the config ({n_params / 1e6:,.1f}M parameters)",
-        f"{note}; attention {attn}; logits chunk {chunk}. ppl total = weights + activations + attention + logits; "
-        "needle --scoring generate adds the KV cache. CUDA context and fragmentation not included.",
-        ["length", "weights", "activations", "attention", "logits", "ppl total", "KV cache"],
-        [[f"{r.length:,}", fmt_bytes(r.weights), fmt_bytes(r.activations), fmt_bytes(r.attention), fmt_bytes(r.logits),
-          fmt_bytes(r.ppl_total), fmt_bytes(r.kv_cache)] for r in rows],
-    )
-
-
-def fmt_bytes(x: float) -> str:
-    return f"{x / GIB:.2f} GiB" if x >= GIB else f"{x / 2**20:.0f} MiB"
+    return DryRun(count_parameters(cfg), dtype, note, estimate(cfg, lengths, dtype, attn, chunk))

@@ -8,6 +8,11 @@ Debian ships (public-domain Project Gutenberg texts):
 - ``mobydick``: Melville's Moby Dick in ``r-cran-tokenizers`` (R dataset ``tokenizers::mobydick``,
   Gutenberg EBook #2701 as one string), one document with the Gutenberg header and footer cut off.
 
+and one corpus every Python install has:
+
+- ``pydoc``: CPython's bundled documentation topics (``pydoc_data.topics``), the part held out from the bundled
+  tiny model's training (the split is defined at the end of this module; ctxeval/tiny/corpus.py trains on the rest).
+
 An R package keeps its datasets in a lazy-load database: ``<pkg>/data/Rdata.rdx`` (a compressed,
 serialized R list indexing the objects) and ``Rdata.rdb`` (the objects, each one compressed on its
 own). This module undoes only that framing; R's serialization format itself is parsed by the PyPI
@@ -17,6 +22,7 @@ package ``rdata``. Extracted text is cached as UTF-8 files under ``cache_dir()/c
 from __future__ import annotations
 
 import bz2
+import functools
 import gzip
 import json
 import lzma
@@ -28,8 +34,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctxeval.errors import CtxevalError
-from ctxeval.paths import cache_dir
+from .errors import CtxevalError
+from .paths import cache_dir
 
 NAMED_CORPORA: dict[str, str] = {
     "austen": "Jane Austen's six novels, 6 documents of 0.43-0.88M characters "
@@ -262,3 +268,60 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(text.encode("utf-8"))
     os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pydoc: CPython's bundled documentation, split into the tiny model's training and held-out topics
+
+# every 4th pydoc topic by length in CPython 3.11 (index 0, 4, 8, ... of the topics sorted longest first)
+HELD_OUT_TITLES: tuple[str, ...] = (
+    "specialnames", "string-methods", "customization", "execmodel", "operator-summary", "naming", "objects",
+    "with", "dict", "context-managers", "global", "power", "typesmodules", "floating", "bitwise", "while", "if",
+    "break", "numbers", "bltin-null-object",
+)
+MIN_DEDUP_LINE = 12  # training lines at least this long (stripped) that occur in held-out text are removed
+_CONTAINED = 0.5  # a held-out topic with more than this share of its lines inside a longer one is not a document
+
+
+def pydoc_topics() -> dict[str, str]:
+    from pydoc_data.topics import topics
+
+    return dict(topics)
+
+
+def _lines(text: str, minimum: int = MIN_DEDUP_LINE) -> set[str]:
+    return {s for s in (line.strip() for line in text.splitlines()) if len(s) >= minimum}
+
+
+@functools.lru_cache(maxsize=1)
+def _held_out_lines() -> frozenset[str]:
+    topics = pydoc_topics()
+    out: set[str] = set()
+    for title in HELD_OUT_TITLES:
+        if title in topics:
+            out |= _lines(topics[title])
+    return frozenset(out)
+
+
+def remove_held_out_lines(text: str) -> str:
+    """The text without any line (stripped, >= 12 characters) that also occurs in a held-out topic."""
+    banned = _held_out_lines()
+    kept = [line for line in text.splitlines() if line.strip() not in banned or len(line.strip()) < MIN_DEDUP_LINE]
+    return "\n".join(kept)
+
+
+def held_out_documents() -> list[tuple[str, str]]:
+    """(title, text) of the held-out pydoc topics, longest first (ties by title); never trained on.
+
+    A held-out topic whose lines are mostly inside a longer held-out topic is left out (its text is evaluated as
+    part of the longer one)."""
+    topics = pydoc_topics()
+    present = sorted((t for t in HELD_OUT_TITLES if t in topics), key=lambda t: (-len(topics[t]), t))
+    docs: list[tuple[str, str]] = []
+    for title in present:
+        own = _lines(topics[title], 20)
+        inside = max((len(own & _lines(text, 20)) for _, text in docs), default=0)
+        if own and inside / len(own) > _CONTAINED:
+            continue
+        docs.append((title, topics[title]))
+    return docs

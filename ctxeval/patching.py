@@ -1,7 +1,7 @@
 """Apply a RoPE method to a loaded model in place, read the effective RoPE back, restore it.
 
-The ONLY module that touches transformers internals. A transformers rotary module (LlamaRotaryEmbedding and its
-many copies) holds an `inv_freq` buffer and an `attention_scaling` float, and its forward returns
+With attention.py (the attention side), the only module that touches transformers internals. A transformers rotary
+module (LlamaRotaryEmbedding and its many copies) holds an `inv_freq` buffer and an `attention_scaling` float, and its forward returns
 cos/sin = cos(pos * inv_freq) * attention_scaling, sin(...) * attention_scaling. We overwrite both and set its
 `rope_type` to "default" so that transformers' own stateful dynamic update (which only recomputes when a LONGER
 sequence arrives, so results depend on sample order) never runs. Length-dependent methods get a forward pre-hook
@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from .errors import CtxevalError
+from .geometry import rope_info_from_config
 from .methods import Geometry, Method, RopeFreqs, compute, get_method, resolve_params
-from .models import rope_info_from_config
 
 READBACK_RTOL = 1e-5  # cos/sin are float32; the angle at position 1 is read back to ~1e-7 relative
 

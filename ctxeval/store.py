@@ -6,6 +6,10 @@ flight. A rerun with the same spec skips the points already there; a different s
 Under torchrun, rank r appends to rows.rank<r>.jsonl and only rank 0 writes run.json; rank 0 merges the rank files
 into rows.jsonl at the end. Reading always includes leftover rank files, so a crashed distributed run resumes with
 any number of ranks.
+
+The store that writes run.json (a single process, or rank 0 for the whole torchrun job) holds the directory's lock
+(runlock.py) from before it looks at the directory until `close()`: a second process on the same directory is
+refused, and `overwrite` never deletes a directory another process measures into.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .errors import CtxevalError
+from .rows import point_key
+from .runlock import LOCK_NAME, RunLock
 
 RUN_FILE, ROWS_FILE = "run.json", "rows.jsonl"
 RANK_ROWS_GLOB = "rows.rank*.jsonl"
 
 
-def _now() -> str:
+def now_utc() -> str:
+    """The current UTC time, ISO 8601 to the second (run.json and report.json stamps)."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -78,24 +85,48 @@ class RunStore:
         self.spec = json.loads(json.dumps(spec, default=str))  # normalise (tuples -> lists, ...)
         self.run_path, self.rows_path = self.dir / RUN_FILE, self.dir / ROWS_FILE
         self.record: dict[str, Any] = {}
-        if self.run_path.exists():
-            old = json.loads(self.run_path.read_text())
-            if old.get("spec") != self.spec:
-                if not self.writer:
-                    raise CtxevalError(f"{self.dir}: run.json holds another spec than this rank's; all ranks must run one command")
-                if not overwrite:
-                    changed = sorted(k for k in set(old.get("spec", {})) | set(self.spec)
-                                     if old.get("spec", {}).get(k) != self.spec.get(k))
-                    raise CtxevalError(
-                        f"{self.dir} holds a run with a different spec (differs in: {', '.join(changed)}); "
-                        "use another --out, or --overwrite to replace it"
-                    )
-                shutil.rmtree(self.dir)
-            else:
-                self.record = old
-        elif self.dir.exists() and any(self.dir.iterdir()) and not overwrite:
+        if (self.dir.exists() and not self.run_path.exists() and not overwrite
+                and any(p.name != LOCK_NAME for p in self.dir.iterdir())):
             raise CtxevalError(f"{self.dir} exists and is not a ctxeval run directory; use another --out or --overwrite")
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.lock = RunLock(self.dir) if self.writer else None
+        if self.lock is not None:
+            self.lock.acquire()  # before reading or replacing anything: one measuring process per directory
+        try:
+            self._open(overwrite)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, overwrite: bool) -> None:
+        if not self.run_path.exists():
+            return
+        old = json.loads(self.run_path.read_text())
+        if old.get("spec") == self.spec:
+            self.record = old
+            return
+        if not self.writer:
+            raise CtxevalError(f"{self.dir}: run.json holds another spec than this rank's; all ranks must run one command")
+        if not overwrite:
+            changed = sorted(k for k in set(old.get("spec", {})) | set(self.spec)
+                             if old.get("spec", {}).get(k) != self.spec.get(k))
+            raise CtxevalError(
+                f"{self.dir} holds a run with a different spec (differs in: {', '.join(changed)}); "
+                "use another --out, or --overwrite to replace it"
+            )
+        for path in self.dir.iterdir():  # everything but the lock this store holds
+            if path.name != LOCK_NAME:
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+    def close(self) -> None:
+        """Release the directory's lock (the kernel releases it anyway when the process ends)."""
+        if self.lock is not None:
+            self.lock.release()
+
+    def __enter__(self) -> "RunStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # -- rows ------------------------------------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
@@ -120,13 +151,10 @@ class RunStore:
                 self._append_to(self.rows_path, rows)
             path.unlink()
 
-    def done_keys(self, key_fields: Iterable[str]) -> set[tuple]:
-        fields = tuple(key_fields)
-        return {tuple(json.dumps(r.get(f), sort_keys=True) for f in fields) for r in self.rows()}
-
-    @staticmethod
-    def key(row: dict[str, Any], key_fields: Iterable[str]) -> tuple:
-        return tuple(json.dumps(row.get(f), sort_keys=True) for f in key_fields)
+    def done_points(self, key_fields: Iterable[str]) -> set[tuple]:
+        """Point keys (rows.point_key over `key_fields`) of the points measured so far; failed points are not
+        done, so a resume measures them again."""
+        return {point_key(r, key_fields) for r in self.rows() if r.get("status") == "ok"}
 
     def append(self, rows: list[dict[str, Any]]) -> None:
         """Append rows of one point and make them durable before returning."""
@@ -151,7 +179,7 @@ class RunStore:
             history.append({k: self.record.get(k) for k in ("status", "started", "finished", "error")})
         self.record = {
             "status": "running",
-            "started": _now(),
+            "started": now_utc(),
             "finished": None,
             "spec": self.spec,
             **provenance,
@@ -165,7 +193,7 @@ class RunStore:
         self._write()
 
     def finish(self, status: str, error: str | None = None, **fields: Any) -> None:
-        self.record.update(status=status, finished=_now(), error=error, **fields)
+        self.record.update(status=status, finished=now_utc(), error=error, **fields)
         self._write()
 
     def _write(self) -> None:

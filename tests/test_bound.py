@@ -9,7 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from ctxeval import bound as BD
-from ctxeval.cli_bound import fmt_base, register
+from ctxeval.cli.bound import fmt_base
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -159,13 +159,8 @@ def test_paper_values_that_do_not_match_violate_the_criterion(length):
 
 @pytest.fixture
 def cli():
-    app = typer.Typer()
+    from ctxeval.cli import app
 
-    @app.callback()
-    def _root() -> None:  # a group, so that `bound` is a named subcommand
-        pass
-
-    register(app)
     runner = CliRunner()
     return lambda *args: runner.invoke(app, list(args))
 

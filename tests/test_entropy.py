@@ -12,8 +12,8 @@ from conftest import tiny_llama
 from ctxeval.cli import app
 from ctxeval.corpora import TokenDoc
 from ctxeval.evals.entropy import EntropyConfig, EntropyRunner, capture, uniform_entropy
-from ctxeval.methods import expand_specs
-from ctxeval.temperature import attention_temperature
+from ctxeval.specs import expand_specs
+from ctxeval.attention import attention_temperature
 
 runner = CliRunner()
 N = 48
@@ -113,7 +113,7 @@ def test_cli_entropy_run_and_resume(tmp_path, tiny_model_dir, text_dir):
 
 
 def test_out_of_memory_at_the_longest_length_falls_back_to_shorter_forwards():
-    from ctxeval.evals.perplexity import PointOOM
+    from ctxeval.evals.common import PointOOM
 
     sdpa, _ = _pair()
     doc = TokenDoc("d", np.arange(5, 5 + 2 * N) % 100)
@@ -136,8 +136,8 @@ def test_out_of_memory_at_the_longest_length_falls_back_to_shorter_forwards():
 def test_native_is_length_dependent_only_for_a_shipped_dynamic_rope():
     from types import SimpleNamespace
 
-    from ctxeval.evals.applied import length_dependent
-    from ctxeval.models import rope_info_from_config
+    from ctxeval.evals.sweep import length_dependent
+    from ctxeval.geometry import rope_info_from_config
 
     native = expand_specs(["native"])[0]
     plain = SimpleNamespace(rope=rope_info_from_config(tiny_llama().config))

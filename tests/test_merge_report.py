@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ctxeval import merge
-from ctxeval.cli import app  # report is registered there (its --debug callback resets state)
+from ctxeval.report import merged, render
+from ctxeval.rows import UNIFORM_LABEL, UNIFORM_MODEL
+from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -147,7 +148,7 @@ def test_two_models_one_ppl_table_missing_cells_stay_missing(tmp_path):
     a = ppl_run(tmp_path, "a", model="m1")
     b = ppl_run(tmp_path, "b", model="m2", original=256,
                 ppl={"none": {64: 9.0, 128: 9.5, 256: 30.0}, "yarn(factor=2)": {64: 9.2, 128: 9.4, 256: 9.9}})
-    rep = merge.build_report([a, b])
+    rep = merged.build_report([a, b])
     assert [g.id for g in rep.groups] == ["ppl-1"]
     table = main_table(rep, "ppl-1")
     assert table.columns == ["model", "method", "64", "128", "256"]
@@ -158,15 +159,15 @@ def test_two_models_one_ppl_table_missing_cells_stay_missing(tmp_path):
     # m1 never ran 256: missing, not zero, everywhere
     assert row_of(table, "m1", "none")["256"] is None
     assert cells_of(table, "m1", "none")["256"] == "—"
-    tidy = list(csv.DictReader(io.StringIO(merge.to_csv(rep))))
+    tidy = list(csv.DictReader(io.StringIO(render.to_csv(rep))))
     cell = next(r for r in tidy if r["table"] == "ppl-1" and r["model"] == "m1" and r["method"] == "none"
                 and r["column"] == "256")
     assert cell["value"] == "" and cell["status"] == "missing"
-    data = json.loads(json.dumps(merge.to_json(rep), allow_nan=False))
+    data = json.loads(json.dumps(render.to_json(rep), allow_nan=False))
     jrow = data["groups"][0]["tables"][0]["rows"][0]
     assert jrow["256"] is None and jrow["64"] == pytest.approx(10.0)
     assert data["groups"][0]["original_lengths"] == {"m1": 128, "m2": 256}
-    wide = list(csv.reader(io.StringIO(merge.table_csv(table))))
+    wide = list(csv.reader(io.StringIO(render.table_csv(table))))
     assert wide[0] == table.columns and wide[1][-1] == ""
     # valid length per model, against that model's own original length
     valid = main_table(rep, "ppl-1-valid")
@@ -178,11 +179,11 @@ def test_two_models_one_ppl_table_missing_cells_stay_missing(tmp_path):
 def test_failed_cells_show_their_status_not_zero(tmp_path):
     a = ppl_run(tmp_path, "a", ppl={"none": {64: 10.0, 128: 12.0}, "yarn(factor=2)": {64: 11.0}},
                 failed=[("yarn(factor=2)", 128, "oom")])
-    rep = merge.build_report([a])
+    rep = merged.build_report([a])
     table = main_table(rep, "ppl-1")
     assert row_of(table, "m1", "yarn(factor=2)")["128"] is None
     assert cells_of(table, "m1", "yarn(factor=2)")["128"] == "OOM"
-    tidy = list(csv.DictReader(io.StringIO(merge.to_csv(rep))))
+    tidy = list(csv.DictReader(io.StringIO(render.to_csv(rep))))
     assert [r["status"] for r in tidy if r["method"] == "yarn(factor=2)" and r["column"] == "128"
             and r["table"] == "ppl-1"] == ["oom"]
 
@@ -196,23 +197,23 @@ def test_failed_cells_show_their_status_not_zero(tmp_path):
 def test_ppl_runs_that_differ_in_protocol_are_not_mixed(tmp_path, change, field):
     a = ppl_run(tmp_path, "a")
     b = ppl_run(tmp_path, "b", model="m2", **change)
-    rep = merge.build_report([a, b])
+    rep = merged.build_report([a, b])
     assert [g.id for g in rep.groups] == ["ppl-1", "ppl-2"]
     assert all(g.distinguishing == [field] for g in rep.groups)
     assert rep.groups[0].title.startswith("Perplexity (1 of 2): " + field)
     assert {r[0] for r in main_table(rep, "ppl-1").rows} == {"m1"}
     assert {r[0] for r in main_table(rep, "ppl-2").rows} == {"m2"}
     assert any(f"differ in {field}" in n for n in rep.notes)
-    md = merge.to_markdown(rep)
+    md = render.to_markdown(rep)
     assert md.count("## Perplexity (") == 2
     with pytest.raises(CtxevalError, match=f"--single: the ppl runs differ in {field}"):
-        merge.build_report([a, b], single=True)
+        merged.build_report([a, b], single=True)
 
 
 def test_aggregate_override_puts_runs_in_one_table(tmp_path):
     a = ppl_run(tmp_path, "a")
     b = ppl_run(tmp_path, "b", model="m2", aggregate="window")
-    rep = merge.build_report([a, b], aggregate="token")
+    rep = merged.build_report([a, b], aggregate="token")
     assert [g.id for g in rep.groups] == ["ppl-1"] and rep.groups[0].key["aggregate"] == "token"
 
 
@@ -221,7 +222,7 @@ def test_needle_runs_split_by_depths_merged_across_lengths(tmp_path):
     long = needle_run(tmp_path, "long", acc={"none": {256: 0}, "yarn(factor=2)": {256: 1, 512: 1}},
                       started="2026-01-02T00:00:00+00:00")
     other = needle_run(tmp_path, "other", depths=(0.0, 100.0), acc={"none": {64: 1}})
-    rep = merge.build_report([short, long, other])
+    rep = merged.build_report([short, long, other])
     assert [g.id for g in rep.groups] == ["needle-1", "needle-2"]
     assert rep.groups[0].distinguishing == ["depths"]
     table = main_table(rep, "needle-1")
@@ -241,7 +242,7 @@ def test_same_model_and_method_in_two_runs_later_wins_failure_never_replaces_val
     new = ppl_run(tmp_path, "new", ppl={"none": {128: 13.0, 256: 20.0}}, failed=[("none", 64, "oom")],
                   started="2026-01-02T00:00:00+00:00")
     for order in ([old, new], [new, old]):  # time decides, not the command line
-        rep = merge.build_report(order)
+        rep = merged.build_report(order)
         row = row_of(main_table(rep, "ppl-1"), "m1", "none")
         assert row["64"] == pytest.approx(10.0)  # the later oom does not erase the earlier measurement
         assert row["128"] == pytest.approx(13.0)  # measured twice: the later run's value
@@ -254,7 +255,7 @@ def test_same_model_and_method_in_two_runs_later_wins_failure_never_replaces_val
 
 def test_unfinished_run_is_used_with_a_note_and_run_json_path_is_accepted(tmp_path):
     a = ppl_run(tmp_path, "a", status="interrupted", ppl={"none": {64: 10.0}})
-    rep = merge.build_report([a / "run.json"])
+    rep = merged.build_report([a / "run.json"])
     assert any("incomplete (status interrupted)" in n for n in rep.notes)
     assert row_of(main_table(rep, "ppl-1"), "m1", "none")["64"] == pytest.approx(10.0)
 
@@ -263,13 +264,13 @@ def test_resumed_point_inside_one_run_replaces_its_failure(tmp_path):
     a = ppl_run(tmp_path, "a", ppl={"none": {64: 10.0}}, failed=[("none", 64, "oom")])
     rows = [json.loads(l) for l in (a / "rows.jsonl").read_text().splitlines()]
     (a / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))  # failure first, then success
-    assert row_of(main_table(merge.build_report([a]), "ppl-1"), "m1", "none")["64"] == pytest.approx(10.0)
+    assert row_of(main_table(merged.build_report([a]), "ppl-1"), "m1", "none")["64"] == pytest.approx(10.0)
 
 
 def test_same_model_in_two_dtypes_is_two_rows(tmp_path):
     a = ppl_run(tmp_path, "a", dtype="float32")
     b = ppl_run(tmp_path, "b", dtype="bfloat16", ppl={"none": {64: 10.5}})
-    table = main_table(merge.build_report([a, b]), "ppl-1")
+    table = main_table(merged.build_report([a, b]), "ppl-1")
     assert {r[0] for r in table.rows} == {"m1 (float32)", "m1 (bfloat16)"}
     assert row_of(table, "m1 (bfloat16)", "none")["64"] == pytest.approx(10.5)
 
@@ -279,17 +280,17 @@ def test_ppl_needle_and_passkey_together(tmp_path):
     n = needle_run(tmp_path, "n", model="m2", acc={"none": {64: 1, 128: 0}})
     k = needle_run(tmp_path, "k", task="passkey", samples=5, haystack="filler",
                    acc={"none": {64: [1, 1, 1, 1, 1], 128: [1, 1, 1, 1, 0], 256: [1, 0, 0, 0, 0]}})
-    rep = merge.build_report([k, n, p])
+    rep = merged.build_report([k, n, p])
     assert [g.id for g in rep.groups] == ["ppl-1", "needle-1", "passkey-1"]
     pk = main_table(rep, "passkey-1")
     row = row_of(pk, "m1", "none")
     assert row["passkey context"] == 128 and row["mean accuracy up to it"] == pytest.approx(0.9)
     assert row["256"] == pytest.approx(0.2)
     assert row_of(main_table(rep, "needle-1"), "m2", "none")["effective length"] == 64
-    md = merge.to_markdown(rep)
+    md = render.to_markdown(rep)
     for heading in ("## Perplexity", "## Needle in a haystack", "## Passkey retrieval", "passkey context (>= 80%)"):
         assert heading in md
-    written = merge.write_report(rep, tmp_path / "out")
+    written = render.write_report(rep, tmp_path / "out")
     names = {w.name for w in written}
     assert {"table.md", "report.csv", "report.json", "ppl-1.csv", "ppl-1-valid.csv", "needle-1.csv",
             "passkey-1.csv", "ppl-1.png", "needle-1.png", "passkey-1.png"} <= names
@@ -299,7 +300,7 @@ def test_ppl_needle_and_passkey_together(tmp_path):
 
 @pytest.mark.skipif(not (RESULTS / "needle-smollm2-austen-long" / "rows.jsonl").exists(), reason="no committed results")
 def test_committed_needle_runs_merge_into_one_table():
-    rep = merge.build_report([RESULTS / "needle-smollm2-austen-short", RESULTS / "needle-smollm2-austen-long"])
+    rep = merged.build_report([RESULTS / "needle-smollm2-austen-short", RESULTS / "needle-smollm2-austen-long"])
     table = main_table(rep, "needle-1")
     none = row_of(table, "smollm2", "none")
     assert [none[c] for c in ("1024", "2048", "4096", "16384")] == [1.0, 1.0, 1.0, 0.0]
@@ -318,13 +319,13 @@ def test_two_models_entropy_runs_share_one_table_missing_cells_stay_missing(tmp_
     a = entropy_run(tmp_path, "a", model="m1")
     b = entropy_run(tmp_path, "b", model="m2", original=256,
                     ent={"none": {64: 2.1, 128: 2.6, 256: 3.2}, "yarn(factor=2)": {256: 2.9}})
-    rep = merge.build_report([a, b])
+    rep = merged.build_report([a, b])
     assert [g.id for g in rep.groups] == ["entropy-1"]
     assert rep.groups[0].title == "Attention entropy"
     table = main_table(rep, "entropy-1")
     assert table.kind == "entropy" and table.columns == ["model", "method", "64", "128", "256"]
     assert [(r[0], r[1]) for r in table.rows] == [("m1", "none"), ("m1", "yarn(factor=2)"), ("m2", "none"),
-                                                 ("m2", "yarn(factor=2)"), (merge.UNIFORM_MODEL, merge.UNIFORM_LABEL)]
+                                                 ("m2", "yarn(factor=2)"), (UNIFORM_MODEL, UNIFORM_LABEL)]
     # mean over the two documents (value, value + 0.1)
     assert row_of(table, "m1", "none")["128"] == pytest.approx(2.55)
     assert cells_of(table, "m2", "none")["256"] == "3.250"
@@ -332,22 +333,22 @@ def test_two_models_entropy_runs_share_one_table_missing_cells_stay_missing(tmp_
     assert row_of(table, "m1", "none")["256"] is None and cells_of(table, "m1", "none")["256"] == "—"
     assert row_of(table, "m2", "yarn(factor=2)")["64"] is None and cells_of(table, "m2", "yarn(factor=2)")["64"] == "—"
     # one uniform row for the whole table: ln of the visible keys, per length, whoever measured it
-    uniform = row_of(table, merge.UNIFORM_MODEL, merge.UNIFORM_LABEL)
+    uniform = row_of(table, UNIFORM_MODEL, UNIFORM_LABEL)
     assert [uniform[c] for c in ("64", "128", "256")] == pytest.approx([_uniform(64), _uniform(128), _uniform(256)])
-    assert cells_of(table, merge.UNIFORM_MODEL, merge.UNIFORM_LABEL)["64"] == f"{_uniform(64):.3f}"
+    assert cells_of(table, UNIFORM_MODEL, UNIFORM_LABEL)["64"] == f"{_uniform(64):.3f}"
     assert "nats" in table.caption and "2 document(s)" in table.caption and "m1 128, m2 256" in table.caption
-    tidy = list(csv.DictReader(io.StringIO(merge.to_csv(rep))))
+    tidy = list(csv.DictReader(io.StringIO(render.to_csv(rep))))
     cell = next(r for r in tidy if r["table"] == "entropy-1" and r["model"] == "m1" and r["method"] == "none"
                 and r["column"] == "256")
     assert cell["value"] == "" and cell["status"] == "missing"
-    data = json.loads(json.dumps(merge.to_json(rep), allow_nan=False))
+    data = json.loads(json.dumps(render.to_json(rep), allow_nan=False))
     group = data["groups"][0]
     assert group["kind"] == "entropy" and group["protocol"]["layers"] == "all"
     assert group["protocol"]["documents"] == ["d1", "d2"]
     assert group["tables"][0]["rows"][0]["256"] is None
-    md = merge.to_markdown(rep)
+    md = render.to_markdown(rep)
     assert "## Attention entropy\n" in md and "| any model | uniform (ln of visible keys) |" in md
-    written = {w.name for w in merge.write_report(rep, tmp_path / "out")}
+    written = {w.name for w in render.write_report(rep, tmp_path / "out")}
     assert {"entropy-1.csv", "entropy-1.png", "table.md", "report.csv", "report.json"} <= written
     assert "![Attention entropy](entropy-1.png)" in (tmp_path / "out" / "table.md").read_text()
 
@@ -355,7 +356,7 @@ def test_two_models_entropy_runs_share_one_table_missing_cells_stay_missing(tmp_
 def test_entropy_failures_show_their_status_and_partial_documents_are_noted(tmp_path):
     a = entropy_run(tmp_path, "a", ent={"none": {64: 2.0, 128: 2.5}, "yarn(factor=2)": {64: 1.9}},
                     failed=[("yarn(factor=2)", 128, "oom")], skip_docs=[("none", 128, "d2")], status="interrupted")
-    rep = merge.build_report([a])
+    rep = merged.build_report([a])
     table = main_table(rep, "entropy-1")
     assert row_of(table, "m1", "yarn(factor=2)")["128"] is None
     assert cells_of(table, "m1", "yarn(factor=2)")["128"] == "OOM"
@@ -363,7 +364,7 @@ def test_entropy_failures_show_their_status_and_partial_documents_are_noted(tmp_
     assert rep.groups[0].notes == ["m1 · none: averaged over fewer documents than the protocol's at 128 (1 of 2); "
                                    "the run did not measure the others"]
     assert any("incomplete (status interrupted)" in n for n in rep.notes)
-    tidy = list(csv.DictReader(io.StringIO(merge.to_csv(rep))))
+    tidy = list(csv.DictReader(io.StringIO(render.to_csv(rep))))
     assert [r["status"] for r in tidy if r["method"] == "yarn(factor=2)" and r["column"] == "128"] == ["oom"]
 
 
@@ -376,16 +377,16 @@ def test_entropy_failures_show_their_status_and_partial_documents_are_noted(tmp_
 def test_entropy_runs_that_differ_in_protocol_are_not_mixed(tmp_path, change, field):
     a = entropy_run(tmp_path, "a")
     b = entropy_run(tmp_path, "b", model="m2", **change)
-    rep = merge.build_report([a, b])
+    rep = merged.build_report([a, b])
     assert [g.id for g in rep.groups] == ["entropy-1", "entropy-2"]
     assert all(g.distinguishing == [field] for g in rep.groups)
     assert rep.groups[0].title.startswith("Attention entropy (1 of 2): " + field)
-    assert {r[0] for r in main_table(rep, "entropy-1").rows} == {"m1", merge.UNIFORM_MODEL}
-    assert {r[0] for r in main_table(rep, "entropy-2").rows} == {"m2", merge.UNIFORM_MODEL}
+    assert {r[0] for r in main_table(rep, "entropy-1").rows} == {"m1", UNIFORM_MODEL}
+    assert {r[0] for r in main_table(rep, "entropy-2").rows} == {"m2", UNIFORM_MODEL}
     assert any(f"the entropy runs differ in {field}" in n for n in rep.notes)
-    assert merge.to_markdown(rep).count("## Attention entropy (") == 2
+    assert render.to_markdown(rep).count("## Attention entropy (") == 2
     with pytest.raises(CtxevalError, match=f"--single: the entropy runs differ in {field}"):
-        merge.build_report([a, b], single=True)
+        merged.build_report([a, b], single=True)
 
 
 def test_entropy_same_model_in_two_runs_later_wins_failure_never_replaces_value(tmp_path):
@@ -393,7 +394,7 @@ def test_entropy_same_model_in_two_runs_later_wins_failure_never_replaces_value(
     new = entropy_run(tmp_path, "new", ent={"none": {128: 2.7, 256: 3.0}}, failed=[("none", 64, "oom")],
                       started="2026-01-02T00:00:00+00:00")
     for order in ([old, new], [new, old]):
-        rep = merge.build_report(order)
+        rep = merged.build_report(order)
         row = row_of(main_table(rep, "entropy-1"), "m1", "none")
         assert row["64"] == pytest.approx(2.05)  # the later oom does not erase the measurement
         assert row["128"] == pytest.approx(2.75)  # the later run's value
@@ -407,13 +408,13 @@ def test_entropy_same_model_in_two_runs_later_wins_failure_never_replaces_value(
 def test_ppl_and_entropy_together(tmp_path):
     p = ppl_run(tmp_path, "p", data="pydoc", docs=("d1", "d2"))
     e = entropy_run(tmp_path, "e", model="m2")
-    rep = merge.build_report([e, p])
+    rep = merged.build_report([e, p])
     assert [g.id for g in rep.groups] == ["ppl-1", "entropy-1"]  # kinds in a fixed order, never mixed
     assert not any("differ" in n for n in rep.notes)
-    md = merge.to_markdown(rep)
+    md = render.to_markdown(rep)
     assert md.index("## Perplexity") < md.index("## Attention entropy")
     assert any(line.startswith(f"| `{e}`") and "| entropy | m2 " in line for line in md.splitlines())
-    written = {w.name for w in merge.write_report(rep, tmp_path / "out")}
+    written = {w.name for w in render.write_report(rep, tmp_path / "out")}
     assert {"ppl-1.png", "ppl-1.csv", "ppl-1-valid.csv", "entropy-1.png", "entropy-1.csv"} <= written
     tidy = list(csv.DictReader(io.StringIO((tmp_path / "out" / "report.csv").read_text())))
     assert {r["table"] for r in tidy} == {"ppl-1", "ppl-1-valid", "entropy-1"}
@@ -424,7 +425,7 @@ def test_ppl_and_entropy_together(tmp_path):
 
 @pytest.mark.skipif(not (RESULTS / "entropy-tiny-pydoc" / "rows.jsonl").exists(), reason="no committed results")
 def test_committed_entropy_run_merges_with_the_ppl_run():
-    rep = merge.build_report([RESULTS / "entropy-tiny-pydoc", RESULTS / "ppl-tiny-pydoc"])
+    rep = merged.build_report([RESULTS / "entropy-tiny-pydoc", RESULTS / "ppl-tiny-pydoc"])
     assert [g.id for g in rep.groups] == ["ppl-1", "entropy-1"]
     group = rep.groups[1]
     assert group.key == {"data": "pydoc", "documents": ["specialnames", "string-methods", "execmodel"],
@@ -434,16 +435,16 @@ def test_committed_entropy_run_merges_with_the_ppl_run():
     # the run's own table.md, to 3 decimals
     assert cells_of(table, "tiny", "none")["2k"] == "5.169"
     assert cells_of(table, "tiny", "yarn(factor=8)")["64"] == "2.003"
-    assert [cells_of(table, merge.UNIFORM_MODEL, merge.UNIFORM_LABEL)[h] for h in ("64", "2k")] == ["3.206", "6.627"]
+    assert [cells_of(table, UNIFORM_MODEL, UNIFORM_LABEL)[h] for h in ("64", "2k")] == ["3.206", "6.627"]
     assert all(v is not None for r in table.rows for v in r[2:])
     assert group.original_lengths == {"tiny": 128} and not group.notes
-    assert "## Attention entropy" in merge.to_markdown(rep)
+    assert "## Attention entropy" in render.to_markdown(rep)
 
 
 def test_a_report_directory_among_runs_is_skipped_alone_refused(tmp_path):
     a = entropy_run(tmp_path, "a")
-    merge.write_report(merge.build_report([a]), tmp_path / "rep")
-    rep = merge.build_report([a, tmp_path / "rep"])
+    render.write_report(merged.build_report([a]), tmp_path / "rep")
+    rep = merged.build_report([a, tmp_path / "rep"])
     assert [r.name for r in rep.runs] == [str(a)]
     assert any("holds a report written by ctxeval report --out" in n and "skipped" in n for n in rep.notes)
     result = cli(tmp_path / "rep")

@@ -9,7 +9,8 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ctxeval.errors import CtxevalError
-from ctxeval.methods import METHODS, Geometry, compute, expand_specs, parse_spec, plan
+from ctxeval.methods import METHODS, Geometry, compute, plan
+from ctxeval.specs import expand_specs, parse_spec
 
 # rotary dim, base, original length, factor
 GEOMETRIES = [(64, 1e4, 2048, 2.0), (128, 5e5, 8192, 16.0), (128, 1e4, 4096, 4.0), (64, 1e5, 8192, 8.0), (128, 5e5, 2048, 3.0)]

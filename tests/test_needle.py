@@ -7,10 +7,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ctxeval.cli import app, parse_depths
+from ctxeval.cli import app
+from ctxeval.cli.options import parse_depths
 from ctxeval.errors import CtxevalError
 from ctxeval.evals import needle as N
-from ctxeval.tasks import load_task, preset_names
+from ctxeval.presets import load_task, preset_names
 
 from conftest import build_tokenizer, tiny_llama
 

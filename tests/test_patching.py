@@ -8,7 +8,7 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPT2Config, GPT2LMHe
 from ctxeval import apply_method
 from ctxeval.errors import CtxevalError
 from ctxeval.methods import Geometry, compute
-from ctxeval.models import rope_info_from_config
+from ctxeval.geometry import rope_info_from_config
 from ctxeval.patching import find_rotary_modules
 
 from conftest import TINY, tiny_llama

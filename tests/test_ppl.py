@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from ctxeval.cli import app
 from ctxeval.corpora import TokenDoc
 from ctxeval.evals import perplexity as P
-from ctxeval.methods import expand_specs
+from ctxeval.specs import expand_specs
 from ctxeval.patching import apply_method
 from ctxeval.store import RunStore
 
@@ -26,7 +26,7 @@ class FakeLM:
     """What sweep() needs from a LoadedModel."""
 
     def __init__(self, model):
-        from ctxeval.models import rope_info_from_config
+        from ctxeval.geometry import rope_info_from_config
 
         self.model, self.device, self.name = model, "cpu", "tiny"
         self.rope = rope_info_from_config(model.config)

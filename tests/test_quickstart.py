@@ -21,9 +21,10 @@ def run(*args):
 
 def test_quickstart_settings_are_valid_method_specs():
     from ctxeval import methods as M
+    from ctxeval.specs import expand_specs
 
     for task, settings in QUICKSTART.items():
-        specs = M.expand_specs(list(settings["method"]))
+        specs = expand_specs(list(settings["method"]))
         assert specs[0].name == "none" and len(specs) >= 2, task
         for spec in specs:  # valid parameters on the bundled model's geometry (raises CtxevalError if not)
             M.compute(spec.name, M.Geometry(32, 1e5, 128), spec.params, 512)

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from ctxeval import report
+from ctxeval.report import tables as report
 from ctxeval.errors import CtxevalError
 from ctxeval.store import RunStore, read_rows, run_status
 
@@ -70,6 +70,7 @@ def test_run_status_records_errors_and_interrupts(tmp_path):
         with run_status(store):
             raise ValueError("boom")
     assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "error"
+    store.close()  # releases the directory's lock
     store = RunStore(tmp_path / "r", {"x": 1})  # same spec: resume
     store.start({})
     with pytest.raises(KeyboardInterrupt):
@@ -77,6 +78,7 @@ def test_run_status_records_errors_and_interrupts(tmp_path):
             raise KeyboardInterrupt
     record = json.loads((tmp_path / "r" / "run.json").read_text())
     assert record["status"] == "interrupted" and record["history"][0]["status"] == "error"
+    store.close()
     with pytest.raises(CtxevalError, match="different spec"):
         RunStore(tmp_path / "r", {"x": 2})
 
@@ -91,7 +93,7 @@ def test_append_after_a_torn_line_keeps_the_new_row(tmp_path):
 
 
 def test_latest_rows_prefers_a_measurement_over_a_later_failure():
-    from ctxeval.report import latest_rows
+    from ctxeval.report.tables import latest_rows
 
     rows = [{"label": "a", "length": 1, "status": "ok", "v": 1.0},
             {"label": "a", "length": 1, "status": "oom", "v": None},  # stale failure merged after the measurement

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ctxeval.tiny import MODEL_DIR
-from ctxeval.tiny import data as D
+from ctxeval.tiny import corpus as D
 
 TRAINED_LENGTH = 128
 
@@ -45,7 +45,7 @@ def test_model_dir_files_and_size():
 
 
 def test_config_is_llama_with_default_rope_at_trained_length(bundled):
-    from ctxeval.models import rope_info_from_config
+    from ctxeval.geometry import rope_info_from_config
 
     _, model = bundled
     cfg = model.config
@@ -106,7 +106,7 @@ def test_held_out_split_is_deterministic_and_longest_first():
 
 
 def test_held_out_text_never_in_training_texts():
-    texts = D.training_texts()
+    texts = [text for part in D.training_corpus().values() for text in part]
     assert len(texts) > 1000
     topics = D.pydoc_topics()
     train_lines = set()

@@ -28,10 +28,13 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from ..attention import watch_sdpa
 from ..corpora import TokenDoc
 from ..errors import CtxevalError
-from ..methods import MethodSpec, get_method
-from .perplexity import PointOOM, Progress, _is_oom, _Silent
+from ..rows import RESUME_FIELDS, uniform_entropy
+from ..specs import MethodSpec
+from .common import PointOOM, Progress, SilentProgress, oom_guard, point_row
+from .sweep import document_items, length_dependent, run_items
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,7 @@ class EntropyConfig:
             raise CtxevalError(f"--query-chunk must be >= 1, got {self.query_chunk}")
 
 
-def uniform_entropy(length: int) -> float:
-    """Mean over queries 0..L-1 of ln(i+1): the entropy of uniform causal attention (the upper bound)."""
-    return float(np.mean(np.log(np.arange(1, length + 1, dtype=np.float64))))
-
-
-class _Capture:
+class EntropyCapture:
     """Per-query entropies of the sampled layers/heads during one forward: layer -> tensor [positions]."""
 
     def __init__(self, layers: set[int] | None, heads: tuple[int, ...] | None, chunk: int) -> None:
@@ -107,48 +105,21 @@ class _Capture:
         self.per_layer[int(layer)] = out.cpu()
 
 
-_ACTIVE: list[_Capture] = []
-
-
-def _wrapped(original: Any) -> Any:
-    def sdpa_with_entropy(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
-        if _ACTIVE:
-            scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
-            _ACTIVE[-1].observe(module, query, key, attention_mask, scaling, kwargs)
-        return original(module, query, key, value, attention_mask, *args, **kwargs)
-
-    return sdpa_with_entropy
-
-
 @contextlib.contextmanager
-def capture(model: Any, cfg: EntropyConfig) -> Iterator[_Capture]:
-    """Wrap transformers' sdpa attention function while the block runs; yields the capture object."""
-    from transformers.modeling_utils import AttentionInterface
-
-    impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
-    if impl != "sdpa":
-        raise CtxevalError(f"entropy reads q and k through transformers' sdpa attention, and this model runs '{impl}' "
-                           "(transformers has no sdpa path for its architecture); entropy cannot measure it")
-    cap = _Capture(set(cfg.layers) if cfg.layers is not None else None, cfg.heads, cfg.query_chunk)
-    mapping = AttentionInterface._global_mapping
-    original = mapping["sdpa"]
-    mapping["sdpa"] = _wrapped(original)
-    _ACTIVE.append(cap)
-    try:
+def capture(model: Any, cfg: EntropyConfig) -> Iterator[EntropyCapture]:
+    """Watch the model's sdpa attention while the block runs; yields the capture object."""
+    cap = EntropyCapture(set(cfg.layers) if cfg.layers is not None else None, cfg.heads, cfg.query_chunk)
+    with watch_sdpa(model, cap.observe, purpose="entropy"):
         yield cap
-    finally:
-        _ACTIVE.remove(cap)
-        mapping["sdpa"] = original
 
 
 class EntropyRunner:
-    KEY = ("label", "length", "doc")
+    KEY = RESUME_FIELDS["entropy"]
 
     def __init__(self, model: Any, device: str, cfg: EntropyConfig, bos_id: int | None, model_name: str,
                  progress: Progress | None = None) -> None:
         self.model, self.device, self.cfg, self.bos_id = model, device, cfg, bos_id
-        self.model_name, self.progress = model_name, progress or _Silent()
+        self.model_name, self.progress = model_name, progress or SilentProgress()
 
     def _ids(self, doc: TokenDoc, length: int) -> torch.Tensor:
         if self.cfg.bos and self.bos_id is not None:
@@ -157,18 +128,11 @@ class EntropyRunner:
             ids = doc.ids[:length].tolist()
         return torch.tensor([ids], device=self.device)
 
-    def _forward(self, cap: _Capture, doc: TokenDoc, length: int) -> dict[int, torch.Tensor]:
+    def _forward(self, cap: EntropyCapture, doc: TokenDoc, length: int) -> dict[int, torch.Tensor]:
         cap.reset()
-        try:
-            body = getattr(self.model, self.model.base_model_prefix, self.model)  # no LM head: no [L x vocab] logits
-            with torch.inference_mode():
-                body(input_ids=self._ids(doc, length), use_cache=False)
-        except Exception as exc:  # noqa: BLE001
-            if _is_oom(exc):
-                if self.device.startswith("cuda"):
-                    torch.cuda.empty_cache()
-                raise PointOOM(str(exc).splitlines()[0] if str(exc) else "out of memory") from None
-            raise
+        body = getattr(self.model, self.model.base_model_prefix, self.model)  # no LM head: no [L x vocab] logits
+        with oom_guard(self.device), torch.inference_mode():
+            body(input_ids=self._ids(doc, length), use_cache=False)
         if not cap.per_layer:
             raise CtxevalError("entropy: no attention call was seen; this model does not use transformers' "
                                "attention functions (sdpa)")
@@ -178,13 +142,13 @@ class EntropyRunner:
              seconds: float) -> dict[str, Any]:
         layers = sorted(per_layer)
         values = [float(per_layer[l][:length].mean()) for l in layers]
-        return {"model": self.model_name, "method": spec.name, "label": spec.label, "params": spec.record_params,
-                "task": "entropy", "length": length, "doc": doc.doc_id, "layers": layers,
-                "entropy_per_layer": values, "entropy": float(np.mean(values)),
-                "uniform_entropy": uniform_entropy(length), "heads": list(self.cfg.heads) if self.cfg.heads else "all",
-                "seconds": seconds, "status": "ok"}
+        mean = float(np.mean(values))
+        return point_row(self.model_name, spec, "entropy", value=mean, length=length, doc=doc.doc_id, layers=layers,
+                         entropy_per_layer=values, entropy=mean,
+                         uniform_entropy=uniform_entropy(length), heads=list(self.cfg.heads) if self.cfg.heads else "all",
+                         seconds=seconds, status="ok")
 
-    def measure(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int], cap: _Capture, append: Any,
+    def measure(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int], cap: EntropyCapture, append: Any,
                 static: bool = True) -> None:
         """One forward at max(lengths) for a static method (falls back to one forward per length when it runs out
         of memory, so shorter lengths are still measured); one forward per length otherwise."""
@@ -200,9 +164,8 @@ class EntropyRunner:
                     self.progress.note(f"{spec.label}: out of memory at {top} tokens; measuring length by length")
                     groups = [[L] for L in group] + groups
                     continue
-                append([{"model": self.model_name, "method": spec.name, "label": spec.label,
-                         "params": spec.record_params, "task": "entropy", "length": L, "doc": doc.doc_id,
-                         "status": "oom", "error": str(exc)} for L in group])
+                append([point_row(self.model_name, spec, "entropy", length=L, doc=doc.doc_id, status="oom",
+                                  error=str(exc)) for L in group])
                 self.progress.note(f"{spec.label}: out of memory at {top} tokens")
                 continue
             seconds = time.perf_counter() - t0
@@ -213,23 +176,13 @@ class EntropyRunner:
 def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: EntropyConfig, store: Any,
           progress: Progress | None = None) -> None:
     """Every (method, length, document) point not yet in `store`, one method applied at a time."""
-    from ..distributed import current
-    from .applied import forward_cost, length_dependent, plan_groups, run_items
-
-    progress = progress or _Silent()
+    progress = progress or SilentProgress()
     runner = EntropyRunner(lm.model, lm.device, cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name, progress)
-    done = {store.key(r, EntropyRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
-    todo = {(i, doc.doc_id): [L for L in cfg.lengths
-                              if store.key({"label": s.label, "length": L, "doc": doc.doc_id}, EntropyRunner.KEY) not in done]
-            for i, s in enumerate(specs) for doc in docs}
-    few = current().world > sum(1 for v in todo.values() if v)
     dynamic = {s.label for s in specs if length_dependent(s, lm)}
-    items: list[tuple[int, Any, float, int, int]] = []
-    for index, spec in enumerate(specs):
-        for doc in docs:
-            for group in plan_groups(todo[(index, doc.doc_id)], spec.label in dynamic, few):
-                cost = sum(map(forward_cost, group)) if spec.label in dynamic else forward_cost(max(group))
-                items.append((index, (doc, group), cost, sum(group) if spec.label in dynamic else max(group), max(group)))
+    items = document_items(
+        specs, docs, cfg.lengths, store.done_points(EntropyRunner.KEY),
+        per_length=lambda spec: spec.label in dynamic, windows=lambda doc: 1,
+        tokens=lambda spec, doc, group: sum(group) if spec.label in dynamic else max(group))
     with capture(lm.model, cfg) as cap:
         run_items(lm, specs, items, cfg.lengths, store, progress,
                   lambda spec, item, _handle: runner.measure(spec, item[0], item[1], cap, store.append,
@@ -239,24 +192,3 @@ def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: EntropyCo
 def check_layers(n_layers: int, layers: tuple[int, ...] | None) -> None:
     if layers is not None and (min(layers) < 0 or max(layers) >= n_layers):
         raise CtxevalError(f"--layers must be in 0..{n_layers - 1}, got {','.join(map(str, layers))}")
-
-
-def entropy_tables(rows: list[dict[str, Any]], order: list[str]) -> tuple[Any, Any]:
-    """ok rows -> (mean entropy [method x length] averaged over documents, per-layer [method, layer x length])."""
-    import pandas as pd
-
-    ok = [r for r in rows if r.get("status") == "ok" and r.get("task") == "entropy"]
-    if not ok:
-        return pd.DataFrame(), pd.DataFrame()
-    df = pd.DataFrame(ok).drop_duplicates(subset=["label", "length", "doc"], keep="last")
-    wide = df.pivot_table(index="label", columns="length", values="entropy", aggfunc="mean")
-    uniform = df.groupby("length")["uniform_entropy"].first()
-    wide = wide.reindex([l for l in order if l in wide.index])
-    wide.loc["uniform (ln of visible keys)"] = uniform
-    per_layer = []
-    for r in df.itertuples():
-        for layer, value in zip(r.layers, r.entropy_per_layer):
-            per_layer.append({"label": r.label, "layer": layer, "length": r.length, "entropy": value})
-    layers = pd.DataFrame(per_layer).pivot_table(index=["label", "layer"], columns="length", values="entropy", aggfunc="mean")
-    layers = layers.reindex([i for l in order for i in layers.index if i[0] == l])
-    return wide, layers

@@ -18,17 +18,20 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .. import corpora
 from ..errors import CtxevalError
-from ..methods import MethodSpec, get_method
-from .perplexity import PointOOM, Progress, _is_oom, _Silent
+from ..rows import RESUME_FIELDS, point_key
+from ..specs import MethodSpec
+from .common import PointOOM, Progress, SilentProgress, head_parts, oom_guard, point_row
+from .sweep import WorkItem, forward_cost, run_items
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 SCORINGS = ("generate", "forced")
 # RULER draws keys from a word list; ours is a fixed list in code so that keys are reproducible from the seed
-_ADJ = ("ancient amber bitter brave calm clever cold curious daring eager fancy fierce gentle giant glossy golden "
+KEY_ADJECTIVES = ("ancient amber bitter brave calm clever cold curious daring eager fancy fierce gentle giant glossy golden "
         "hollow humble icy jolly lively lucky mellow misty noble odd plain quiet rapid rustic shiny silent smooth "
         "sturdy sunny swift tender tidy vivid wary wild witty").split()
-_NOUN = ("anchor apple badger basket beacon bridge canyon cedar comet cottage falcon feather garden glacier harbor "
+KEY_NOUNS = ("anchor apple badger basket beacon bridge canyon cedar comet cottage falcon feather garden glacier harbor "
          "island kettle lantern meadow mirror orchard otter pebble pepper quarry river saddle signal spruce summit "
          "teapot thunder tunnel valley violin walnut willow window zephyr").split()
 
@@ -114,8 +117,8 @@ def _value(spec: str, rng: np.random.Generator) -> str:
 def make_sample(preset: NeedlePreset, rng: np.random.Generator) -> Sample:
     """Seeded needle values and keys (distinct keys; distinct values within a sample)."""
     total_keys = preset.keys + preset.distractors
-    pairs = rng.choice(len(_ADJ) * len(_NOUN), size=total_keys, replace=False)
-    keys = [f"{_ADJ[p // len(_NOUN)]}-{_NOUN[p % len(_NOUN)]}" for p in pairs]
+    pairs = rng.choice(len(KEY_ADJECTIVES) * len(KEY_NOUNS), size=total_keys, replace=False)
+    keys = [f"{KEY_ADJECTIVES[p // len(KEY_NOUNS)]}-{KEY_NOUNS[p % len(KEY_NOUNS)]}" for p in pairs]
     used: set[str] = set()
     needles, answers = [], []
     for i, key in enumerate(keys):
@@ -291,8 +294,6 @@ class PromptBuilder:
 
 def haystack_tokens(tokenizer: Any, spec: str, min_tokens: int, text_field: str = "text") -> tuple[np.ndarray, dict[str, Any]]:
     """Token ids of the haystack: the filler repeated, or a corpus' documents joined by a blank line."""
-    from .. import corpora
-
     if spec == "filler":
         unit = np.asarray(tokenizer(" " + FILLER, add_special_tokens=False)["input_ids"])
         reps = max(1, math.ceil((min_tokens + 1) / len(unit)) + 1)
@@ -374,13 +375,13 @@ class _Item:
 
 
 class NeedleRunner:
-    KEY = ("label", "length", "depth", "sample")
+    KEY = RESUME_FIELDS["needle"]
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, device: str, builder: PromptBuilder, cfg: NeedleConfig,
                  model_name: str, task: str, progress: Progress | None = None) -> None:
         self.model, self.tok, self.device, self.builder, self.cfg = model, tokenizer, device, builder, cfg
         self.model_name, self.task = model_name, task
-        self.progress = progress or _Silent()
+        self.progress = progress or SilentProgress()
 
     def budget(self, sample: Sample) -> int:
         if self.cfg.scoring == "forced":
@@ -402,19 +403,16 @@ class NeedleRunner:
         return _Item(length, depth_index, sample_index, depth, sample, prompt)
 
     def _row(self, spec: MethodSpec, it: _Item, **fields: Any) -> dict[str, Any]:
-        return {"model": self.model_name, "method": spec.name, "label": spec.label, "params": spec.record_params,
-                "task": self.task, "preset": self.builder.preset.name, "scoring": self.cfg.scoring,
-                "length": it.length, "depth": it.depth, "sample": it.sample_index,
-                "answer": ", ".join(it.sample.answers), "prompt_tokens": len(it.prompt.ids),
-                "answer_tokens": len(it.prompt.answer_ids),
-                "haystack_tokens": it.prompt.haystack_tokens, **fields}
+        return point_row(self.model_name, spec, self.task, value=fields.get("correct"),
+                         preset=self.builder.preset.name, scoring=self.cfg.scoring, length=it.length, depth=it.depth,
+                         sample=it.sample_index, answer=", ".join(it.sample.answers),
+                         prompt_tokens=len(it.prompt.ids), answer_tokens=len(it.prompt.answer_ids),
+                         haystack_tokens=it.prompt.haystack_tokens, **fields)
 
     # -- forced: one forward over prompt + answer, batched by length ---------------------------------------------
     @torch.inference_mode()
     def _forced(self, items: list[_Item]) -> list[dict[str, Any]]:
-        from .perplexity import _head_parts
-
-        body, head, post = _head_parts(self.model)
+        body, head, post = head_parts(self.model)
         seqs = [it.prompt.ids + it.prompt.answer_ids for it in items]
         batch = torch.tensor(seqs, device=self.device)  # (B, length): equal lengths by construction
         hidden = body(input_ids=batch, use_cache=False).last_hidden_state  # (B, length, hidden)
@@ -470,20 +468,17 @@ class NeedleRunner:
                 chunk = items[start:start + step]
                 t0 = time.perf_counter()
                 try:
-                    results = self._forced(chunk) if self.cfg.scoring == "forced" else [self._generate(chunk[0], handle)]
-                except Exception as exc:
-                    if not _is_oom(exc):
-                        raise
-                    if self.device.startswith("cuda"):
-                        torch.cuda.empty_cache()
+                    with oom_guard(self.device):
+                        results = (self._forced(chunk) if self.cfg.scoring == "forced"
+                                   else [self._generate(chunk[0], handle)])
+                except PointOOM as exc:
                     if step > 1:  # a smaller batch may fit: halve before giving up on this length
                         step //= 2
                         steps[(spec.label, length)] = step
                         self.progress.note(f"{spec.label}: out of memory at {length} tokens; batch size {step}")
                         continue
                     skip_from = skip[spec.label] = length
-                    note = (str(exc).splitlines() or ["out of memory"])[0][:300]
-                    emit([self._row(spec, it, status="oom", correct=None, note=note) for it in items[start:]])
+                    emit([self._row(spec, it, status="oom", correct=None, note=str(exc)) for it in items[start:]])
                     self.progress.note(f"{spec.label}: out of memory at {length} tokens; longer lengths skipped")
                     break
                 seconds = (time.perf_counter() - t0) / len(chunk)
@@ -496,22 +491,18 @@ class NeedleRunner:
 def sweep(lm: Any, specs: list[MethodSpec], runner: NeedleRunner, store: Any) -> None:
     """Every (method, length, depth, sample) not yet in `store`, one method applied at a time (under torchrun:
     this rank's share of the (method, length, cells) work items)."""
-    from .applied import run_items
-
-    done = {store.key(r, NeedleRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
+    done = store.done_points(NeedleRunner.KEY)
     cells = runner.cfg.cells()
     depths = {c: runner.depth(c) for c in cells}
-    from .applied import forward_cost
-
     step = max(1, runner.cfg.batch_size)
-    items: list[tuple[int, Any, float, int, int]] = []
+    items: list[WorkItem] = []
     for index, spec in enumerate(specs):
-        todo = [c for c in cells
-                if store.key({"label": spec.label, "length": c[0], "depth": depths[c], "sample": c[2]}, NeedleRunner.KEY) not in done]
+        todo = [c for c in cells if point_key({"label": spec.label, "length": c[0], "depth": depths[c], "sample": c[2]},
+                                              NeedleRunner.KEY) not in done]
         for length in sorted({c[0] for c in todo}):
             group = [c for c in todo if c[0] == length]
-            items.extend((index, group[i:i + step], forward_cost(length) * len(group[i:i + step]),
-                          length * len(group[i:i + step]), length) for i in range(0, len(group), step))
+            items.extend(WorkItem(index, group[i:i + step], forward_cost(length) * len(group[i:i + step]),
+                                  length * len(group[i:i + step]), length) for i in range(0, len(group), step))
     skip: dict[str, float] = {}
     steps: dict[tuple[str, int], int] = {}
     run_items(lm, specs, items, runner.cfg.lengths, store, runner.progress,

@@ -16,43 +16,23 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import CtxevalError
-from ..methods import MethodSpec, get_method
 from ..corpora import TokenDoc
+from ..errors import CtxevalError
+from ..methods import get_method
+from ..rows import RESUME_FIELDS
+from ..specs import MethodSpec
+from .common import PointOOM, Progress, SilentProgress, head_parts, oom_guard, point_row
+from .sweep import document_items, length_dependent, run_items
 
 PROTOCOLS = ("truncate", "sliding")
 AGGREGATES = ("token", "window")
 DEFAULT_CHUNK = 1024
-
-
-class Progress(Protocol):
-    """What the evaluation reports while it runs; only the CLI knows how to draw it."""
-
-    def start(self, total: int) -> None: ...
-    def advance(self, amount: int, description: str) -> None: ...
-    def note(self, message: str) -> None: ...
-
-
-class _Silent:
-    def start(self, total: int) -> None: ...
-    def advance(self, amount: int, description: str) -> None: ...
-    def note(self, message: str) -> None: ...
-
-
-class PointOOM(Exception):
-    """Out of memory while measuring one point."""
-
-
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return True
-    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc).lower() or "can't allocate" in str(exc).lower())
 
 
 @dataclass(frozen=True)
@@ -93,25 +73,6 @@ class PplConfig:
 # chunked loss
 
 
-def _head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
-    body = getattr(model, model.base_model_prefix, None)
-    head = model.get_output_embeddings()
-    if body is None or head is None or body is model:
-        raise CtxevalError(f"{type(model).__name__} has no separate body and LM head; ctxeval cannot score it")
-    cfg = model.config.get_text_config()
-    cap = getattr(cfg, "final_logit_softcapping", None)
-    scale = getattr(cfg, "logit_scale", None)
-
-    def post(logits: torch.Tensor) -> torch.Tensor:
-        if scale is not None:
-            logits = logits * scale
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
-
-    return body, head, post
-
-
 @torch.inference_mode()
 def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int = DEFAULT_CHUNK) -> torch.Tensor:
     """Per-token NLL of input_ids[t+1] given input_ids[:t+1], never materialising [length x vocab] logits.
@@ -119,7 +80,7 @@ def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int =
     input_ids: (1, n) -> returns (n-1,) float32 on the CPU. The LM head + cross entropy run over chunks of
     `chunk_size` positions of the body's hidden states.
     """
-    body, head, post = _head_parts(model)
+    body, head, post = head_parts(model)
     hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (1, n, hidden)
     targets = input_ids[0, 1:]  # (n-1,)
     out = torch.empty(targets.numel(), dtype=torch.float32)
@@ -134,7 +95,7 @@ def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int =
 def check_chunked_head(model: torch.nn.Module, device: str, vocab_size: int) -> float:
     """Compare the chunked path with the model's own forward on a short input; refuse models whose logits we do not
     reproduce (custom post-processing). Returns the max relative logit difference."""
-    body, head, post = _head_parts(model)
+    body, head, post = head_parts(model)
     ids = torch.arange(1, 17, device=device).remainder(vocab_size).unsqueeze(0)  # (1, 16)
     want = model(input_ids=ids, use_cache=False).logits[0].float()
     got = post(head(body(input_ids=ids, use_cache=False).last_hidden_state[0]).float())
@@ -159,7 +120,7 @@ def _sequence(doc: np.ndarray, start: int, n_doc: int, bos: int | None) -> list[
 class PplRunner:
     """Measures (method x length x document) points into a RunStore, skipping the points already there."""
 
-    KEY = ("label", "length", "doc")
+    KEY = RESUME_FIELDS["ppl"]
 
     def __init__(self, model: torch.nn.Module, device: str, cfg: PplConfig, bos_id: int | None, model_name: str,
                  progress: Progress | None = None) -> None:
@@ -170,23 +131,16 @@ class PplRunner:
         self.model, self.device, self.cfg = model, device, cfg
         self.bos = bos_id if cfg.bos else None
         self.model_name = model_name
-        self.progress = progress or _Silent()
+        self.progress = progress or SilentProgress()
         self.dynamic: set[str] = set()  # labels whose RoPE depends on the length (set by sweep)
 
     def _nll(self, seq: list[int]) -> torch.Tensor:
         ids = torch.tensor([seq], device=self.device)
-        try:
+        with oom_guard(self.device):
             return token_nll(self.model, ids, self.cfg.chunk_size)
-        except Exception as exc:
-            if _is_oom(exc):
-                if self.device.startswith("cuda"):
-                    torch.cuda.empty_cache()
-                raise PointOOM(str(exc).splitlines()[0] if str(exc) else "out of memory") from None
-            raise
 
     def _row(self, spec: MethodSpec, length: int, doc: str, **fields: Any) -> dict[str, Any]:
-        return {"model": self.model_name, "method": spec.name, "label": spec.label, "params": spec.record_params,
-                "task": "ppl", "protocol": self.cfg.protocol, "length": length, "doc": doc, **fields}
+        return point_row(self.model_name, spec, "ppl", protocol=self.cfg.protocol, length=length, doc=doc, **fields)
 
     def _ok(self, spec: MethodSpec, length: int, doc: str, nll_sum: float, n: int, window_sum: float, n_windows: int,
             seconds: float) -> dict[str, Any]:
@@ -263,7 +217,7 @@ class PplRunner:
         """Measure `lengths` (ascending) of one method on one document, emitting rows point by point."""
         skip = skip_from.get(spec.label, math.inf)
         for length in sorted(x for x in lengths if x >= skip):
-            emit([self._row(spec, length, doc.doc_id, status="skipped", metric="nll", value=None,
+            emit([self._row(spec, length, doc.doc_id, status="skipped",
                             note=f"skipped: out of memory at {skip} tokens")])
         lengths = sorted(x for x in lengths if x < skip)
         static = not (spec.label in self.dynamic or get_method(spec.name).length_dependent)
@@ -283,9 +237,9 @@ class PplRunner:
                     row = self._sliding_at(spec, doc, length)
             except PointOOM as exc:
                 skip_from[spec.label] = length
-                emit([self._row(spec, length, doc.doc_id, status="oom", metric="nll", value=None, note=str(exc)[:300])])
+                emit([self._row(spec, length, doc.doc_id, status="oom", note=str(exc)[:300])])
                 for longer in lengths[i + 1:]:
-                    emit([self._row(spec, longer, doc.doc_id, status="skipped", metric="nll", value=None,
+                    emit([self._row(spec, longer, doc.doc_id, status="skipped",
                                     note=f"skipped: out of memory at {length} tokens")])
                 self.progress.note(f"{spec.label}: out of memory at {length} tokens; longer lengths skipped")
                 return
@@ -299,26 +253,16 @@ def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig
     """Measure every (method, length, document) point not yet in `store`, one method applied at a time.
 
     The weights are loaded once (`lm`); methods are swapped in place with apply_method and restored after."""
-    from ..distributed import current
-    from .applied import forward_cost, length_dependent, plan_groups, run_items
-
-    progress = progress or _Silent()
+    progress = progress or SilentProgress()
     runner = PplRunner(lm.model, lm.device, cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name, progress)
     runner.dynamic = {s.label for s in specs if length_dependent(s, lm)}
-    done = {store.key(r, PplRunner.KEY) for r in store.rows() if r.get("status") == "ok"}
-    # work items: (method, document, lengths); one forward serves a static method's lengths under truncate
-    todo = {(i, doc.doc_id): [L for L in cfg.lengths
-                              if store.key({"label": s.label, "length": L, "doc": doc.doc_id}, PplRunner.KEY) not in done]
-            for i, s in enumerate(specs) for doc in docs}
-    few = current().world > sum(1 for v in todo.values() if v)
-    items: list[tuple[int, Any, float, int, int]] = []
-    for index, spec in enumerate(specs):
-        per_length = cfg.protocol == "sliding" or spec.label in runner.dynamic
-        for doc in docs:
-            for group in plan_groups(todo[(index, doc.doc_id)], per_length, few):
-                n = len(doc.ids) // (cfg.stride or 1) if cfg.protocol == "sliding" else 1
-                items.append((index, (doc, group), n * sum(map(forward_cost, group if per_length else [max(group)])),
-                              runner.cost(spec, [doc], {(spec.label, doc.doc_id): group}), max(group)))
+    sliding = cfg.protocol == "sliding"
+    # one forward serves a static method's lengths under truncate; sliding and dynamic methods go length by length
+    items = document_items(
+        specs, docs, cfg.lengths, store.done_points(PplRunner.KEY),
+        per_length=lambda spec: sliding or spec.label in runner.dynamic,
+        windows=lambda doc: len(doc.ids) // cfg.stride if sliding else 1,
+        tokens=lambda spec, doc, group: runner.cost(spec, [doc], {(spec.label, doc.doc_id): group}))
     skip_from: dict[str, int] = {}
     run_items(lm, specs, items, cfg.lengths, store, progress,
               lambda spec, item, _handle: runner.measure(spec, item[0], item[1], store.append, skip_from))

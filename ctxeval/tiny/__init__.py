@@ -6,7 +6,9 @@ Nothing heavy is imported here.
 
 from pathlib import Path
 
-MODEL_DIR: Path = Path(__file__).resolve().parent / "model"
+from ..paths import TINY_MODEL_DIR
+
+MODEL_DIR: Path = TINY_MODEL_DIR
 
 # What `ctxeval ppl` / `needle` / `passkey` run when --model is omitted: the bundled model on its held-out text, with
 # methods that show the point (plain RoPE collapsing past 128 tokens, extension methods holding). Any option the

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "heldout":
-        from .data import write_held_out
+        from .corpus import write_held_out
 
         for path in write_held_out(args.dir):
             print(path)

@@ -26,6 +26,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..evals.needle import FILLER, KEY_ADJECTIVES, KEY_NOUNS, PromptBuilder, make_sample
+from ..offline_corpora import held_out_documents
+from .corpus import training_corpus, training_presets
+
 
 @dataclass
 class TinyConfig:
@@ -119,9 +123,6 @@ class Batches:
     """Seeded batches of (input_ids, loss weights), each (batch, length)."""
 
     def __init__(self, tokenizer: Any, cfg: TinyConfig, corpus: dict[str, list[str]]) -> None:
-        from ..evals.needle import FILLER, PromptBuilder
-        from .data import training_presets
-
         self.tok, self.cfg = tokenizer, cfg
         self.rng = np.random.default_rng([cfg.seed, 1])
         self.streams = {name: Stream(tokenizer, corpus[name]) for name in cfg.pools}
@@ -155,8 +156,6 @@ class Batches:
         return np.concatenate([[self.bos], window]), np.ones(self.cfg.length, dtype=np.float32)
 
     def retrieval(self) -> tuple[np.ndarray, np.ndarray]:
-        from ..evals.needle import make_sample
-
         kind = self.kinds[int(self.rng.choice(len(self.kinds), p=self.kind_p))]
         hay = "filler" if self.cfg.retrieval_kinds[kind][1] == "filler" else self._pool()
         builder = self.builders[(kind, hay)]
@@ -184,14 +183,13 @@ class Batches:
 
         Two layouts: the needle's own sentences (fact = needle, query = answer prefix) or compact `key: value`
         lines. Dense copy practice: the value tokens of every query are weighted like a needle answer."""
-        from ..evals.needle import _ADJ, _NOUN
 
         rng, L = self.rng, self.cfg.length
         preset = self.presets["ruler"]
         compact = rng.random() < 0.5
         n = int(rng.integers(2, 7 if compact else 4))
-        pairs = rng.choice(len(_ADJ) * len(_NOUN), size=n, replace=False)
-        keys = [f"{_ADJ[p // len(_NOUN)]}-{_NOUN[p % len(_NOUN)]}" for p in pairs]
+        pairs = rng.choice(len(KEY_ADJECTIVES) * len(KEY_NOUNS), size=n, replace=False)
+        keys = [f"{KEY_ADJECTIVES[p // len(KEY_NOUNS)]}-{KEY_NOUNS[p % len(KEY_NOUNS)]}" for p in pairs]
         values = [str(rng.integers(10**6, 10**7)) for _ in keys]
         enc = lambda text: np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
         if compact:
@@ -305,7 +303,6 @@ def held_out_loss(model: Any, tokenizer: Any, length: int) -> dict[str, float]:
     """Mean NLL per token on the held-out pydoc topics: BOS + consecutive chunks of L-1 tokens."""
     import torch
 
-    from .data import held_out_documents
 
     total, count = 0.0, 0
     seqs = []
@@ -329,8 +326,6 @@ def needle_check(model: Any, tokenizer: Any, length: int, n: int = 48, seed: int
     """Forced-scoring needle accuracy (ruler preset) at the trained length on a held-out haystack: a quick probe."""
     import torch
 
-    from ..evals.needle import PromptBuilder, make_sample
-    from .data import held_out_documents, training_presets
 
     preset = training_presets()["ruler"]
     hay = tokenizer("\n\n".join(t for _, t in held_out_documents()[:3]), add_special_tokens=False)["input_ids"]
@@ -373,7 +368,6 @@ def train(out: str | Path, cfg: TinyConfig | None = None, *, minutes: float | No
     (tests pass a small one)."""
     import torch
 
-    from .data import training_corpus
 
     cfg = cfg or TinyConfig()
     out = Path(out)

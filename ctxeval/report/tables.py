@@ -1,16 +1,17 @@
-"""Rows -> pandas long table -> wide tables (markdown / CSV / rich). Reports derive from rows only, so any set
-of runs can be merged and re-rendered later."""
+"""Rows -> pandas long tables -> wide tables, and how every cell is formatted. Reports derive from rows only, so any
+set of runs can be merged and re-rendered later; a run's own tables and `ctxeval report` use these same functions."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+import numpy as np
 import pandas as pd
 
-from .errors import CtxevalError
-
-MISSING = "—"
+from ..errors import CtxevalError
+from ..rows import MISSING, UNIFORM_LABEL, fmt_length, status_label
 
 
 def latest_rows(rows: Iterable[dict[str, Any]], key: tuple[str, ...]) -> pd.DataFrame:
@@ -89,13 +90,9 @@ def valid_lengths(wide: pd.DataFrame, original_length: int, tolerance: float) ->
     return pd.DataFrame(rows)
 
 
-def fmt_length(n: int) -> str:
-    return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)
-
-
 def fmt_ppl(value: Any, status: str | None = None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return {"oom": "OOM", "skipped": "skip"}.get(status or "", MISSING)
+        return status_label(status)
     if value >= 1000:
         return f"{value:,.0f}"
     return f"{value:.2f}"
@@ -188,5 +185,81 @@ def passkey_summary(df: pd.DataFrame, order: list[str], threshold: float) -> pd.
 
 def fmt_acc(value: Any, status: str | None = None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return {"oom": "OOM", "skipped": "skip"}.get(status or "", MISSING)
+        return status_label(status)
     return f"{value:.0%}"
+
+
+def fmt_entropy(value: Any, status: str | None = None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return status_label(status)
+    return f"{value:.3f}"
+
+
+def number(value: Any) -> float | int | None:
+    """JSON/CSV-safe number: NaN and None -> None, integer types -> int, numpy scalars -> Python."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def int_or_none(value: Any) -> int | None:
+    value = number(value)
+    return None if value is None else int(value)
+
+
+def csv_value(value: Any) -> str:
+    value = number(value)
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
+def length_or(value: Any, missing: str) -> str:
+    return fmt_length(int(value)) if number(value) is not None else missing
+
+
+@dataclass
+class Table:
+    """One rendered table. `rows` hold raw values (None = missing), `cells` the formatted strings."""
+
+    id: str
+    kind: str  # ppl | valid | needle | passkey | entropy
+    title: str
+    columns: list[str]  # machine keys: model, method, "2048", ..., effective length
+    headers: list[str]  # display headers
+    rows: list[list[Any]]
+    status: list[list[str | None]]  # per cell: None (a value, or an id column) or ok/oom/skipped/missing
+    cells: list[list[str]]
+    caption: str = ""
+    footnotes: list[str] = field(default_factory=list)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row)) for row in self.rows]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# attention entropy
+
+
+def entropy_tables(rows: list[dict[str, Any]], order: list[str]) -> tuple[Any, Any]:
+    """ok rows -> (mean entropy [method x length] averaged over documents, per-layer [method, layer x length])."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("task") == "entropy"]
+    if not ok:
+        return pd.DataFrame(), pd.DataFrame()
+    df = pd.DataFrame(ok).drop_duplicates(subset=["label", "length", "doc"], keep="last")
+    wide = df.pivot_table(index="label", columns="length", values="entropy", aggfunc="mean")
+    uniform = df.groupby("length")["uniform_entropy"].first()
+    wide = wide.reindex([l for l in order if l in wide.index])
+    wide.loc[UNIFORM_LABEL] = uniform
+    per_layer = []
+    for r in df.itertuples():
+        for layer, value in zip(r.layers, r.entropy_per_layer):
+            per_layer.append({"label": r.label, "layer": layer, "length": r.length, "entropy": value})
+    layers = pd.DataFrame(per_layer).pivot_table(index=["label", "layer"], columns="length", values="entropy", aggfunc="mean")
+    layers = layers.reindex([i for l in order for i in layers.index if i[0] == l])
+    return wide, layers

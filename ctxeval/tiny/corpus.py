@@ -27,61 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-# every 4th pydoc topic by length in CPython 3.11 (index 0, 4, 8, ... of the topics sorted longest first)
-HELD_OUT_TITLES: tuple[str, ...] = (
-    "specialnames", "string-methods", "customization", "execmodel", "operator-summary", "naming", "objects",
-    "with", "dict", "context-managers", "global", "power", "typesmodules", "floating", "bitwise", "while", "if",
-    "break", "numbers", "bltin-null-object",
-)
+from ..evals.needle import NeedlePreset, make_sample
+from ..offline_corpora import HELD_OUT_TITLES, held_out_documents, pydoc_topics, remove_held_out_lines
+from ..presets import load_task
+
 # standard-library folders that are not prose or ordinary code (tests, generated tables, other installs)
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "pydoc_data", "__pycache__",
               "encodings", "lib2to3", "ensurepip"}
-_MIN_DEDUP_LINE = 12  # training lines at least this long (stripped) that occur in held-out text are removed
-_CONTAINED = 0.5  # a held-out topic with more than this share of its lines inside a longer one is not a document
-
-
-def pydoc_topics() -> dict[str, str]:
-    from pydoc_data.topics import topics
-
-    return dict(topics)
-
-
-def _lines(text: str, minimum: int = _MIN_DEDUP_LINE) -> set[str]:
-    return {s for s in (line.strip() for line in text.splitlines()) if len(s) >= minimum}
-
-
-@functools.lru_cache(maxsize=1)
-def _held_out_lines() -> frozenset[str]:
-    topics = pydoc_topics()
-    out: set[str] = set()
-    for title in HELD_OUT_TITLES:
-        if title in topics:
-            out |= _lines(topics[title])
-    return frozenset(out)
-
-
-def _remove_held_out_lines(text: str) -> str:
-    """The text without any line (stripped, >= 12 characters) that also occurs in a held-out topic."""
-    banned = _held_out_lines()
-    kept = [line for line in text.splitlines() if line.strip() not in banned or len(line.strip()) < _MIN_DEDUP_LINE]
-    return "\n".join(kept)
-
-
-def held_out_documents() -> list[tuple[str, str]]:
-    """(title, text) of the held-out pydoc topics, longest first (ties by title); never trained on.
-
-    A held-out topic whose lines are mostly inside a longer held-out topic is left out (its text is evaluated as
-    part of the longer one)."""
-    topics = pydoc_topics()
-    present = sorted((t for t in HELD_OUT_TITLES if t in topics), key=lambda t: (-len(topics[t]), t))
-    docs: list[tuple[str, str]] = []
-    for title in present:
-        own = _lines(topics[title], 20)
-        inside = max((len(own & _lines(text, 20)) for _, text in docs), default=0)
-        if own and inside / len(own) > _CONTAINED:
-            continue
-        docs.append((title, topics[title]))
-    return docs
 
 
 def training_topics() -> list[tuple[str, str]]:
@@ -92,7 +44,7 @@ def training_topics() -> list[tuple[str, str]]:
     for title in sorted(topics):
         if title in held:
             continue
-        text = _remove_held_out_lines(topics[title])
+        text = remove_held_out_lines(topics[title])
         if text.strip():
             out.append((title, text))
     return out
@@ -121,7 +73,7 @@ def _stdlib() -> tuple[tuple[str, ...], tuple[str, ...]]:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        sources.append(_remove_held_out_lines(text))
+        sources.append(remove_held_out_lines(text))
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
@@ -133,7 +85,7 @@ def _stdlib() -> tuple[tuple[str, ...], tuple[str, ...]]:
                 if doc and len(doc) >= 80:
                     docs.append(doc)
         if docs:
-            docstrings.append(_remove_held_out_lines("\n\n".join(docs)))
+            docstrings.append(remove_held_out_lines("\n\n".join(docs)))
     return tuple(sources), tuple(docstrings)
 
 
@@ -150,8 +102,6 @@ def retrieval_lines(count: int = 2000, seed: int = 0) -> list[str]:
 
     Built from ctxeval's presets (needle-ruler, needle-passkey) with seeded keys and values; the haystack is left
     out here (train.py builds full prompts with real haystacks in token space)."""
-    from ..evals.needle import make_sample
-
     rng = np.random.default_rng(seed)
     presets = training_presets()
     out = []
@@ -167,9 +117,6 @@ def training_presets() -> dict[str, "object"]:
     """The needle presets the model trains on: ctxeval's ruler and passkey, plus ruler with one distractor."""
     from dataclasses import replace
 
-    from ..evals.needle import NeedlePreset
-    from ..tasks import load_task
-
     ruler = NeedlePreset.from_dict("ruler", load_task("needle-ruler", "needle"))
     passkey = NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle"))
     return {"ruler": ruler, "passkey": passkey, "ruler-distractor": replace(ruler, name="ruler-distractor", distractors=1)}
@@ -183,12 +130,6 @@ def training_corpus() -> dict[str, list[str]]:
         "sources": stdlib_sources(),
         "retrieval": retrieval_lines(),
     }
-
-
-def training_texts() -> list[str]:
-    """Every training text in a fixed order: pydoc training topics, docstrings, sources, retrieval lines."""
-    corpus = training_corpus()
-    return [text for part in ("pydoc", "docstrings", "sources", "retrieval") for text in corpus[part]]
 
 
 def write_held_out(directory: str | Path) -> list[Path]:

@@ -1,0 +1,40 @@
+"""The command line: one module per command (parse -> call the library -> print what it returns), shared option
+types in options.py, what the user sees in console.py, what every measuring command does around its evaluation in
+run.py. Data to stdout, messages to stderr; user errors are one red line with exit code 2 (--debug shows the
+traceback). Nothing in the library imports this package."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .bound import bound_cmd
+from .console import state
+from .entropy import entropy_cmd
+from .methods import methods_cmd, plan_cmd
+from .needle import needle_cmd, passkey_cmd
+from .ppl import ppl_cmd
+from .report import report_cmd
+
+app = typer.Typer(
+    help="Measure how well RoPE context-extension methods work: perplexity vs. length, needle in a haystack.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+
+@app.callback()
+def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors.")] = False) -> None:
+    state["debug"] = debug
+
+
+for name, command in (("methods", methods_cmd), ("plan", plan_cmd), ("ppl", ppl_cmd), ("needle", needle_cmd),
+                      ("passkey", passkey_cmd), ("report", report_cmd), ("entropy", entropy_cmd),
+                      ("bound", bound_cmd)):
+    app.command(name)(command)
+
+
+def main() -> None:
+    app()

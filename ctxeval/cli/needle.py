@@ -1,0 +1,228 @@
+"""`ctxeval needle` and `ctxeval passkey`: retrieval accuracy over a length (x depth) grid per method."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import numpy as np
+import typer
+
+from ..errors import CtxevalError
+from ..evals.needle import NeedleConfig, NeedlePreset, NeedleRunner, PromptBuilder, haystack_tokens, make_sample, sweep
+from ..models import DEFAULT_MODEL
+from ..presets import load_task, preset_names
+from ..report.single import render_retrieval
+from ..specs import expand_specs
+from .console import err, print_outputs, user_errors
+from .options import (NEEDLE_HELP, SAMPLES, THRESHOLD, AttnOpt, BatchOpt, DeviceMapOpt, DeviceOpt, DtypeOpt,
+                      FactorOpt, MaxMemoryOpt, MaxNewOpt, ModelOpt, OutOpt, OverwriteOpt, RemoteOpt, ScoringOpt,
+                      SeedOpt, TemperatureOpt, TextFieldOpt, parse_depths, parse_factors, parse_lengths,
+                      parse_temperatures)
+from .run import QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, quickstart
+
+LengthsOpt = Annotated[Optional[str], typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2 "
+                                                   "(default: 0.25x, 0.5x, 1x, 2x the model's original length).")]
+RetrievalMethodOpt = Annotated[Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; "
+                                                                 "repeatable (default none).")]
+
+
+@dataclass(frozen=True)
+class Retrieval:
+    """Every option of `needle` and `passkey` (passkey fixes the needle and draws a random depth per sample)."""
+
+    model: str | None
+    lengths: str | None
+    samples: int | None
+    haystack: str
+    text_field: str
+    chat_template: str
+    scoring: str
+    max_new_tokens: int | None
+    batch_size: int
+    threshold: float
+    method: list[str] | None
+    factor: str | None
+    attention_temperature: str | None
+    seed: int
+    out: Path | None
+    overwrite: bool
+    dtype: str
+    device: str
+    attn: str
+    trust_remote_code: bool
+    device_map: str | None
+    max_memory: str | None
+    depths: str | None = None
+    depth_spacing: str = "linear"
+    needle: str = "passkey"
+    needle_text: str | None = None
+    question: str | None = None
+    answer_prefix: str | None = None
+    answer: str | None = None
+    snap: bool = False
+
+
+def load_needle_preset(name: str, needle_text: str | None, question: str | None, answer_prefix: str | None,
+                       answer: str | None) -> NeedlePreset:
+    """A needle preset by name (tasks/needle-NAME.toml) or .toml path, with the pieces the flags override."""
+    if name.endswith(".toml"):
+        data = load_task(name, "needle")
+    else:
+        choices = [n.removeprefix("needle-") for n in preset_names("needle")]
+        if name not in choices:
+            raise CtxevalError(f"unknown needle preset '{name}'; choose one of {', '.join(choices)}, or a .toml file")
+        data = load_task(f"needle-{name}", "needle")
+    overrides = {"needle": needle_text, "question": question, "answer_prefix": answer_prefix}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if answer is not None:
+        data.update(value=f"fixed:{answer}", match="all", keys=1, values_per_key=1)
+    return NeedlePreset.from_dict(Path(name).stem if name.endswith(".toml") else name, data)
+
+
+def run_retrieval(task: str, opt: Retrieval) -> None:
+    """Load the model, build the prompts, measure every (method, length, depth, sample), render the run."""
+    is_quickstart = opt.model is None
+    if is_quickstart:  # the bundled model with its quickstart settings, each overridden by what the user gave
+        qs = quickstart(task, opt.factor is not None and opt.method is None)
+        opt = replace(opt, model=DEFAULT_MODEL,
+                      lengths=opt.lengths if opt.lengths is not None else qs.get("lengths"),
+                      samples=opt.samples if opt.samples is not None else qs.get("samples"),
+                      method=opt.method if opt.method is not None else list(qs.get("method", ["none"])))
+    opt = replace(opt, samples=opt.samples if opt.samples is not None else (10 if task == "passkey" else 1),
+                  method=opt.method if opt.method is not None else ["none"])
+    SAMPLES(opt.samples)
+
+    preset = load_needle_preset(opt.needle, opt.needle_text, opt.question, opt.answer_prefix, opt.answer)
+    specs = expand_specs(opt.method, parse_factors(opt.factor), parse_temperatures(opt.attention_temperature))
+    random_depth = task == "passkey"
+    lengths_given = parse_lengths(opt.lengths) if opt.lengths is not None else None
+    depth_list = tuple(parse_depths(opt.depths, opt.depth_spacing)) if not random_depth else ()
+    cfg = NeedleConfig(tuple(lengths_given or (1,)), depth_list, opt.samples, opt.scoring, opt.max_new_tokens, opt.seed,
+                       random_depth, opt.batch_size)  # validates the flags before the model loads
+    if opt.chat_template not in ("auto", "on", "off"):
+        raise CtxevalError(f"--chat-template must be auto, on or off, got '{opt.chat_template}'")
+
+    lm = load_for(opt.model, specs, opt.dtype, opt.device, opt.attn, opt.trust_remote_code, opt.device_map,
+                  opt.max_memory)
+    if lengths_given is None:
+        cfg = replace(cfg, lengths=tuple(default_lengths(lm, (0.25, 0.5, 1, 2))))
+    has_template = bool(getattr(lm.tokenizer, "chat_template", None))
+    if opt.chat_template == "on" and not has_template:
+        raise CtxevalError(f"--chat-template on, but the tokenizer of '{opt.model}' has no chat template; use auto or off")
+    use_template = has_template if opt.chat_template == "auto" else opt.chat_template == "on"
+    hay_ids, hay_info = haystack_tokens(lm.tokenizer, opt.haystack, max(cfg.lengths), opt.text_field)
+    builder = PromptBuilder(lm.tokenizer, preset, hay_ids, chat_template=use_template, snap=opt.snap)
+    probe = make_sample(preset, np.random.default_rng(opt.seed))
+    need = builder.minimum_length(probe, NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name,
+                                                      task).budget(probe))
+    if lengths_given is None and min(cfg.lengths) < need <= max(cfg.lengths):
+        dropped = [L for L in cfg.lengths if L < need]
+        err.print(f"note: default lengths {', '.join(map(str, dropped))} are shorter than the prompt ({need} tokens); "
+                  "left out")
+        cfg = replace(cfg, lengths=tuple(L for L in cfg.lengths if L >= need))
+    if min(cfg.lengths) < need:
+        raise CtxevalError(f"length {min(cfg.lengths)} is shorter than the instruction, needle and question "
+                           f"({need} tokens with this tokenizer); use --lengths of at least {need}")
+    if len(hay_ids) < max(cfg.lengths):
+        raise CtxevalError(f"the haystack '{opt.haystack}' has {len(hay_ids):,} tokens, fewer than --lengths "
+                           f"{max(cfg.lengths)}; use a longer corpus or shorter lengths")
+    runner = NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name, task)
+    spec_record = {
+        "task": task, "model": opt.model, "preset": preset.__dict__, "haystack": opt.haystack,
+        "text_field": opt.text_field, "lengths": list(cfg.lengths), "depths": list(cfg.depths),
+        "random_depth": random_depth, "samples": opt.samples, "scoring": opt.scoring,
+        "max_new_tokens": opt.max_new_tokens, "snap": opt.snap, "chat_template": use_template,
+        "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": opt.seed,
+        **({"settings": QUICKSTART_SETTINGS} if is_quickstart else {}),
+    }
+    provenance = {"model": lm.record(), "haystack": hay_info, "seed": opt.seed,
+                  "scoring": {"name": opt.scoring, "rule": preset.match, "llm_judge": False}}
+    run_dir = default_out(task, opt.model, opt.out)
+    message = (f"run directory: {run_dir}  ({len(cfg.cells())} samples per method; chat template "
+               f"{'on' if use_template else 'off'}; scoring {opt.scoring})")
+
+    def work(store: Any, progress: Any) -> None:
+        runner.progress = progress
+        sweep(lm, specs, runner, store)
+
+    title = f"{opt.model}: {preset.name} in {opt.haystack}"
+    measure(run_dir, spec_record, opt.overwrite, provenance, message, work,
+            render=lambda store: print_outputs(render_retrieval(store, task, specs, lm.trained_length,
+                                                                opt.threshold, title)))
+
+
+@user_errors
+def needle_cmd(
+    model: ModelOpt = None,
+    lengths: LengthsOpt = None,
+    depths: Annotated[str, typer.Option(help="Needle depths in percent: 0,50,100 | 0:100:11 (start:stop:count).")] = "0:100:5",
+    depth_spacing: Annotated[str, typer.Option(help="linear | sigmoid (packed towards the ends, as the original test).")] = "linear",
+    samples: Annotated[Optional[int], typer.Option(help="Samples per cell, each with its own seeded needle and offset "
+                                                   "(default 1)."), SAMPLES] = None,
+    needle: Annotated[str, typer.Option(help=NEEDLE_HELP)] = "ruler",
+    needle_text: Annotated[Optional[str], typer.Option(help="Override the needle sentence ({key}, {value}).")] = None,
+    question: Annotated[Optional[str], typer.Option(help="Override the question ({keys}).")] = None,
+    answer_prefix: Annotated[Optional[str], typer.Option(help="Override the answer prefix.")] = None,
+    answer: Annotated[Optional[str], typer.Option(help="A fixed expected answer (with --needle-text).")] = None,
+    haystack: Annotated[str, typer.Option(help="pydoc | filler | austen | mobydick | files | hf:NAME (any --data spec).")] = "pydoc",
+    text_field: TextFieldOpt = "text",
+    snap: Annotated[bool, typer.Option(help="Move each needle back to the previous sentence end.")] = False,
+    chat_template: Annotated[str, typer.Option(help="auto | on | off: wrap as a user turn, prefill the answer prefix.")] = "auto",
+    scoring: ScoringOpt = "generate",
+    max_new_tokens: MaxNewOpt = None,
+    batch_size: BatchOpt = 4,
+    threshold: Annotated[float, typer.Option(help="Accuracy that counts for the effective length."), THRESHOLD] = 0.8,
+    method: RetrievalMethodOpt = None,
+    factor: FactorOpt = None,
+    attention_temperature: TemperatureOpt = None,
+    seed: SeedOpt = 0,
+    out: OutOpt = None,
+    overwrite: OverwriteOpt = False,
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    attn: AttnOpt = "sdpa",
+    trust_remote_code: RemoteOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+) -> None:
+    """Needle in a haystack: accuracy over a depth x length grid per method, heatmaps, effective length."""
+    run_retrieval("needle", Retrieval(
+        model, lengths, samples, haystack, text_field, chat_template, scoring, max_new_tokens, batch_size, threshold,
+        method, factor, attention_temperature, seed, out, overwrite, dtype, device, attn, trust_remote_code,
+        device_map, max_memory, depths=depths, depth_spacing=depth_spacing, needle=needle, needle_text=needle_text,
+        question=question, answer_prefix=answer_prefix, answer=answer, snap=snap))
+
+
+@user_errors
+def passkey_cmd(
+    model: ModelOpt = None,
+    lengths: LengthsOpt = None,
+    samples: Annotated[Optional[int], typer.Option(help="Samples per length, each at a seeded uniform random depth "
+                                                   "(default 10)."), SAMPLES] = None,
+    haystack: Annotated[str, typer.Option(help="filler (the original test's) or any --data spec.")] = "filler",
+    text_field: TextFieldOpt = "text",
+    chat_template: Annotated[str, typer.Option(help="auto | on | off")] = "off",
+    scoring: ScoringOpt = "generate",
+    max_new_tokens: MaxNewOpt = None,
+    batch_size: BatchOpt = 4,
+    threshold: Annotated[float, typer.Option(help="Accuracy that counts for the passkey context."), THRESHOLD] = 0.8,
+    method: RetrievalMethodOpt = None,
+    factor: FactorOpt = None,
+    attention_temperature: TemperatureOpt = None,
+    seed: SeedOpt = 0,
+    out: OutOpt = None,
+    overwrite: OverwriteOpt = False,
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    attn: AttnOpt = "sdpa",
+    trust_remote_code: RemoteOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+) -> None:
+    """Passkey retrieval (YaRN's): per length accuracy, passkey context and mean accuracy up to it."""
+    run_retrieval("passkey", Retrieval(
+        model, lengths, samples, haystack, text_field, chat_template, scoring, max_new_tokens, batch_size, threshold,
+        method, factor, attention_temperature, seed, out, overwrite, dtype, device, attn, trust_remote_code,
+        device_map, max_memory))

@@ -1,0 +1,61 @@
+"""`ctxeval report RUN_DIR...`: merge run directories into comparison tables (ctxeval.report does the work)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import CtxevalError
+from ..report.merged import build_report
+from ..report.render import to_csv, to_json, to_markdown, write_report
+from .console import err, user_errors
+from .options import THRESHOLD, VALID_TOLERANCE
+
+FORMATS = ("md", "csv", "json")
+
+
+@user_errors
+def report_cmd(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories written by ctxeval ppl, needle, passkey or "
+                                                    "entropy (any mix of tasks and models; a report directory "
+                                                    "among them is skipped).", show_default=False)],
+    format: Annotated[str, typer.Option("--format", "-f", help="What stdout gets: md (default) | csv (one tidy "
+                                                               "table) | json.")] = "md",
+    out: Annotated[Optional[Path], typer.Option(help="Also write table.md, report.csv, report.json, one CSV per "
+                                                     "table and the combined plots to this directory "
+                                                     "(default: stdout only, no files).")] = None,
+    threshold: Annotated[float, typer.Option(help="Needle/passkey: accuracy that counts for the effective "
+                                                  "length and the passkey context."), THRESHOLD] = 0.8,
+    valid_tolerance: Annotated[float, typer.Option(help="Valid-length table: allowed ppl rise over the "
+                                                        "original length."), VALID_TOLERANCE] = 0.10,
+    aggregate: Annotated[Optional[str], typer.Option(help="ppl: token | window for every ppl run (default: "
+                                                          "each run's own; runs that differ get separate "
+                                                          "tables).")] = None,
+    single: Annotated[bool, typer.Option("--single", help="Refuse (exit 2) instead of splitting when runs of "
+                                                          "one task differ in protocol or data.")] = False,
+) -> None:
+    """Merge run directories into comparison tables: ppl (model x method by length) with the valid-length
+    table, needle / passkey summaries with the effective length, attention entropy (model x method by length,
+    with the uniform bound); runs that differ in protocol or data get separate tables. Built from rows.jsonl;
+    nothing is measured."""
+    fmt = format.lower()
+    if fmt not in FORMATS:
+        raise CtxevalError(f"--format must be md, csv or json, got '{format}'")
+    rep = build_report(runs, threshold=threshold, tolerance=valid_tolerance, aggregate=aggregate, single=single)
+    if out is not None:
+        written = write_report(rep, out)
+        pngs = [p.name for p in written if p.suffix == ".png"]
+        err.print(f"wrote {out}/table.md, report.csv, report.json, {len(rep.tables)} table CSV(s)"
+                  + (f", {', '.join(pngs)}" if pngs else ""))
+    if fmt == "md":
+        typer.echo(to_markdown(rep), nl=False)
+        return
+    for note in rep.notes + [n for g in rep.groups for n in g.notes]:
+        err.print(f"note: {note}", markup=False)
+    if fmt == "csv":
+        typer.echo(to_csv(rep), nl=False)
+    else:
+        typer.echo(json.dumps(to_json(rep), indent=2, allow_nan=False))

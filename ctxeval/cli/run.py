@@ -1,0 +1,108 @@
+"""What every measuring command does around its evaluation: load the model once (joining torchrun's process group
+first), resolve settings (flags > preset > quickstart > defaults), open the run directory (locked: one measuring
+process per directory; rank 0 holds it for a torchrun job), run the work with run.json finalised whatever happens,
+and render the run's outputs while the lock is held."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..attention import supports_temperature
+from ..distributed import conclude, current, init_from_env, open_store
+from ..errors import CtxevalError
+from ..models import load_model, parse_max_memory
+from ..paths import safe_name
+from ..specs import MethodSpec
+from ..store import RunStore, run_status
+from ..tiny import QUICKSTART
+from .console import QuietProgress, RichProgress, err
+
+QUICKSTART_SETTINGS = "quickstart (ctxeval/tiny/__init__.py)"  # what a run's spec records when they applied
+
+
+def load_for(model: str, specs: list[MethodSpec], dtype: str, device: str, attn: str, trust_remote_code: bool,
+             device_map: str | None = None, max_memory: str | None = None) -> Any:
+    """Join torchrun's process group if there is one, then load the model once for a sweep (on this rank's device,
+    or spread by --device-map); a model without RoPE accepts only method none."""
+    memory = parse_max_memory(max_memory)
+    if memory and not device_map:
+        raise CtxevalError("--max-memory needs --device-map (e.g. --device-map auto)")
+    dist, device = init_from_env(device)
+    if dist.active and device_map:
+        raise CtxevalError("--device-map spreads one model over several GPUs; under torchrun every rank loads its own "
+                           "copy on its GPU. Use one or the other")
+    if dist.active and not dist.is_main:
+        dist.barrier()  # rank 0 loads first: it alone fills caches (the SmolLM2 conversion, hub downloads)
+    lm = load_model(model, dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code,
+                    device_map=device_map, max_memory=memory)
+    if dist.active and dist.is_main:
+        dist.barrier()
+    if lm.rope.geometry is None and any(s.name not in ("none", "native") for s in specs):
+        raise CtxevalError(f"model '{model}' has no RoPE ({lm.rope.reason}); only --method none applies")
+    if any(s.temperature != 1.0 for s in specs) and not supports_temperature(lm.model, lm.device):
+        raise CtxevalError(f"--attention-temperature: the attention of '{model}' exposes no logit scale that "
+                           "ctxeval can change and that its forward reads ('scaling', or BLOOM's "
+                           "inv_norm_factor/beta); drop the option")
+    shipped = lm.rope.shipped.get("rope_type", "default")
+    if shipped != "default" and any(s.name == "none" for s in specs):
+        err.print(f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
+                  "original length; add --method native to measure the RoPE it ships")
+    return lm
+
+
+def measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, provenance: dict[str, Any], message: str,
+            work: Callable[[Any, Any], None], render: Callable[[Any], None]) -> None:
+    """Open the run directory (rank 0 locks and creates or resumes it), run `work(store, progress)` with run.json
+    finalised whatever happens, merge the ranks' rows, then `render(store)` on rank 0; the lock is released at the
+    end (or by the kernel, if the process dies)."""
+    dist = current()
+    run_dir = dist.agree(run_dir)  # the default name comes from rank 0's clock
+    store = open_store(RunStore, run_dir, spec_record, overwrite, provenance)
+    try:
+        if dist.is_main:
+            err.print(message + (f"; {dist.world} ranks (torchrun)" if dist.active else ""))
+        with run_status(store), (RichProgress() if dist.is_main else QuietProgress()) as progress:
+            failed = None
+            try:
+                work(store, progress)
+            except BaseException as exc:  # noqa: BLE001 - every rank must reach conclude(), failed or not
+                failed = exc
+            conclude(store, failed)
+        if dist.is_main:
+            render(store)
+    finally:
+        store.close()
+
+
+def trained_length_or_ask(lm: Any) -> int:
+    """The model's trained length (geometry.trained_length), or a user error asking for --lengths."""
+    length = lm.trained_length
+    if not length:
+        raise CtxevalError(f"'{lm.name}' declares no trained length (max_position_embeddings); give --lengths")
+    return length
+
+
+def default_lengths(lm: Any, multiples: tuple[float, ...]) -> list[int]:
+    """Lengths as multiples of the model's trained length."""
+    length = trained_length_or_ask(lm)
+    return sorted({max(2, int(length * m)) for m in multiples})
+
+
+def default_out(task: str, model: str, out: Path | None) -> Path:
+    return out or Path("results") / f"{task}-{safe_name(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def quickstart(task: str, factor_given: bool = False) -> dict[str, Any]:
+    """The quickstart settings of `task`; with --factor (and no --method) its methods drop their own factor so that
+    the user's factor sweeps them."""
+    settings = dict(QUICKSTART[task])
+    if factor_given:
+        def strip(spec: str) -> str:
+            name, _, rest = spec.partition(":")
+            kept = [kv for kv in rest.split(",") if kv and not kv.strip().startswith("factor=")]
+            return name + (":" + ",".join(kept) if kept else "")
+
+        settings["method"] = [strip(m) for m in settings["method"]]
+    return settings

@@ -1,0 +1,80 @@
+"""What every evaluation shares: the progress interface, the out-of-memory guard, the LM head split into its parts,
+and the fields every row starts with."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+
+from ..errors import CtxevalError
+from ..rows import METRICS
+from ..specs import MethodSpec
+
+
+class Progress(Protocol):
+    """What the evaluation reports while it runs; only the CLI knows how to draw it."""
+
+    def start(self, total: int) -> None: ...
+    def advance(self, amount: int, description: str) -> None: ...
+    def note(self, message: str) -> None: ...
+
+
+class SilentProgress:
+    """A Progress that shows nothing (library use, tests)."""
+
+    def start(self, total: int) -> None: ...
+    def advance(self, amount: int, description: str) -> None: ...
+    def note(self, message: str) -> None: ...
+
+
+class PointOOM(Exception):
+    """Out of memory while measuring one point (the message is the first line of the original error)."""
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, a host MemoryError, or a RuntimeError that says it could not allocate."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc).lower() or "can't allocate" in str(exc).lower())
+
+
+@contextlib.contextmanager
+def oom_guard(device: str) -> Iterator[None]:
+    """Turn running out of memory inside the block into PointOOM (after freeing CUDA's cache); anything else passes."""
+    try:
+        yield
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        if str(device).startswith("cuda"):
+            torch.cuda.empty_cache()
+        raise PointOOM((str(exc).splitlines() or ["out of memory"])[0][:300] or "out of memory") from None
+
+
+def head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+    """(body, LM head, logit post-processing) so that logits can be computed a chunk of positions at a time."""
+    body = getattr(model, model.base_model_prefix, None)
+    head = model.get_output_embeddings()
+    if body is None or head is None or body is model:
+        raise CtxevalError(f"{type(model).__name__} has no separate body and LM head; ctxeval cannot score it")
+    cfg = model.config.get_text_config()
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    scale = getattr(cfg, "logit_scale", None)
+
+    def post(logits: torch.Tensor) -> torch.Tensor:
+        if scale is not None:
+            logits = logits * scale
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return body, head, post
+
+
+def point_row(model_name: str, spec: MethodSpec, task: str, **fields: Any) -> dict[str, Any]:
+    """A row's leading fields (model, method, label, params, task, metric) followed by `fields` (which may set
+    `value`; a failed point has value None)."""
+    return {"model": model_name, "method": spec.name, "label": spec.label, "params": spec.record_params,
+            "task": task, "metric": METRICS[task], "value": None, **fields}

@@ -1,0 +1,113 @@
+"""Sweeps: typed work items, one planner for document sweeps (ppl, entropy), and the loop that applies one method
+at a time (RoPE method + attention temperature, read back and recorded before anything is measured) and measures
+this rank's share of the items."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+from ..distributed import current
+from ..methods import get_method
+from ..patching import apply_method
+from ..attention import attention_temperature
+from ..rows import point_key
+from ..specs import MethodSpec
+from .common import Progress
+
+# shipped RoPE types whose transformers module changes its frequencies with the sequence length
+DYNAMIC_SHIPPED = {"dynamic", "longrope"}
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One unit of work: what a rank measures in one go under one applied method."""
+
+    spec_index: int  # which method spec (index into the sweep's specs)
+    payload: Any  # what the evaluation measures: (document, lengths) for ppl/entropy, cells for needle
+    cost: float  # relative compute, to balance ranks (forward_cost summed over the forwards)
+    tokens: int  # progress units the item advances by
+    length: int  # its longest length: items run shortest first
+
+
+@contextlib.contextmanager
+def applied(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, effective: dict[str, Any]) -> Iterator[Any]:
+    """Yield the RopeHandle; `effective[spec.label]` and run.json's `methods` get the method's record."""
+    with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params) as handle, \
+            attention_temperature(lm.model, spec.temperature):
+        effective[spec.label] = {**handle.record(tuple(lengths)), "attention_temperature": spec.temperature}
+        store.update(methods=effective)
+        yield handle
+
+
+def length_dependent(spec: MethodSpec, lm: Any) -> bool:
+    """Whether the method's RoPE depends on the sequence length (then one forward cannot serve shorter lengths).
+    `native` is, when the checkpoint ships a dynamic or LongRoPE scaling (Phi-3 picks its factors by length)."""
+    if spec.name == "native":
+        return getattr(lm, "rope", None) is not None and lm.rope.shipped.get("rope_type") in DYNAMIC_SHIPPED
+    return bool(get_method(spec.name).length_dependent)
+
+
+def forward_cost(length: int) -> float:
+    """Relative cost of one forward: linear layers ~ L, attention ~ L^2 (dominant past ~16k for 7B models)."""
+    return length + length * length / 16384
+
+
+def plan_groups(todo: list[int], per_length: bool, few_items: bool) -> list[list[int]]:
+    """Lengths measured together: all in one forward for a static method, one by one for a dynamic one, or for
+    any method when there are fewer work items than ranks (then one forward per length keeps every GPU busy)."""
+    if not todo:
+        return []
+    return [[L] for L in todo] if per_length or few_items else [todo]
+
+
+def document_items(specs: Sequence[MethodSpec], docs: Sequence[Any], lengths: Sequence[int], done: set[tuple],
+                   per_length: Callable[[MethodSpec], bool], windows: Callable[[Any], int],
+                   tokens: Callable[[MethodSpec, Any, list[int]], int]) -> list[WorkItem]:
+    """The pending (method, document, lengths) items of a document sweep (ppl, entropy).
+
+    `done` holds the point keys (label, length, doc) already measured; `per_length(spec)`: one forward per length
+    (length-dependent methods, sliding windows); `windows(doc)`: forwards per length (sliding windows, else 1);
+    `tokens(spec, doc, group)`: the progress units of a group."""
+    pending = {(i, doc.doc_id): [L for L in lengths
+                                 if point_key({"label": s.label, "length": L, "doc": doc.doc_id},
+                                              ("label", "length", "doc")) not in done]
+               for i, s in enumerate(specs) for doc in docs}
+    few = current().world > sum(1 for todo in pending.values() if todo)
+    items = []
+    for index, spec in enumerate(specs):
+        separate = per_length(spec)
+        for doc in docs:
+            for group in plan_groups(pending[(index, doc.doc_id)], separate, few):
+                forwards = group if separate else [max(group)]
+                items.append(WorkItem(index, (doc, group), windows(doc) * sum(map(forward_cost, forwards)),
+                                      tokens(spec, doc, group), max(group)))
+    return items
+
+
+def run_items(lm: Any, specs: list[MethodSpec], items: list[WorkItem], lengths: tuple[int, ...], store: Any,
+              progress: Progress, work: Callable[[MethodSpec, Any, Any], None]) -> None:
+    """Measure work items one method at a time, shortest length first.
+
+    Under torchrun each rank takes its share (distributed.Dist.shard: balanced by cost) and rank 0 first records
+    every method's read-back RoPE, so run.json is complete whichever rank measures what. `work(spec, payload,
+    handle)` measures one item and appends its rows."""
+    dist = current()
+    dist.barrier()  # every rank has read the finished points before any rank appends new ones
+    effective = dict(store.record.get("methods", {}))
+    if dist.active and dist.is_main:
+        for spec in specs:
+            with applied(lm, spec, lengths, store, effective):
+                pass
+    mine = dist.shard(items, cost=lambda item: item.cost)
+    progress.start(int(sum(item.tokens for item in mine)))
+    for index, spec in enumerate(specs):
+        # ascending length: a shipped dynamic RoPE (transformers' own state) then sees lengths in order
+        payloads = [item.payload for item in sorted((it for it in mine if it.spec_index == index),
+                                                    key=lambda it: it.length)]
+        if not payloads:
+            continue
+        with applied(lm, spec, lengths, store, effective) as handle:
+            for payload in payloads:
+                work(spec, payload, handle)

@@ -1,0 +1,100 @@
+"""Config -> rotary geometry: rotary dim, base and trained length read from a transformers config in every shape
+transformers 5 uses, and the one rule for a model's trained length that every command and report applies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .methods import Geometry
+
+# model_type values of popular architectures that use no RoPE (learned absolute positions or ALiBi)
+NON_ROPE_MODEL_TYPES = {"gpt2", "bloom", "opt", "gpt_bigcode", "mpt", "xglm", "biogpt", "bert", "roberta", "ctrl"}
+
+
+@dataclass(frozen=True)
+class RopeInfo:
+    """The RoPE a config describes. `geometry` is None for a model without RoPE."""
+
+    geometry: Geometry | None
+    shipped: dict[str, Any] = field(default_factory=dict)  # rope parameters the checkpoint ships (rope_type etc.)
+    per_layer_types: tuple[str, ...] = ()  # Gemma 3 style: different RoPE per attention layer type
+    reason: str = ""  # why there is no geometry
+
+    def to_json(self) -> dict[str, Any]:
+        g = self.geometry
+        return {
+            "rotary_dim": g.rotary_dim if g else None,
+            "base": g.base if g else None,
+            "original_length": g.original_length if g else None,
+            "shipped_rope_parameters": self.shipped,
+            "per_layer_types": list(self.per_layer_types),
+            "no_rope_reason": self.reason or None,
+        }
+
+
+def rope_info_from_config(config: Any) -> RopeInfo:
+    """Read rotary dim, base and original trained length from a transformers config.
+
+    Handles `rope_parameters` (with rope_theta inside), legacy `rope_scaling` + `rope_theta`, `rotary_emb_base`,
+    `partial_rotary_factor` / `rotary_pct`, multimodal configs (`text_config`), and checkpoints that already ship a
+    scaling: then the reference length is the ORIGINAL one (`original_max_position_embeddings`).
+    """
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(cfg, "model_type", "") or ""
+    if getattr(cfg, "alibi", False) or model_type in NON_ROPE_MODEL_TYPES:
+        return RopeInfo(None, reason=f"model_type '{model_type}' uses {'ALiBi' if getattr(cfg, 'alibi', False) or model_type in ('bloom', 'mpt') else 'learned absolute positions'}, not RoPE")
+    params = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+    nested = [k for k, v in params.items() if isinstance(v, dict)]
+    if nested:
+        # per-layer-type RoPE: use the full-attention (global) entry as the reference geometry when present
+        key = "full_attention" if "full_attention" in nested else nested[0]
+        ref = dict(params[key])
+        info = _rope_info(cfg, ref)
+        return RopeInfo(info.geometry, {k: dict(params[k]) for k in nested}, tuple(sorted(nested)), info.reason)
+    return _rope_info(cfg, params)
+
+
+def _rope_info(cfg: Any, params: dict[str, Any]) -> RopeInfo:
+    base = params.get("rope_theta") or getattr(cfg, "rope_theta", None) or getattr(cfg, "rotary_emb_base", None)
+    if base is None:
+        return RopeInfo(None, reason=f"config of model_type '{getattr(cfg, 'model_type', '?')}' has no rope_theta")
+    heads = getattr(cfg, "num_attention_heads", None)
+    head_dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads if heads else None)
+    if not head_dim:
+        return RopeInfo(None, reason="config has neither head_dim nor hidden_size/num_attention_heads")
+    partial = (
+        params.get("partial_rotary_factor")
+        or getattr(cfg, "partial_rotary_factor", None)
+        or getattr(cfg, "rotary_pct", None)
+        or 1.0
+    )
+    rotary_dim = int(head_dim * partial)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    max_pos = getattr(cfg, "max_position_embeddings", None)
+    original = params.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", None)
+    if rope_type == "default" or not original:
+        original = max_pos
+    if not original:
+        return RopeInfo(None, reason="config has no max_position_embeddings: cannot tell the trained length")
+    shipped = {k: v for k, v in params.items() if k != "type"}
+    shipped.setdefault("rope_type", rope_type)
+    return RopeInfo(Geometry(rotary_dim, float(base), int(original)), shipped)
+
+
+def trained_length(config: Any) -> int | None:
+    """The length a model was trained at: its RoPE geometry's original length (a checkpoint that ships a scaling
+    counts from `original_max_position_embeddings`), else `max_position_embeddings` (models without RoPE), else
+    None."""
+    info = rope_info_from_config(config)
+    if info.geometry is not None:
+        return info.geometry.original_length
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(cfg, "max_position_embeddings", None) or None
+
+
+def trained_length_of_record(model_record: dict[str, Any]) -> int | None:
+    """The same rule applied to the `model` entry a run.json holds (LoadedModel.record())."""
+    rope = model_record.get("rope") or {}
+    length = rope.get("original_length") or model_record.get("max_position_embeddings")
+    return int(length) if length else None

@@ -1,0 +1,3 @@
+"""Reports, derived from rows only: a run's own outputs (single.py) and `ctxeval report` over any set of runs
+(runs.py loads and groups them, merged.py builds the tables, render.py writes them); tables.py formats every cell
+and plots.py draws every figure for both."""

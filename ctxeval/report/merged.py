@@ -1,0 +1,222 @@
+"""`ctxeval report`'s tables: the runs of each protocol group merged point by point into one table per kind
+(ppl: model x method by length, with the valid-length table; needle / passkey: mean accuracy with the effective
+length or passkey context; entropy: mean attention entropy with the uniform-attention reference row)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from ..errors import CtxevalError
+from ..rows import MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
+from .runs import Group, Run, display_models, field_label, group_runs, load_runs, merge_rows, row_order
+from .tables import (Table, accuracy_grid, effective_length, fmt_acc, fmt_entropy, fmt_ppl, int_or_none, length_or,
+                     needle_long, number, ppl_long, valid_lengths)
+
+def _ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> list[Table]:
+    aggregate = group.key.get("aggregate") or "token"
+    if aggregate == "window" and any(r.get("status") == "ok" and "window_nll_sum" not in r for r in rows):
+        raise CtxevalError(f"the runs of {group.id} ({', '.join(r.name for r in group.runs)}) have no per-window "
+                           "sums; use --aggregate token")
+    long = ppl_long(rows, aggregate)
+    cells = {(str(r.model), str(r.label), int(r.length)): (r.ppl, r.status) for r in long.itertuples()}
+    lengths = sorted({k[2] for k in cells})
+    pairs = row_order(group, rows)
+
+    raw, status, shown = [], [], []
+    for model, label in pairs:
+        vals, sts = [], []
+        for length in lengths:
+            value, st = cells.get((model, label, length), (None, "missing"))
+            vals.append(number(value))
+            sts.append(None if st == "ok" else st)
+        raw.append([model, label, *vals])
+        status.append([None, None, *sts])
+        shown.append([model, label, *(fmt_ppl(v if v is not None else float("nan"), s) for v, s in zip(vals, sts))])
+    n_docs = len(group.key.get("documents") or [])
+    originals = ", ".join(f"{m} {fmt_length(L)}" for m, L in group.original_lengths.items())
+    main = Table(group.id, "ppl", group.title, ["model", "method", *map(str, lengths)],
+                 ["model", "method", *map(fmt_length, lengths)], raw, status, shown,
+                 caption=f"Perplexity ({aggregate}-weighted over {n_docs} document(s)); original length: {originals}.")
+
+    # valid length: per model, over the lengths that model was evaluated at
+    vcol = f"longest length within {tolerance:.0%}"
+    vraw, vstatus, vshown = [], [], []
+    models = list(dict.fromkeys(m for m, _ in pairs))
+    for model in models:
+        mine = [(m, l) for m, l in pairs if m == model]
+        evaluated = sorted({k[2] for k in cells if k[0] == model})
+        wide = pd.DataFrame([[float("nan") if number(cells.get((model, label, L), (None,))[0]) is None
+                              else float(cells[(model, label, L)][0]) for L in evaluated] for _, label in mine],
+                            index=[label for _, label in mine], columns=evaluated)
+        original = group.original_lengths.get(model) or max(evaluated)
+        valid = valid_lengths(wide, original, tolerance)
+        for (_, label), v in zip(mine, valid.itertuples(index=False)):
+            ref_len, ref, longest, times = int_or_none(v[1]), number(v[2]), int_or_none(v[3]), number(v[4])
+            ref_status = cells.get((model, label, int(ref_len)), (None, "missing"))[1]
+            vraw.append([model, label, ref_len, ref, longest, times])
+            vstatus.append([None, None, None, None if ref is not None else ref_status,
+                            None if longest is not None else "missing", None])
+            vshown.append([model, label, fmt_length(int(ref_len)),
+                           fmt_ppl(ref if ref is not None else float("nan"), ref_status),
+                           length_or(longest, MISSING), f"{times:.2f}" if times is not None else MISSING])
+    valid_table = Table(f"{group.id}-valid", "valid", f"Valid length (ppl within {tolerance:.0%} of the reference)",
+                        ["model", "method", "reference length", "ppl at reference", vcol, "x original"],
+                        ["model", "method", "reference length", "ppl at reference", vcol, "x original"],
+                        vraw, vstatus, vshown,
+                        caption="Reference: the model's original length (or the longest evaluated length below it); "
+                                "the longest length, going up from it, whose ppl stays within the tolerance.")
+    return [main, valid_table]
+
+
+def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float) -> Table:
+    df = needle_long(rows)
+    df["model"] = df["model"].astype(str)
+    df["label"] = df["label"].astype(str)
+    lengths = sorted(int(x) for x in df["length"].unique())
+    pairs = row_order(group, rows)
+    means = df[df["status"] == "ok"].groupby(["model", "label", "length"])["correct"].mean()
+    seen = df.groupby(["model", "label", "length"])["status"].agg(
+        lambda s: "ok" if (s == "ok").any() else str(s.iloc[0]))
+    passkey = group.kind == "passkey"
+    ctx_name = "passkey context" if passkey else "effective length"
+    columns = ["model", "method", *map(str, lengths), ctx_name] + (["mean accuracy up to it"] if passkey else [])
+    headers = ["model", "method", *map(fmt_length, lengths), f"{ctx_name} (>= {threshold:.0%})"] + (
+        ["mean accuracy up to it"] if passkey else [])
+    raw, status, shown = [], [], []
+    late_start = False
+    for model, label in pairs:
+        vals, sts = [], []
+        for length in lengths:
+            st = seen.get((model, label, length), "missing")
+            vals.append(number(means.get((model, label, length))) if st == "ok" else None)
+            sts.append(None if st == "ok" else st)
+        evaluated = {L: (v if v is not None else float("nan")) for L, v, s in zip(lengths, vals, sts) if s != "missing"}
+        ctx = effective_length(pd.Series(evaluated, dtype=float), threshold) if evaluated else None
+        late = bool(evaluated) and min(evaluated) > lengths[0]
+        late_start |= late
+        ctx_text = (fmt_length(ctx) if ctx is not None else "none") + ("†" if late else "")
+        row_raw = [model, label, *vals, ctx]
+        row_st: list[str | None] = [None, None, *sts, None if ctx is not None else "none"]
+        row_shown = [model, label, *(fmt_acc(v if v is not None else float("nan"), s) for v, s in zip(vals, sts)),
+                     ctx_text]
+        if passkey:
+            upto = [v for L, v in evaluated.items() if ctx is not None and L <= ctx and not math.isnan(v)]
+            mean = sum(upto) / len(upto) if upto else None
+            row_raw.append(mean)
+            row_st.append(None if mean is not None else "missing")
+            row_shown.append(fmt_acc(mean if mean is not None else float("nan")))
+        raw.append(row_raw)
+        status.append(row_st)
+        shown.append(row_shown)
+        if not passkey:
+            grid, gstatus = accuracy_grid(df[df["model"] == model], label)
+            depths = sorted(df["depth"].astype(float).unique())
+            group.grids[(model, label)] = (grid.reindex(index=depths, columns=lengths),
+                                           gstatus.reindex(index=depths, columns=lengths))
+    what = "samples at random depths" if passkey else "depths and samples"
+    caption = (f"Mean accuracy over {what}, scored without an LLM judge; {ctx_name}: the longest length such that "
+               f"every evaluated length up to it has mean accuracy >= {threshold:.0%}.")
+    footnotes = [f"† not evaluated at the table's shorter lengths: counted from the shortest length it was "
+                 "evaluated at"] if late_start else []
+    return Table(group.id, group.kind, group.title, columns, headers, raw, status, shown, caption, footnotes)
+
+
+def _entropy_table(group: Group, rows: list[dict[str, Any]]) -> Table:
+    """Rows = model x method, columns = length, value = the mean over documents of each point's entropy (itself the
+    mean over layers, heads and query positions); a cell with a failed document shows the failure, as in ppl.
+    The last row is the uniform-attention bound, which depends on the length only."""
+    points: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        points.setdefault((str(row["model"]), str(row["label"]), int(row["length"])), []).append(row)
+    lengths = sorted({k[2] for k in points})
+    pairs = row_order(group, rows)
+    n_docs = len(group.key.get("documents") or [])
+    raw, status, shown = [], [], []
+    partial: list[str] = []
+    for model, label in pairs:
+        vals: list[float | None] = []
+        sts: list[str | None] = []
+        for length in lengths:
+            mine = points.get((model, label, length), [])
+            failed = [r for r in mine if r.get("status") != "ok"]
+            if not mine or failed:
+                vals.append(None)
+                sts.append(str(failed[0].get("status")) if failed else "missing")
+                continue
+            vals.append(number(sum(float(r["entropy"]) for r in mine) / len(mine)))
+            sts.append(None)
+            if len(mine) < n_docs:
+                partial.append(f"{fmt_length(length)} ({len(mine)} of {n_docs})")
+        if partial:
+            group.notes.append(f"{model} · {label}: averaged over fewer documents than the protocol's at "
+                               f"{', '.join(partial)}; the run did not measure the others")
+            partial = []
+        raw.append([model, label, *vals])
+        status.append([None, None, *sts])
+        shown.append([model, label, *(fmt_entropy(v, s) for v, s in zip(vals, sts))])
+    recorded = {int(r["length"]): float(r["uniform_entropy"]) for r in rows
+                if r.get("status") == "ok" and number(r.get("uniform_entropy")) is not None}
+    bound = [recorded.get(L, uniform_entropy(L)) for L in lengths]
+    raw.append([UNIFORM_MODEL, UNIFORM_LABEL, *bound])
+    status.append([None, None, *([None] * len(lengths))])
+    shown.append([UNIFORM_MODEL, UNIFORM_LABEL, *(fmt_entropy(v) for v in bound)])
+    originals = ", ".join(f"{m} {fmt_length(L)}" for m, L in group.original_lengths.items())
+    caption = (f"Mean attention entropy in nats (over layers, heads, query positions and {n_docs} document(s)); "
+               f"original length: {originals}. Last row: the entropy if every query attended evenly to the keys it "
+               "sees, mean ln(i+1), the upper bound; it depends on the length only, the same for every model and "
+               "method.")
+    return Table(group.id, "entropy", group.title, ["model", "method", *map(str, lengths)],
+                 ["model", "method", *map(fmt_length, lengths)], raw, status, shown, caption=caption)
+
+
+@dataclass
+class Report:
+    runs: list[Run]
+    groups: list[Group]
+    notes: list[str]
+    threshold: float
+    tolerance: float
+    aggregate: str | None
+
+    @property
+    def tables(self) -> list[Table]:
+        return [t for g in self.groups for t in g.tables]
+
+
+def build_report(paths: Sequence[Path | str], *, threshold: float = 0.8, tolerance: float = 0.10,
+                 aggregate: str | None = None, single: bool = False) -> Report:
+    """Load the runs, group them by protocol and build every group's tables."""
+    if not 0 < threshold <= 1:
+        raise CtxevalError(f"--threshold must be in (0, 1], got {threshold}")
+    if tolerance < 0:
+        raise CtxevalError(f"--valid-tolerance must be >= 0, got {tolerance}")
+    if aggregate not in (None, "token", "window"):
+        raise CtxevalError(f"--aggregate must be token or window, got '{aggregate}'")
+    runs, notes = load_runs(paths)
+    groups = group_runs(runs, aggregate, single)
+    for group in groups:
+        names = display_models(group)
+        for run in group.runs:
+            for model in run.models:
+                if run.original_length and names[(run.order, model)] not in group.original_lengths:
+                    group.original_lengths[names[(run.order, model)]] = run.original_length
+        rows, group.notes = merge_rows(group)
+        if group.kind == "ppl":
+            group.tables = _ppl_tables(group, rows, tolerance)
+        elif group.kind == "entropy":
+            group.tables = [_entropy_table(group, rows)]
+        else:
+            group.tables = [_retrieval_table(group, rows, threshold)]
+    kinds = Counter(g.kind for g in groups)
+    for kind, n in kinds.items():
+        if n > 1:
+            differ = groups[[g.kind for g in groups].index(kind)].distinguishing
+            notes.append(f"the {kind} runs differ in {', '.join(map(field_label, differ))}: shown as {n} separate tables, never mixed")
+    return Report(runs, groups, notes, threshold, tolerance, aggregate)
+

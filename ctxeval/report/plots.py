@@ -1,0 +1,225 @@
+"""Every figure ctxeval draws, for a run's own directory and for `ctxeval report` alike: curves against the
+context length (perplexity, attention entropy, passkey accuracy), needle heatmaps, and the per-pair frequency plan.
+
+Readability rules, applied in one place: length axes are log2 with a labelled tick at every evaluated length; a
+log y axis carries numbers at readable values (1-2-5 steps, finer when the data span less than a decade); every
+series differs from every other (colour by method family, line style and marker by parameters or model); the legend
+moves outside the axes past four entries; original lengths are marked with black vertical lines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never open a window
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib import ticker  # noqa: E402
+
+from ..rows import fmt_length, status_label  # noqa: E402
+
+# one colour per method family, the same in every figure; unknown families take the remaining colours in order
+FAMILY_COLORS = {"none": "tab:blue", "native": "tab:brown", "pi": "tab:orange", "linear": "tab:orange",
+                 "ntk": "tab:green", "dynamic-ntk": "tab:olive", "ntk-by-parts": "tab:cyan", "yarn": "tab:red",
+                 "dynamic-yarn": "tab:pink", "llama3": "tab:purple"}
+SPARE_COLORS = ["tab:gray", "#1b9e77", "#7570b3", "#e6ab02", "#a6761d", "#666666"]
+# the variants of one family (other factors or parameters, other models): line style x marker
+VARIANT_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ("-", "v"), ("--", "P"), (":", "X"),
+                  ("-.", "*"), ("-", "h"), ("--", "<")]
+LEGEND_INSIDE_MAX = 4  # legend entries (curves and marker lines) that fit inside the axes
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One series against the context length."""
+
+    label: str  # legend text
+    family: str  # method name: decides the colour
+    xs: list[int]
+    ys: list[float]
+    reference: bool = False  # a reference line (uniform attention): grey, dashed, no markers
+
+
+@dataclass(frozen=True)
+class HeatmapPanel:
+    """One accuracy grid: rows = needle depth %, columns = context length."""
+
+    title: str
+    grid: Any  # DataFrame of accuracies (NaN where nothing was measured)
+    status: Any  # DataFrame of statuses (ok / oom / skipped / missing), same shape
+    original_length: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def method_family(label: str) -> str:
+    """'yarn(factor=4)' -> 'yarn'."""
+    return str(label).split("(", 1)[0].strip()
+
+
+def save(fig: Any, path: Path, tight: bool = True) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if tight:
+        fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def curve_styles(curves: Sequence[Curve]) -> list[dict[str, Any]]:
+    """Matplotlib styles: colour by family, the family's n-th variant gets the n-th (line style, marker); no two
+    measured curves share a (colour, line style, marker)."""
+    spare = iter(SPARE_COLORS * 4)
+    colors: dict[str, str] = {}
+    variants: dict[str, int] = {}
+    styles = []
+    for curve in curves:
+        if curve.reference:
+            styles.append({"color": "grey", "ls": "--", "lw": 1.2, "marker": None})
+            continue
+        if curve.family not in colors:
+            colors[curve.family] = FAMILY_COLORS.get(curve.family) or next(spare)
+        n = variants.get(curve.family, 0)
+        variants[curve.family] = n + 1
+        ls, marker = VARIANT_STYLES[n % len(VARIANT_STYLES)]
+        styles.append({"color": colors[curve.family], "ls": ls, "marker": marker, "ms": 4.5, "lw": 1.5})
+    return styles
+
+
+def length_axis(ax: Any, lengths: Sequence[int]) -> None:
+    """log2 x axis with one labelled tick per evaluated length (1k = 1024)."""
+    lengths = sorted(set(int(x) for x in lengths))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths)
+    ax.set_xticklabels([fmt_length(x) for x in lengths])
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Readable tick values for a log axis over [low, high]: at least three, from the coarsest of the mantissa sets
+    1 / 1-2-5 / 1-1.5-2-3-5-7 / 1-1.2-1.5-...-9 that gives at least four (else three, else the limits)."""
+    mantissas = [(1,), (1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)]
+    decades = range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1)
+    candidates = [[m * 10.0**e for e in decades for m in mants if low <= m * 10.0**e <= high] for mants in mantissas]
+    for wanted in (4, 3):
+        for ticks in candidates:
+            if len(ticks) >= wanted:
+                return ticks
+    return candidates[-1] if len(candidates[-1]) >= 2 else [low, high]
+
+
+def _tick_text(value: float, _pos: Any = None) -> str:
+    return f"{value:,.0f}" if value >= 1000 else f"{value:g}"
+
+
+def readable_log_y(ax: Any) -> None:
+    """Numbers on a log y axis at readable values within its current limits (no unlabelled decades)."""
+    low, high = ax.get_ylim()
+    ax.yaxis.set_major_locator(ticker.FixedLocator(log_ticks(low, high)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(_tick_text))
+    ax.yaxis.set_minor_locator(ticker.NullLocator())
+    ax.set_ylim(low, high)
+
+
+def plot_curves(curves: Sequence[Curve], path: Path, *, title: str, xlabel: str, ylabel: str,
+                originals: dict[int, str] | None = None, log_y: bool = False, threshold: float | None = None,
+                ylim: tuple[float, float] | None = None) -> Path:
+    """Curves against the context length on one figure. `originals`: original length -> legend text (marked with
+    black vertical lines); `threshold`: a grey horizontal line (accuracy figures)."""
+    measured = [c for c in curves if c.xs]
+    legend_outside = len(measured) + len(originals or {}) + (threshold is not None) > LEGEND_INSIDE_MAX
+    fig, ax = plt.subplots(figsize=(10.5 if legend_outside else 8, 5))
+    for curve, style in zip(measured, curve_styles(measured)):
+        ax.plot(curve.xs, curve.ys, label=curve.label, **style)
+    lengths = sorted({x for c in measured for x in c.xs})
+    for i, (L, text) in enumerate(sorted((originals or {}).items())):
+        if lengths and min(lengths) <= L <= max(lengths):
+            ax.axvline(L, color="black", ls=[":", "--", "-."][i % 3], lw=1, label=text)
+    if threshold is not None:
+        ax.axhline(threshold, color="grey", lw=1, ls="--", label=f"threshold {threshold:.0%}")
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    if log_y:
+        ax.set_yscale("log")
+        readable_log_y(ax)
+    length_axis(ax, lengths)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel + (" (log scale)" if log_y else ""))
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="major", alpha=0.3)
+    if legend_outside:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize=8, loc="best")
+    return save(fig, path)
+
+
+def paint_heatmap(ax: Any, panel: HeatmapPanel, fontsize: int = 8) -> Any:
+    """One accuracy grid on `ax` (red-yellow-green, the original test's scale; values printed; a dashed line where
+    the lengths pass the original length). Returns the image for a colour bar."""
+    values = panel.grid.to_numpy(dtype=float)
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="#dddddd")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            v = values[i, j]
+            text = f"{v:.0%}" if not math.isnan(v) else status_label(str(panel.status.iat[i, j]))
+            ax.text(j, i, text, ha="center", va="center", fontsize=fontsize)
+    ax.set_xticks(range(values.shape[1]))
+    ax.set_xticklabels([fmt_length(int(c)) for c in panel.grid.columns], fontsize=fontsize)
+    ax.set_yticks(range(values.shape[0]))
+    ax.set_yticklabels([f"{d:g}%" for d in panel.grid.index], fontsize=fontsize)
+    L = panel.original_length
+    past = [j for j, c in enumerate(panel.grid.columns) if L is not None and c > L]
+    if past:
+        ax.axvline(past[0] - 0.5, color="black", lw=1.5, ls="--")
+    if panel.title:
+        ax.set_title(panel.title, fontsize=9)
+    ax.set_xlabel("context length", fontsize=fontsize)
+    return image
+
+
+def plot_heatmaps(panels: Sequence[HeatmapPanel], path: Path, title: str) -> Path:
+    """Heatmaps side by side (at most four a row) on shared depth axes and one colour scale."""
+    n = len(panels)
+    ncols = min(n, 4)
+    nrows = math.ceil(n / ncols)
+    first = panels[0].grid
+    width = max(3.0, 0.8 * first.shape[1] + 1.2)
+    height = max(2.2, 0.35 * first.shape[0] + 1.4)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + 1.2, height * nrows + 0.8), squeeze=False,
+                             sharey=True, layout="constrained")
+    image = None
+    for ax, panel in zip(axes.ravel(), panels):
+        image = paint_heatmap(ax, panel)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("needle depth", fontsize=8)
+    for ax in axes.ravel()[n:]:
+        ax.set_visible(False)
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.046, pad=0.02, label="accuracy")
+    fig.suptitle(title, fontsize=9)
+    return save(fig, path, tight=False)
+
+
+def plot_plan(rows: Sequence[Any], title: str, original_length: int, path: Path) -> Path:
+    """Scale theta_i / theta'_i per pair against its original wavelength; L marked, groups coloured."""
+    colors = {"extrapolated": "tab:green", "blended": "tab:orange", "interpolated": "tab:red"}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for group, color in colors.items():
+        pts = [r for r in rows if r.group == group]
+        if pts:
+            ax.scatter([r.wavelength for r in pts], [r.scale for r in pts], s=14, color=color, label=group)
+    ax.plot([r.wavelength for r in rows], [r.scale for r in rows], color="grey", lw=0.6, zorder=0)
+    ax.axvline(original_length, color="black", ls="--", lw=1, label=f"L = {original_length}")
+    ax.set_xscale("log")
+    ax.set_xlabel("original wavelength 2π/θ_i (tokens)")
+    ax.set_ylabel("scale θ_i / θ'_i")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return save(fig, path)

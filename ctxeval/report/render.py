@@ -1,0 +1,174 @@
+"""A report as files and text: markdown, one tidy CSV, one wide CSV per table, JSON (with how it was made) and
+one figure per protocol group."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import CtxevalError
+from ..rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
+from ..store import RUN_FILE, environment, now_utc
+from .merged import Report
+from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
+from .runs import Group
+from .tables import Table, csv_value, markdown, number
+
+
+def to_markdown(rep: Report, images: dict[str, str] | None = None) -> str:
+    """The whole report as markdown; `images` (group id -> file name) adds the plots."""
+    parts = ["# ctxeval report\n\n"]
+    parts.append(markdown(["run", "task", "model", "status", "rows", "table"],
+                            [[f"`{r.name}`", r.task, ", ".join(r.models), r.status, str(len(r.rows)),
+                              next(g.id for g in rep.groups if r in g.runs)] for r in rep.runs]))
+    if rep.notes:
+        parts.append("\n" + "".join(f"- {n}\n" for n in rep.notes))
+    for group in rep.groups:
+        parts.append(f"\n## {group.title}\n\n")
+        parts.append(f"Protocol: {group.description}. Runs: {', '.join(f'`{r.name}`' for r in group.runs)}.\n")
+        for i, table in enumerate(group.tables):
+            if i:
+                parts.append(f"\n### {table.title}\n")
+            if table.caption:
+                parts.append(f"\n{table.caption}\n")
+            parts.append("\n" + markdown(table.headers, table.cells))
+            if table.footnotes:
+                parts.append("\n" + "".join(f"{f}\n" for f in table.footnotes))
+        if group.notes:
+            parts.append("\n" + "".join(f"- {n}\n" for n in group.notes))
+        if images and group.id in images:
+            parts.append(f"\n![{group.title}]({images[group.id]})\n")
+    return "".join(parts)
+
+
+CSV_FIELDS = ["table", "title", "model", "method", "column", "value", "status"]
+
+
+def to_csv(rep: Report) -> str:
+    """Every table in one tidy CSV: one line per (table, model, method, column); missing = empty value."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_FIELDS)
+    for table in rep.tables:
+        for row, sts in zip(table.rows, table.status):
+            for col, value, st in list(zip(table.columns, row, sts))[2:]:
+                w.writerow([table.id, table.title, row[0], row[1], col, csv_value(value), st or "ok"])
+    return buf.getvalue()
+
+
+def table_csv(table: Table) -> str:
+    """One table as a wide CSV (the markdown's shape, raw values; missing = empty)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(table.columns)
+    for row in table.rows:
+        w.writerow(row[:2] + [csv_value(v) for v in row[2:]])
+    return buf.getvalue()
+
+
+def to_json(rep: Report, images: dict[str, str] | None = None) -> dict[str, Any]:
+    """The report as plain JSON-able data (missing values are null, never 0)."""
+    def table_json(t: Table) -> dict[str, Any]:
+        return {"id": t.id, "kind": t.kind, "title": t.title, "caption": t.caption, "columns": t.columns,
+                "rows": [{c: (v if i < 2 else number(v)) for i, (c, v) in enumerate(zip(t.columns, row))} for row in t.rows],
+                "status": [{c: s for c, s in zip(t.columns, sts) if s is not None} for sts in t.status],
+                "footnotes": t.footnotes}
+
+    return {
+        "settings": {"threshold": rep.threshold, "valid_tolerance": rep.tolerance, "aggregate": rep.aggregate},
+        "runs": [{"path": r.name, "task": r.task, "models": r.models, "status": r.status,
+                  "started": r.record.get("started"), "rows": len(r.rows),
+                  "group": next(g.id for g in rep.groups if r in g.runs)} for r in rep.runs],
+        "groups": [{"id": g.id, "kind": g.kind, "title": g.title, "protocol": g.key, "distinguishing": g.distinguishing,
+                    "runs": [r.name for r in g.runs], "original_lengths": g.original_lengths, "notes": g.notes,
+                    "tables": [table_json(t) for t in g.tables],
+                    "plot": (images or {}).get(g.id)} for g in rep.groups],
+        "notes": rep.notes,
+    }
+
+
+def _curve_label(group: Group, model: str, label: str) -> str:
+    models = {r[0] for r in group.tables[0].rows if not (r[0] == UNIFORM_MODEL and r[1] == UNIFORM_LABEL)}
+    return f"{model} · {label}" if len(models) > 1 else label
+
+
+def _originals(group: Group) -> dict[int, str]:
+    """Original length -> legend text (naming the models when the group's models differ in it)."""
+    by_length: dict[int, list[str]] = {}
+    for model, L in group.original_lengths.items():
+        by_length.setdefault(L, []).append(model)
+    several = len(group.original_lengths) > 1
+    return {L: f"original length {fmt_length(L)}" + (f" ({', '.join(models)})" if several else "")
+            for L, models in by_length.items()}
+
+
+def group_curves(group: Group, value_columns: int | None = None) -> list[Curve]:
+    """The group's first table as curves: one per (model, method) row; the uniform-entropy row as a reference."""
+    table = group.tables[0]
+    stop = 2 + (value_columns if value_columns is not None else len(table.columns) - 2)
+    lengths = [int(c) for c in table.columns[2:stop]]
+    curves = []
+    for row in table.rows:
+        points = [(L, v) for L, v in zip(lengths, row[2:stop]) if v is not None]
+        reference = row[0] == UNIFORM_MODEL and row[1] == UNIFORM_LABEL
+        label = "uniform attention (ln of visible keys)" if reference else _curve_label(group, row[0], row[1])
+        curves.append(Curve(label, method_family(row[1]), [p[0] for p in points], [p[1] for p in points], reference))
+    return curves
+
+
+def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
+    """One PNG per group (ppl curves / needle heatmaps / passkey curves / entropy curves); returns group id -> file
+    name."""
+    images: dict[str, str] = {}
+    for group in rep.groups:
+        path = Path(out_dir) / f"{group.id}.png"
+        title = f"{group.title}\n{group.description}"
+        if group.kind == "needle":
+            if not group.grids:
+                continue
+            panels = [HeatmapPanel(_curve_label(group, model, label), grid, status, group.original_lengths.get(model))
+                      for (model, label), (grid, status) in ((pair, group.grids[pair]) for pair in
+                                                             ((r[0], r[1]) for r in group.tables[0].rows)
+                                                             if pair in group.grids)]
+            plot_heatmaps(panels, path, f"{group.title} (dashed: past the original length)\n{group.description}")
+        elif group.kind == "passkey":
+            curves = group_curves(group, value_columns=len(group.tables[0].columns) - 4)
+            plot_curves(curves, path, title=title, xlabel="context length (tokens)", ylabel="accuracy",
+                        originals=_originals(group), threshold=rep.threshold, ylim=(-0.05, 1.05))
+        else:
+            curves = group_curves(group)
+            if not any(c.xs for c in curves if not c.reference):
+                continue
+            if group.kind == "ppl":
+                plot_curves(curves, path, title=title, xlabel="evaluation length (tokens)", ylabel="perplexity",
+                            originals=_originals(group), log_y=True)
+            else:
+                plot_curves(curves, path, title=title, xlabel="context length (tokens)",
+                            ylabel="mean attention entropy (nats)", originals=_originals(group))
+        images[group.id] = path.name
+    return images
+
+
+def write_report(rep: Report, out_dir: Path) -> list[Path]:
+    """table.md, report.json, report.csv (tidy), one wide CSV per table and one PNG per group, in out_dir."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CtxevalError(f"--out {out_dir} is a file, not a directory; choose a directory path")
+    if (out_dir / RUN_FILE).exists():
+        raise CtxevalError(f"--out {out_dir} is a run directory (it holds run.json); choose another directory for the report")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = write_plots(rep, out_dir)
+    written = [out_dir / name for name in images.values()]
+    record = {**to_json(rep, images), "generated": {  # how this report was made, as run.json says for a run
+        "command": "ctxeval " + " ".join(sys.argv[1:]), "time": now_utc(), "environment": environment()}}
+    files = {"table.md": to_markdown(rep, images), "report.csv": to_csv(rep),
+             "report.json": json.dumps(record, indent=2, allow_nan=False, default=str) + "\n"}
+    files.update({f"{t.id}.csv": table_csv(t) for t in rep.tables})
+    for name, text in files.items():
+        (out_dir / name).write_text(text, encoding="utf-8")
+        written.append(out_dir / name)
+    return written

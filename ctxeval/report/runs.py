@@ -1,0 +1,355 @@
+"""Run directories as a report reads them: load, group by protocol, merge points measured by several runs.
+
+Tables are built from rows.jsonl only; run.json is read for metadata (task, model, dtype, original length,
+protocol, data, status). Runs are grouped by protocol: runs whose protocol or data differ never share a table.
+
+- **Group key** (what must agree for two runs to share a table):
+  ppl: data spec, documents, text field, protocol, stride, BOS, aggregate;
+  needle / passkey: the needle preset (every field), haystack, text field, depths, samples, seed, scoring,
+  generation budget, chat template, snap;
+  entropy: data spec, documents, text field, BOS, layers, heads.
+  Lengths, models and methods are not part of it: they are the table's columns and rows, and a length a run did
+  not measure is a missing cell ("—"), never zero.
+- **Same (model, method) in several runs of one group**: merged point by point (a short run and a long run fill
+  one row). A point measured by more than one run is taken from the run started later, except that a measured
+  value is never replaced by a failure (oom / skipped); every such overlap is listed in the group's notes.
+- **Same model name with different dtypes** in one group: rows are labelled `model (dtype)` so they never merge.
+- **A report directory** (written by `ctxeval report --out`: report.json, no run.json) among the paths, as in
+  `results/*/`, is skipped with a note; given alone it is an error.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from ..errors import CtxevalError
+from ..geometry import trained_length_of_record
+from ..rows import KINDS, MISSING, POINT_FIELDS, REQUIRED, REQUIRED_OK, point_key
+from ..store import ROWS_FILE, RUN_FILE, read_rows
+from .tables import Table
+
+KIND_TITLES = {"ppl": "Perplexity", "needle": "Needle in a haystack", "passkey": "Passkey retrieval",
+               "entropy": "Attention entropy"}
+WRITERS = "ctxeval ppl, needle, passkey or entropy"
+
+
+
+@dataclass
+class Run:
+    """One run directory: run.json (metadata) and its rows."""
+
+    path: Path
+    name: str  # as the user gave it (used in headings and notes)
+    task: str  # ppl | needle | passkey | entropy
+    record: dict[str, Any]
+    rows: list[dict[str, Any]]
+    order: int  # position on the command line
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.record.get("spec") or {}
+
+    @property
+    def status(self) -> str:
+        return str(self.record.get("status") or "unknown")
+
+    @property
+    def started(self) -> _dt.datetime | None:
+        text = self.record.get("started")
+        try:
+            stamp = _dt.datetime.fromisoformat(text) if text else None
+        except (TypeError, ValueError):
+            return None
+        if stamp is not None and stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=_dt.timezone.utc)
+        return stamp
+
+    @property
+    def dtype(self) -> str | None:
+        return self.spec.get("dtype") or (self.record.get("model") or {}).get("dtype")
+
+    @property
+    def models(self) -> list[str]:
+        return list(dict.fromkeys(str(r["model"]) for r in self.rows))
+
+    @property
+    def original_length(self) -> int | None:
+        """The model's trained length (geometry.trained_length's rule, read from run.json's model record)."""
+        return trained_length_of_record(self.record.get("model") or {})
+
+
+def load_run(path: Path | str, order: int = 0) -> Run:
+    """Read one run directory; a CtxevalError (one line, what to do) for anything that is not a usable run."""
+    given = str(path).rstrip("/") or str(path)
+    p = Path(path)
+    if p.is_file() and p.name == RUN_FILE:
+        p = p.parent
+    if not p.exists():
+        raise CtxevalError(f"run directory {given} does not exist; pass directories written by {WRITERS}")
+    if not p.is_dir():
+        raise CtxevalError(f"{given} is a file, not a run directory; pass the directory that holds run.json and rows.jsonl")
+    run_json = p / RUN_FILE
+    if not run_json.exists():
+        inner = sorted(d.name for d in p.iterdir() if (d / RUN_FILE).exists()) if p.is_dir() else []
+        if inner:
+            raise CtxevalError(f"{given} is not a run directory but holds {len(inner)} (e.g. {inner[0]}); "
+                               f"pass them one by one, e.g. {given}/*/")
+        if is_report_dir(p):
+            raise CtxevalError(f"{given} holds a report written by ctxeval report --out, not a run (no run.json); "
+                               f"pass the run directories it was made from")
+        raise CtxevalError(f"{given} is not a ctxeval run directory (no run.json); pass directories written by "
+                           f"{WRITERS}")
+    try:
+        record = json.loads(run_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CtxevalError(f"{run_json} cannot be read ({type(exc).__name__}); it is not a ctxeval run.json, "
+                           "leave this directory out") from None
+    if not isinstance(record, dict):
+        raise CtxevalError(f"{run_json} is not a ctxeval run.json (not a JSON object); leave this directory out")
+    rows = read_rows(p / ROWS_FILE)
+    spec = record.get("spec") if isinstance(record.get("spec"), dict) else {}
+    task = spec.get("task") or (rows[0].get("task") if rows else None)
+    if task not in KINDS:
+        raise CtxevalError(f"{given}: unknown task '{task}' in run.json; ctxeval report merges ppl, needle, "
+                           "passkey and entropy runs")
+    if not rows:
+        raise CtxevalError(f"{given} has no measured rows ({ROWS_FILE} missing or empty); resume the run with "
+                           "its original command, or leave it out")
+    for i, row in enumerate(rows, 1):
+        need = REQUIRED[task] + (REQUIRED_OK[task] if row.get("status") == "ok" else ())
+        lacking = [f for f in need if f not in row]
+        if lacking:
+            raise CtxevalError(f"{given}/{ROWS_FILE} line {i} lacks {', '.join(lacking)}: not a ctxeval {task} row; "
+                               "leave this directory out")
+    return Run(p, given, task, record, rows, order)
+
+
+def is_report_dir(path: Path) -> bool:
+    """A directory written by `ctxeval report --out` (its report.json; no run.json): not a run."""
+    if (path / RUN_FILE).exists() or not (path / "report.json").is_file():
+        return False
+    try:
+        data = json.loads((path / "report.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and {"settings", "runs", "groups"} <= set(data)
+
+
+def load_runs(paths: Sequence[Path | str]) -> tuple[list[Run], list[str]]:
+    """Load every run (a path given twice is used once; a report directory among runs is skipped). Returns the runs
+    and notes about them."""
+    if not paths:
+        raise CtxevalError(f"no run directories given; pass one or more directories written by {WRITERS}")
+    runs: list[Run] = []
+    seen: dict[Path, str] = {}
+    notes: list[str] = []
+    reports = [p for p in paths if Path(p).is_dir() and is_report_dir(Path(p))]
+    for path in paths:
+        if path in reports and len(reports) < len(paths):
+            notes.append(f"{str(path).rstrip('/') or path} holds a report written by ctxeval report --out, not a run; "
+                         "skipped")
+            continue
+        run = load_run(path, order=len(runs))
+        resolved = run.path.resolve()
+        if resolved in seen:
+            notes.append(f"{run.name} was given twice (as {seen[resolved]}); used once")
+            continue
+        seen[resolved] = run.name
+        runs.append(run)
+    for run in runs:
+        if run.status != "success":
+            notes.append(f"{run.name} is incomplete (status {run.status}): cells it did not reach show as {MISSING}")
+    return runs, notes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# protocol keys and groups
+
+
+def documents(run: Run) -> list[str]:
+    """The run's documents as run.json's data.documents lists them (else as its rows name them), in order."""
+    data = run.record.get("data") or {}
+    docs = [str(d.get("doc")) for d in data.get("documents") or [] if isinstance(d, dict)]
+    return docs or list(dict.fromkeys(str(r["doc"]) for r in run.rows))
+
+
+def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
+    """What must agree for runs to share a table (flat: field -> JSON-able value)."""
+    spec = run.spec
+    if run.task in ("ppl", "entropy"):
+        proto = run.record.get("protocol") or {}
+        corpus = {"data": spec.get("data", (run.record.get("data") or {}).get("spec")), "documents": documents(run),
+                  "text_field": spec.get("text_field", "text")}
+        if run.task == "ppl":
+            return {**corpus, "protocol": proto.get("name", spec.get("protocol")),
+                    "stride": proto.get("stride", spec.get("stride")), "bos": proto.get("bos", spec.get("bos")),
+                    "aggregate": aggregate or proto.get("aggregate", "token")}
+        return {**corpus, "bos": spec.get("bos", proto.get("bos")), "layers": spec.get("layers", "all"),
+                "heads": spec.get("heads", "all")}
+    preset = spec.get("preset")
+    key: dict[str, Any] = {}
+    if isinstance(preset, dict):
+        key["preset"] = preset.get("name")
+        key.update({f"preset.{k}": v for k, v in preset.items() if k != "name"})
+    else:
+        key["preset"] = preset or (run.rows[0].get("preset"))
+    key.update({
+        "haystack": spec.get("haystack"),
+        "text_field": spec.get("text_field", "text"),
+        "depths": "random" if run.task == "passkey" or spec.get("random_depth") else spec.get("depths"),
+        "samples": spec.get("samples"),
+        "seed": spec.get("seed", run.record.get("seed")),
+        "scoring": spec.get("scoring", run.rows[0].get("scoring")),
+        "max_new_tokens": spec.get("max_new_tokens"),
+        "chat_template": spec.get("chat_template"),
+        "snap": spec.get("snap"),
+    })
+    return key
+
+
+def canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def field_label(name: str) -> str:
+    return name.replace("_", " ")
+
+
+def fmt_value(value: Any) -> str:
+    """A protocol field's value for headings: on/off, comma lists, long strings shortened."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(fmt_value(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return canon(value)
+    text = " ".join(str(value).split())
+    return text if len(text) <= 48 else text[:45] + "..."
+
+
+@dataclass
+class Group:
+    """Runs of one kind that agree on the protocol: they share tables."""
+
+    id: str  # ppl-1, needle-1, ...
+    kind: str
+    number: int
+    of: int
+    key: dict[str, Any]
+    runs: list[Run]
+    distinguishing: list[str] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    original_lengths: dict[str, int] = field(default_factory=dict)
+    grids: dict[tuple[str, str], tuple[pd.DataFrame, pd.DataFrame]] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        title = KIND_TITLES[self.kind]
+        if self.of > 1:
+            title += f" ({self.number} of {self.of})"
+            if self.distinguishing:
+                title += ": " + ", ".join(f"{field_label(f)} {fmt_value(self.key.get(f))}" for f in self.distinguishing)
+        return title
+
+    @property
+    def description(self) -> str:
+        quiet = {"text_field": "text", "max_new_tokens": None}  # shown only when not the default
+        if self.key.get("protocol") != "sliding":
+            quiet["stride"] = None
+        shown = [f for f in self.key if (not f.startswith("preset.") and not (f in quiet and self.key[f] == quiet[f]))
+                 or f in self.distinguishing]
+        return " · ".join(f"{field_label(f)} {fmt_value(self.key.get(f))}" for f in shown)
+
+
+def group_runs(runs: Sequence[Run], aggregate: str | None = None, single: bool = False) -> list[Group]:
+    """Group runs by (kind, protocol key); kinds in the order ppl, needle, passkey, entropy, groups in command-line
+    order.
+
+    single=True refuses (CtxevalError) when the runs of one kind would need more than one table."""
+    found: dict[tuple[str, str], tuple[dict[str, Any], list[Run]]] = {}
+    for run in runs:
+        key = protocol_key(run, aggregate)
+        found.setdefault((run.task, canon(key)), (key, []))[1].append(run)
+    groups: list[Group] = []
+    for kind in KINDS:
+        mine = [(key, members) for (k, _), (key, members) in found.items() if k == kind]
+        fields = list(dict.fromkeys(f for key, _ in mine for f in key))
+        differ = [f for f in fields if len({canon(key.get(f)) for key, _ in mine}) > 1]
+        if single and len(mine) > 1:
+            values = "; ".join(f"{members[0].name}: " + ", ".join(f"{field_label(f)} {fmt_value(key.get(f))}" for f in differ)
+                               for key, members in mine)
+            raise CtxevalError(f"--single: the {kind} runs differ in {', '.join(map(field_label, differ))} ({values}); drop --single "
+                               "to get one table per protocol, or leave runs out")
+        for n, (key, members) in enumerate(mine, 1):
+            groups.append(Group(f"{kind}-{n}", kind, n, len(mine), key, members, differ))
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# merging rows
+
+
+def display_models(group: Group) -> dict[tuple[int, str], str]:
+    """(run order, row model) -> display name; `model (dtype)` where one model name comes with several dtypes."""
+    dtypes: dict[str, set[str]] = {}
+    for run in group.runs:
+        for model in run.models:
+            dtypes.setdefault(model, set()).add(str(run.dtype))
+    return {(run.order, m): (f"{m} ({run.dtype})" if len(dtypes[m]) > 1 else m) for run in group.runs for m in run.models}
+
+
+def merge_rows(group: Group) -> tuple[list[dict[str, Any]], list[str]]:
+    """The group's rows with one row per point, and notes on points more than one run measured.
+
+    Within a run the last row per point wins (a resumed point replaces its failure). Across runs the run started
+    later wins (ties: the later one on the command line), except that a measured value is never replaced by a
+    failure."""
+    names = display_models(group)
+    point = POINT_FIELDS[group.kind]
+    chosen: dict[tuple, tuple[Run, dict[str, Any]]] = {}
+    overlaps: Counter[tuple[str, str, str, str, str]] = Counter()
+    epoch = _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
+    for run in sorted(group.runs, key=lambda r: (r.started or epoch, r.order)):
+        latest: dict[tuple, dict[str, Any]] = {}
+        for row in run.rows:
+            row = {**row, "model": names[(run.order, str(row["model"]))], "length": int(row["length"])}
+            latest[point_key(row, point)] = row
+        for key, row in latest.items():
+            if key in chosen:
+                old_run, old = chosen[key]
+                keep_new = row.get("status") == "ok" or old.get("status") != "ok"
+                reason = "later" if keep_new else str(row.get("status"))
+                overlaps[(row["model"], str(row["label"]), old_run.name, run.name, reason)] += 1
+                if not keep_new:
+                    continue
+            chosen[key] = (run, row)
+    notes = []
+    for (model, label, older, newer, reason), n in overlaps.items():
+        head = f"{model} · {label}: {n} point(s) measured by both {older} and {newer}; "
+        notes.append(head + (f"kept {newer}'s (started later)" if reason == "later" else
+                             f"kept {older}'s values ({newer} has {reason} there; a failure never replaces a value)"))
+    return [row for _, row in chosen.values()], notes
+
+
+def row_order(group: Group, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(model, method) in command-line order: models as they first appear, methods in each run's order."""
+    names = display_models(group)
+    order: list[tuple[str, str]] = []
+    for run in sorted(group.runs, key=lambda r: r.order):
+        labels = list(dict.fromkeys([*map(str, run.spec.get("methods") or []), *(str(r["label"]) for r in run.rows)]))
+        for model in run.models:
+            order += [(names[(run.order, model)], label) for label in labels]
+    present = {(r["model"], str(r["label"])) for r in rows}
+    return [pair for pair in dict.fromkeys(order) if pair in present]

@@ -1,0 +1,148 @@
+"""A run's own outputs, written into its run directory when it finishes: the one-run case of the report, built by the
+same table functions (tables.py) and drawn by the same figures (plots.py) as `ctxeval report`. Nothing here prints:
+each function returns the tables for the command to show."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import pandas as pd
+
+from ..paths import safe_name
+from ..rows import MISSING, UNIFORM_LABEL, fmt_length
+from ..specs import MethodSpec
+from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
+from .tables import (accuracy_grid, entropy_tables, fmt_acc, markdown, needle_long, needle_summary, passkey_summary,
+                     ppl_cells, ppl_long, ppl_wide, status_wide, valid_cells, valid_lengths)
+
+
+@dataclass(frozen=True)
+class Printed:
+    """A table as the command shows it on stdout."""
+
+    title: str
+    caption: str | None
+    headers: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class RunOutputs:
+    """What a run's rendering wrote and what the command shows."""
+
+    tables: list[Printed] = field(default_factory=list)
+    wrote: str = ""  # the 'wrote ...' line
+    notes: list[str] = field(default_factory=list)
+
+
+def _isna(value: Any) -> bool:
+    return value is None or bool(pd.isna(value))
+
+
+def _curves(wide: pd.DataFrame) -> list[Curve]:
+    """One curve per row of a [label x length] table; the uniform-entropy row is a reference line."""
+    curves = []
+    for label, series in wide.iterrows():
+        points = [(int(c), float(v)) for c, v in series.items() if not _isna(v)]
+        reference = str(label) == UNIFORM_LABEL
+        curves.append(Curve("uniform attention (ln of visible keys)" if reference else str(label),
+                            method_family(str(label)), [p[0] for p in points], [p[1] for p in points], reference))
+    return curves
+
+
+def render_ppl(store: Any, specs: Sequence[MethodSpec], original_length: int, aggregate: str, tolerance: float,
+               title: str) -> RunOutputs:
+    """table.md / table.csv / valid.csv / ppl.png in the run directory."""
+    long = ppl_long(store.rows(), aggregate)
+    wide = ppl_wide(long, [s.label for s in specs])
+    status = status_wide(long, wide)
+    valid = valid_lengths(wide, original_length, tolerance)
+    headers, rows = ppl_cells(wide, status)
+    vheaders, vrows = valid_cells(valid)
+    n_docs = int(long["n_docs"].max()) if len(long) else 0
+    caption = f"Perplexity ({aggregate}-weighted over {n_docs} document(s)); original length {original_length}."
+    (store.dir / "table.md").write_text(
+        f"# {title}\n\n{caption}\n\n" + markdown(headers, rows)
+        + f"\n## Valid length (ppl within {tolerance:.0%} of the reference)\n\n" + markdown(vheaders, vrows)
+    )
+    export = wide.copy()
+    export.index.name = "method"
+    export.to_csv(store.dir / "table.csv", float_format="%.6g")
+    valid.to_csv(store.dir / "valid.csv", index=False, float_format="%.6g")
+    plot_curves(_curves(wide), store.dir / "ppl.png", title=title, xlabel="evaluation length (tokens)",
+                ylabel="perplexity", originals={original_length: f"original length {fmt_length(original_length)}"},
+                log_y=True)
+    return RunOutputs([Printed(title, caption, headers, rows),
+                       Printed(f"valid length (ppl within {tolerance:.0%})", None, vheaders,
+                               [[str(c) for c in r] for r in vrows])],
+                      f"wrote {store.dir}/table.md, table.csv, valid.csv, ppl.png")
+
+
+def render_retrieval(store: Any, task: str, specs: Sequence[MethodSpec], original: int | None, threshold: float,
+                     title: str) -> RunOutputs:
+    """Per method a heatmap + accuracy table (depth x length); a summary (method x length) with the effective
+    length; for passkey the passkey context."""
+    df = needle_long(store.rows())
+    order = [s.label for s in specs]
+    summary = needle_summary(df, order, threshold)
+    lengths = [c for c in summary.columns if c != "effective length"]
+    headers = ["method"] + [fmt_length(c) for c in lengths] + [f"effective length (>= {threshold:.0%})"]
+    rows = [[label] + [fmt_acc(summary.loc[label, c]) for c in lengths]
+            + [fmt_length(int(summary.loc[label, "effective length"]))
+               if not _isna(summary.loc[label, "effective length"]) else "none"]
+            for label in summary.index]
+    md = [f"# {title}\n\n",
+          f"Mean accuracy over depths and samples; scoring without an LLM judge. Original length {original}.\n\n",
+          markdown(headers, rows)]
+    if task == "passkey":
+        pk = passkey_summary(df, order, threshold)
+        prow = [[r["method"], fmt_length(int(r["passkey context"])) if not _isna(r["passkey context"]) else "none",
+                 fmt_acc(r["mean accuracy up to it"])] for _, r in pk.iterrows()]
+        md += [f"\n## Passkey context (accuracy >= {threshold:.0%})\n\n",
+               markdown(["method", "passkey context", "mean accuracy up to it"], prow)]
+        pk.to_csv(store.dir / "passkey.csv", index=False)
+    for label in summary.index:
+        grid, status = accuracy_grid(df, label)
+        if task != "passkey":
+            gh = ["depth"] + [fmt_length(c) for c in grid.columns]
+            gr = [[f"{d:g}%"] + [fmt_acc(grid.loc[d, c], status.loc[d, c]) for c in grid.columns] for d in grid.index]
+            md += [f"\n## {label}: accuracy by depth and length\n\n", markdown(gh, gr)]
+            past = f" (dashed: past the original length {fmt_length(original)})" if original else ""
+            plot_heatmaps([HeatmapPanel("", grid, status, original)],
+                          store.dir / f"heatmap-{safe_name(label)}.png", f"{label}: {title}{past}")
+    (store.dir / "table.md").write_text("".join(md))
+    export = summary.copy()
+    export.index.name = "method"
+    export.to_csv(store.dir / "summary.csv")
+    caption = f"mean accuracy; effective length = longest length with every shorter length >= {threshold:.0%}"
+    return RunOutputs([Printed(title, caption, headers, rows)],
+                      f"wrote {store.dir}/table.md, summary.csv" + (", heatmap-*.png" if task != "passkey"
+                                                                    else ", passkey.csv"))
+
+
+def render_entropy(store: Any, specs: Sequence[MethodSpec], original_length: int, title: str) -> RunOutputs:
+    """table.md / entropy.csv / entropy-layers.csv / entropy.png in the run directory."""
+    wide, layers = entropy_tables(store.rows(), [s.label for s in specs])
+    if wide.empty:
+        return RunOutputs(notes=["no entropy was measured (every point failed); see rows.jsonl"])
+
+    def cell(value: float) -> str:
+        return MISSING if math.isnan(value) else f"{value:.3f}"
+
+    headers = ["method", *[fmt_length(int(c)) for c in wide.columns]]
+    rows = [[str(label), *[cell(v) for v in series]] for label, series in wide.iterrows()]
+    lheaders = ["method", "layer", *[fmt_length(int(c)) for c in layers.columns]]
+    lrows = [[str(i[0]), str(i[1]), *[cell(v) for v in series]] for i, series in layers.iterrows()]
+    caption = (f"Mean attention entropy in nats (over layers, heads, query positions and documents); original length "
+               f"{original_length}. 'uniform' = mean ln(i+1), the entropy if every query attended evenly.")
+    (store.dir / "table.md").write_text(
+        f"# {title}\n\n{caption}\n\n" + markdown(headers, rows) + "\n## Per layer\n\n" + markdown(lheaders, lrows))
+    wide.rename_axis("method").to_csv(store.dir / "entropy.csv", float_format="%.6g")
+    layers.to_csv(store.dir / "entropy-layers.csv", float_format="%.6g")
+    plot_curves(_curves(wide), store.dir / "entropy.png", title=title, xlabel="context length (tokens)",
+                ylabel="mean attention entropy (nats)",
+                originals={original_length: f"original length {fmt_length(original_length)}"})
+    return RunOutputs([Printed(title, caption, headers, rows)],
+                      f"wrote {store.dir}/table.md, entropy.csv, entropy-layers.csv, entropy.png")
