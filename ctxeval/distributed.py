@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable, Sequence, TypeVar
 
 from .errors import CtxevalError
@@ -113,8 +114,6 @@ def init_from_env(device: str) -> tuple[Dist, str]:
                                "use --nproc-per-node <= the GPU count")
         torch.cuda.set_device(local_rank)
     if not td.is_initialized():
-        from datetime import timedelta
-
         td.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timedelta(hours=TIMEOUT_HOURS))
     # torchrun stops the other ranks with SIGTERM when one fails: finish run.json as interrupted, keep the rows
     signal.signal(signal.SIGTERM, _interrupt)

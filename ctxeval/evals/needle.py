@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import string
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -74,8 +75,6 @@ class NeedlePreset:
             raise CtxevalError(f"needle preset '{self.name}': keys and values_per_key must be >= 1, distractors >= 0")
         if "{value}" not in self.needle and not self.value.startswith("fixed:"):
             raise CtxevalError(f"needle preset '{self.name}': the needle text must contain {{value}}")
-        import string
-
         for field_name, text, allowed in (("needle", self.needle, {"key", "value"}), ("question", self.question, {"keys"}),
                                           ("answer_prefix", self.answer_prefix, {"keys"})):
             try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -124,8 +124,6 @@ class PplRunner:
 
     def __init__(self, model: torch.nn.Module, device: str, cfg: PplConfig, bos_id: int | None, model_name: str,
                  progress: Progress | None = None) -> None:
-        from dataclasses import replace
-
         if cfg.bos and bos_id is None:
             cfg = replace(cfg, bos=False)  # a tokenizer without BOS: sequences start with document text
         self.model, self.device, self.cfg = model, device, cfg

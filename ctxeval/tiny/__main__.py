@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import MODEL_DIR
+
 
 def main(argv: list[str] | None = None) -> int:
-    from . import MODEL_DIR
-
     parser = argparse.ArgumentParser(prog="python -m ctxeval.tiny", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

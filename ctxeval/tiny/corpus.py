@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import functools
 import sysconfig
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -115,8 +116,6 @@ def retrieval_lines(count: int = 2000, seed: int = 0) -> list[str]:
 
 def training_presets() -> dict[str, "object"]:
     """The needle presets the model trains on: ctxeval's ruler and passkey, plus ruler with one distractor."""
-    from dataclasses import replace
-
     ruler = NeedlePreset.from_dict("ruler", load_task("needle-ruler", "needle"))
     passkey = NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle"))
     return {"ruler": ruler, "passkey": passkey, "ruler-distractor": replace(ruler, name="ruler-distractor", distractors=1)}
