@@ -175,7 +175,7 @@ class RunStore:
     def start(self, provenance: dict[str, Any]) -> None:
         history = self.record.get("history", [])
         if self.record:
-            history.append({k: self.record.get(k) for k in ("status", "started", "finished", "error")})
+            history.append({k: self.record.get(k) for k in ("status", "started", "finished", "error", "environment")})
         self.record = {
             "status": "running",
             "started": now_utc(),

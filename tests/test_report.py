@@ -69,7 +69,8 @@ def test_run_status_records_errors_and_interrupts(tmp_path):
     with pytest.raises(ValueError):
         with run_status(store):
             raise ValueError("boom")
-    assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "error"
+    first = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert first["status"] == "error"
     store.close()  # releases the directory's lock
     store = RunStore(tmp_path / "r", {"x": 1})  # same spec: resume
     store.start({})
@@ -78,6 +79,7 @@ def test_run_status_records_errors_and_interrupts(tmp_path):
             raise KeyboardInterrupt
     record = json.loads((tmp_path / "r" / "run.json").read_text())
     assert record["status"] == "interrupted" and record["history"][0]["status"] == "error"
+    assert record["history"][0]["environment"] == first["environment"]  # how the earlier rows were made stays recorded
     store.close()
     with pytest.raises(CtxevalError, match="different spec"):
         RunStore(tmp_path / "r", {"x": 2})

@@ -126,7 +126,7 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
     images: dict[str, str] = {}
     for group in rep.groups:
         path = Path(out_dir) / f"{group.id}.png"
-        title = f"{group.title}\n{group.description}"
+        title = f"{group.short_title}\n{group.description}"
         if group.kind == "needle":
             if not group.grids:
                 continue
@@ -134,7 +134,7 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
                       for (model, label), (grid, status) in ((pair, group.grids[pair]) for pair in
                                                              ((r[0], r[1]) for r in group.tables[0].rows)
                                                              if pair in group.grids)]
-            plot_heatmaps(panels, path, f"{group.title} (dashed: past the original length)\n{group.description}")
+            plot_heatmaps(panels, path, f"{group.short_title} (dashed: past the original length)\n{group.description}")
         elif group.kind == "passkey":
             curves = group_curves(group, value_columns=len(group.tables[0].columns) - 4)
             plot_curves(curves, path, title=title, xlabel="context length (tokens)", ylabel="accuracy",

@@ -256,12 +256,17 @@ class Group:
 
     @property
     def title(self) -> str:
-        title = KIND_TITLES[self.kind]
+        """The heading of the group's section: kind, number, and what sets it apart from the kind's other groups."""
+        title = self.short_title
         if self.of > 1:
-            title += f" ({self.number} of {self.of})"
             if self.distinguishing:
                 title += ": " + ", ".join(f"{field_label(f)} {fmt_value(self.key.get(f))}" for f in self.distinguishing)
         return title
+
+    @property
+    def short_title(self) -> str:
+        """Kind and number only: a figure's first line, above the description that already names every field."""
+        return KIND_TITLES[self.kind] + (f" ({self.number} of {self.of})" if self.of > 1 else "")
 
     @property
     def description(self) -> str:
