@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import CtxevalError
 from .methods import Geometry
 
 # model_type values of popular architectures that use no RoPE (learned absolute positions or ALiBi)
@@ -91,6 +92,14 @@ def trained_length(config: Any) -> int | None:
         return info.geometry.original_length
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     return getattr(cfg, "max_position_embeddings", None) or None
+
+
+def require_trained_length(config: Any, name: str) -> int:
+    """trained_length, or a user error asking for --lengths when the config declares none."""
+    length = trained_length(config)
+    if not length:
+        raise CtxevalError(f"'{name}' declares no trained length (max_position_embeddings); give --lengths")
+    return length
 
 
 def trained_length_of_record(model_record: dict[str, Any]) -> int | None:

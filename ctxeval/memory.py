@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import CtxevalError
-from .geometry import trained_length
+from .geometry import require_trained_length
 from .models import load_hf_config, resolve_device
 
 GIB = 1024**3
@@ -105,8 +105,6 @@ def dry_run(model: str, lengths: tuple[int, ...], dtype: str, device: str, attn:
     if dtype not in BYTES:
         raise CtxevalError(f"--dtype must be one of auto, {', '.join(BYTES)}, got '{dtype}'")
     if not lengths:
-        L = trained_length(cfg)
-        if not L:
-            raise CtxevalError(f"'{model}' declares no trained length (max_position_embeddings); give --lengths")
+        L = require_trained_length(cfg, model)
         lengths = tuple(sorted({max(2, int(L * m)) for m in (0.5, 1, 2)}))
     return DryRun(count_parameters(cfg), dtype, note, estimate(cfg, lengths, dtype, attn, chunk))

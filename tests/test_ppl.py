@@ -160,6 +160,9 @@ def test_oom_is_recorded_and_longer_lengths_skipped(tmp_path, monkeypatch):
     for label in ("none", "dynamic-ntk(factor=2)"):
         assert status[(label, L)] == status[(label, 2 * L)] == "ok"
         assert status[(label, 4 * L)] == "oom" and status[(label, 8 * L)] == "skipped"
+    for row in store.rows():  # the row contract: metric and value on every row, None where nothing was measured
+        assert row["metric"] == "nll"
+        assert row["value"] == (row["nll_sum"] / row["n_tokens"] if row["status"] == "ok" else None)
 
 
 # ------------------------------------------------------------------------------------------------- CLI end to end

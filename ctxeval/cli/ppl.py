@@ -14,7 +14,7 @@ from ..evals.perplexity import AGGREGATES, PplConfig, check_chunked_head, sweep
 from ..memory import GIB, dry_run
 from ..presets import load_task
 from ..report.single import render_ppl
-from ..specs import expand_specs
+from ..specs import MethodSpec, expand_specs
 from .console import err, print_outputs, print_table, user_errors
 from .options import (DOCS, VALID_TOLERANCE, AttnOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt,
                       MaxMemoryOpt, ModelOpt, OverwriteOpt, RemoteOpt, TemperatureOpt, parse_factors, parse_lengths,
@@ -113,14 +113,32 @@ def ppl_cmd(
         err.print("note: the tokenizer has no BOS token; sequences start with document text (as --no-bos)")
         cfg = replace(cfg, bos=False)
     check_chunked_head(lm.model, lm.device, lm.model.config.get_text_config().vocab_size)
-    top = max(cfg.lengths)
-    if cfg.protocol == "truncate":
-        documents = corpora.select_long_documents(settings.data, lm.tokenizer, settings.docs,
-                                                  cfg.doc_tokens_needed(top), settings.text_field)
-    else:
-        documents = corpora.first_documents(settings.data, lm.tokenizer, settings.docs, settings.text_field)
-    original = lm.trained_length or top
+    documents = select_documents(settings, cfg, lm.tokenizer)
+    spec_record, provenance = run_records(settings, cfg, specs, lm, documents, seed, task, is_quickstart)
+    run_dir = default_out("ppl", settings.model, out)
+    message = (f"run directory: {run_dir}  ({len(documents)} document(s): "
+               + ", ".join(f"{d.doc_id} {len(d.ids):,} tokens" for d in documents) + ")")
+    title = f"{settings.model} on {settings.data} ({cfg.protocol})"
+    original = lm.trained_length or max(cfg.lengths)
+    measure(run_dir, spec_record, overwrite, provenance, message,
+            work=lambda store, progress: sweep(lm, specs, documents, cfg, store, progress),
+            render=lambda store: print_outputs(render_ppl(store, specs, original, settings.aggregate,
+                                                          valid_tolerance, title)))
 
+
+def select_documents(settings: PplSettings, cfg: PplConfig, tokenizer: Any) -> list[corpora.TokenDoc]:
+    """The protocol's documents: the first `docs` with max(lengths) tokens (truncate), or the first `docs`
+    (sliding)."""
+    if cfg.protocol == "truncate":
+        return corpora.select_long_documents(settings.data, tokenizer, settings.docs,
+                                             cfg.doc_tokens_needed(max(cfg.lengths)), settings.text_field)
+    return corpora.first_documents(settings.data, tokenizer, settings.docs, settings.text_field)
+
+
+def run_records(settings: PplSettings, cfg: PplConfig, specs: list[MethodSpec], lm: Any,
+                documents: list[corpora.TokenDoc], seed: int, task: str | None,
+                is_quickstart: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """run.json's `spec` (what a resume must match) and provenance (model, documents, protocol)."""
     spec_record = {
         "task": "ppl", "model": settings.model, "data": settings.data, "text_field": settings.text_field,
         "protocol": cfg.protocol, "stride": cfg.stride, "bos": cfg.bos, "docs": settings.docs,
@@ -137,14 +155,7 @@ def ppl_cmd(
                      "one_forward_per_document": cfg.protocol == "truncate"},
         "seed": seed,
     }
-    run_dir = default_out("ppl", settings.model, out)
-    message = (f"run directory: {run_dir}  ({len(documents)} document(s): "
-               + ", ".join(f"{d.doc_id} {len(d.ids):,} tokens" for d in documents) + ")")
-    title = f"{settings.model} on {settings.data} ({cfg.protocol})"
-    measure(run_dir, spec_record, overwrite, provenance, message,
-            work=lambda store, progress: sweep(lm, specs, documents, cfg, store, progress),
-            render=lambda store: print_outputs(render_ppl(store, specs, original, settings.aggregate,
-                                                          valid_tolerance, title)))
+    return spec_record, provenance
 
 
 def print_dry_run(model: str, lengths: tuple[int, ...], dtype: str, device: str, attn: str, chunk: int,

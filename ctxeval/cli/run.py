@@ -12,6 +12,7 @@ from typing import Any, Callable
 from ..attention import supports_temperature
 from ..distributed import conclude, current, init_from_env, open_store
 from ..errors import CtxevalError
+from ..geometry import require_trained_length
 from ..models import load_model, parse_max_memory
 from ..paths import safe_name
 from ..specs import MethodSpec
@@ -76,17 +77,9 @@ def measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, provena
         store.close()
 
 
-def trained_length_or_ask(lm: Any) -> int:
-    """The model's trained length (geometry.trained_length), or a user error asking for --lengths."""
-    length = lm.trained_length
-    if not length:
-        raise CtxevalError(f"'{lm.name}' declares no trained length (max_position_embeddings); give --lengths")
-    return length
-
-
 def default_lengths(lm: Any, multiples: tuple[float, ...]) -> list[int]:
-    """Lengths as multiples of the model's trained length."""
-    length = trained_length_or_ask(lm)
+    """Lengths as multiples of the model's trained length (geometry.trained_length)."""
+    length = require_trained_length(lm.model.config, lm.name)
     return sorted({max(2, int(length * m)) for m in multiples})
 
 

@@ -102,7 +102,8 @@ def length_axis(ax: Any, lengths: Sequence[int]) -> None:
 
 def log_ticks(low: float, high: float) -> list[float]:
     """Readable tick values for a log axis over [low, high]: at least three, from the coarsest of the mantissa sets
-    1 / 1-2-5 / 1-1.5-2-3-5-7 / 1-1.2-1.5-...-9 that gives at least four (else three, else the limits)."""
+    1 / 1-2-5 / 1-1.5-2-3-5-7 / 1-1.2-1.5-...-9 that gives at least four (else three); round, evenly spaced values
+    for a range narrower than that."""
     mantissas = [(1,), (1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)]
     decades = range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1)
     candidates = [[m * 10.0**e for e in decades for m in mants if low <= m * 10.0**e <= high] for mants in mantissas]
@@ -110,7 +111,9 @@ def log_ticks(low: float, high: float) -> list[float]:
         for ticks in candidates:
             if len(ticks) >= wanted:
                 return ticks
-    return candidates[-1] if len(candidates[-1]) >= 2 else [low, high]
+    # a range narrower than 1-1.2 (ppl 1.01 to 1.09): evenly spaced round values, as on a linear axis
+    steps = ticker.MaxNLocator(nbins=4, steps=[1, 2, 5, 10]).tick_values(low, high)
+    return [float(t) for t in steps if low <= t <= high]
 
 
 def _tick_text(value: float, _pos: Any = None) -> str:
