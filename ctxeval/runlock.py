@@ -132,13 +132,6 @@ def holder(run_dir: Path) -> dict | None:
         os.close(fd)
 
 
-def assert_not_held(run_dir: Path, action: str) -> None:
-    """Raise CtxevalError if another process holds run_dir's lock; action says what was refused (e.g. "overwrite it")."""
-    info = holder(run_dir)
-    if info is not None:
-        raise CtxevalError(_in_use_message(Path(run_dir), info, f"wait for it to finish before you {action}"))
-
-
 def _write_info(fd: int) -> None:
     info = {
         "pid": os.getpid(),

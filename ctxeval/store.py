@@ -113,8 +113,12 @@ class RunStore:
                 "use another --out, or --overwrite to replace it"
             )
         for path in self.dir.iterdir():  # everything but the lock this store holds
-            if path.name != LOCK_NAME:
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            if path.name == LOCK_NAME:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
 
     def close(self) -> None:
         """Release the directory's lock (the kernel releases it anyway when the process ends)."""

@@ -5,7 +5,6 @@ import math
 
 import numpy as np
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from ctxeval import bound as BD

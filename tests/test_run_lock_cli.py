@@ -20,8 +20,8 @@ from ctxeval.store import RunStore
 runner = CliRunner()
 # a process that holds a run directory the way a measuring `ctxeval` does (RunStore locks it) and then waits
 HOLDER = ("import sys, time\nfrom ctxeval.store import RunStore\n"
-          "store = RunStore(sys.argv[1], {'task': 'holder'}, overwrite=True)\nstore.start({})\nprint('holding', flush=True)\n"
-          "time.sleep(120)\n")
+          "store = RunStore(sys.argv[1], {'task': 'holder'}, overwrite=True)\nstore.start({})\n"
+          "print('holding', flush=True)\ntime.sleep(120)\n")
 
 
 def _ppl(model_dir, text_dir, out, *extra):
@@ -64,7 +64,8 @@ def test_second_process_is_refused_and_kill_9_leaves_no_stale_lock(held, tiny_mo
     assert (run_dir / ".lock").exists() and holder(run_dir) is None  # the file stays; the lock went with the process
     result = runner.invoke(app, _ppl(tiny_model_dir, text_dir, run_dir, "--overwrite"))
     assert result.exit_code == 0, result.output
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "success"
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "success" and record["spec"]["task"] == "ppl"  # replaced, once nobody held it
     assert holder(run_dir) is None  # released when the command ended
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ctxeval.errors import CtxevalError
-from ctxeval.runlock import RunLock, assert_not_held, holder
+from ctxeval.runlock import RunLock, holder
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="no fcntl: locking is off on Windows")
 
@@ -74,15 +74,6 @@ def test_lock_held_by_killed_child_is_not_stale(tmp_path):
     assert holder(run_dir) is None
     with RunLock(run_dir) as lock:
         assert lock.held
-
-
-def test_assert_not_held(tmp_path):
-    assert_not_held(tmp_path / "missing", "overwrite it")  # no dir, no lock file: fine
-    lock = RunLock(tmp_path)
-    with lock:
-        with pytest.raises(CtxevalError, match="in use .*overwrite it"):
-            assert_not_held(tmp_path, "overwrite it")
-    assert_not_held(tmp_path, "overwrite it")
 
 
 def test_lock_file_names_the_holder(tmp_path):

@@ -13,7 +13,7 @@ import math
 import re
 import string
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
