@@ -25,6 +25,8 @@ RESUME_FIELDS = {kind: fields[1:] for kind, fields in POINT_FIELDS.items()}
 REQUIRED = {kind: (*fields, "status") for kind, fields in POINT_FIELDS.items()}
 REQUIRED_OK = {"ppl": ("nll_sum", "n_tokens"), "needle": ("correct",), "passkey": ("correct",), "entropy": ("entropy",)}
 
+# how a ppl table aggregates over documents: token-weighted, or the mean of per-window means (YaRN's GovReport)
+AGGREGATES = ("token", "window")
 OK = "ok"
 MISSING = "—"  # a cell no run measured: never shown as zero
 # the uniform-attention reference row of entropy tables (a function of the length only)

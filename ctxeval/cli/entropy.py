@@ -9,15 +9,16 @@ import typer
 
 from .. import corpora
 from ..errors import CtxevalError
-from ..evals.entropy import EntropyConfig, check_layers, sweep
 from ..models import DEFAULT_MODEL
-from ..report.single import render_entropy
 from ..specs import expand_specs
 from .console import print_outputs, user_errors
 from .options import (DOCS, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, MaxMemoryOpt, OutOpt, OverwriteOpt,
                       PlainModelOpt, RemoteOpt, TemperatureOpt, TextFieldOpt, parse_factors, parse_indices,
                       parse_lengths, parse_temperatures)
 from .run import default_lengths, default_out, load_for, measure
+
+# torch, transformers, pandas and matplotlib load only when a command needs them (`ctxeval --help` starts in
+# well under a second): the evaluation and report modules are imported inside the command functions.
 
 
 @user_errors
@@ -46,6 +47,9 @@ def entropy_cmd(
     max_memory: MaxMemoryOpt = None,
 ) -> None:
     """Attention entropy vs. context length per method (what YaRN's temperature corrects): table, plot, run dir."""
+    from ..evals.entropy import EntropyConfig, check_layers, sweep
+    from ..report.single import render_entropy
+
     model_name = model or DEFAULT_MODEL
     specs = expand_specs(method or ["none"], parse_factors(factor), parse_temperatures(attention_temperature))
     given = tuple(parse_lengths(lengths)) if lengths is not None else None

@@ -15,7 +15,6 @@ from rich.table import Table
 from ..errors import CtxevalError
 from ..methods import METHODS, Geometry, get_method, plan, resolve_params
 from ..models import load_config
-from ..report.plots import plot_plan
 from ..specs import expand_specs
 from .console import err, out, user_errors
 from .options import Check, FactorOpt, Fmt, MethodOpt, parse_factors
@@ -120,6 +119,8 @@ def plan_cmd(
             + ", ".join(f"{n} {g}" for g, n in counts.items())
         )
     if plot is not None:
+        from ..report.plots import plot_plan  # matplotlib only when a plot is asked for
+
         plot_plan(rows, f"{spec.label}: d={geom.rotary_dim}, b={geom.base:g}", geom.original_length, plot)
         err.print(f"wrote {plot}")
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import numpy as np
 import typer
 
 from ..errors import CtxevalError
-from ..evals.needle import NeedleConfig, NeedlePreset, NeedleRunner, PromptBuilder, haystack_tokens, make_sample, sweep
 from ..models import DEFAULT_MODEL
 from ..presets import load_task, preset_names
-from ..report.single import render_retrieval
 from ..specs import expand_specs
 from .console import err, print_outputs, user_errors
 from .options import (NEEDLE_HELP, SAMPLES, THRESHOLD, AttnOpt, BatchOpt, DeviceMapOpt, DeviceOpt, DtypeOpt,
@@ -21,6 +19,12 @@ from .options import (NEEDLE_HELP, SAMPLES, THRESHOLD, AttnOpt, BatchOpt, Device
                       SeedOpt, TemperatureOpt, TextFieldOpt, parse_depths, parse_factors, parse_lengths,
                       parse_temperatures)
 from .run import QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, quickstart
+
+if TYPE_CHECKING:
+    from ..evals.needle import NeedlePreset
+
+# torch, transformers, pandas and matplotlib load only when a command needs them (`ctxeval --help` starts in
+# well under a second): the evaluation and report modules are imported inside the command functions.
 
 LengthsOpt = Annotated[Optional[str], typer.Option(help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2 "
                                                    "(default: 0.25x, 0.5x, 1x, 2x the model's original length).")]
@@ -67,6 +71,8 @@ class Retrieval:
 def load_needle_preset(name: str, needle_text: str | None, question: str | None, answer_prefix: str | None,
                        answer: str | None) -> NeedlePreset:
     """A needle preset by name (tasks/needle-NAME.toml) or .toml path, with the pieces the flags override."""
+    from ..evals.needle import NeedlePreset
+
     if name.endswith(".toml"):
         data = load_task(name, "needle")
     else:
@@ -83,6 +89,9 @@ def load_needle_preset(name: str, needle_text: str | None, question: str | None,
 
 def run_retrieval(task: str, opt: Retrieval) -> None:
     """Load the model, build the prompts, measure every (method, length, depth, sample), render the run."""
+    from ..evals.needle import NeedleConfig, NeedleRunner, PromptBuilder, haystack_tokens, make_sample, sweep
+    from ..report.single import render_retrieval
+
     is_quickstart = opt.model is None
     if is_quickstart:  # the bundled model with its quickstart settings, each overridden by what the user gave
         qs = quickstart(task, opt.factor is not None and opt.method is None)

@@ -11,11 +11,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
+import numpy as np
 import typer
 
 from ..attention import check_temperature
 from ..errors import CtxevalError
-from ..evals.needle import sigmoid_depths
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,15 @@ def parse_lengths(text: str) -> list[int]:
     if not values:
         raise CtxevalError("--lengths is empty; write e.g. 2k,4k,8k")
     return sorted(set(values))
+
+
+def sigmoid_depths(count: int) -> list[float]:
+    """Depths packed towards 0% and 100%, as the original needle test's sigmoid spacing."""
+    if count == 1:
+        return [50.0]
+    x = np.linspace(-4, 4, count)
+    s = 1 / (1 + np.exp(-x))
+    return [round(float(v), 2) for v in 100 * (s - s[0]) / (s[-1] - s[0])]
 
 
 def parse_depths(text: str, spacing: str) -> list[float]:

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from .. import corpora
 from ..errors import CtxevalError
-from ..evals.perplexity import AGGREGATES, PplConfig, check_chunked_head, sweep
 from ..memory import GIB, dry_run
 from ..presets import load_task
-from ..report.single import render_ppl
+from ..rows import AGGREGATES
 from ..specs import MethodSpec, expand_specs
 from .console import err, print_outputs, print_table, user_errors
 from .options import (DOCS, VALID_TOLERANCE, AttnOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt,
                       MaxMemoryOpt, ModelOpt, OverwriteOpt, RemoteOpt, TemperatureOpt, parse_factors, parse_lengths,
                       parse_temperatures)
 from .run import QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, quickstart
+
+if TYPE_CHECKING:
+    from ..evals.perplexity import PplConfig
+
+# torch, transformers, pandas and matplotlib load only when a command needs them (`ctxeval --help` starts in
+# well under a second): the evaluation and report modules are imported inside the command functions.
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,9 @@ def ppl_cmd(
                                                           "alone) and exit without loading weights.")] = False,
 ) -> None:
     """Perplexity vs. context length for each method: the YaRN paper's table, a plot, a resumable run directory."""
+    from ..evals.perplexity import PplConfig, check_chunked_head, sweep
+    from ..report.single import render_ppl
+
     given = {"model": model, "data": data, "text_field": text_field, "lengths": lengths, "method": method,
              "protocol": protocol, "docs": docs, "stride": stride, "aggregate": aggregate, "bos": bos}
     is_quickstart = model is None and task is None

@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import CtxevalError
-from ..report.merged import build_report
-from ..report.render import to_csv, to_json, to_markdown, write_report
 from .console import err, user_errors
 from .options import THRESHOLD, VALID_TOLERANCE
 
+# torch, transformers, pandas and matplotlib load only when a command needs them (`ctxeval --help` starts in
+# well under a second): the evaluation and report modules are imported inside the command functions.
 FORMATS = ("md", "csv", "json")
 
 
@@ -41,6 +41,9 @@ def report_cmd(
     table, needle / passkey summaries with the effective length, attention entropy (model x method by length,
     with the uniform bound); runs that differ in protocol or data get separate tables. Built from rows.jsonl;
     nothing is measured."""
+    from ..report.merged import build_report
+    from ..report.render import to_csv, to_json, to_markdown, write_report
+
     fmt = format.lower()
     if fmt not in FORMATS:
         raise CtxevalError(f"--format must be md, csv or json, got '{format}'")

@@ -165,7 +165,7 @@ class EntropyRunner:
                     groups = [[L] for L in group] + groups
                     continue
                 append([point_row(self.model_name, spec, "entropy", length=L, doc=doc.doc_id, status="oom",
-                                  error=str(exc)) for L in group])
+                                  note=str(exc)) for L in group])
                 self.progress.note(f"{spec.label}: out of memory at {top} tokens")
                 continue
             seconds = time.perf_counter() - t0

@@ -166,15 +166,6 @@ class Prompt:
     haystack_tokens: int
 
 
-def sigmoid_depths(count: int) -> list[float]:
-    """Depths packed towards 0% and 100%, as the original needle test's sigmoid spacing."""
-    if count == 1:
-        return [50.0]
-    x = np.linspace(-4, 4, count)
-    s = 1 / (1 + np.exp(-x))
-    return [round(float(v), 2) for v in 100 * (s - s[0]) / (s[-1] - s[0])]
-
-
 class PromptBuilder:
     def __init__(self, tokenizer: Any, preset: NeedlePreset, haystack_ids: np.ndarray, *, chat_template: bool,
                  bos: bool = True, snap: bool = False) -> None:

@@ -31,7 +31,6 @@ from .common import PointOOM, Progress, SilentProgress, head_parts, oom_guard, p
 from .sweep import document_items, length_dependent, run_items
 
 PROTOCOLS = ("truncate", "sliding")
-AGGREGATES = ("token", "window")
 DEFAULT_CHUNK = 1024
 
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..errors import CtxevalError
-from ..rows import MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
+from ..rows import AGGREGATES, MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
 from .runs import Group, Run, display_models, field_label, group_runs, load_runs, merge_rows, row_order
 from .tables import (Table, accuracy_grid, effective_length, fmt_acc, fmt_entropy, fmt_ppl, int_or_none, length_or,
                      needle_long, number, ppl_long, valid_lengths)
@@ -196,7 +196,7 @@ def build_report(paths: Sequence[Path | str], *, threshold: float = 0.8, toleran
         raise CtxevalError(f"--threshold must be in (0, 1], got {threshold}")
     if tolerance < 0:
         raise CtxevalError(f"--valid-tolerance must be >= 0, got {tolerance}")
-    if aggregate not in (None, "token", "window"):
+    if aggregate is not None and aggregate not in AGGREGATES:
         raise CtxevalError(f"--aggregate must be token or window, got '{aggregate}'")
     runs, notes = load_runs(paths)
     groups = group_runs(runs, aggregate, single)

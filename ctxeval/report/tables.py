@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import CtxevalError
-from ..rows import MISSING, UNIFORM_LABEL, fmt_length, status_label
+from ..rows import AGGREGATES, MISSING, UNIFORM_LABEL, fmt_length, status_label
 
 
 def latest_rows(rows: Iterable[dict[str, Any]], key: tuple[str, ...]) -> pd.DataFrame:
@@ -32,7 +32,7 @@ def ppl_long(rows: Iterable[dict[str, Any]], aggregate: str = "token") -> pd.Dat
     """One row per (model, label, length): ppl aggregated over documents, with token and document counts.
 
     aggregate=token: exp(sum NLL / sum tokens); aggregate=window: exp(mean of window-mean NLLs)."""
-    if aggregate not in ("token", "window"):
+    if aggregate not in AGGREGATES:
         raise CtxevalError(f"--aggregate must be token or window, got '{aggregate}'")
     df = latest_rows(rows, ("model", "label", "length", "doc"))
     if df.empty:
