@@ -94,3 +94,16 @@ def test_user_errors_are_one_line_exit_2(args, fragment):
 def test_debug_shows_traceback():
     result = run("--debug", "plan", "--method", "warp", *GEOM)
     assert result.exit_code != 0 and result.exception is not None
+
+
+def test_the_cli_starts_without_the_heavy_libraries():
+    """`ctxeval --help`, `methods` and `plan` answer at once: importing the CLI loads no torch, transformers,
+    pandas or matplotlib (the commands import the evaluation and report modules when they run)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ctxeval.cli\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
