@@ -1,10 +1,8 @@
 import logging
 
 import pytest
-import torch
 
-from transformers import LlamaConfig, LlamaForCausalLM
-
+# torch and transformers load in the fixtures that use them, so that tests/test_layers.py (pure AST) runs anywhere
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 TINY = dict(
@@ -21,6 +19,9 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 def tiny_llama(rope_parameters=None, seed=0, **overrides):
     """A tiny random Llama built from a config: no download. Trained length L = 64."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(seed)
     cfg = LlamaConfig(**{**TINY, **overrides}, rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
     return LlamaForCausalLM(cfg).eval()
