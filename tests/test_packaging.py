@@ -2,6 +2,7 @@
 must both find every one of them (and the bundled tiny model), from any working directory."""
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -29,8 +30,11 @@ def _probe(cwd: Path, env: dict | None = None) -> dict:
 
 def test_a_built_wheel_carries_every_preset_and_the_tiny_model(tmp_path):
     assert len(PRESETS) >= 9
+    source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info next to pyproject.toml
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "venv", "results", "build", "dist",
+                                                                 "*.egg-info", "__pycache__", ".pytest_cache"))
     result = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path),
-                             str(REPO)], capture_output=True, text=True, timeout=300)
+                             str(source)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     wheel = next(tmp_path.glob("ctxeval-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
