@@ -12,21 +12,25 @@ import json
 import math
 from typing import Any, Iterable
 
-KINDS = ("ppl", "needle", "passkey", "entropy")
+KINDS = ("ppl", "needle", "passkey", "entropy", "ruler")
 # the metric each kind's rows carry in `metric` / `value`
-METRICS = {"ppl": "nll", "needle": "correct", "passkey": "correct", "entropy": "entropy"}
+METRICS = {"ppl": "nll", "needle": "correct", "passkey": "correct", "entropy": "entropy", "ruler": "score"}
 # the fields of one point: a point measured twice is one cell, not two
 POINT_FIELDS = {"ppl": ("model", "label", "length", "doc"),
                 "needle": ("model", "label", "length", "depth", "sample"),
                 "passkey": ("model", "label", "length", "sample"),
-                "entropy": ("model", "label", "length", "doc")}
+                "entropy": ("model", "label", "length", "doc"),
+                "ruler": ("model", "label", "ruler_task", "length", "sample")}
 # resume keys within one run (one model): the point fields without the model
 RESUME_FIELDS = {kind: fields[1:] for kind, fields in POINT_FIELDS.items()}
 REQUIRED = {kind: (*fields, "status") for kind, fields in POINT_FIELDS.items()}
-REQUIRED_OK = {"ppl": ("nll_sum", "n_tokens"), "needle": ("correct",), "passkey": ("correct",), "entropy": ("entropy",)}
+REQUIRED_OK = {"ppl": ("nll_sum", "n_tokens"), "needle": ("correct",), "passkey": ("correct",), "entropy": ("entropy",),
+               "ruler": ("score",)}
 
 # how a ppl table aggregates over documents: token-weighted, or the mean of per-window means (YaRN's GovReport)
 AGGREGATES = ("token", "window")
+# RULER's effective-length threshold: Llama-2-7B's mean score at 4k (a length counts when its mean exceeds it)
+RULER_THRESHOLD = 85.6
 OK = "ok"
 MISSING = "—"  # a cell no run measured: never shown as zero
 # the uniform-attention reference row of entropy tables (a function of the length only)

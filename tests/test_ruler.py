@@ -13,6 +13,7 @@ from ctxeval.errors import CtxevalError
 from ctxeval.evals import ruler as R
 from ctxeval.offline_corpora import held_out_documents
 from ctxeval.paths import TINY_MODEL_DIR
+from ctxeval.report import tables as T
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +101,13 @@ def test_scoring_gives_partial_credit():
     assert R.score("string_match_part", "it is 7654321", refs) == 1.0
     assert R.score("string_match_all", "ABC", ["abc"]) == 1.0  # case-insensitive, as RULER's
     assert R.postprocess("  ans\x00wer\t ") == "ans\nwer"
-    assert R.task_score([1.0, 0.5, 0.0]) == 50.0
-    assert R.effective_length({1024: 90.0, 2048: 86.0, 4096: 85.6, 8192: 99.0}) == 2048  # must exceed 85.6
+    rows = [{"model": "m", "label": "none", "ruler_task": t, "length": 1024, "sample": i, "status": "ok", "score": v}
+            for t, values in (("a", [1.0, 0.5, 0.0]), ("b", [1.0, 1.0, 0.75])) for i, v in enumerate(values)]
+    scores = T.ruler_task_scores(rows)
+    assert list(scores["score"]) == [50.0, 91.67]  # the mean x 100, rounded to 2 decimals
+    assert T.ruler_means(scores, ["a", "b"])["mean"].tolist() == [pytest.approx(70.835)]
+    assert T.ruler_means(scores, ["a", "b", "c"])["mean"].isna().all()  # a task not scored: no mean
+    assert T.ruler_effective_length({1024: 90.0, 2048: 86.0, 4096: 85.6, 8192: 99.0}, 85.6) == 2048  # must exceed
 
 
 def test_bad_input(tok, sources):

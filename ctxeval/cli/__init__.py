@@ -17,6 +17,7 @@ from .methods import methods_cmd, plan_cmd
 from .needle import needle_cmd, passkey_cmd
 from .ppl import ppl_cmd
 from .report import report_cmd
+from .ruler import ruler_cmd
 
 app = typer.Typer(
     help="Measure how well RoPE context-extension methods work: perplexity vs. length, needle in a haystack.",
@@ -33,7 +34,7 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks f
 
 for name, command in (("methods", methods_cmd), ("plan", plan_cmd), ("ppl", ppl_cmd), ("needle", needle_cmd),
                       ("passkey", passkey_cmd), ("report", report_cmd), ("entropy", entropy_cmd),
-                      ("bound", bound_cmd)):
+                      ("bound", bound_cmd), ("ruler", ruler_cmd)):
     app.command(name)(command)
 
 

@@ -19,8 +19,8 @@ FORMATS = ("md", "csv", "json")
 
 @user_errors
 def report_cmd(
-    runs: Annotated[list[Path], typer.Argument(help="Run directories written by ctxeval ppl, needle, passkey or "
-                                                    "entropy (any mix of tasks and models; a report directory "
+    runs: Annotated[list[Path], typer.Argument(help="Run directories written by ctxeval ppl, needle, passkey, "
+                                                    "entropy or ruler (any mix of tasks and models; a report directory "
                                                     "among them is skipped).", show_default=False)],
     format: Annotated[str, typer.Option("--format", "-f", help="What stdout gets: md (default) | csv (one tidy "
                                                                "table) | json.")] = "md",

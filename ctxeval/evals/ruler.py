@@ -29,9 +29,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import CtxevalError
+from ..rows import RULER_THRESHOLD  # noqa: F401 (the protocol's threshold, with its tasks)
 
 RULER_SEED = 42  # prepare.py's --random_seed default
-RULER_THRESHOLD = 85.6  # the paper's effective-length threshold: Llama-2-7B's mean score at 4k
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
 DEPTHS = [int(d) for d in np.round(np.linspace(0, 100, num=40, endpoint=True)).astype(int)]  # niah/vt essay depths
@@ -549,18 +549,3 @@ def score(metric: str, prediction: str, references: list[str]) -> float:
     string_match_part = 1 if any reference is found. Case-insensitive substring match, as RULER's."""
     found = [1.0 if ref.lower() in prediction.lower() else 0.0 for ref in references]
     return sum(found) / len(found) if metric == "string_match_all" else max(found)
-
-
-def task_score(scores: list[float]) -> float:
-    """A task's score at one length: the mean sample score x 100, rounded to 2 decimals (RULER's metric_fn)."""
-    return round(sum(scores) / len(scores) * 100, 2)
-
-
-def effective_length(mean_by_length: dict[int, float], threshold: float = RULER_THRESHOLD) -> int | None:
-    """The longest length up to which every evaluated length's mean score exceeds the threshold."""
-    best = None
-    for length, value in sorted(mean_by_length.items()):
-        if not value > threshold:
-            break
-        best = length
-    return best

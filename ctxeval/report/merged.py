@@ -13,10 +13,11 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..errors import CtxevalError
-from ..rows import AGGREGATES, MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
+from ..rows import AGGREGATES, MISSING, RULER_THRESHOLD, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
 from .runs import Group, Run, display_models, field_label, group_runs, load_runs, merge_rows, row_order
-from .tables import (Table, accuracy_grid, effective_length, fmt_acc, fmt_entropy, fmt_ppl, int_or_none, length_or,
-                     needle_long, number, ppl_long, valid_lengths)
+from .tables import (Table, accuracy_grid, effective_length, fmt_acc, fmt_entropy, fmt_ppl, fmt_score, int_or_none,
+                     length_or, needle_long, number, ppl_long, ruler_effective_length, ruler_means, ruler_task_scores,
+                     valid_lengths)
 
 def _ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> list[Table]:
     aggregate = group.key.get("aggregate") or "token"
@@ -175,6 +176,30 @@ def _entropy_table(group: Group, rows: list[dict[str, Any]]) -> Table:
                  ["model", "method", *map(fmt_length, lengths)], raw, status, shown, caption=caption)
 
 
+def _ruler_table(group: Group, rows: list[dict[str, Any]]) -> Table:
+    """Rows = model x method, columns = length: RULER's mean over the group's tasks, then the effective length."""
+    tasks = list(group.key.get("tasks") or [])
+    threshold = float(group.key.get("threshold") or RULER_THRESHOLD)
+    means = ruler_means(ruler_task_scores(rows), tasks)
+    lengths = sorted(int(x) for x in means["length"].unique())
+    raw, status, shown = [], [], []
+    for model, label in row_order(group, rows):
+        mine = means[(means["model"].astype(str) == model) & (means["label"].astype(str) == label)]
+        by_length = {int(L): float(v) for L, v in zip(mine["length"], mine["mean"])}
+        vals = [number(by_length.get(L)) for L in lengths]
+        eff = ruler_effective_length(by_length, threshold)
+        raw.append([model, label, *vals, eff])
+        status.append([None, None, *[None if v is not None else "missing" for v in vals],
+                       None if eff is not None else "none"])
+        shown.append([model, label, *[fmt_score(v if v is not None else float("nan")) for v in vals],
+                      fmt_length(eff) if eff is not None else "none"])
+    caption = (f"RULER mean score over {len(tasks)} task(s) ({', '.join(tasks)}), {group.key.get('samples')} sample(s) "
+               f"each; effective length: every length up to it has a mean above {threshold:g}.")
+    return Table(group.id, "ruler", group.title, ["model", "method", *map(str, lengths), "effective length"],
+                 ["model", "method", *map(fmt_length, lengths), f"effective length (> {threshold:g})"], raw, status,
+                 shown, caption=caption)
+
+
 @dataclass
 class Report:
     runs: list[Run]
@@ -209,6 +234,8 @@ def build_report(paths: Sequence[Path | str], *, threshold: float = 0.8, toleran
         rows, group.notes = merge_rows(group)
         if group.kind == "ppl":
             group.tables = _ppl_tables(group, rows, tolerance)
+        elif group.kind == "ruler":
+            group.tables = [_ruler_table(group, rows)]
         elif group.kind == "entropy":
             group.tables = [_entropy_table(group, rows)]
         else:

@@ -10,7 +10,7 @@ moves outside the axes past four entries; original lengths are marked with black
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -47,13 +47,13 @@ class Curve:
 
 @dataclass(frozen=True)
 class HeatmapPanel:
-    """One accuracy grid: rows = needle depth %, columns = context length."""
+    """One grid of scores in [0, 1]: rows = needle depth % (or `row_labels`), columns = context length."""
 
     title: str
     grid: Any  # DataFrame of accuracies (NaN where nothing was measured)
     status: Any  # DataFrame of statuses (ok / oom / skipped / missing), same shape
     original_length: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    row_labels: list[str] | None = None  # default: the index as depth percentages
 
 
 def method_family(label: str) -> str:
@@ -131,7 +131,7 @@ def readable_log_y(ax: Any) -> None:
 
 def plot_curves(curves: Sequence[Curve], path: Path, *, title: str, xlabel: str, ylabel: str,
                 originals: dict[int, str] | None = None, log_y: bool = False, threshold: float | None = None,
-                ylim: tuple[float, float] | None = None) -> Path:
+                threshold_label: str | None = None, ylim: tuple[float, float] | None = None) -> Path:
     """Curves against the context length on one figure. `originals`: original length -> legend text (marked with
     black vertical lines); `threshold`: a grey horizontal line (accuracy figures)."""
     measured = [c for c in curves if c.xs]
@@ -144,7 +144,7 @@ def plot_curves(curves: Sequence[Curve], path: Path, *, title: str, xlabel: str,
         if lengths and min(lengths) <= L <= max(lengths):
             ax.axvline(L, color="black", ls=[":", "--", "-."][i % 3], lw=1, label=text)
     if threshold is not None:
-        ax.axhline(threshold, color="grey", lw=1, ls="--", label=f"threshold {threshold:.0%}")
+        ax.axhline(threshold, color="grey", lw=1, ls="--", label=threshold_label or f"threshold {threshold:.0%}")
     if ylim is not None:
         ax.set_ylim(*ylim)
     if log_y:
@@ -176,7 +176,7 @@ def paint_heatmap(ax: Any, panel: HeatmapPanel, fontsize: int = 8) -> Any:
     ax.set_xticks(range(values.shape[1]))
     ax.set_xticklabels([fmt_length(int(c)) for c in panel.grid.columns], fontsize=fontsize)
     ax.set_yticks(range(values.shape[0]))
-    ax.set_yticklabels([f"{d:g}%" for d in panel.grid.index], fontsize=fontsize)
+    ax.set_yticklabels(panel.row_labels or [f"{d:g}%" for d in panel.grid.index], fontsize=fontsize)
     L = panel.original_length
     past = [j for j, c in enumerate(panel.grid.columns) if L is not None and c > L]
     if past:
@@ -187,7 +187,8 @@ def paint_heatmap(ax: Any, panel: HeatmapPanel, fontsize: int = 8) -> Any:
     return image
 
 
-def plot_heatmaps(panels: Sequence[HeatmapPanel], path: Path, title: str) -> Path:
+def plot_heatmaps(panels: Sequence[HeatmapPanel], path: Path, title: str, row_title: str = "needle depth",
+                  scale_label: str = "accuracy") -> Path:
     """Heatmaps side by side (at most four a row) on shared depth axes and one colour scale."""
     n = len(panels)
     ncols = min(n, 4)
@@ -201,11 +202,11 @@ def plot_heatmaps(panels: Sequence[HeatmapPanel], path: Path, title: str) -> Pat
     for ax, panel in zip(axes.ravel(), panels):
         image = paint_heatmap(ax, panel)
     for ax in axes[:, 0]:
-        ax.set_ylabel("needle depth", fontsize=8)
+        ax.set_ylabel(row_title, fontsize=8)
     for ax in axes.ravel()[n:]:
         ax.set_visible(False)
     if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.046, pad=0.02, label="accuracy")
+        fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.046, pad=0.02, label=scale_label)
     fig.suptitle(title, fontsize=9)
     return save(fig, path, tight=False)
 

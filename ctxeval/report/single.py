@@ -14,8 +14,9 @@ from ..paths import safe_name
 from ..rows import MISSING, UNIFORM_LABEL, fmt_length
 from ..specs import MethodSpec
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
-from .tables import (accuracy_grid, entropy_tables, fmt_acc, markdown, needle_long, needle_summary, passkey_summary,
-                     ppl_cells, ppl_long, ppl_wide, status_wide, valid_cells, valid_lengths)
+from .tables import (accuracy_grid, entropy_tables, fmt_acc, fmt_score, markdown, needle_long, needle_summary,
+                     passkey_summary, ppl_cells, ppl_long, ppl_wide, ruler_effective_length, ruler_means,
+                     ruler_task_scores, status_wide, valid_cells, valid_lengths)
 
 
 @dataclass(frozen=True)
@@ -146,3 +147,53 @@ def render_entropy(store: Any, specs: Sequence[MethodSpec], original_length: int
                 originals={original_length: f"original length {fmt_length(original_length)}"})
     return RunOutputs([Printed(title, caption, headers, rows)],
                       f"wrote {store.dir}/table.md, entropy.csv, entropy-layers.csv, entropy.png")
+
+
+def render_ruler(store: Any, specs: Sequence[MethodSpec], tasks: list[str], original: int | None, threshold: float,
+                 samples: int, title: str, notes: Sequence[str] = ()) -> RunOutputs:
+    """table.md (method x length: the mean over tasks and the effective length; per length, method x task),
+    ruler.csv (every task score), summary.csv, and one task x length heatmap per method."""
+    scores = ruler_task_scores(store.rows())
+    means = ruler_means(scores, tasks)
+    order = [s.label for s in specs]
+    lengths = sorted(int(x) for x in scores["length"].unique()) if len(scores) else []
+    headers = ["method", *[fmt_length(L) for L in lengths], f"effective length (> {threshold:g})"]
+    rows, summary = [], []
+    for label in order:
+        mine = means[means["label"] == label]
+        by_length = {int(L): float(v) for L, v in zip(mine["length"], mine["mean"])}
+        eff = ruler_effective_length(by_length, threshold)
+        rows.append([label, *[fmt_score(by_length.get(L, float("nan"))) for L in lengths],
+                     fmt_length(eff) if eff is not None else "none"])
+        summary.append({"method": label, **{str(L): by_length.get(L) for L in lengths}, "effective length": eff})
+    caption = (f"RULER mean score over {len(tasks)} tasks ({', '.join(tasks)}), {samples} sample(s) per task and "
+               f"length; effective length: the longest length up to which every length's mean exceeds {threshold:g} "
+               f"(RULER's Llama-2-7B reference at 4k is 85.6). Original length {original}.")
+    md = [f"# {title}\n\n{caption}\n\n", markdown(headers, rows)]
+    md += [f"\n- {note}\n" for note in notes]
+    for L in lengths:
+        at = scores[scores["length"] == L]
+        theaders = ["method", *tasks]
+        trows = []
+        for label in order:
+            cells = {t: (v, st) for t, v, st in zip(at[at["label"] == label]["ruler_task"], at[at["label"] == label]["score"],
+                                                     at[at["label"] == label]["status"])}
+            trows.append([label, *[fmt_score(*cells.get(t, (float("nan"), "missing"))) for t in tasks]])
+        md += [f"\n## {fmt_length(L)}: score by task\n\n", markdown(theaders, trows)]
+    (store.dir / "table.md").write_text("".join(md))
+    scores.to_csv(store.dir / "ruler.csv", index=False, float_format="%.6g")
+    pd.DataFrame(summary).to_csv(store.dir / "summary.csv", index=False)
+    for label in order:
+        mine = scores[scores["label"] == label]
+        if mine.empty:
+            continue
+        grid = mine.pivot_table(index="ruler_task", columns="length", values="score", aggfunc="first") / 100
+        status = mine.pivot_table(index="ruler_task", columns="length", values="status", aggfunc="first")
+        present = [t for t in tasks if t in grid.index]
+        grid, status = grid.reindex(index=present, columns=lengths), status.reindex(index=present, columns=lengths)
+        past = f" (dashed: past the original length {fmt_length(original)})" if original else ""
+        plot_heatmaps([HeatmapPanel("", grid, status, original, row_labels=present)],
+                      store.dir / f"heatmap-{safe_name(label)}.png", f"{label}: {title}{past}", row_title="task",
+                      scale_label="score")
+    return RunOutputs([Printed(title, caption, headers, rows)],
+                      f"wrote {store.dir}/table.md, ruler.csv, summary.csv, heatmap-*.png")

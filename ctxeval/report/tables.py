@@ -263,3 +263,52 @@ def entropy_tables(rows: list[dict[str, Any]], order: list[str]) -> tuple[Any, A
     layers = pd.DataFrame(per_layer).pivot_table(index=["label", "layer"], columns="length", values="entropy", aggfunc="mean")
     layers = layers.reindex([i for l in order for i in layers.index if i[0] == l])
     return wide, layers
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# RULER
+
+
+def ruler_task_scores(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (model, label, ruler_task, length): RULER's task score, the mean sample score x 100 rounded to
+    2 decimals (its metric_fn), over the measured samples; status oom when a sample failed."""
+    df = latest_rows(rows, ("model", "label", "ruler_task", "length", "sample"))
+    columns = ["model", "label", "ruler_task", "length", "score", "samples", "status"]
+    if df.empty:
+        return pd.DataFrame(columns=columns)
+    out = []
+    for (model, label, task, length), g in df.groupby(["model", "label", "ruler_task", "length"], sort=False):
+        ok = g[g["status"] == "ok"]
+        failed = g[g["status"] != "ok"]
+        value = round(float(ok["score"].astype(float).mean()) * 100, 2) if len(ok) and not len(failed) else float("nan")
+        out.append({"model": model, "label": label, "ruler_task": task, "length": int(length), "score": value,
+                    "samples": len(ok), "status": "ok" if len(ok) and not len(failed) else
+                    (str(failed["status"].iloc[0]) if len(failed) else "missing")})
+    return pd.DataFrame(out, columns=columns)
+
+
+def ruler_means(scores: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
+    """(model, label, length) -> the mean task score over `tasks` (RULER's headline number); NaN unless every task
+    was scored at that length."""
+    out = []
+    for (model, label, length), g in scores.groupby(["model", "label", "length"], sort=False):
+        have = {t: s for t, s in zip(g["ruler_task"], g["score"]) if not math.isnan(s)}
+        value = sum(have[t] for t in tasks) / len(tasks) if all(t in have for t in tasks) else float("nan")
+        out.append({"model": model, "label": label, "length": int(length), "mean": value})
+    return pd.DataFrame(out, columns=["model", "label", "length", "mean"])
+
+
+def ruler_effective_length(mean_by_length: dict[int, float], threshold: float) -> int | None:
+    """The longest length up to which every evaluated length's mean exceeds the threshold (RULER: > 85.6)."""
+    best = None
+    for length, value in sorted(mean_by_length.items()):
+        if value is None or math.isnan(value) or not value > threshold:
+            break
+        best = int(length)
+    return best
+
+
+def fmt_score(value: Any, status: str | None = None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return status_label(status)
+    return f"{value:.1f}"

@@ -1,0 +1,131 @@
+"""`ctxeval ruler`: RULER's synthetic tasks, prompts as RULER generates them, scored as RULER scores them."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .. import corpora
+from ..errors import CtxevalError
+from ..models import DEFAULT_MODEL
+from ..rows import RULER_THRESHOLD
+from ..specs import expand_specs
+from .console import err, print_outputs, user_errors
+from .options import (BatchOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, MaxMemoryOpt, OutOpt, OverwriteOpt,
+                      PlainModelOpt, RemoteOpt, TemperatureOpt, parse_factors, parse_lengths, parse_temperatures)
+from .run import default_lengths, default_out, load_for, measure
+
+# torch, transformers, pandas and matplotlib load only when a command needs them: the evaluation and report modules
+# are imported inside the command function.
+OFFLINE = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
+           "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
+
+
+def essay_text(essays: Path | None, substitute: str) -> tuple[str, str]:
+    """RULER's essay haystack: PaulGrahamEssays.json ({"text": ...}) or .txt files (concatenated in sorted order, as
+    RULER's download script builds the JSON); without --essays, the documents of an offline corpus."""
+    if essays is None:
+        text = "\n\n".join(doc.text for doc in corpora.iter_documents(substitute))
+        return text, f"{substitute} (substitute for RULER's Paul Graham essays)"
+    path = Path(essays).expanduser()
+    if path.is_file() and path.suffix == ".json":
+        try:
+            text = json.loads(path.read_text(encoding="utf-8"))["text"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise CtxevalError(f"--essays {essays}: not RULER's PaulGrahamEssays.json (a JSON object with 'text')") from None
+        return str(text), path.name
+    files = sorted(Path(p) for p in glob.glob(str(path / "*.txt"))) if path.is_dir() else ([path] if path.is_file() else [])
+    if not files:
+        raise CtxevalError(f"--essays {essays}: give RULER's PaulGrahamEssays.json, a .txt file or a folder of .txt files")
+    return "".join(f.read_text(encoding="utf-8") for f in files), f"{path.name} ({len(files)} .txt file(s))"
+
+
+@user_errors
+def ruler_cmd(
+    model: PlainModelOpt = None,
+    tasks: Annotated[Optional[str], typer.Option(help="Comma-separated RULER tasks (default: the 11 that run offline: "
+                                                 + ", ".join(OFFLINE) + ").")] = None,
+    lengths: Annotated[Optional[str], typer.Option(help="Context lengths in tokens: 4k,8k | 4k:32k:x2 (default: 1x, 2x, "
+                                                   "4x the model's original length).")] = None,
+    samples: Annotated[int, typer.Option(help="Samples per task and length (RULER uses 500)."),
+                       Check("--samples", minimum=1)] = 10,
+    essays: Annotated[Optional[Path], typer.Option(help="RULER's PaulGrahamEssays.json or .txt essays for the essay "
+                                                   "haystack.")] = None,
+    essay_substitute: Annotated[str, typer.Option(help="Corpus used as the essay haystack without --essays (any --data "
+                                                  "spec; named in every table).")] = "pydoc",
+    samples_from: Annotated[Optional[Path], typer.Option(help="Run the prompts of RULER-generated files "
+                                                         "DIR/<length>/<task>/validation.jsonl instead.")] = None,
+    threshold: Annotated[float, typer.Option(help="Mean score a length must exceed for the effective length."),
+                         Check("--threshold", above=0, maximum=100)] = RULER_THRESHOLD,
+    seed: Annotated[int, typer.Option(help="RULER's random seed (its default 42)."), Check("--seed", minimum=0)] = 42,
+    batch_size: BatchOpt = 1,
+    method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; "
+                                                        "repeatable (default none).")] = None,
+    factor: FactorOpt = None,
+    attention_temperature: TemperatureOpt = None,
+    out: OutOpt = None,
+    overwrite: OverwriteOpt = False,
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    attn: Annotated[str, typer.Option("--attn", help="Attention implementation: sdpa|eager|flash_attention_2.")] = "sdpa",
+    trust_remote_code: RemoteOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+) -> None:
+    """RULER's synthetic tasks (NIAH x8, variable tracking, common/frequent words): mean score per length, effective length."""
+    from ..evals.ruler import TASKS, Sources
+    from ..evals.ruler_eval import RulerConfig, RulerRunner, prepare, sweep
+    from ..report.single import render_ruler
+
+    model_name = model or DEFAULT_MODEL
+    chosen = tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else OFFLINE
+    specs = expand_specs(method or ["none"], parse_factors(factor), parse_temperatures(attention_temperature))
+    given = tuple(parse_lengths(lengths)) if lengths is not None else None
+    cfg = RulerConfig(chosen, given or (1,), samples, seed)  # checks the tasks before the model loads
+    if samples_from is not None and not Path(samples_from).is_dir():
+        raise CtxevalError(f"--samples-from {samples_from}: not a directory of RULER's <length>/<task>/validation.jsonl")
+    lm = load_for(model_name, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
+    if given is None:
+        cfg = RulerConfig(chosen, tuple(default_lengths(lm, (1, 2, 4))), samples, seed)
+    sources = Sources()
+    if samples_from is None and any(TASKS[t].args.get("type_haystack") == "essay" for t in cfg.tasks):
+        text, sources.essay_source = essay_text(essays, essay_substitute)
+        sources.essay_words = re.sub(r"\s+", " ", text).split(" ")
+        essay_digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    else:
+        essay_digest = None
+    run_dir = default_out("ruler", model_name, out)
+    spec_record = {
+        "task": "ruler", "model": model_name, "tasks": list(cfg.tasks), "lengths": list(cfg.lengths),
+        "samples": cfg.samples, "seed": cfg.seed, "essays": sources.essay_source or None, "essay_sha256": essay_digest,
+        "samples_from": str(samples_from) if samples_from else None, "template": "base",
+        "methods": [s.label for s in specs], "dtype": lm.dtype,
+    }
+    provenance = {"model": lm.record(), "protocol": {
+        "name": "RULER (NVIDIA/RULER scripts/synthetic.yaml)", "template": "base", "decoding": "greedy",
+        "scoring": "string_match_all", "threshold": threshold, "word_lists": "wonderwords 2.2.0",
+        "essays": sources.essay_source or None}}
+    notes = ([f"essay haystack: {sources.essay_source}"] if sources.essay_source else []) + (
+        [f"prompts read from {samples_from}"] if samples_from else [])
+    original = lm.trained_length
+    title = f"{model_name}: RULER"
+    runner = RulerRunner(lm.model, lm.tokenizer, lm.device, lm.name, batch_size)
+
+    def work(store, progress) -> None:  # noqa: ANN001
+        runner.progress = progress
+        prompts = prepare(cfg, lm.tokenizer, sources, store.dir, samples_from, progress.note)
+        sweep(lm, specs, prompts, cfg, runner, store)
+
+    for note in notes:
+        err.print(f"note: {note}")
+    measure(run_dir, spec_record, overwrite, provenance,
+            f"run directory: {run_dir}  ({len(cfg.tasks)} task(s) x {len(cfg.lengths)} length(s) x {cfg.samples} "
+            "sample(s) per method)", work,
+            render=lambda store: print_outputs(render_ruler(store, specs, list(cfg.tasks), original, threshold,
+                                                            cfg.samples, title, notes)))

@@ -1,0 +1,189 @@
+"""Running RULER: every (method, task, length, sample) generated greedily with the task's tokens_to_generate and
+scored as RULER scores it, one row per sample, resumable, sharded under torchrun like every sweep.
+
+Prompts come from ctxeval.evals.ruler (or from RULER-written files with `samples_from`) and are written once per
+(task, length) to the run directory in RULER's own layout and format, `samples/<length>/<task>/validation.jsonl`,
+so a resumed or repeated run reads back exactly the prompts it measured. Inference follows RULER's HF backend
+(scripts/pred/model_wrappers.py): the prompt is input + answer prefix, tokenized with the tokenizer's own
+special-token default; greedy decoding (temperature 0) of at most tokens_to_generate new tokens, stopping at EOS;
+the new tokens decoded without special tokens; RULER's post-processing; string_match_all / string_match_part.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..errors import CtxevalError
+from ..rows import RESUME_FIELDS, point_key
+from ..specs import MethodSpec
+from .common import PointOOM, Progress, SilentProgress, oom_guard, point_row
+from .needle import greedy_config
+from .ruler import FAMILIES, TASKS, RulerSample, Sources, generate, postprocess, score
+from .sweep import WorkItem, forward_cost, run_items
+
+SAMPLES_DIR = "samples"
+
+
+@dataclass(frozen=True)
+class RulerConfig:
+    tasks: tuple[str, ...]
+    lengths: tuple[int, ...]
+    samples: int
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise CtxevalError(f"unknown RULER task '{unknown[0]}'; tasks: {', '.join(TASKS)}")
+        qa = [t for t in self.tasks if TASKS[t].family == "qa"]
+        if qa:
+            raise CtxevalError(f"{', '.join(qa)} read SQuAD / HotpotQA, which ctxeval does not generate yet; leave "
+                               "them out of --tasks (the other 11 tasks run offline)")
+        if self.samples < 1:
+            raise CtxevalError(f"--samples must be >= 1, got {self.samples}")
+        if not self.lengths:
+            raise CtxevalError("give at least one --lengths value")
+
+
+def samples_path(root: Path, task: str, length: int) -> Path:
+    return Path(root) / str(length) / task / "validation.jsonl"
+
+
+def read_samples(path: Path, task: str, length: int) -> list[RulerSample]:
+    """RULER-format samples (prepare.py's validation.jsonl): index, input, outputs, and answer_prefix."""
+    if not path.is_file():
+        raise CtxevalError(f"no RULER samples for {task} at length {length}: {path} is missing (RULER's prepare.py "
+                           "writes DIR/<length>/<task>/validation.jsonl)")
+    samples = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            # the sample's position is its identity: RULER's niah.py overwrites `index` with a character offset
+            samples.append(RulerSample(len(samples), str(record["input"]), [str(x) for x in record["outputs"]],
+                                       int(record.get("length", -1)), str(record.get("answer_prefix", ""))))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CtxevalError(f"{path} line {number} is not a RULER sample ({type(exc).__name__}: {exc}); it needs "
+                               "input, outputs and answer_prefix") from None
+    if not samples:
+        raise CtxevalError(f"{path} holds no samples")
+    return samples
+
+
+def write_samples(path: Path, samples: list[RulerSample]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(s.record()) + "\n" for s in samples), encoding="utf-8")
+    tmp.replace(path)
+
+
+def prepare(cfg: RulerConfig, tokenizer: Any, sources: Sources, run_dir: Path,
+            samples_from: Path | None = None, progress: Callable[[str], None] | None = None
+            ) -> dict[tuple[str, int], list[RulerSample]]:
+    """The prompts of every (task, length): read from `samples_from`, else read back from the run directory, else
+    generated and written there."""
+    out: dict[tuple[str, int], list[RulerSample]] = {}
+    for task in cfg.tasks:
+        for length in cfg.lengths:
+            mine = samples_path(Path(run_dir) / SAMPLES_DIR, task, length)
+            if samples_from is not None:
+                samples = read_samples(samples_path(samples_from, task, length), task, length)[: cfg.samples]
+            elif mine.is_file():
+                samples = read_samples(mine, task, length)
+            else:
+                if progress:
+                    progress(f"generating {cfg.samples} {task} prompts at {length} tokens")
+                samples = generate(task, length, cfg.samples, tokenizer, sources, seed=cfg.seed)
+            if not mine.is_file():
+                write_samples(mine, samples)
+            out[(task, length)] = samples
+    return out
+
+
+class RulerRunner:
+    KEY = RESUME_FIELDS["ruler"]
+
+    def __init__(self, model: Any, tokenizer: Any, device: str, model_name: str, batch_size: int = 1,
+                 progress: Progress | None = None) -> None:
+        self.model, self.tok, self.device, self.model_name = model, tokenizer, device, model_name
+        self.batch_size = batch_size
+        self.progress = progress or SilentProgress()
+
+    @torch.inference_mode()
+    def predict(self, prompts: list[str], max_new_tokens: int, handle: Any = None, length: int | None = None
+                ) -> list[str]:
+        """Greedy continuations of `prompts` (one batch, left-padded), decoded without special tokens."""
+        if len(prompts) == 1:
+            enc = self.tok(prompts, return_tensors="pt")
+        else:
+            pad_side, pad = self.tok.padding_side, self.tok.pad_token
+            self.tok.padding_side = "left"
+            if self.tok.pad_token is None:
+                self.tok.pad_token = self.tok.eos_token
+            try:
+                enc = self.tok(prompts, return_tensors="pt", padding=True)
+            finally:
+                self.tok.padding_side, self.tok.pad_token = pad_side, pad
+        ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        frozen = handle is not None and getattr(handle.method, "length_dependent", False) and length is not None
+        if frozen:
+            handle.freeze_length(length)  # prompt and generated tokens share the RoPE of the task's length
+        try:
+            out = self.model.generate(input_ids=ids, attention_mask=mask,
+                                      generation_config=greedy_config(self.tok, max_new_tokens))
+        finally:
+            if frozen:
+                handle.freeze_length(None)
+        return [self.tok.decode(row[ids.shape[1]:].tolist(), skip_special_tokens=True) for row in out]
+
+    def measure(self, spec: MethodSpec, task: str, length: int, samples: list[RulerSample],
+                emit: Callable[[list[dict]], None], handle: Any = None) -> None:
+        family = FAMILIES[TASKS[task].family]
+        for start in range(0, len(samples), self.batch_size):
+            chunk = samples[start:start + self.batch_size]
+            t0 = time.perf_counter()
+            try:
+                with oom_guard(self.device):
+                    predictions = self.predict([s.prompt for s in chunk], family.tokens_to_generate, handle, length)
+            except PointOOM as exc:
+                emit([point_row(self.model_name, spec, "ruler", ruler_task=task, length=length, sample=s.index,
+                                status="oom", note=str(exc)) for s in chunk])
+                self.progress.note(f"{spec.label}: out of memory at {task} {length} tokens")
+                return
+            seconds = (time.perf_counter() - t0) / len(chunk)
+            rows = []
+            for sample, raw in zip(chunk, predictions):
+                prediction = postprocess(raw)
+                value = score(family.metric, prediction, sample.outputs)
+                rows.append(point_row(self.model_name, spec, "ruler", value=value, ruler_task=task, length=length,
+                                      sample=sample.index, score=value, prediction=prediction,
+                                      outputs=sample.outputs, metric_fn=family.metric,
+                                      prompt_tokens=len(self.tok(sample.prompt)["input_ids"]),
+                                      seconds=round(seconds, 3), status="ok"))
+            emit(rows)
+            self.progress.advance(length * len(chunk), f"{spec.label} {task} L={length} "
+                                  f"{sum(r['score'] for r in rows) / len(rows):.0%}")
+
+
+def sweep(lm: Any, specs: list[MethodSpec], prompts: dict[tuple[str, int], list[RulerSample]], cfg: RulerConfig,
+          runner: RulerRunner, store: Any) -> None:
+    """Every (method, task, length, sample) not yet in `store`, one method applied at a time."""
+    done = store.done_points(RulerRunner.KEY)
+    items: list[WorkItem] = []
+    for index, spec in enumerate(specs):
+        for (task, length), samples in prompts.items():
+            todo = [s for s in samples if point_key({"label": spec.label, "ruler_task": task, "length": length,
+                                                     "sample": s.index}, RulerRunner.KEY) not in done]
+            for i in range(0, len(todo), runner.batch_size):
+                batch = todo[i:i + runner.batch_size]
+                items.append(WorkItem(index, (task, length, batch), forward_cost(length) * len(batch),
+                                      length * len(batch), length))
+    run_items(lm, specs, items, cfg.lengths, store, runner.progress,
+              lambda spec, item, handle: runner.measure(spec, item[0], item[1], item[2], store.append, handle))

@@ -1,0 +1,102 @@
+"""`ctxeval ruler` as a user runs it: rows per sample, RULER-format prompts in the run directory, resume, prompts
+read from RULER-written files, batched generation equal to one prompt at a time, one-line errors."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import tiny_llama
+from ctxeval.cli import app
+from ctxeval.evals.ruler_eval import RulerRunner
+
+runner = CliRunner()
+TASKS = "niah_single_1,niah_multikey_3,vt,fwe"
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "rows.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _ruler(out, *extra):  # the bundled tiny model: RULER's prompts need a real tokenizer's lengths
+    return runner.invoke(app, ["ruler", "--model", "tiny", "--tasks", TASKS, "--lengths", "1k",
+                               "--samples", "2", "--device", "cpu", "--out", str(out), *extra])
+
+
+def test_a_run_writes_rows_prompts_and_tables_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    result = _ruler(out, "-m", "dynamic-ntk")  # generation under a length-dependent method: RoPE frozen at 1k
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    assert len(rows) == 4 * 2 and {r["ruler_task"] for r in rows} == set(TASKS.split(","))
+    for r in rows:
+        assert r["task"] == "ruler" and r["metric"] == "score" and r["value"] == r["score"]
+        assert 0 <= r["score"] <= 1 and r["prompt_tokens"] <= 1024 and isinstance(r["outputs"], list)
+    samples = [json.loads(line) for line in (out / "samples" / "1024" / "vt" / "validation.jsonl").read_text().splitlines()]
+    assert [s["index"] for s in samples] == [0, 1]
+    assert {"input", "outputs", "length", "answer_prefix"} <= set(samples[0])
+    assert samples[0]["answer_prefix"].startswith(" Answer: According to the chain(s) of variable assignment")
+    table = (out / "table.md").read_text()
+    assert "effective length (> 85.6)" in table and "## 1k: score by task" in table and "niah_multikey_3" in table
+    assert (out / "heatmap-dynamic-ntk.png").is_file() and (out / "ruler.csv").is_file()
+
+    # resume: a deleted row and a failed row are measured again, nothing else
+    kept = [r for r in rows if not (r["ruler_task"] == "vt" and r["sample"] == 1)]
+    failed = {**kept.pop(0), "status": "oom", "score": None, "value": None}  # this point ran out of memory
+    (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*kept, failed]))
+    assert _ruler(out, "-m", "dynamic-ntk").exit_code == 0
+    again = _rows(out)[len(kept) + 1:]
+    assert sorted((r["label"], r["ruler_task"], r["sample"]) for r in again) == sorted(
+        [("dynamic-ntk", "vt", 1), (failed["label"], failed["ruler_task"], failed["sample"])])
+
+
+def test_prompts_from_ruler_files(tmp_path):
+    source = tmp_path / "ruler-data"
+    for task in TASKS.split(","):
+        path = source / "1024" / task / "validation.jsonl"
+        path.parent.mkdir(parents=True)
+        records = [{"index": 7, "input": f"Remember: the code is {n}42.\nWhat is the code?", "outputs": [f"{n}42"],
+                    "length": 30, "answer_prefix": " The code is"} for n in range(3)]  # RULER's niah repeats index
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "run"
+    result = _ruler(out, "--samples-from", str(source))
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    assert len(rows) == 4 * 2 and sorted({r["sample"] for r in rows}) == [0, 1]  # --samples 2 of the 3
+    assert {tuple(r["outputs"]) for r in rows} == {("042",), ("142",)}
+
+    (source / "1024" / "vt" / "validation.jsonl").write_text('{"input": "x"}\n')
+    result = _ruler(tmp_path / "bad", "--samples-from", str(source))
+    assert result.exit_code == 2 and "line 1 is not a RULER sample" in result.stderr
+    assert len([line for line in result.stderr.splitlines() if line.startswith("error:")]) == 1
+    (source / "1024" / "vt" / "validation.jsonl").unlink()
+    result = _ruler(tmp_path / "missing", "--samples-from", str(source))
+    assert result.exit_code == 2 and "is missing" in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "niah_single_9"], "unknown RULER task 'niah_single_9'"),
+    (["--tasks", "qa_1"], "qa_1 read SQuAD / HotpotQA"),
+    (["--samples", "0"], "--samples must be >= 1, got 0"),
+    (["--threshold", "120"], "--threshold must be in (0, 100], got 120.0"),
+    (["--tasks", "niah_single_2", "--lengths", "256"], "shorter than the task's smallest prompt"),
+])
+def test_bad_input_is_one_line(tmp_path, args, message):
+    result = runner.invoke(app, ["ruler", "--model", "tiny", "--device", "cpu", "--out",
+                                 str(tmp_path / "r"), *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.output
+
+
+def test_batched_generation_equals_one_at_a_time():
+    from transformers import AutoTokenizer
+
+    from ctxeval.paths import TINY_MODEL_DIR
+
+    tok = AutoTokenizer.from_pretrained(str(TINY_MODEL_DIR))
+    model = tiny_llama(vocab_size=len(tok))
+    prompts = ["The grass is green. " * 3 + "What is it?", "Short one.", "The sky is blue. " * 6 + "Answer:"]
+    run = RulerRunner(model, tok, "cpu", "tiny")
+    one = [run.predict([p], 12)[0] for p in prompts]
+    assert run.predict(prompts, 12) == one
