@@ -25,7 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--haystack", default="austen")
-    ap.add_argument("--needle", default="ruler")
+    ap.add_argument("--needle", default="magic-number")
     ap.add_argument("--lengths", default="1k,2k")
     ap.add_argument("--depths", default="0:100:5")
     ap.add_argument("--samples", type=int, default=2)

@@ -34,7 +34,8 @@ def builder(tok, name, chat=False, snap=False, hay="filler"):
 
 
 def test_all_presets_listed():
-    assert set(PRESETS) == {"ruler", "ruler-multikey", "ruler-multivalue", "ruler-multiquery", "passkey", "gkamradt"}
+    assert set(PRESETS) == {"magic-number", "magic-number-multikey", "magic-number-multivalue", "magic-number-multiquery",
+                            "passkey", "gkamradt"}
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -69,7 +70,7 @@ def test_prompt_length_exact_needles_intact_one_bos(tok, name, depth, chat):
 
 
 def test_snap_moves_needle_to_a_sentence_end(tok):
-    b = builder(tok, "ruler", snap=True)
+    b = builder(tok, "magic-number", snap=True)
     sample = N.make_sample(b.preset, np.random.default_rng(0))
     p = b.build(600, 47.0, sample, np.random.default_rng(3), 10)
     start = p.needle_spans[0][0]
@@ -78,20 +79,20 @@ def test_snap_moves_needle_to_a_sentence_end(tok):
 
 
 def test_samples_are_seeded_and_distinct():
-    pr = preset("ruler-multikey")
+    pr = preset("magic-number-multikey")
     a, b = N.make_sample(pr, np.random.default_rng(5)), N.make_sample(pr, np.random.default_rng(5))
     assert a == b and len(a.needles) == 4 and len(a.answers) == 1
-    mv = N.make_sample(preset("ruler-multivalue"), np.random.default_rng(1))
+    mv = N.make_sample(preset("magic-number-multivalue"), np.random.default_rng(1))
     assert len(mv.answers) == 4 == len(set(mv.answers))
-    mq = N.make_sample(preset("ruler-multiquery"), np.random.default_rng(1))
+    mq = N.make_sample(preset("magic-number-multiquery"), np.random.default_rng(1))
     assert mq.question.count("-") == 4 and " and " in mq.question
     pk = N.make_sample(preset("passkey"), np.random.default_rng(2))
     assert 1 <= int(pk.answers[0]) <= 50000
 
 
 def test_scoring_rules():
-    ruler = N.make_sample(preset("ruler-multivalue"), np.random.default_rng(0))
-    p = preset("ruler-multivalue")
+    ruler = N.make_sample(preset("magic-number-multivalue"), np.random.default_rng(0))
+    p = preset("magic-number-multivalue")
     assert N.score_response(p, ruler, " " + ", ".join(ruler.answers) + ".")
     assert not N.score_response(p, ruler, " " + ", ".join(ruler.answers[:3]))
     pk, pkp = N.Sample(("x",), 1, "q", "a", ("4242",)), preset("passkey")
@@ -120,7 +121,7 @@ def test_forced_and_generate_agree(tok):
         text = tok.decode(answer_ids)
         item.sample = N.Sample(item.sample.needles, 1, "q", "a", (text.strip(),))
         gen_runner = N.NeedleRunner(model, tok, "cpu", b, N.NeedleConfig((300,), (50.0,), max_new_tokens=4), "tiny", "needle")
-        r_preset = N.NeedlePreset.from_dict("exact", {**load_task("needle-ruler", "needle")})
+        r_preset = N.NeedlePreset.from_dict("exact", {**load_task("needle-magic-number", "needle")})
         gen_runner.builder.preset = r_preset
         generated = gen_runner._generate(item, None)
         assert generated["correct"] == expect, (generated, text)

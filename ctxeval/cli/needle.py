@@ -77,6 +77,9 @@ def load_needle_preset(name: str, needle_text: str | None, question: str | None,
         data = load_task(name, "needle")
     else:
         choices = [n.removeprefix("needle-") for n in preset_names("needle")]
+        if name.startswith("ruler"):  # renamed: these presets never were RULER's protocol
+            raise CtxevalError(f"the '{name}' preset is now '{name.replace('ruler', 'magic-number', 1)}' (it follows "
+                               "RULER's wording, not its protocol); for RULER itself run ctxeval ruler")
         if name not in choices:
             raise CtxevalError(f"unknown needle preset '{name}'; choose one of {', '.join(choices)}, or a .toml file")
         data = load_task(f"needle-{name}", "needle")
@@ -170,7 +173,7 @@ def needle_cmd(
     depth_spacing: Annotated[str, typer.Option(help="linear | sigmoid (packed towards the ends, as the original test).")] = "linear",
     samples: Annotated[Optional[int], typer.Option(help="Samples per cell, each with its own seeded needle and offset "
                                                    "(default 1)."), SAMPLES] = None,
-    needle: Annotated[str, typer.Option(help=NEEDLE_HELP)] = "ruler",
+    needle: Annotated[str, typer.Option(help=NEEDLE_HELP)] = "magic-number",
     needle_text: Annotated[Optional[str], typer.Option(help="Override the needle sentence ({key}, {value}).")] = None,
     question: Annotated[Optional[str], typer.Option(help="Override the question ({keys}).")] = None,
     answer_prefix: Annotated[Optional[str], typer.Option(help="Override the answer prefix.")] = None,

@@ -230,4 +230,5 @@ SeedOpt = Annotated[int, typer.Option(help="Seed of every random choice (values,
                     Check("--seed", minimum=0)]
 OutOpt = Annotated[Optional[Path], typer.Option(help="Run directory (default results/<command>-<model>-<time>).")]
 OverwriteOpt = Annotated[bool, typer.Option(help="Replace a run directory that holds a different spec.")]
-NEEDLE_HELP = "Preset: ruler, ruler-multikey, ruler-multivalue, ruler-multiquery, passkey, gkamradt, or a .toml file."
+NEEDLE_HELP = ("Preset: magic-number, magic-number-multikey, magic-number-multivalue, magic-number-multiquery, passkey, "
+               "gkamradt, or a .toml file (RULER itself: ctxeval ruler).")

@@ -29,7 +29,6 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import CtxevalError
-from ..rows import RULER_THRESHOLD  # noqa: F401 (the protocol's threshold, with its tasks)
 
 RULER_SEED = 42  # prepare.py's --random_seed default
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."

@@ -101,7 +101,7 @@ def stdlib_docstrings() -> list[str]:
 def retrieval_lines(count: int = 2000, seed: int = 0) -> list[str]:
     """Needle/passkey-shaped texts (instruction, needle, question, answer), so the tokenizer learns their words.
 
-    Built from ctxeval's presets (needle-ruler, needle-passkey) with seeded keys and values; the haystack is left
+    Built from ctxeval's presets (needle-magic-number, needle-passkey) with seeded keys and values; the haystack is left
     out here (train.py builds full prompts with real haystacks in token space)."""
     rng = np.random.default_rng(seed)
     presets = training_presets()
@@ -115,8 +115,9 @@ def retrieval_lines(count: int = 2000, seed: int = 0) -> list[str]:
 
 
 def training_presets() -> dict[str, "object"]:
-    """The needle presets the model trains on: ctxeval's ruler and passkey, plus ruler with one distractor."""
-    ruler = NeedlePreset.from_dict("ruler", load_task("needle-ruler", "needle"))
+    """The needle presets the model trains on: the magic-number and passkey presets, plus the magic number with one
+    distractor. The recipe's names for them ("ruler", ...) are kept: they label its training pools."""
+    ruler = NeedlePreset.from_dict("ruler", load_task("needle-magic-number", "needle"))
     passkey = NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle"))
     return {"ruler": ruler, "passkey": passkey, "ruler-distractor": replace(ruler, name="ruler-distractor", distractors=1)}
 
