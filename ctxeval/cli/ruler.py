@@ -17,7 +17,7 @@ from ..models import DEFAULT_MODEL
 from ..rows import RULER_THRESHOLD
 from ..specs import expand_specs
 from .console import err, print_outputs, user_errors
-from .options import (BatchOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, MaxMemoryOpt, OutOpt, OverwriteOpt,
+from .options import (AttnOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, MaxMemoryOpt, OutOpt, OverwriteOpt,
                       PlainModelOpt, RemoteOpt, TemperatureOpt, parse_factors, parse_lengths, parse_temperatures)
 from .run import default_lengths, default_out, load_for, measure
 
@@ -64,7 +64,8 @@ def ruler_cmd(
     threshold: Annotated[float, typer.Option(help="Mean score a length must exceed for the effective length."),
                          Check("--threshold", above=0, maximum=100)] = RULER_THRESHOLD,
     seed: Annotated[int, typer.Option(help="RULER's random seed (its default 42)."), Check("--seed", minimum=0)] = 42,
-    batch_size: BatchOpt = 1,
+    batch_size: Annotated[int, typer.Option(help="Prompts per generate call (left-padded; 1 = one at a time)."),
+                          Check("--batch-size", minimum=1)] = 1,
     method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; "
                                                         "repeatable (default none).")] = None,
     factor: FactorOpt = None,
@@ -73,7 +74,7 @@ def ruler_cmd(
     overwrite: OverwriteOpt = False,
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
-    attn: Annotated[str, typer.Option("--attn", help="Attention implementation: sdpa|eager|flash_attention_2.")] = "sdpa",
+    attn: AttnOpt = "sdpa",
     trust_remote_code: RemoteOpt = False,
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,

@@ -134,7 +134,9 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
                       for (model, label), (grid, status) in ((pair, group.grids[pair]) for pair in
                                                              ((r[0], r[1]) for r in group.tables[0].rows)
                                                              if pair in group.grids)]
-            plot_heatmaps(panels, path, f"{group.short_title} (dashed: past the original length)\n{group.description}")
+            dashed = any(p.original_length and max(p.grid.columns) > p.original_length for p in panels)
+            plot_heatmaps(panels, path, f"{group.short_title}{' (dashed: past the original length)' if dashed else ''}"
+                                        f"\n{group.description}")
         elif group.kind == "ruler":
             curves = group_curves(group, value_columns=len(group.tables[0].columns) - 3)
             threshold = float(group.key.get("threshold") or RULER_THRESHOLD)

@@ -110,7 +110,8 @@ def render_retrieval(store: Any, task: str, specs: Sequence[MethodSpec], origina
             gh = ["depth"] + [fmt_length(c) for c in grid.columns]
             gr = [[f"{d:g}%"] + [fmt_acc(grid.loc[d, c], status.loc[d, c]) for c in grid.columns] for d in grid.index]
             md += [f"\n## {label}: accuracy by depth and length\n\n", markdown(gh, gr)]
-            past = f" (dashed: past the original length {fmt_length(original)})" if original else ""
+            past = (f" (dashed: past the original length {fmt_length(original)})"
+                    if original and max(grid.columns) > original else "")
             plot_heatmaps([HeatmapPanel("", grid, status, original)],
                           store.dir / f"heatmap-{safe_name(label)}.png", f"{label}: {title}{past}")
     (store.dir / "table.md").write_text("".join(md))
@@ -191,7 +192,8 @@ def render_ruler(store: Any, specs: Sequence[MethodSpec], tasks: list[str], orig
         status = mine.pivot_table(index="ruler_task", columns="length", values="status", aggfunc="first")
         present = [t for t in tasks if t in grid.index]
         grid, status = grid.reindex(index=present, columns=lengths), status.reindex(index=present, columns=lengths)
-        past = f" (dashed: past the original length {fmt_length(original)})" if original else ""
+        past = (f" (dashed: past the original length {fmt_length(original)})"
+                if original and lengths and max(lengths) > original else "")
         plot_heatmaps([HeatmapPanel("", grid, status, original, row_labels=present)],
                       store.dir / f"heatmap-{safe_name(label)}.png", f"{label}: {title}{past}", row_title="task",
                       scale_label="score")
