@@ -10,6 +10,7 @@ moves outside the axes past four entries; original lengths are marked with black
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -59,6 +60,11 @@ class HeatmapPanel:
 def method_family(label: str) -> str:
     """'yarn(factor=4)' -> 'yarn'."""
     return str(label).split("(", 1)[0].strip()
+
+
+def wrap_title(title: str, width: int = 110) -> str:
+    """Each line of a title folded at `width` characters, so that a long protocol line cannot widen the figure."""
+    return "\n".join(textwrap.fill(line, width) for line in title.split("\n"))
 
 
 def save(fig: Any, path: Path, tight: bool = True) -> Path:
@@ -153,7 +159,7 @@ def plot_curves(curves: Sequence[Curve], path: Path, *, title: str, xlabel: str,
     length_axis(ax, lengths)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel + (" (log scale)" if log_y else ""))
-    ax.set_title(title, fontsize=9)
+    ax.set_title(wrap_title(title), fontsize=9)
     ax.grid(True, which="major", alpha=0.3)
     if legend_outside:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
@@ -207,7 +213,7 @@ def plot_heatmaps(panels: Sequence[HeatmapPanel], path: Path, title: str, row_ti
         ax.set_visible(False)
     if image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.046, pad=0.02, label=scale_label)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(wrap_title(title, max(60, int(28 * ncols))), fontsize=9)
     return save(fig, path, tight=False)
 
 
