@@ -100,3 +100,22 @@ def test_batched_generation_equals_one_at_a_time():
     run = RulerRunner(model, tok, "cpu", "tiny")
     one = [run.predict([p], 12)[0] for p in prompts]
     assert run.predict(prompts, 12) == one
+
+
+def test_essays_read_as_rulers_download_script_writes_them(tmp_path):
+    from ctxeval.cli.ruler import essay_text
+    from ctxeval.errors import CtxevalError
+
+    (tmp_path / "PaulGrahamEssays.json").write_text(json.dumps({"text": "How to start. It is hard."}))
+    assert essay_text(tmp_path / "PaulGrahamEssays.json", "pydoc") == ("How to start. It is hard.",
+                                                                        "PaulGrahamEssays.json")
+    essays = tmp_path / "essays"
+    essays.mkdir()
+    (essays / "b.txt").write_text("Second.")
+    (essays / "a.txt").write_text("First. ")
+    assert essay_text(essays, "pydoc")[0] == "First. Second."  # sorted, concatenated as RULER's JSON is built
+    text, source = essay_text(None, "pydoc")
+    assert "substitute" in source and len(text) > 10_000
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(CtxevalError, match="not RULER's PaulGrahamEssays.json"):
+        essay_text(tmp_path / "bad.json", "pydoc")
