@@ -32,7 +32,7 @@ from ctxeval.evals.ruler import FAMILIES, OFFLINE_TASKS, TASKS, Sources, generat
 from ctxeval.offline_corpora import held_out_documents
 from ctxeval.paths import TINY_MODEL_DIR
 
-SCRIPTS = {"niah": "niah.py", "variable_tracking": "variable_tracking.py",
+SCRIPTS = {"niah": "niah.py", "variable_tracking": "variable_tracking.py", "qa": "qa.py",
            "common_words_extraction": "common_words_extraction.py", "freq_words_extraction": "freq_words_extraction.py"}
 STUB = "import punkt\n\n\ndef sent_tokenize(text, language='english'):\n    return punkt.sent_tokenize(text)\n"
 
@@ -62,6 +62,8 @@ def main() -> int:
     parser.add_argument("--lengths", default="1024,4096")
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--tasks", default=",".join(OFFLINE_TASKS))
+    parser.add_argument("--qa-data", type=Path, default=None,
+                        help="a folder with squad.json and hotpotqa.json: adds qa_1 and qa_2 (both sides read them)")
     args = parser.parse_args()
     essay = "\n\n".join(text for _, text in held_out_documents())
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,11 +79,15 @@ def main() -> int:
         (scratch / "stub" / "nltk").mkdir(parents=True)
         (scratch / "stub" / "nltk" / "__init__.py").write_text("")
         (scratch / "stub" / "nltk" / "tokenize.py").write_text(STUB)
+        if args.qa_data:
+            for name in ("squad.json", "hotpotqa.json"):
+                shutil.copy(args.qa_data / name, scratch / "data" / "synthetic" / "json" / name)
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-        sources = Sources(essay_words=re.sub(r"\s+", " ", essay).split(" "), essay_source="pydoc")
+        sources = Sources(essay_words=re.sub(r"\s+", " ", essay).split(" "), essay_source="pydoc", qa_dir=args.qa_data)
         all_same = True
         print(f"{'task':<16} {'length':>6}  samples  identical (input, outputs, length, answer_prefix)  seconds")
-        for task in args.tasks.split(","):
+        tasks = args.tasks.split(",") + (["qa_1", "qa_2"] if args.qa_data else [])
+        for task in tasks:
             for length in (int(x) for x in args.lengths.split(",")):
                 start = time.perf_counter()
                 theirs = ruler_samples(scratch, task, length, args.samples, args.tokenizer)

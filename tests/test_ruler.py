@@ -117,3 +117,48 @@ def test_bad_input(tok, sources):
         R.generate("niah_single_2", 1024, 1, tok, sources)  # RULER's own script loops forever here
     with pytest.raises(CtxevalError, match="essay haystack"):
         R.generate("niah_single_2", 4096, 1, tok, R.Sources())
+
+
+def write_qa_files(folder):
+    """Small files in SQuAD 2.0 / HotpotQA dev formats, from the held-out pydoc sentences (benchmarks/ruler_parity.py
+    --qa-data checked RULER's qa.py writes the prompts below from exactly these files)."""
+    import json
+
+    text = " ".join(t for _, t in held_out_documents())
+    sents = [s.strip() for s in re.split(r"(?<=\.)\s+", text) if 40 < len(s.strip()) < 300][:400]
+    data = []
+    for a in range(10):
+        paragraphs = []
+        for p in range(4):
+            ctx = " ".join(sents[(a * 4 + p) * 3:(a * 4 + p) * 3 + 3])
+            paragraphs.append({"context": ctx, "qas": [
+                {"question": f"Which word comes fourth in paragraph {a}-{p}?", "is_impossible": False,
+                 "answers": [{"text": ctx.split()[3], "answer_start": 0}], "id": f"{a}-{p}"},
+                {"question": "Unanswerable?", "answers": [], "is_impossible": True, "id": f"{a}-{p}-x"}]})
+        data.append({"title": f"t{a}", "paragraphs": paragraphs})
+    (folder / "squad.json").write_text(json.dumps({"version": "v2.0", "data": data}))
+    hot = []
+    for q in range(30):
+        ctx = [[f"Title {q}-{k}", sents[(q * 5 + k) * 2:(q * 5 + k) * 2 + 2]] for k in range(5)]
+        hot.append({"question": f"What is the first word of Title {q}-0?", "answer": ctx[0][1][0].split()[0],
+                    "context": ctx})
+    (folder / "hotpotqa.json").write_text(json.dumps(hot))
+    return folder
+
+
+def test_qa_tasks_read_rulers_files(tok, tmp_path):
+    sources = R.Sources(qa_dir=write_qa_files(tmp_path))
+    squad = R.generate("qa_1", 4096, 3, tok, sources)
+    assert [s.length for s in squad] == [3794, 4007, 3827]  # RULER's qa.py: the same
+    assert squad[0].answer_prefix == " Answer:" and squad[0].input.startswith(
+        "Answer the question based on the given documents.")
+    assert "Question: Which word comes fourth in paragraph 0-0?" in squad[0].input
+    assert "Document 1:\n" in squad[0].input and "Unanswerable" not in squad[0].input  # impossible ones skipped
+    hotpot = R.generate("qa_2", 4096, 3, tok, sources)
+    assert [s.length for s in hotpot] == [3115, 3376, 4020]
+    assert all(f"Title {i}-0\n" in s.input for i, s in enumerate(hotpot))  # the gold paragraphs are in
+    assert R.score("string_match_part", f"it is {hotpot[0].outputs[0]}", hotpot[0].outputs) == 1.0
+    with pytest.raises(CtxevalError, match="pass --qa-data"):
+        R.generate("qa_1", 4096, 1, tok, R.Sources())
+    with pytest.raises(CtxevalError, match="fewer than --samples 50"):
+        R.generate("qa_1", 4096, 50, tok, sources)

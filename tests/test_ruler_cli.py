@@ -76,7 +76,7 @@ def test_prompts_from_ruler_files(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--tasks", "niah_single_9"], "unknown RULER task 'niah_single_9'"),
-    (["--tasks", "qa_1"], "qa_1 read SQuAD / HotpotQA"),
+    (["--tasks", "qa_1"], "qa_1 read SQuAD / HotpotQA: download them as RULER does"),
     (["--samples", "0"], "--samples must be >= 1, got 0"),
     (["--threshold", "120"], "--threshold must be in (0, 100], got 120.0"),
     (["--tasks", "niah_single_2", "--lengths", "256"], "shorter than the task's smallest prompt"),
@@ -119,3 +119,18 @@ def test_essays_read_as_rulers_download_script_writes_them(tmp_path):
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(CtxevalError, match="not RULER's PaulGrahamEssays.json"):
         essay_text(tmp_path / "bad.json", "pydoc")
+
+
+def test_qa_tasks_with_rulers_files(tmp_path):
+    from test_ruler import write_qa_files
+
+    qa = tmp_path / "qa"
+    qa.mkdir()
+    write_qa_files(qa)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["ruler", "--model", "tiny", "--tasks", "qa_1,qa_2", "--lengths", "4k", "--samples",
+                                 "1", "--qa-data", str(qa), "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    assert sorted(r["ruler_task"] for r in rows) == ["qa_1", "qa_2"]
+    assert {r["metric_fn"] for r in rows} == {"string_match_part"}

@@ -59,6 +59,8 @@ def ruler_cmd(
                                                    "haystack.")] = None,
     essay_substitute: Annotated[str, typer.Option(help="Corpus used as the essay haystack without --essays (any --data "
                                                   "spec; named in every table).")] = "pydoc",
+    qa_data: Annotated[Optional[Path], typer.Option(help="Folder with RULER's QA files: squad.json (SQuAD 2.0 dev) and "
+                                                    "hotpotqa.json (HotpotQA dev, distractor); adds qa_1, qa_2.")] = None,
     samples_from: Annotated[Optional[Path], typer.Option(help="Run the prompts of RULER-generated files "
                                                          "DIR/<length>/<task>/validation.jsonl instead.")] = None,
     threshold: Annotated[float, typer.Option(help="Mean score a length must exceed for the effective length."),
@@ -85,7 +87,12 @@ def ruler_cmd(
     from ..report.single import render_ruler
 
     model_name = model or DEFAULT_MODEL
-    chosen = tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else OFFLINE
+    chosen = tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else (
+        OFFLINE + (("qa_1", "qa_2") if qa_data else ()))
+    qa = [t for t in chosen if t in ("qa_1", "qa_2")]
+    if qa and qa_data is None and samples_from is None:
+        raise CtxevalError(f"{', '.join(qa)} read SQuAD / HotpotQA: download them as RULER does (squad.json, "
+                           "hotpotqa.json; docs/ruler.md) and pass --qa-data DIR, or leave them out of --tasks")
     specs = expand_specs(method or ["none"], parse_factors(factor), parse_temperatures(attention_temperature))
     given = tuple(parse_lengths(lengths)) if lengths is not None else None
     cfg = RulerConfig(chosen, given or (1,), samples, seed)  # checks the tasks before the model loads
@@ -94,7 +101,7 @@ def ruler_cmd(
     lm = load_for(model_name, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
     if given is None:
         cfg = RulerConfig(chosen, tuple(default_lengths(lm, (1, 2, 4))), samples, seed)
-    sources = Sources()
+    sources = Sources(qa_dir=qa_data)
     if samples_from is None and any(TASKS[t].args.get("type_haystack") == "essay" for t in cfg.tasks):
         text, sources.essay_source = essay_text(essays, essay_substitute)
         sources.essay_words = re.sub(r"\s+", " ", text).split(" ")
@@ -106,6 +113,7 @@ def ruler_cmd(
         "task": "ruler", "model": model_name, "tasks": list(cfg.tasks), "lengths": list(cfg.lengths),
         "samples": cfg.samples, "seed": cfg.seed, "essays": sources.essay_source or None, "essay_sha256": essay_digest,
         "samples_from": str(samples_from) if samples_from else None, "template": "base",
+        **({"qa_data": str(qa_data)} if qa_data else {}),
         "methods": [s.label for s in specs], "dtype": lm.dtype,
     }
     provenance = {"model": lm.record(), "protocol": {

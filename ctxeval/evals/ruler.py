@@ -13,17 +13,20 @@ Lengths are counted as RULER counts them: `len(tokenizer.tokenize(prompt))` (no 
 its answer prefix, plus the task's tokens_to_generate, must not exceed the length. The haystack is the largest one
 RULER's binary search finds for one draw; each sample then backs off by the task's increment until it fits.
 
-Not here yet: qa_1/qa_2 (SQuAD / HotpotQA, network), RULER's chat wrappers other than `base`.
+qa_1/qa_2 read the SQuAD and HotpotQA files RULER downloads (squad.json, hotpotqa.json in one folder). Not here yet:
+RULER's chat wrappers other than `base`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
 import string
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -109,7 +112,7 @@ TASKS: dict[str, RulerTask] = {t.name: t for t in [
     RulerTask("qa_1", "qa", {"dataset": "squad"}),
     RulerTask("qa_2", "qa", {"dataset": "hotpotqa"}),
 ]}
-OFFLINE_TASKS = tuple(name for name, t in TASKS.items() if t.family != "qa")
+OFFLINE_TASKS = tuple(name for name, t in TASKS.items() if t.family != "qa")  # qa needs the datasets' files
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ class Sources:
     essay_source: str = ""  # e.g. 'PaulGrahamEssays.json' or 'pydoc (substitute for the Paul Graham essays)'
     extra_words: list[str] | None = None  # cwe beyond wonderwords' words (RULER: json/english_words.json)
     extra_words_source: str = ""
+    qa_dir: Path | None = None  # holds squad.json (SQuAD 2.0 dev) and hotpotqa.json (HotpotQA dev, distractor)
     _wonderwords: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     def wonderwords(self, kind: str) -> list[str]:
@@ -405,6 +409,70 @@ class FreqWords:
         return self.template.format(context=" ".join(coded), query=""), vocab[1:4]
 
 
+class QA:
+    """scripts/data/synthetic/qa.py: a question with its gold paragraph(s) among distractor documents."""
+
+    DOCUMENT = "Document {i}:\n{document}"
+    FILES = {"squad": "squad.json", "hotpotqa": "hotpotqa.json"}
+
+    def __init__(self, task: RulerTask, sources: Sources, stream: Stream) -> None:
+        dataset = task.args["dataset"]
+        if sources.qa_dir is None or not (Path(sources.qa_dir) / self.FILES[dataset]).is_file():
+            raise CtxevalError(f"{task.name} reads {self.FILES[dataset]} (RULER's download_qa_dataset.sh: SQuAD 2.0 dev "
+                               "as squad.json, HotpotQA dev distractor as hotpotqa.json); pass --qa-data DIR")
+        path = Path(sources.qa_dir) / self.FILES[dataset]
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            self.qas, self.docs = self._squad(data) if dataset == "squad" else self._hotpotqa(data)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CtxevalError(f"{path} is not the {dataset} file RULER reads ({type(exc).__name__}: {exc})") from None
+        self.stream, self.template, self.index = stream, _template(task), 0
+
+    @staticmethod
+    def _squad(data: dict) -> tuple[list[dict], list[str]]:
+        docs = sorted(set(p["context"] for d in data["data"] for p in d["paragraphs"]))
+        index = {c: i for i, c in enumerate(docs)}
+        qas = []
+        for d in data["data"]:
+            more = [index[p["context"]] for p in d["paragraphs"]]
+            for p in d["paragraphs"]:
+                for qa in p["qas"]:
+                    if not qa["is_impossible"]:
+                        qas.append({"query": qa["question"], "outputs": [a["text"] for a in qa["answers"]],
+                                    "context": [index[p["context"]]],
+                                    "more_context": [i for i in more if i != index[p["context"]]]})
+        return qas, docs
+
+    @staticmethod
+    def _hotpotqa(data: list) -> tuple[list[dict], list[str]]:
+        docs = sorted(set(f"{t}\n{''.join(p)}" for d in data for t, p in d["context"]))
+        index = {c: i for i, c in enumerate(docs)}
+        qas = [{"query": d["question"], "outputs": [d["answer"]],
+                "context": [index[f"{t}\n{''.join(p)}"] for t, p in d["context"]]} for d in data]
+        return qas, docs
+
+    def __call__(self, num_docs: int) -> tuple[str, list[str]]:
+        r = self.stream.random
+        qa = self.qas[self.index]
+        gold, more = qa["context"], qa.get("more_context", [])
+        if num_docs < len(self.docs):
+            if num_docs - len(gold) > len(more):
+                other = [i for i in range(len(self.docs)) if i not in gold + more]
+                chosen = gold + more + r.sample(other, max(0, num_docs - len(gold) - len(more)))
+            else:
+                chosen = gold + r.sample(more, num_docs - len(gold))
+            documents = [self.docs[i] for i in chosen]
+        else:
+            repeats = (num_docs + len(self.docs) - 1) // len(self.docs)
+            documents = (self.docs * repeats)[:num_docs]
+        random.Random(self.stream.seed).shuffle(documents)
+        context = "\n\n".join(self.DOCUMENT.format(i=i + 1, document=d) for i, d in enumerate(documents))
+        return self.template.format(context=context, query=qa["query"]), qa["outputs"]
+
+    def increment(self, length: int) -> int:
+        return 10
+
+
 def _zeta(alpha: float) -> float:
     """Riemann zeta(alpha) for alpha > 1 (scipy.special.zeta in RULER), to double precision; zeta(2) = pi^2/6
     exactly as scipy returns it."""
@@ -447,8 +515,6 @@ def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sour
         raise CtxevalError(f"unknown RULER task '{task_name}'; tasks: {', '.join(TASKS)}")
     task = TASKS[task_name]
     family = FAMILIES[task.family]
-    if task.family == "qa":
-        raise CtxevalError(f"{task_name} reads SQuAD / HotpotQA, which ctxeval does not generate yet")
 
     def count(text: str) -> int:
         return len(tokenizer.tokenize(text))
@@ -469,6 +535,11 @@ def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sour
         example_tokens = count(make.example)
         upper = _upper(make.generate, count, length, step, step, task.family)
         size = _search(make.generate, lambda text: count(text) + example_tokens + ttg <= length, step, upper)
+    elif task.family == "qa":
+        make = QA(task, sources, stream)
+        step = make.increment(length)
+        upper = _upper(make, count, length, step, step, task.family)  # the search uses question 0
+        size = _search(make, lambda text: count(text) + ttg <= length, step, upper)
     else:
         make = CommonWords(task, sources, stream, length)
         step = make.increment(length)
@@ -477,6 +548,11 @@ def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sour
     samples = []
     for index in range(num_samples):
         used = size
+        if task.family == "qa":
+            if index >= len(make.qas):
+                raise CtxevalError(f"{task_name}: the file holds {len(make.qas)} answerable questions, fewer than "
+                                   f"--samples {num_samples}")
+            make.index = index  # sample i asks question i (prepare.py's pre_samples is 0)
         while True:
             text, answer = make(used)
             total = count(text) + ttg

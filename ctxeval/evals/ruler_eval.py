@@ -41,10 +41,6 @@ class RulerConfig:
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown:
             raise CtxevalError(f"unknown RULER task '{unknown[0]}'; tasks: {', '.join(TASKS)}")
-        qa = [t for t in self.tasks if TASKS[t].family == "qa"]
-        if qa:
-            raise CtxevalError(f"{', '.join(qa)} read SQuAD / HotpotQA, which ctxeval does not generate yet; leave "
-                               "them out of --tasks (the other 11 tasks run offline)")
         if self.samples < 1:
             raise CtxevalError(f"--samples must be >= 1, got {self.samples}")
         if not self.lengths:
