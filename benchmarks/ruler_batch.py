@@ -40,7 +40,7 @@ def main() -> None:
         for _ in range(args.repeats):
             start = time.perf_counter()
             predictions = [p for i in range(0, len(samples), batch)
-                           for p in runner.predict([s.prompt for s in samples[i:i + batch]], budget)]
+                           for p in runner.predict([s.prompt for s in samples[i:i + batch]], budget)[0]]
             times.append(time.perf_counter() - start)
         results[batch] = {"seconds": statistics.median(times), "predictions": predictions}
     base = next(iter(results.values()))

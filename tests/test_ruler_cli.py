@@ -98,8 +98,9 @@ def test_batched_generation_equals_one_at_a_time():
     model = tiny_llama(vocab_size=len(tok))
     prompts = ["The grass is green. " * 3 + "What is it?", "Short one.", "The sky is blue. " * 6 + "Answer:"]
     run = RulerRunner(model, tok, "cpu", "tiny")
-    one = [run.predict([p], 12)[0] for p in prompts]
-    assert run.predict(prompts, 12) == one
+    one = [run.predict([p], 12) for p in prompts]
+    assert run.predict(prompts, 12) == ([texts[0] for texts, _ in one], [n[0] for _, n in one])
+    assert [n[0] for _, n in one] == [len(tok(p)["input_ids"]) for p in prompts]  # padding is not counted
 
 
 def test_essays_read_as_rulers_download_script_writes_them(tmp_path):

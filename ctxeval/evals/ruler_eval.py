@@ -114,8 +114,9 @@ class RulerRunner:
 
     @torch.inference_mode()
     def predict(self, prompts: list[str], max_new_tokens: int, handle: Any = None, length: int | None = None
-                ) -> list[str]:
-        """Greedy continuations of `prompts` (one batch, left-padded), decoded without special tokens."""
+                ) -> tuple[list[str], list[int]]:
+        """Greedy continuations of `prompts` (one batch, left-padded), decoded without special tokens, and the
+        prompts' token counts."""
         if len(prompts) == 1:
             enc = self.tok(prompts, return_tensors="pt")
         else:
@@ -137,7 +138,8 @@ class RulerRunner:
         finally:
             if frozen:
                 handle.freeze_length(None)
-        return [self.tok.decode(row[ids.shape[1]:].tolist(), skip_special_tokens=True) for row in out]
+        texts = [self.tok.decode(row[ids.shape[1]:].tolist(), skip_special_tokens=True) for row in out]
+        return texts, [int(n) for n in enc["attention_mask"].sum(dim=1)]
 
     def measure(self, spec: MethodSpec, task: str, length: int, samples: list[RulerSample],
                 emit: Callable[[list[dict]], None], handle: Any = None) -> None:
@@ -147,7 +149,8 @@ class RulerRunner:
             t0 = time.perf_counter()
             try:
                 with oom_guard(self.device):
-                    predictions = self.predict([s.prompt for s in chunk], family.tokens_to_generate, handle, length)
+                    predictions, prompt_tokens = self.predict([s.prompt for s in chunk], family.tokens_to_generate,
+                                                              handle, length)
             except PointOOM as exc:
                 emit([point_row(self.model_name, spec, "ruler", ruler_task=task, length=length, sample=s.index,
                                 status="oom", note=str(exc)) for s in chunk])
@@ -155,13 +158,13 @@ class RulerRunner:
                 return
             seconds = (time.perf_counter() - t0) / len(chunk)
             rows = []
-            for sample, raw in zip(chunk, predictions):
+            for sample, raw, n_prompt in zip(chunk, predictions, prompt_tokens):
                 prediction = postprocess(raw)
                 value = score(family.metric, prediction, sample.outputs)
                 rows.append(point_row(self.model_name, spec, "ruler", value=value, ruler_task=task, length=length,
                                       sample=sample.index, score=value, prediction=prediction,
                                       outputs=sample.outputs, metric_fn=family.metric,
-                                      prompt_tokens=len(self.tok(sample.prompt)["input_ids"]),
+                                      prompt_tokens=n_prompt,
                                       seconds=round(seconds, 3), status="ok"))
             emit(rows)
             self.progress.advance(length * len(chunk), f"{spec.label} {task} L={length} "
