@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..errors import CtxevalError
-from ..rows import AGGREGATES, MISSING, RULER_THRESHOLD, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
+from ..rows import AGGREGATES, MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
 from .runs import Group, Run, display_models, field_label, group_runs, load_runs, merge_rows, row_order
 from .tables import (Table, accuracy_grid, effective_length, fmt_acc, fmt_entropy, fmt_ppl, fmt_score, int_or_none,
                      length_or, needle_long, number, ppl_long, ruler_effective_length, ruler_means, ruler_task_scores,
@@ -179,7 +179,7 @@ def _entropy_table(group: Group, rows: list[dict[str, Any]]) -> Table:
 def _ruler_table(group: Group, rows: list[dict[str, Any]]) -> Table:
     """Rows = model x method, columns = length: RULER's mean over the group's tasks, then the effective length."""
     tasks = list(group.key.get("tasks") or [])
-    threshold = float(group.key.get("threshold") or RULER_THRESHOLD)
+    threshold = group.ruler_threshold
     means = ruler_means(ruler_task_scores(rows), tasks)
     lengths = sorted(int(x) for x in means["length"].unique())
     raw, status, shown = [], [], []

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CtxevalError
-from ..rows import RULER_THRESHOLD, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
+from ..rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
 from ..store import RUN_FILE, environment, now_utc
 from .merged import Report
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
@@ -139,7 +139,7 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
                                         f"\n{group.description}")
         elif group.kind == "ruler":
             curves = group_curves(group, value_columns=len(group.tables[0].columns) - 3)
-            threshold = float(group.key.get("threshold") or RULER_THRESHOLD)
+            threshold = group.ruler_threshold
             plot_curves(curves, path, title=title, xlabel="context length (tokens)", ylabel="RULER mean score",
                         originals=_originals(group), threshold=threshold, threshold_label=f"threshold {threshold:g}",
                         ylim=(-2, 102))

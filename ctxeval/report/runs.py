@@ -31,7 +31,7 @@ import pandas as pd
 
 from ..errors import CtxevalError
 from ..geometry import trained_length_of_record
-from ..rows import KINDS, MISSING, POINT_FIELDS, REQUIRED, REQUIRED_OK, point_key
+from ..rows import KINDS, MISSING, POINT_FIELDS, REQUIRED, REQUIRED_OK, RULER_THRESHOLD, point_key
 from ..store import ROWS_FILE, RUN_FILE, read_rows
 from .tables import Table
 
@@ -267,6 +267,11 @@ class Group:
             if self.distinguishing:
                 title += ": " + ", ".join(f"{field_label(f)} {fmt_value(self.key.get(f))}" for f in self.distinguishing)
         return title
+
+    @property
+    def ruler_threshold(self) -> float:
+        """A RULER group's effective-length threshold: the one its runs recorded (RULER's 85.6 by default)."""
+        return float(self.key.get("threshold") or RULER_THRESHOLD)
 
     @property
     def short_title(self) -> str:
