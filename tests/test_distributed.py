@@ -69,6 +69,23 @@ def test_torchrun_two_ranks_equals_one_process(tmp_path, tiny_model_dir, text_di
     assert (tmp_path / "ndist" / "table.md").read_text() == (tmp_path / "none" / "table.md").read_text()
 
 
+@pytest.mark.skipif(not Path(TORCHRUN).exists(), reason="torchrun not installed")
+def test_torchrun_ruler_equals_one_process(tmp_path):
+    args = ["ruler", "--model", "tiny", "--tasks", "niah_single_1,vt,fwe", "--lengths", "1k", "--samples", "2",
+            "-m", "none", "-m", "yarn:factor=4", "--device", "cpu"]
+    _torchrun([*args, "--out", str(tmp_path / "dist")], tmp_path)
+    assert runner.invoke(app, [*args, "--out", str(tmp_path / "one")]).exit_code == 0
+    key = lambda r: (r["label"], r["ruler_task"], r["length"], r["sample"])  # noqa: E731
+    dist = {key(r): (r["prediction"], r["score"]) for r in _rows(tmp_path / "dist" / "rows.jsonl")}
+    one = {key(r): (r["prediction"], r["score"]) for r in _rows(tmp_path / "one" / "rows.jsonl")}
+    assert dist == one and len(one) == 2 * 3 * 2
+    for task in ("niah_single_1", "vt", "fwe"):  # both ranks wrote the same prompts
+        name = f"samples/1024/{task}/validation.jsonl"
+        assert (tmp_path / "dist" / name).read_text() == (tmp_path / "one" / name).read_text()
+    assert not list((tmp_path / "dist").rglob("*.tmp"))
+    assert (tmp_path / "dist" / "table.md").read_text() == (tmp_path / "one" / "table.md").read_text()
+
+
 def test_crashed_two_rank_run_resumes_with_one_rank(tmp_path, tiny_model_dir, text_dir):
     """A 2-rank run that died: its rows are spread over rows.rank0/1.jsonl, some points missing, run.json
     'running'. One process measures only the missing points and folds everything into rows.jsonl."""

@@ -162,3 +162,55 @@ def test_qa_tasks_read_rulers_files(tok, tmp_path):
         R.generate("qa_1", 4096, 1, tok, R.Sources())
     with pytest.raises(CtxevalError, match="fewer than --samples 50"):
         R.generate("qa_1", 4096, 50, tok, sources)
+
+
+def test_model_templates_wrap_the_task_as_prepare_py_does(tok, sources):
+    # RULER's scripts/data/template.py, written out here independently of ctxeval's copy
+    assert R.MODEL_TEMPLATES["meta-chat"] == "[INST] {task_template} [/INST]"
+    assert R.MODEL_TEMPLATES["meta-llama3"] == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n"
+                                                "{task_template}<|eot_id|><|start_header_id|>assistant"
+                                                "<|end_header_id|>\n\n")
+    assert len(R.MODEL_TEMPLATES) == 11 and R.MODEL_TEMPLATES["base"] == "{task_template}"
+    niah = R.generate("niah_single_1", 1024, 1, tok, sources, model_template="meta-chat")[0]
+    assert niah.input.startswith("[INST] A special magic number is hidden") and niah.input.endswith("? [/INST]")
+    assert niah.answer_prefix.startswith(" The special magic number for ")  # the prefix follows the wrapper
+    assert niah.length == count(tok, niah.prompt) + 128 <= 1024  # the wrapper's tokens count toward the length
+    base = R.generate("niah_single_1", 1024, 1, tok, sources)[0]
+    assert niah.length > base.length and niah.input[len("[INST] "):].startswith(base.input[:200])
+    vicuna = R.generate("niah_single_1", 1024, 1, tok, sources, model_template="vicuna-chat")[0]
+    assert "polite answer to the user's questions" in vicuna.input  # prepare.py's singular rewrite hits the wrapper
+    vt = R.generate("vt", 1024, 1, tok, sources, model_template="meta-chat")[0]
+    # the few-shot example is built without the wrapper and sits right after "[INST] "
+    assert vt.input.startswith("[INST] Memorize and track") and vt.input.count("[INST]") == 1
+    assert vt.input.count("Memorize and track the chain(s)") == 2
+    cwe = R.generate("cwe", 2048, 1, tok, sources, model_template="meta-chat")[0]
+    assert cwe.input.count("[INST]") == 2  # the few-shot example keeps the wrapper (cwe formats it with the template)
+    with pytest.raises(CtxevalError, match="unknown RULER model template 'llama'"):
+        R.generate("niah_single_1", 1024, 1, tok, sources, model_template="llama")
+
+
+def test_cwe_words_past_wonderwords(tok, tmp_path, monkeypatch):
+    listed = tmp_path / "american-english"
+    listed.write_text("Aaron\napple\ndog's\ncafé\napple\nzebra\n" + "".join(
+        f"w{chr(97 + i)}{chr(97 + j)}{chr(97 + k)}\n" for i in range(26) for j in range(26) for k in range(26)))
+    words, source = R.english_words(listed)
+    assert words[:2] == ["apple", "zebra"] and len(words) == 2 + 26 ** 3  # lowercase a-z, once each, in file order
+    assert source.startswith("american-english (17,578 words, sha256 ")
+    as_json = tmp_path / "english_words.json"
+    as_json.write_text('{"0": "Zed", "1": "apple", "2": "apple"}')
+    assert R.english_words(as_json)[0] == ["Zed", "apple", "apple"]  # RULER's JSON: its values, as RULER reads them
+    for bad, message in ((tmp_path / "missing.txt", "cannot read it"), (tmp_path / "empty.txt", "holds no words")):
+        if "empty" in bad.name:
+            bad.write_text("Aaron\n")
+        with pytest.raises(CtxevalError, match=message):
+            R.english_words(bad)
+    # a word list shorter than the length needs: cwe draws from the extra list, as RULER switches to its JSON
+    few = {"noun": ["cat", "dog", "owl"], "adjective": ["red", "big"], "verb": ["run", "sit"]}
+    monkeypatch.setattr(R.Sources, "wonderwords", lambda self, kind: few[kind])
+    short = R.Sources()
+    with pytest.raises(CtxevalError, match="more than wonderwords' 7; give a longer list with --cwe-words"):
+        R.generate("cwe", 1024, 1, tok, short)
+    short.extra_words, short.extra_words_source = words, source
+    cwe = R.generate("cwe", 2048, 1, tok, short)[0]
+    assert set(cwe.outputs) <= set(words) and cwe.length <= 2048
+    assert len(set(re.findall(r"\d+\. (\S+)", cwe.input.split("\n")[-2]))) > 7

@@ -80,6 +80,8 @@ def test_prompts_from_ruler_files(tmp_path):
     (["--samples", "0"], "--samples must be >= 1, got 0"),
     (["--threshold", "120"], "--threshold must be in (0, 100], got 120.0"),
     (["--tasks", "niah_single_2", "--lengths", "256"], "shorter than the task's smallest prompt"),
+    (["--template", "llama-chat"], "unknown RULER model template 'llama-chat'"),
+    (["--tasks", "cwe", "--cwe-words", "/nonexistent/words"], "--cwe-words /nonexistent/words: cannot read it"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     result = runner.invoke(app, ["ruler", "--model", "tiny", "--device", "cpu", "--out",
@@ -87,6 +89,19 @@ def test_bad_input_is_one_line(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.output
+
+
+def test_a_chat_template_wraps_every_prompt_and_is_recorded(tmp_path):
+    out = tmp_path / "chat"
+    result = runner.invoke(app, ["ruler", "--model", "tiny", "--tasks", "niah_single_1,vt", "--lengths", "1k",
+                                 "--samples", "1", "--template", "meta-chat", "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    for task in ("niah_single_1", "vt"):
+        sample = json.loads((out / "samples" / "1024" / task / "validation.jsonl").read_text())
+        assert sample["input"].startswith("[INST] ") and sample["input"].endswith(" [/INST]")
+    record = json.loads((out / "run.json").read_text())
+    assert record["spec"]["template"] == "meta-chat" and record["protocol"]["template"] == "meta-chat"
+    assert "model template: meta-chat" in (out / "table.md").read_text()
 
 
 def test_batched_generation_equals_one_at_a_time():

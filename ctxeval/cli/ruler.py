@@ -63,6 +63,13 @@ def ruler_cmd(
                                                     "hotpotqa.json (HotpotQA dev, distractor); adds qa_1, qa_2.")] = None,
     samples_from: Annotated[Optional[Path], typer.Option(help="Run the prompts of RULER-generated files "
                                                          "DIR/<length>/<task>/validation.jsonl instead.")] = None,
+    template: Annotated[str, typer.Option(help="RULER's model template (template.py): base (for base models), "
+                                          "meta-chat, vicuna-chat, lwm-chat, command-r-chat, chatglm-chat, RWKV, Phi3, "
+                                          "meta-llama3, jamba, nemotron5-instruct.")] = "base",
+    cwe_words: Annotated[Optional[Path], typer.Option(help="cwe's word list past wonderwords' 8,169 words (lengths "
+                                                      "over ~64k): RULER's english_words.json or a word-per-line file "
+                                                      "(default /usr/share/dict/american-english, Debian wamerican)."
+                                                      )] = None,
     threshold: Annotated[float, typer.Option(help="Mean score a length must exceed for the effective length."),
                          Check("--threshold", above=0, maximum=100)] = RULER_THRESHOLD,
     seed: Annotated[int, typer.Option(help="RULER's random seed (its default 42)."), Check("--seed", minimum=0)] = 42,
@@ -82,7 +89,7 @@ def ruler_cmd(
     max_memory: MaxMemoryOpt = None,
 ) -> None:
     """RULER's synthetic tasks (NIAH x8, variable tracking, common/frequent words): mean score per length, effective length."""
-    from ..evals.ruler import TASKS, Sources
+    from ..evals.ruler import TASKS, Sources, english_words
     from ..evals.ruler_eval import RulerConfig, RulerRunner, prepare, sweep
     from ..report.single import render_ruler
 
@@ -95,13 +102,16 @@ def ruler_cmd(
                            "hotpotqa.json; docs/ruler.md) and pass --qa-data DIR, or leave them out of --tasks")
     specs = expand_specs(method or ["none"], parse_factors(factor), parse_temperatures(attention_temperature))
     given = tuple(parse_lengths(lengths)) if lengths is not None else None
-    cfg = RulerConfig(chosen, given or (1,), samples, seed)  # checks the tasks before the model loads
+    cfg = RulerConfig(chosen, given or (1,), samples, seed, template)  # checks tasks and template before the model loads
+    word_list = english_words(cwe_words) if "cwe" in chosen and samples_from is None else None
     if samples_from is not None and not Path(samples_from).is_dir():
         raise CtxevalError(f"--samples-from {samples_from}: not a directory of RULER's <length>/<task>/validation.jsonl")
     lm = load_for(model_name, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
     if given is None:
-        cfg = RulerConfig(chosen, tuple(default_lengths(lm, (1, 2, 4))), samples, seed)
+        cfg = RulerConfig(chosen, tuple(default_lengths(lm, (1, 2, 4))), samples, seed, template)
     sources = Sources(qa_dir=qa_data)
+    if word_list is not None:
+        sources.extra_words, sources.extra_words_source = word_list
     if samples_from is None and any(TASKS[t].args.get("type_haystack") == "essay" for t in cfg.tasks):
         text, sources.essay_source = essay_text(essays, essay_substitute)
         sources.essay_words = re.sub(r"\s+", " ", text).split(" ")
@@ -112,15 +122,21 @@ def ruler_cmd(
     spec_record = {
         "task": "ruler", "model": model_name, "tasks": list(cfg.tasks), "lengths": list(cfg.lengths),
         "samples": cfg.samples, "seed": cfg.seed, "essays": sources.essay_source or None, "essay_sha256": essay_digest,
-        "samples_from": str(samples_from) if samples_from else None, "template": "base",
+        "samples_from": str(samples_from) if samples_from else None, "template": template,
         **({"qa_data": str(qa_data)} if qa_data else {}),
+        # the default list is recorded in the protocol only: prompts, once generated, are read back from the run
+        # directory, so installing wamerican later neither changes a run nor blocks re-rendering it
+        **({"cwe_words": sources.extra_words_source} if cwe_words else {}),
         "methods": [s.label for s in specs], "dtype": lm.dtype,
     }
     provenance = {"model": lm.record(), "protocol": {
-        "name": "RULER (NVIDIA/RULER scripts/synthetic.yaml)", "template": "base", "decoding": "greedy",
-        "scoring": "string_match_all", "threshold": threshold, "word_lists": "wonderwords 2.2.0",
+        "name": "RULER (NVIDIA/RULER scripts/synthetic.yaml)", "template": template, "decoding": "greedy",
+        "scoring": "string_match_all", "threshold": threshold,
+        "word_lists": "wonderwords 2.2.0" + (f"; cwe past it: {sources.extra_words_source}"
+                                             if sources.extra_words_source else ""),
         "essays": sources.essay_source or None}}
     notes = ([f"essay haystack: {sources.essay_source}"] if sources.essay_source else []) + (
+        [f"model template: {template}"] if template != "base" and samples_from is None else []) + (
         [f"prompts read from {samples_from}"] if samples_from else [])
     original = lm.trained_length
     title = f"{model_name}: RULER"

