@@ -4,9 +4,13 @@ offline mode (cached models and datasets still load) instead of letting them ret
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
+
+from .errors import CtxevalError
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -40,3 +44,24 @@ def offline_unless_reachable() -> bool:
         if hasattr(dc, "HF_DATASETS_OFFLINE"):
             dc.HF_DATASETS_OFFLINE = True
     return True
+
+
+def download(urls: list[str], dest: Path, what: str, hint: str, timeout: float = 60.0) -> Path:
+    """Fetch the first of `urls` that answers into `dest` (through a temporary file: a broken download leaves
+    nothing behind). Raises CtxevalError, one line, when none can be fetched."""
+    import urllib.request
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    failures = []
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response, open(tmp, "wb") as out:
+                shutil.copyfileobj(response, out)
+            tmp.replace(dest)
+            return dest
+        except (OSError, ValueError) as exc:  # URLError, timeouts and HTTP errors are OSErrors
+            failures.append(f"{urlparse(url).hostname or url}: {getattr(exc, 'reason', exc)}")
+        finally:
+            tmp.unlink(missing_ok=True)
+    raise CtxevalError(f"{what} needs the network ({'; '.join(failures)[:300]}); {hint}")

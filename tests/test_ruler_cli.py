@@ -76,7 +76,6 @@ def test_prompts_from_ruler_files(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--tasks", "niah_single_9"], "unknown RULER task 'niah_single_9'"),
-    (["--tasks", "qa_1"], "qa_1 read SQuAD / HotpotQA: download them as RULER does"),
     (["--samples", "0"], "--samples must be >= 1, got 0"),
     (["--threshold", "120"], "--threshold must be in (0, 100], got 120.0"),
     (["--tasks", "niah_single_2", "--lengths", "256"], "shorter than the task's smallest prompt"),
@@ -135,6 +134,33 @@ def test_essays_read_as_rulers_download_script_writes_them(tmp_path):
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(CtxevalError, match="not RULER's PaulGrahamEssays.json"):
         essay_text(tmp_path / "bad.json", "pydoc")
+
+
+def test_qa_files_download_from_rulers_urls_or_fail_in_one_line(tmp_path, monkeypatch):
+    from test_ruler import write_qa_files
+
+    from ctxeval.evals import ruler as R
+
+    monkeypatch.setenv("CTXEVAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(R.QA_URLS, "squad.json", [f"file://{tmp_path}/nowhere/squad.json"])  # unreachable
+    args = ["ruler", "--model", "tiny", "--tasks", "qa_1", "--lengths", "4k", "--samples", "1", "--device", "cpu"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "offline")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "squad.json (qa_1) needs the network" in lines[0] and "--qa-data DIR" in lines[0]
+    assert not list((tmp_path / "cache").rglob("*.json")) and not list((tmp_path / "cache").rglob("*.part"))
+
+    served = tmp_path / "served"
+    served.mkdir()
+    write_qa_files(served)
+    monkeypatch.setitem(R.QA_URLS, "squad.json", [f"file://{tmp_path}/nowhere/squad.json", f"file://{served}/squad.json"])
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "online")])
+    assert result.exit_code == 0, result.output
+    cached = tmp_path / "cache" / "ruler-qa" / "squad.json"
+    assert cached.read_bytes() == (served / "squad.json").read_bytes()  # the second URL answered
+    spec = json.loads((tmp_path / "online" / "run.json").read_text())["spec"]
+    assert spec["qa_data"] == str(cached.parent) and set(spec["qa_sha256"]) == {"squad.json"}
+    assert [r["ruler_task"] for r in _rows(tmp_path / "online")] == ["qa_1"]
 
 
 def test_qa_tasks_with_rulers_files(tmp_path):

@@ -14,6 +14,7 @@ import typer
 from .. import corpora
 from ..errors import CtxevalError
 from ..models import DEFAULT_MODEL
+from ..paths import cache_dir
 from ..rows import RULER_THRESHOLD
 from ..specs import expand_specs
 from .console import err, print_outputs, user_errors
@@ -46,11 +47,20 @@ def essay_text(essays: Path | None, substitute: str) -> tuple[str, str]:
     return "".join(f.read_text(encoding="utf-8") for f in files), f"{path.name} ({len(files)} .txt file(s))"
 
 
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
 @user_errors
 def ruler_cmd(
     model: PlainModelOpt = None,
-    tasks: Annotated[Optional[str], typer.Option(help="Comma-separated RULER tasks (default: the 11 that run offline: "
-                                                 + ", ".join(OFFLINE) + ").")] = None,
+    tasks: Annotated[Optional[str], typer.Option(help="Comma-separated RULER tasks (default: all 13 once the QA files "
+                                                 "are there, else the 11 that run offline: " + ", ".join(OFFLINE)
+                                                 + ").")] = None,
     lengths: Annotated[Optional[str], typer.Option(help="Context lengths in tokens: 4k,8k | 4k:32k:x2 (default: 1x, 2x, "
                                                    "4x the model's original length).")] = None,
     samples: Annotated[int, typer.Option(help="Samples per task and length (RULER uses 500)."),
@@ -60,7 +70,8 @@ def ruler_cmd(
     essay_substitute: Annotated[str, typer.Option(help="Corpus used as the essay haystack without --essays (any --data "
                                                   "spec; named in every table).")] = "pydoc",
     qa_data: Annotated[Optional[Path], typer.Option(help="Folder with RULER's QA files: squad.json (SQuAD 2.0 dev) and "
-                                                    "hotpotqa.json (HotpotQA dev, distractor); adds qa_1, qa_2.")] = None,
+                                                    "hotpotqa.json (HotpotQA dev, distractor). Without it qa_1/qa_2 "
+                                                    "download them from RULER's URLs into the cache.")] = None,
     samples_from: Annotated[Optional[Path], typer.Option(help="Run the prompts of RULER-generated files "
                                                          "DIR/<length>/<task>/validation.jsonl instead.")] = None,
     template: Annotated[str, typer.Option(help="RULER's model template (template.py): base (for base models), "
@@ -89,27 +100,30 @@ def ruler_cmd(
     max_memory: MaxMemoryOpt = None,
 ) -> None:
     """RULER's synthetic tasks (NIAH x8, variable tracking, common/frequent words): mean score per length, effective length."""
-    from ..evals.ruler import TASKS, Sources, english_words
+    from ..evals.ruler import QA, QA_URLS, TASKS, Sources, english_words, qa_folder
     from ..evals.ruler_eval import RulerConfig, RulerRunner, prepare, sweep
     from ..report.single import render_ruler
 
     model_name = model or DEFAULT_MODEL
+    qa_cache = cache_dir() / "ruler-qa"
+    qa_ready = qa_data is not None or all((qa_cache / name).is_file() for name in QA_URLS)
     chosen = tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else (
-        OFFLINE + (("qa_1", "qa_2") if qa_data else ()))
-    qa = [t for t in chosen if t in ("qa_1", "qa_2")]
-    if qa and qa_data is None and samples_from is None:
-        raise CtxevalError(f"{', '.join(qa)} read SQuAD / HotpotQA: download them as RULER does (squad.json, "
-                           "hotpotqa.json; docs/ruler.md) and pass --qa-data DIR, or leave them out of --tasks")
+        OFFLINE + (("qa_1", "qa_2") if qa_ready else ()))
+    left_out = [] if tasks or qa_ready else [
+        f"qa_1, qa_2 left out: RULER's SQuAD / HotpotQA files are not in {qa_cache} (--tasks qa_1,qa_2 downloads them "
+        "from RULER's URLs; --qa-data DIR reads them from a folder)"]
     specs = expand_specs(method or ["none"], parse_factors(factor), parse_temperatures(attention_temperature))
     given = tuple(parse_lengths(lengths)) if lengths is not None else None
     cfg = RulerConfig(chosen, given or (1,), samples, seed, template)  # checks tasks and template before the model loads
     word_list = english_words(cwe_words) if "cwe" in chosen and samples_from is None else None
     if samples_from is not None and not Path(samples_from).is_dir():
         raise CtxevalError(f"--samples-from {samples_from}: not a directory of RULER's <length>/<task>/validation.jsonl")
+    qa_tasks = [t for t in cfg.tasks if TASKS[t].family == "qa"]
+    qa_dir = qa_folder(qa_tasks, qa_data, qa_cache) if qa_tasks and samples_from is None else None
     lm = load_for(model_name, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
     if given is None:
         cfg = RulerConfig(chosen, tuple(default_lengths(lm, (1, 2, 4))), samples, seed, template)
-    sources = Sources(qa_dir=qa_data)
+    sources = Sources(qa_dir=qa_dir)
     if word_list is not None:
         sources.extra_words, sources.extra_words_source = word_list
     if samples_from is None and any(TASKS[t].args.get("type_haystack") == "essay" for t in cfg.tasks):
@@ -123,7 +137,8 @@ def ruler_cmd(
         "task": "ruler", "model": model_name, "tasks": list(cfg.tasks), "lengths": list(cfg.lengths),
         "samples": cfg.samples, "seed": cfg.seed, "essays": sources.essay_source or None, "essay_sha256": essay_digest,
         "samples_from": str(samples_from) if samples_from else None, "template": template,
-        **({"qa_data": str(qa_data)} if qa_data else {}),
+        **({"qa_data": str(qa_dir), "qa_sha256": {name: file_digest(qa_dir / name) for name in QA.FILES.values()
+                                                    if (qa_dir / name).is_file()}} if qa_dir else {}),
         # the default list is recorded in the protocol only: prompts, once generated, are read back from the run
         # directory, so installing wamerican later neither changes a run nor blocks re-rendering it
         **({"cwe_words": sources.extra_words_source} if cwe_words else {}),
@@ -135,7 +150,7 @@ def ruler_cmd(
         "word_lists": "wonderwords 2.2.0" + (f"; cwe past it: {sources.extra_words_source}"
                                              if sources.extra_words_source else ""),
         "essays": sources.essay_source or None}}
-    notes = ([f"essay haystack: {sources.essay_source}"] if sources.essay_source else []) + (
+    notes = left_out + ([f"essay haystack: {sources.essay_source}"] if sources.essay_source else []) + (
         [f"model template: {template}"] if template != "base" and samples_from is None else []) + (
         [f"prompts read from {samples_from}"] if samples_from else [])
     original = lm.trained_length

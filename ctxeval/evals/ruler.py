@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import CtxevalError
+from ..hub import download
 
 RULER_SEED = 42  # prepare.py's --random_seed default
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -475,6 +476,28 @@ class FreqWords:
         coded = [w for w, n in zip(vocab, counts.astype(int)) for _ in range(n)]
         random.Random(self.stream.seed).shuffle(coded)
         return self.template.format(context=" ".join(coded), query=""), vocab[1:4]
+
+
+# scripts/data/synthetic/json/download_qa_dataset.sh: the files and the URLs RULER fetches them from, in its order
+QA_URLS: dict[str, list[str]] = {
+    "squad.json": ["https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json"],
+    "hotpotqa.json": ["http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_dev_distractor_v1.json",
+                      "https://huggingface.co/datasets/namlh2004/hotpotqa/resolve/"
+                      "7e54db4656209750ff487f6fdf8e39a66dba136b/hotpot_dev_distractor_v1.json"],
+}
+
+
+def qa_folder(tasks: list[str], given: Path | None, cache: Path) -> Path:
+    """The folder with the QA files the qa tasks among `tasks` read: `given` (--qa-data) as it is, else `cache`,
+    where missing files are downloaded from RULER's URLs (one line naming --qa-data when that fails)."""
+    if given is not None:
+        return Path(given)
+    for name in dict.fromkeys(QA.FILES[TASKS[t].args["dataset"]] for t in tasks if TASKS[t].family == "qa"):
+        if not (cache / name).is_file():
+            download(QA_URLS[name], cache / name, f"{name} ({'qa_1' if name == 'squad.json' else 'qa_2'})",
+                     "download it as RULER's download_qa_dataset.sh does and pass its folder with --qa-data DIR, "
+                     "or leave qa_1/qa_2 out of --tasks")
+    return cache
 
 
 class QA:
