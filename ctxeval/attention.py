@@ -118,3 +118,114 @@ def watch_sdpa(model: Any, observer: Observer, purpose: str = "this measurement"
     finally:
         _OBSERVERS.remove(observer)
         mapping["sdpa"] = original
+
+
+@contextlib.contextmanager
+def attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Callable[[], Any], original_length: int
+                      ) -> Iterator[str]:
+    """Run `model`'s attention through attention_methods.attend with `specs` (AttentionSpecs) inside the block;
+    yields the attention implementation replaced. `inv_freq()` returns the rotary frequencies in force at each call
+    (a frequency method's, recomputed per length for dynamic ones). The registered function is restored on exit."""
+    if not specs:
+        yield ""
+        return
+    from transformers.modeling_utils import AttentionInterface
+
+    from .attention_methods import attend
+
+    impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
+    if impl not in ("sdpa", "eager"):
+        raise CtxevalError(f"{'+'.join(s.name for s in specs)} replaces the attention computation, which ctxeval can do "
+                           f"for --attn sdpa or eager, not '{impl}'; rerun with --attn sdpa")
+    mapping = AttentionInterface._global_mapping
+    had, saved = impl in mapping, mapping.get(impl)
+
+    def method_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                         scaling: float | None = None, **kwargs: Any) -> tuple[Any, None]:
+        import torch
+
+        if kwargs.get("sliding_window") or kwargs.get("softcap"):
+            raise CtxevalError(f"{'+'.join(s.name for s in specs)}: this model's attention uses a sliding window or "
+                               "logit soft-capping, which these methods do not reproduce")
+        tq, tk = query.shape[2], key.shape[2]
+        positions = kwargs.get("position_ids")
+        if positions is None or positions.shape[-1] != tq:
+            positions = torch.arange(tk - tq, tk, device=query.device)[None].expand(query.shape[0], tq)
+        positions = positions.to(query.device).expand(query.shape[0], tq)
+        # keys sit at consecutive positions ending where the last query is (left padding shifts them all alike)
+        key_positions = torch.arange(tk, device=query.device)[None] + (positions[:, -1:] - (tk - 1))
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = attend(query, key, value, positions, key_positions, attention_mask, scale,
+                     inv_freq().to(query.device), specs, original_length)
+        return out, None
+
+    mapping[impl] = method_attention
+    try:
+        yield impl
+    finally:
+        if had:
+            mapping[impl] = saved
+        else:
+            del mapping[impl]
+
+
+VERIFY_ATOL = 1e-4
+
+
+def verify_attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Callable[[], Any], original_length: int,
+                             device: str = "cpu") -> dict[str, Any]:
+    """Inside `attention_methods(...)`: check that every attention layer runs the method (an 8-token probe forward
+    counts the calls) and that the installed function equals the papers' formulas (attention_methods.
+    reference_attention) on layer-0-shaped q, k, v whose positions cross the method's window. Raises CtxevalError
+    when a layer bypasses it or the largest difference exceeds VERIFY_ATOL; returns what run.json records."""
+    import torch
+    from transformers.modeling_utils import AttentionInterface
+
+    from .attention_methods import reference_attention, rotate
+
+    config = model.config.get_text_config()
+    impl = config._attn_implementation
+    installed = AttentionInterface._global_mapping[impl]
+    calls = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return installed(*args, **kwargs)
+
+    AttentionInterface._global_mapping[impl] = counting
+    try:
+        vocab = config.vocab_size
+        with torch.inference_mode():
+            model(input_ids=(torch.arange(3, 11) % vocab)[None].to(device))
+    finally:
+        AttentionInterface._global_mapping[impl] = installed
+    layers = getattr(config, "num_hidden_layers", None)
+    if not calls or (layers is not None and len(calls) != layers):
+        raise CtxevalError(f"{'+'.join(s.name for s in specs)}: {len(calls)} of {layers} attention layers ran the method "
+                           "(this architecture calls its attention another way); ctxeval cannot apply it here")
+
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    window = max([s.params.get("neighbor_window") or s.params.get("window") or 0 for s in specs] + [0])
+    total = max(window, 1) + 48  # keys cross the window; the last 16 queries see near and far pairs
+    gen = torch.Generator().manual_seed(0)
+    q_raw = torch.randn(heads, 16, dim, generator=gen, dtype=torch.float64)
+    k_raw = torch.randn(kv_heads, total, dim, generator=gen, dtype=torch.float64)
+    value = torch.randn(kv_heads, total, dim, generator=gen, dtype=torch.float64)
+    k_pos = torch.arange(total)
+    q_pos = k_pos[-16:]
+    freqs = inv_freq().detach().to("cpu", torch.float64)
+    query = rotate(q_raw[None], q_pos[None], freqs).float()  # what RoPE hands the attention function
+    key = rotate(k_raw[None], k_pos[None], freqs).float()
+    module = type("Layer0", (), {"is_causal": True})()
+    out, _ = installed(module, query.to(device), key.to(device), value[None].float().to(device), None,
+                       scaling=dim ** -0.5, position_ids=q_pos[None].to(device))
+    want = reference_attention(q_raw, k_raw.repeat_interleave(heads // kv_heads, 0),
+                               value.repeat_interleave(heads // kv_heads, 0), q_pos, k_pos, freqs, specs, dim ** -0.5,
+                               original_length)
+    diff = float((out[0].double().cpu() - want).abs().max())
+    if not diff <= VERIFY_ATOL:
+        raise CtxevalError(f"{'+'.join(s.name for s in specs)}: the attention computed differs from the papers' formula "
+                           f"by {diff:.2e} (> {VERIFY_ATOL:g}); this model's attention is not what ctxeval assumes")
+    return {"layers_running_it": len(calls), "probe_tokens": total, "max_abs_diff_vs_reference": diff}

@@ -16,12 +16,18 @@ References:
           eq. 17-18 (ramp gamma(r) on r = L/lambda, blend h(theta) = (1-gamma) theta/s + gamma theta),
           eq. 22 (sqrt(1/t) = 0.1 ln s + 1); reference code github.com/jquesnelle/yarn (ramp over dim index).
   Llama 3 Meta 2024, "The Llama 3 Herd of Models"; transformers `_compute_llama3_parameters`.
+  LongRoPE Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens": per-pair rescale
+          factors lambda_i, theta'_i = theta_i / lambda_i, short factors up to L and long ones past it, attention
+          factor sqrt(1 + ln s / ln L); transformers `_compute_longrope_parameters`.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -64,7 +70,7 @@ class RopeFreqs:
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: type  # float, int, bool or str
+    kind: type  # float, int, bool, str, or tuple (a list of positive floats)
     default: Any
     help: str
     choices: tuple[str, ...] | None = None
@@ -255,6 +261,28 @@ def _llama3(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeF
     return RopeFreqs(inv, 1.0, s)
 
 
+def _longrope(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeFreqs:
+    """LongRoPE (Ding et al. 2024): theta'_i = theta_i / lambda_i with the short factors for sequences up to L and the
+    long ones past it; attention factor sqrt(1 + ln s / ln L) for s > 1 (transformers `longrope`)."""
+    L = _length(geom, params)
+    pairs = geom.rotary_dim // 2
+    for name in ("short_factor", "long_factor"):
+        if params.get(name) is None:
+            raise CtxevalError(f"longrope needs {name}: {pairs} per-pair factors, e.g. {name}=@factors.json (a JSON or "
+                               "TOML file, or a checkpoint's config.json) or {name}=1.0;1.1;...")
+        if len(params[name]) != pairs:
+            raise CtxevalError(f"longrope: {name} has {len(params[name])} values; this model's rotary dim "
+                               f"{geom.rotary_dim} needs {pairs} (one per rotary pair)")
+    long = length is not None and length > L
+    factors = np.asarray(params["long_factor" if long else "short_factor"], dtype=np.float64)
+    s = params["factor"]
+    if params.get("attention_factor") is not None:
+        attention = float(params["attention_factor"])
+    else:
+        attention = 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(L))
+    return RopeFreqs(geom.default_inv_freq() / factors, attention, float(np.max(factors)))
+
+
 def _native(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeFreqs:
     raise CtxevalError("native is the checkpoint's own RoPE as shipped (e.g. Llama 3.1's llama3 scaling): it has no "
                        "formula here; ctxeval reads it back from the model instead")
@@ -317,6 +345,20 @@ METHODS: dict[str, Method] = {
             ),
             transformers_rope_type="llama3",
         ),
+        Method(
+            "longrope", "LongRoPE: per-pair factors, short up to L and long past it, attention sqrt(1+ln s/ln L)",
+            _longrope,
+            (
+                Param("short_factor", tuple, None, "d/2 factors for lengths <= L: @FILE (JSON/TOML, or a checkpoint's "
+                      "config.json) or 1.0;1.1;..."),
+                Param("long_factor", tuple, None, "d/2 factors for lengths > L: as short_factor"),
+                Param("factor", float, 1.0, "s = extended / original length, for the attention factor", minimum=1.0),
+                _ORIG,
+                Param("attention_factor", float, None, "override the q/k multiplier (default sqrt(1 + ln s / ln L))",
+                      positive=True),
+            ),
+            length_dependent=True, transformers_rope_type="longrope",
+        ),
     )
 }
 _ALIASES = {alias: m.name for m in METHODS.values() for alias in m.aliases}
@@ -330,8 +372,42 @@ def get_method(name: str) -> Method:
     return METHODS[key]
 
 
-def _coerce(method: Method, p: Param, value: Any) -> Any:
-    where = f"{method.name}: {p.name}"
+def _factor_list(where: str, name: str, value: Any) -> tuple[float, ...]:
+    """A list of positive floats: a list/tuple, '1.0;1.1;...', or '@FILE' (JSON or TOML: a list, or an object holding
+    `name` directly or under rope_parameters / rope_scaling, as checkpoints' config.json do)."""
+    if isinstance(value, str) and value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except OSError as exc:
+            raise CtxevalError(f"{where}: cannot read {path} ({exc.strerror})") from None
+        except ValueError as exc:
+            raise CtxevalError(f"{where}: {path} is not valid {'TOML' if path.suffix == '.toml' else 'JSON'} "
+                               f"({str(exc).splitlines()[0][:120]})") from None
+        if isinstance(data, dict):
+            found = [d[name] for d in (data, data.get("rope_parameters") or {}, data.get("rope_scaling") or {})
+                     if isinstance(d, dict) and name in d]
+            if not found:
+                raise CtxevalError(f"{where}: {path} holds no '{name}' (top level, rope_parameters or rope_scaling)")
+            data = found[0]
+        value = data
+    elif isinstance(value, str):
+        value = [v for v in value.split(";") if v.strip()]
+    try:
+        numbers = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        raise CtxevalError(f"{where} must be a list of numbers (1.0;1.1;... or @FILE), got '{value}'") from None
+    if not numbers or not all(math.isfinite(v) and v > 0 for v in numbers):
+        raise CtxevalError(f"{where} must be a non-empty list of positive finite numbers")
+    return numbers
+
+
+def coerce_param(owner: str, p: Param, value: Any) -> Any:
+    """`value` as parameter `p` of method `owner` takes it (typed, range-checked); one-line errors."""
+    where = f"{owner}: {p.name}"
+    if p.kind is tuple:
+        return _factor_list(where, p.name, value)
     if p.kind is bool:
         if isinstance(value, bool):
             return value
@@ -374,7 +450,7 @@ def resolve_params(method: Method, given: dict[str, Any]) -> dict[str, Any]:
             raise CtxevalError(f"method '{method.name}' does not take '{raw_key}'; it takes: {valid}{extra}")
         if key in params:
             raise CtxevalError(f"{method.name}: '{key}' given twice (maybe as '{raw_key}')")
-        params[key] = None if value is None else _coerce(method, p, value)
+        params[key] = None if value is None else coerce_param(method.name, p, value)
     if "truncate" in params and params.get("ramp") == "ratio":
         raise CtxevalError(f"{method.name}: truncate applies only to ramp=index; drop it or use ramp=index")
     for p in method.params:

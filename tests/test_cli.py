@@ -28,7 +28,8 @@ def test_methods_lists_every_method():
     result = run("methods", "--format", "json")
     assert result.exit_code == 0
     names = [m["name"] for m in json.loads(result.stdout)]
-    assert names == ["none", "native", "pi", "ntk", "dynamic-ntk", "ntk-by-parts", "yarn", "dynamic-yarn", "llama3"]
+    assert names == ["none", "native", "pi", "ntk", "dynamic-ntk", "ntk-by-parts", "yarn", "dynamic-yarn", "llama3", "longrope",
+                     "self-extend", "rerope", "leaky-rerope", "logn"]
     table = run("methods")
     assert "beta_fast=32" in table.stdout and "alpha=beta_slow" in table.stdout
 

@@ -1,6 +1,7 @@
 """methods.py against transformers' own ROPE_INIT_FUNCTIONS and the papers' formulas."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -55,6 +56,49 @@ def test_golden_against_transformers(d, b, L, s, rope_type, method, extra, lengt
 
 
 @pytest.mark.parametrize("d,b,L,s", GEOMETRIES)
+@pytest.mark.parametrize("length_mult", [None, 1, 2])
+def test_longrope_golden_against_transformers(d, b, L, s, length_mult):
+    rng = np.random.default_rng(d + L)
+    short, long = (1 + rng.random(d // 2)).round(4).tolist(), (1 + 8 * rng.random(d // 2)).round(4).tolist()
+    rp = {"rope_type": "longrope", "rope_theta": b, "short_factor": short, "long_factor": long,
+          "original_max_position_embeddings": L}
+    cfg = LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d, max_position_embeddings=int(L * s),
+                      rope_parameters=rp)  # transformers' factor: max_position_embeddings / original
+    seq_len = None if length_mult is None else length_mult * L
+    want, want_attention = ROPE_INIT_FUNCTIONS["longrope"](cfg, "cpu", seq_len=seq_len)
+    got = compute("longrope", Geometry(d, b, L), {"short_factor": short, "long_factor": long, "factor": s}, seq_len)
+    assert _rel(got.inv_freq, want.double().numpy()) < RTOL
+    assert got.attention_factor == pytest.approx(want_attention, rel=1e-12)
+    assert got.attention_factor == pytest.approx(math.sqrt(1 + math.log(s) / math.log(L)), rel=1e-12)  # the paper's
+
+
+def test_longrope_factor_lists_from_text_files_and_configs(tmp_path):
+    d = 8
+    (tmp_path / "f.json").write_text('{"short_factor": [1, 1, 1, 1], "long_factor": [1, 2, 4, 8]}')
+    (tmp_path / "f.toml").write_text("short_factor = [1.0, 1.0, 1.0, 1.0]\nlong_factor = [1.0, 2.0, 4.0, 8.0]\n")
+    (tmp_path / "config.json").write_text('{"rope_scaling": {"type": "longrope", "short_factor": [1, 1, 1, 1], '
+                                          '"long_factor": [1, 2, 4, 8]}}')
+    geom = Geometry(d, 1e4, 100)
+    theta = geom.default_inv_freq()
+    for source in ("f.json", "f.toml", "config.json"):
+        path = tmp_path / source
+        params = {"short_factor": f"@{path}", "long_factor": f"@{path}", "factor": 4}
+        np.testing.assert_allclose(compute("longrope", geom, params, 101).inv_freq, theta / [1, 2, 4, 8], rtol=1e-15)
+        np.testing.assert_allclose(compute("longrope", geom, params, 100).inv_freq, theta, rtol=1e-15)  # <= L: short
+    inline = {"short_factor": "1;1;1;1", "long_factor": "1;2;4;8"}
+    np.testing.assert_allclose(compute("longrope", geom, inline, 500).inv_freq, theta / [1, 2, 4, 8], rtol=1e-15)
+    spec = expand_specs(["longrope:short_factor=1;1;1;1,long_factor=1;2;4;8,factor=4"])[0]
+    assert re.fullmatch(r"longrope\(factor=4,long_factor=4x[0-9a-f]{8},short_factor=4x[0-9a-f]{8}\)", spec.label)
+    for params, message in (({"short_factor": "1;1", "long_factor": "1;2;4;8"}, "short_factor has 2 values; this "
+                                                                                 "model's rotary dim 8 needs 4"),
+                            ({"short_factor": "1;0;1;1", "long_factor": "1;2;4;8"}, "positive finite"),
+                            ({"short_factor": f"@{tmp_path / 'nope.json'}"}, "cannot read"),
+                            ({"long_factor": "1;2;4;8"}, "longrope needs short_factor")):
+        with pytest.raises(CtxevalError, match=message):
+            compute("longrope", geom, params, 500)
+
+
+@pytest.mark.parametrize("d,b,L,s", GEOMETRIES)
 def test_ntk_is_default_rope_at_ntk_base(d, b, L, s):
     new_base = b * s ** (d / (d - 2))
     cfg = LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d, rope_parameters={"rope_type": "default", "rope_theta": new_base})
@@ -74,6 +118,8 @@ G = Geometry(128, 1e4, 4096)
 @pytest.mark.parametrize("name", [m for m in METHODS if m not in ("none", "native")])
 def test_factor_one_is_identity(name):
     params = {"factor": 1.0} if METHODS[name].takes_factor else {}
+    if name == "longrope":  # unit per-pair factors
+        params.update(short_factor=[1.0] * 64, long_factor=[1.0] * 64)
     default = compute("none", G)
     for length in (None, 100, G.original_length):  # dynamic methods: at or below L
         got = compute(name, G, params, length)

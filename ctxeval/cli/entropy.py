@@ -55,6 +55,10 @@ def entropy_cmd(
     given = tuple(parse_lengths(lengths)) if lengths is not None else None
     cfg = EntropyConfig(given or (2,), parse_indices(layers, "--layers"), parse_indices(heads, "--heads"), query_chunk,
                         bos)
+    with_attention = [s.label for s in specs if s.attention]
+    if with_attention:
+        raise CtxevalError(f"entropy reads the q.k scores of plain attention; {with_attention[0]} computes other scores "
+                           "(drop its attention method here)")
     lm = load_for(model_name, specs, dtype, device, "sdpa", trust_remote_code, device_map, max_memory)
     if lm.attn_implementation != "sdpa":
         raise CtxevalError(f"entropy reads q and k through transformers' sdpa attention, which transformers does not "

@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from ..attention_methods import ATTENTION_METHODS, relative_position
 from ..errors import CtxevalError
 from ..methods import METHODS, Geometry, get_method, plan, resolve_params
 from ..models import load_config
@@ -23,10 +24,11 @@ from .options import Check, FactorOpt, Fmt, MethodOpt, parse_factors
 def methods_cmd(
     fmt: Annotated[Fmt, typer.Option("--format", help="table or json")] = Fmt.table,
 ) -> None:
-    """List the RoPE methods, their parameters and defaults."""
+    """List the RoPE methods (frequencies) and attention methods, their parameters and defaults."""
     data = [
         {
             "name": m.name,
+            "kind": "frequency",
             "aliases": list(m.aliases),
             "length_dependent": m.length_dependent,
             "summary": m.summary,
@@ -37,21 +39,27 @@ def methods_cmd(
             "param_aliases": m.param_aliases,
         }
         for m in METHODS.values()
+    ] + [
+        {"name": m.name, "kind": "attention", "aliases": [], "length_dependent": False, "summary": m.summary,
+         "params": [{"name": p.name, "default": p.default, "choices": None, "help": p.help} for p in m.params],
+         "param_aliases": {}}
+        for m in ATTENTION_METHODS.values()
     ]
     if fmt == Fmt.json:
         print(json.dumps(data, indent=2))
         return
     if fmt == Fmt.csv:
         raise CtxevalError("methods supports --format table or json")
-    table = Table(title="RoPE methods (ctxeval plan --method NAME shows one in detail)")
-    for col in ("method", "depends on length", "parameters (default)", "what it does"):
+    table = Table(title="RoPE methods (ctxeval plan --method NAME shows one in detail); attention methods follow a "
+                        "frequency method with '+' (ntk:factor=2+logn) or run alone on plain RoPE")
+    for col in ("method", "kind", "depends on length", "parameters (default)", "what it does"):
         table.add_column(col, overflow="fold")
     for d in data:
         params = ", ".join(f"{p['name']}={p['default']}" for p in d["params"]) or "-"
         if d["param_aliases"]:
             params += "  [dim](" + ", ".join(f"{a}={b}" for a, b in d["param_aliases"].items()) + ")[/dim]"
         name = d["name"] + (f" ({', '.join(d['aliases'])})" if d["aliases"] else "")
-        table.add_row(name, "yes" if d["length_dependent"] else "no", params, d["summary"])
+        table.add_row(name, d["kind"], "yes" if d["length_dependent"] else "no", params, d["summary"])
     out.print(table)
 
 
@@ -118,10 +126,33 @@ def plan_cmd(
             f"attention factor {freqs.attention_factor:.6f} on q and k (logits x {freqs.attention_factor**2:.6f}); "
             + ", ".join(f"{n} {g}" for g, n in counts.items())
         )
+    remapping = [a for a in spec.attention if a.name != "logn"]
+    if spec.attention and fmt == Fmt.table:
+        L = geom.original_length
+        distances = sorted({0, L // 4, L // 2, L - 1, L, 2 * L, 4 * L, 8 * L} | {
+            w + extra for a in remapping for w in [a.params.get("neighbor_window") or a.params.get("window")]
+            for extra in (-1, 0)})
+        table = Table(title=f"relative position scored for a pair at distance d (j = 0) under {spec.label}")
+        table.add_column("distance d", justify="right")
+        for a in remapping:
+            table.add_column(a.name, justify="right")
+        for d in distances:
+            table.add_row(f"{d:,}", *[f"{float(relative_position(a, [d])[0]):,.2f}" for a in remapping])
+        out.print(table)
+        for a in spec.attention:
+            if a.name == "logn" or a.params.get("logn"):
+                out.print(f"logn: queries at position i scaled by max(1, log(i+1)/log {a.params.get('length') or L})")
     if plot is not None:
-        from ..report.plots import plot_plan  # matplotlib only when a plot is asked for
+        from ..report.plots import plot_plan, plot_relative_positions  # matplotlib only when a plot is asked for
 
-        plot_plan(rows, f"{spec.label}: d={geom.rotary_dim}, b={geom.base:g}", geom.original_length, plot)
+        if remapping:
+            import numpy as np
+
+            distance = np.linspace(0, 4 * geom.original_length, 801)
+            plot_relative_positions(distance, {a.name: relative_position(a, distance) for a in remapping},
+                                    f"{spec.label}: relative position vs true distance", geom.original_length, plot)
+        else:
+            plot_plan(rows, f"{spec.label}: d={geom.rotary_dim}, b={geom.base:g}", geom.original_length, plot)
         err.print(f"wrote {plot}")
 
 

@@ -18,7 +18,8 @@ from .options import (NEEDLE_HELP, SAMPLES, THRESHOLD, AttnOpt, BatchOpt, Device
                       FactorOpt, MaxMemoryOpt, MaxNewOpt, ModelOpt, OutOpt, OverwriteOpt, RemoteOpt, ScoringOpt,
                       SeedOpt, TemperatureOpt, TextFieldOpt, parse_depths, parse_factors, parse_lengths,
                       parse_temperatures)
-from .run import QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, quickstart
+from .run import (QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, note_attention_noops,
+                  quickstart)
 
 if TYPE_CHECKING:
     from ..evals.needle import NeedlePreset
@@ -120,6 +121,7 @@ def run_retrieval(task: str, opt: Retrieval) -> None:
                   opt.max_memory)
     if lengths_given is None:
         cfg = replace(cfg, lengths=tuple(default_lengths(lm, (0.25, 0.5, 1, 2))))
+    note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
     has_template = bool(getattr(lm.tokenizer, "chat_template", None))
     if opt.chat_template == "on" and not has_template:
         raise CtxevalError(f"--chat-template on, but the tokenizer of '{opt.model}' has no chat template; use auto or off")

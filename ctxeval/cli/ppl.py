@@ -18,7 +18,8 @@ from .console import err, print_outputs, print_table, user_errors
 from .options import (DOCS, VALID_TOLERANCE, AttnOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt,
                       MaxMemoryOpt, ModelOpt, OverwriteOpt, RemoteOpt, TemperatureOpt, parse_factors, parse_lengths,
                       parse_temperatures)
-from .run import QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, quickstart
+from .run import (QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, note_attention_noops,
+                  quickstart)
 
 if TYPE_CHECKING:
     from ..evals.perplexity import PplConfig
@@ -120,6 +121,7 @@ def ppl_cmd(
     if cfg.bos and getattr(lm.tokenizer, "bos_token_id", None) is None:
         err.print("note: the tokenizer has no BOS token; sequences start with document text (as --no-bos)")
         cfg = replace(cfg, bos=False)
+    note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
     check_chunked_head(lm.model, lm.device, lm.model.config.get_text_config().vocab_size)
     documents = select_documents(settings, cfg, lm.tokenizer)
     spec_record, provenance = run_records(settings, cfg, specs, lm, documents, seed, task, is_quickstart)

@@ -20,7 +20,7 @@ from ..specs import expand_specs
 from .console import err, print_outputs, user_errors
 from .options import (AttnOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, MaxMemoryOpt, OutOpt, OverwriteOpt,
                       PlainModelOpt, RemoteOpt, TemperatureOpt, parse_factors, parse_lengths, parse_temperatures)
-from .run import default_lengths, default_out, load_for, measure
+from .run import default_lengths, default_out, load_for, measure, note_attention_noops
 
 # torch, transformers, pandas and matplotlib load only when a command needs them: the evaluation and report modules
 # are imported inside the command function.
@@ -123,6 +123,7 @@ def ruler_cmd(
     lm = load_for(model_name, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
     if given is None:
         cfg = RulerConfig(chosen, tuple(default_lengths(lm, (1, 2, 4))), samples, seed, template)
+    note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
     sources = Sources(qa_dir=qa_dir)
     if word_list is not None:
         sources.extra_words, sources.extra_words_source = word_list

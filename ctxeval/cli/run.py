@@ -40,8 +40,13 @@ def load_for(model: str, specs: list[MethodSpec], dtype: str, device: str, attn:
                     device_map=device_map, max_memory=memory)
     if dist.active and dist.is_main:
         dist.barrier()
-    if lm.rope.geometry is None and any(s.name not in ("none", "native") for s in specs):
+    if lm.rope.geometry is None and any(s.name not in ("none", "native") or s.attention for s in specs):
         raise CtxevalError(f"model '{model}' has no RoPE ({lm.rope.reason}); only --method none applies")
+    impl = getattr(lm.model.config.get_text_config(), "_attn_implementation", None)
+    with_attention = [s.label for s in specs if s.attention]
+    if with_attention and impl not in ("sdpa", "eager"):
+        raise CtxevalError(f"{with_attention[0]} replaces the attention computation, which ctxeval can do for --attn "
+                           f"sdpa or eager, not '{impl}'; rerun with --attn sdpa")
     if any(s.temperature != 1.0 for s in specs) and not supports_temperature(lm.model, lm.device):
         raise CtxevalError(f"--attention-temperature: the attention of '{model}' exposes no logit scale that "
                            "ctxeval can change and that its forward reads ('scaling', or BLOOM's "
@@ -51,6 +56,16 @@ def load_for(model: str, specs: list[MethodSpec], dtype: str, device: str, attn:
         err.print(f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
                   "original length; add --method native to measure the RoPE it ships")
     return lm
+
+
+def note_attention_noops(specs: list[MethodSpec], lengths: list[int], original_length: int | None) -> None:
+    """Say so when an attention method cannot change anything at the lengths asked (its window covers them all)."""
+    from ..attention_methods import noop_reason
+
+    for spec in specs:
+        why = noop_reason(spec.attention, lengths, original_length or 0) if spec.attention and lengths else None
+        if why:
+            err.print(f"note: {spec.label}: {why}")
 
 
 def measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, provenance: dict[str, Any], message: str,

@@ -76,5 +76,5 @@ def head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module
 def point_row(model_name: str, spec: MethodSpec, task: str, **fields: Any) -> dict[str, Any]:
     """A row's leading fields (model, method, label, params, task, metric) followed by `fields` (which may set
     `value`; a failed point has value None)."""
-    return {"model": model_name, "method": spec.name, "label": spec.label, "params": spec.record_params,
+    return {"model": model_name, "method": spec.method_name, "label": spec.label, "params": spec.record_params,
             "task": task, "metric": METRICS[task], "value": None, **fields}

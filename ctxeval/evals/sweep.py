@@ -10,8 +10,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ..distributed import current
 from ..methods import get_method
-from ..patching import apply_method
-from ..attention import attention_temperature
+from ..patching import apply_method, find_rotary_modules
+from ..attention import attention_methods, attention_temperature, verify_attention_methods
+from ..errors import CtxevalError
 from ..rows import point_key
 from ..specs import MethodSpec
 from .common import Progress
@@ -33,12 +34,31 @@ class WorkItem:
 
 @contextlib.contextmanager
 def applied(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, effective: dict[str, Any]) -> Iterator[Any]:
-    """Yield the RopeHandle; `effective[spec.label]` and run.json's `methods` get the method's record."""
+    """Yield the RopeHandle; `effective[spec.label]` and run.json's `methods` get the method's record (with the
+    attention methods' verification when the spec has any)."""
+    inv_freq = rotary_frequencies(lm, spec)
+    original = lm.rope.geometry.original_length if lm.rope.geometry is not None else 0
     with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params) as handle, \
-            attention_temperature(lm.model, spec.temperature):
-        effective[spec.label] = {**handle.record(tuple(lengths)), "attention_temperature": spec.temperature}
+            attention_temperature(lm.model, spec.temperature), \
+            attention_methods(lm.model, spec.attention, inv_freq, original):
+        record = {**handle.record(tuple(lengths)), "attention_temperature": spec.temperature}
+        if spec.attention:
+            record["attention_methods"] = [{"name": a.name, "params": a.params} for a in spec.attention]
+            record["attention_check"] = verify_attention_methods(lm.model, spec.attention, inv_freq, original,
+                                                                 lm.device)
+        effective[spec.label] = record
         store.update(methods=effective)
         yield handle
+
+
+def rotary_frequencies(lm: Any, spec: MethodSpec) -> Callable[[], Any]:
+    """The inverse frequencies the model's rotary module holds at call time (attention methods re-rotate with them)."""
+    if not spec.attention:
+        return lambda: None
+    modules = find_rotary_modules(lm.model)
+    if lm.rope.geometry is None or not modules:
+        raise CtxevalError(f"{spec.method_name} re-rotates RoPE's q and k, and this model has no RoPE; use --method none")
+    return lambda: modules[0][1].inv_freq
 
 
 def length_dependent(spec: MethodSpec, lm: Any) -> bool:

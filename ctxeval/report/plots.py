@@ -233,3 +233,22 @@ def plot_plan(rows: Sequence[Any], title: str, original_length: int, path: Path)
     ax.set_title(title)
     ax.legend(fontsize=8)
     return save(fig, path)
+
+
+def plot_relative_positions(distance: Sequence[float], curves: dict[str, Sequence[float]], title: str,
+                            original_length: int, path: Path) -> Path:
+    """The relative position each attention method scores a pair at, against the pair's true distance; the
+    trained length marked (positions above it were never seen in training)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(distance, distance, color="grey", ls=":", lw=1, label="true distance (plain RoPE)")
+    for (label, ys), color in zip(curves.items(), ["tab:red", "tab:blue", "tab:green", "tab:purple"]):
+        ax.plot(distance, ys, color=color, lw=1.6, label=label)
+    ax.axhline(original_length, color="black", ls="--", lw=1, label=f"trained length L = {original_length:,}")
+    ax.set_xlabel("true distance i - j (tokens)")
+    ax.set_ylabel("relative position scored")
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_length(int(v))))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_length(int(v))))
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    return save(fig, path)
