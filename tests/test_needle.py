@@ -108,9 +108,9 @@ def test_forced_and_generate_agree(tok):
     """Same prompt: forced says correct exactly when greedy generation reproduces the answer tokens."""
     model = tiny_llama(vocab_size=len(tok))
     b = builder(tok, "gkamradt")
-    cfg_forced = N.NeedleConfig((300,), (50.0,), scoring="forced")
+    cfg_forced = N.NeedleConfig((400,), (50.0,), scoring="forced")  # (the gkamradt prompt alone is ~300 tokens)
     r = N.NeedleRunner(model, tok, "cpu", b, cfg_forced, "tiny", "needle")
-    item = r.item(300, 0, 0)
+    item = r.item(400, 0, 0)
     with torch.no_grad():
         greedy = model.generate(torch.tensor([item.prompt.ids]), max_new_tokens=4, do_sample=False,
                                 pad_token_id=tok.eos_token_id)[0, len(item.prompt.ids):].tolist()
@@ -120,7 +120,7 @@ def test_forced_and_generate_agree(tok):
         assert forced["correct"] == expect
         text = tok.decode(answer_ids)
         item.sample = N.Sample(item.sample.needles, 1, "q", "a", (text.strip(),))
-        gen_runner = N.NeedleRunner(model, tok, "cpu", b, N.NeedleConfig((300,), (50.0,), max_new_tokens=4), "tiny", "needle")
+        gen_runner = N.NeedleRunner(model, tok, "cpu", b, N.NeedleConfig((400,), (50.0,), max_new_tokens=4), "tiny", "needle")
         r_preset = N.NeedlePreset.from_dict("exact", {**load_task("needle-magic-number", "needle")})
         gen_runner.builder.preset = r_preset
         generated = gen_runner._generate(item, None)
