@@ -137,3 +137,102 @@ def test_plan_groups_follow_the_ramp():
     assert {r.group for r in pi_rows} == {"interpolated"}
     _, none_rows = plan("none", geom)
     assert {r.group for r in none_rows} == {"extrapolated"}
+
+
+def test_needle_generation_under_a_dynamic_method_equals_a_cache_free_recomputation():
+    """Greedy needle generation under dynamic NTK past the trained length: with the KV cache, the prompt's keys and
+    each new query must share one RoPE, the one of the evaluated length. The reference recomputes every step from
+    scratch, without a cache, with the RoPE frozen at that length."""
+    from conftest import build_tokenizer, tiny_llama
+    from ctxeval.evals import needle as N
+    from ctxeval.presets import load_task
+
+    tok = build_tokenizer()
+    model = tiny_llama(vocab_size=len(tok))  # trained length 64: 320 tokens is 5x
+    hay, _ = N.haystack_tokens(tok, "filler", 4000)
+    builder = N.PromptBuilder(tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay,
+                               chat_template=False)
+    cfg = N.NeedleConfig((320,), (50.0,), max_new_tokens=10)
+    runner_ = N.NeedleRunner(model, tok, "cpu", builder, cfg, "tiny", "needle")
+    item = runner_.item(320, 0, 0)
+    rotary = model.model.rotary_emb
+    used = []  # the frequencies every forward's RoPE was computed with (prefill and each decode step)
+    with apply_method(model, "dynamic-ntk", factor=2) as handle:
+        probe = rotary.register_forward_hook(lambda module, args, out: used.append(module.inv_freq.clone()))
+        generated = runner_._generate(item, handle)["response"]
+        probe.remove()
+        frozen = torch.from_numpy(handle.expected(item.length).inv_freq).float()
+        assert len(used) > 1 and all(torch.allclose(u, frozen, rtol=1e-6) for u in used)
+        handle.freeze_length(item.length)
+        ids = torch.tensor([item.prompt.ids])
+        with torch.inference_mode():
+            for _ in range(10):
+                nxt = model(input_ids=ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+                if int(nxt) == tok.eos_token_id:
+                    break
+                ids = torch.cat([ids, nxt], 1)
+        handle.freeze_length(None)
+    reference = tok.decode(ids[0, len(item.prompt.ids):].tolist(), skip_special_tokens=True)
+    assert generated == reference and len(reference) > 0
+
+
+def test_window_aggregates_from_their_definition(tmp_path):
+    """Per point: truncate is one window whose mean is nll_sum / n_tokens; sliding scores each token once, in the
+    first window that covers it, and window_nll_sum adds each window's own mean (the YaRN paper's GovReport average
+    of per-window means). The reference is the definition, with a full forward per window."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from conftest import tiny_llama
+    from ctxeval.corpora import TokenDoc
+    from ctxeval.evals import perplexity as P
+    from ctxeval.specs import expand_specs
+
+    model = tiny_llama()  # trained length 64
+    ids = np.random.default_rng(7).integers(2, 128, 3 * 64 + 21)
+    doc = TokenDoc("d", ids)
+    none = expand_specs(["none"])[0]
+
+    def token_losses(seq):
+        with torch.no_grad():
+            logits = model(torch.tensor([seq])).logits[0, :-1].double()
+        return F.cross_entropy(logits, torch.tensor(seq[1:]), reduction="none")
+
+    truncate = P.PplRunner(model, "cpu", P.PplConfig((32, 64)), 1, "tiny")
+    for row in truncate._truncate_one_forward(none, doc, [32, 64]):
+        losses = token_losses([1] + ids[:row["length"] - 1].tolist())
+        assert row["n_windows"] == 1 and row["n_tokens"] == row["length"] - 1
+        assert row["nll_sum"] == pytest.approx(float(losses.sum()), rel=1e-6)
+        assert row["window_nll_sum"] == pytest.approx(float(losses.mean()), rel=1e-6)  # a mean, not the sum
+
+    length, stride = 64, 24
+    sliding = P.PplRunner(model, "cpu", P.PplConfig((length,), "sliding", stride=stride), 1, "tiny")
+    row = sliding._sliding_at(none, doc, length)
+    window_means, total, count, covered = [], 0.0, 0, 0  # covered: doc tokens scored so far (BOS predicts token 0)
+    start = 0
+    while covered < len(ids):
+        window = ids[start:start + length - 1]  # BOS + length - 1 document tokens
+        losses = token_losses([1] + window.tolist())  # losses[j] is doc token start + j
+        fresh = losses[covered - start:]
+        window_means.append(float(fresh.mean()))
+        total, count, covered = total + float(fresh.sum()), count + fresh.numel(), start + len(window)
+        start += stride
+    assert row["n_tokens"] == count == len(ids) and row["n_windows"] == len(window_means)
+    assert row["nll_sum"] == pytest.approx(total, rel=1e-6)
+    assert row["window_nll_sum"] == pytest.approx(sum(window_means), rel=1e-6)
+
+
+def test_text_answers_match_regardless_of_case():
+    """Needle answers and terms match case-insensitively (a model that writes 'Eat A Sandwich' found the needle),
+    as RULER's string_match_all does; integers stay exact."""
+    from ctxeval.evals import needle as N
+    from ctxeval.presets import load_task
+
+    def preset(name):
+        return N.NeedlePreset.from_dict(name, load_task(f"needle-{name}", "needle"))
+
+    words = N.Sample(("x",), 1, "q", "a", ("Blue-Whale", "harbor"))
+    assert N.score_response(preset("magic-number"), words, " the BLUE-whale by the Harbor")
+    assert not N.score_response(preset("magic-number"), words, " the blue whale by the harbor")
+    gk = preset("gkamradt")
+    assert N.score_response(gk, N.Sample(("x",), 1, "q", "a", ("eat",)), " " + " ".join(gk.match_terms).upper())
