@@ -214,7 +214,8 @@ def plot_heatmaps(panels: Sequence[HeatmapPanel], path: Path, title: str, row_ti
     for ax in axes.ravel()[n:]:
         ax.set_visible(False)
     if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.046, pad=0.02, label=scale_label)
+        bar = fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.046, pad=0.02, label=scale_label)
+        bar.ax.yaxis.set_major_formatter(ticker.PercentFormatter(xmax=1.0))  # the cells are labelled in % too
     fig.suptitle(wrap_title(title, max(60, int(28 * ncols))), fontsize=9)
     return save(fig, path, tight=False)
 
