@@ -29,7 +29,7 @@ FAMILY_COLORS = {"none": "tab:blue", "native": "tab:brown", "pi": "tab:orange", 
                  "ntk": "tab:green", "dynamic-ntk": "tab:olive", "ntk-by-parts": "tab:cyan", "yarn": "tab:red",
                  "dynamic-yarn": "tab:pink", "llama3": "tab:purple", "longrope": "#1b9e77",
                  # attention methods (on plain RoPE; on a frequency method they take its colour and another style)
-                 "self-extend": "#e6ab02", "rerope": "black", "leaky-rerope": "#a6761d", "logn": "#666666"}
+                 "self-extend": "#e7298a", "rerope": "black", "leaky-rerope": "#000080", "logn": "#666666"}
 SPARE_COLORS = ["tab:gray", "#7570b3", "#e7298a", "#66a61e", "#d95f02", "#1a1a80"]
 # the variants of one family (other factors or parameters, other models): line style x marker
 VARIANT_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ("-", "v"), ("--", "P"), (":", "X"),
