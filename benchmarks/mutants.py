@@ -42,7 +42,7 @@ MUTANTS = [
      'return mscale(s, params["mscale"]) / mscale(s, params["mscale_all_dim"])',
      'return mscale(s, params["mscale_all_dim"]) / mscale(s, params["mscale"])', [RESUME, "tests/test_methods.py"]),
     ("self-extend query shift W instead of W - W//G", "ctxeval/attention_methods.py",
-     'rounding_mode="floor") + w - w // g - q_pos,', 'rounding_mode="floor") + w - q_pos,',
+     "return q_pos // g + w - w // g, k_pos // g", "return q_pos // g + w, k_pos // g",
      ["tests/test_attention_methods.py"]),
     ("rerope window inclusive", "ctxeval/attention_methods.py",
      "near = (q_pos[:, rows, None] - k_pos[:, None, band]) < window",

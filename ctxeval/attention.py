@@ -120,6 +120,15 @@ def watch_sdpa(model: Any, observer: Observer, purpose: str = "this measurement"
         mapping["sdpa"] = original
 
 
+def wrappable_attention(model: Any, what: str) -> str:
+    """The model's attention implementation when ctxeval can replace it (sdpa or eager); else one-line error."""
+    impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
+    if impl not in ("sdpa", "eager"):
+        raise CtxevalError(f"{what} replaces the attention computation, which ctxeval can do for --attn sdpa or "
+                           f"eager, not '{impl}'; rerun with --attn sdpa")
+    return impl
+
+
 @contextlib.contextmanager
 def attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Callable[[], Any], original_length: int
                       ) -> Iterator[str]:
@@ -133,10 +142,7 @@ def attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Callable[[],
 
     from .attention_methods import attend
 
-    impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
-    if impl not in ("sdpa", "eager"):
-        raise CtxevalError(f"{'+'.join(s.name for s in specs)} replaces the attention computation, which ctxeval can do "
-                           f"for --attn sdpa or eager, not '{impl}'; rerun with --attn sdpa")
+    impl = wrappable_attention(model, "+".join(s.name for s in specs))
     mapping = AttentionInterface._global_mapping
     had, saved = impl in mapping, mapping.get(impl)
 
@@ -181,7 +187,7 @@ def verify_attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Calla
     import torch
     from transformers.modeling_utils import AttentionInterface
 
-    from .attention_methods import reference_attention, rotate
+    from .attention_methods import reference_attention, rotate, window_of
 
     config = model.config.get_text_config()
     impl = config._attn_implementation
@@ -207,7 +213,7 @@ def verify_attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Calla
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    window = max([s.params.get("neighbor_window") or s.params.get("window") or 0 for s in specs] + [0])
+    window = max([window_of(s) or 0 for s in specs] + [0])
     total = max(window, 1) + 48  # keys cross the window; the last 16 queries see near and far pairs
     gen = torch.Generator().manual_seed(0)
     q_raw = torch.randn(heads, 16, dim, generator=gen, dtype=torch.float64)

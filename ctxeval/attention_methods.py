@@ -115,24 +115,46 @@ def check_combination(specs: tuple[AttentionSpec, ...]) -> None:
         raise CtxevalError(f"{logn_inside[0]} already applies logn (its logn=true); drop +logn or set logn=false")
 
 
+def window_of(spec: AttentionSpec) -> int | None:
+    """The distance from which a remapping method changes pairs (Self-Extend's W, ReRoPE's w); None for logn."""
+    return spec.params.get("neighbor_window") or spec.params.get("window")
+
+
+def logn_length(spec: AttentionSpec, original_length: int) -> int | None:
+    """The L of log(i+1)/log L when the spec scales queries by log-n (logn, or rerope's logn=true), else None."""
+    if spec.name == "logn" or spec.params.get("logn"):
+        return spec.params.get("length") or original_length
+    return None
+
+
 def noop_reason(specs: tuple[AttentionSpec, ...], lengths: list[int], original_length: int) -> str | None:
     """Why these methods change nothing at any of `lengths` (then running them only costs time), else None."""
     longest = max(lengths)
-    for spec in specs:
-        window = spec.params.get("neighbor_window") or spec.params.get("window")
-        if window is not None and window < longest:
-            return None
-        uses_logn = spec.name == "logn" or spec.params.get("logn")
-        if uses_logn and longest > (spec.params.get("length") or original_length):
-            return None
     parts = []
     for spec in specs:
-        window = spec.params.get("neighbor_window") or spec.params.get("window")
+        window, logn = window_of(spec), logn_length(spec, original_length)
+        if (window is not None and window < longest) or (logn is not None and longest > logn):
+            return None
         if window is not None:
             parts.append(f"{spec.name}'s window {window} >= the longest length {longest}")
-        if spec.name == "logn" or spec.params.get("logn"):
-            parts.append(f"logn is 1 up to L={spec.params.get('length') or original_length}")
+        if logn is not None:
+            parts.append(f"logn is 1 up to L={logn}")
     return "; ".join(parts) + ": identical to the model without them"
+
+
+def far_positions(spec: AttentionSpec, q_pos: Any, k_pos: Any) -> tuple[Any, Any]:
+    """The positions a remapping method gives the query and the key of a far pair (distance >= window_of(spec)),
+    as the papers write them; numpy arrays or torch tensors (floor division on both)."""
+    p = spec.params
+    if spec.name == "self-extend":
+        g, w = p["group_size"], p["neighbor_window"]
+        return q_pos // g + w - w // g, k_pos // g
+    if spec.name == "rerope":
+        return q_pos * 0 + p["window"], k_pos * 0
+    if spec.name == "leaky-rerope":
+        w, k = p["window"], p["k"]
+        return w + (q_pos - w) / k, k_pos / k
+    raise ValueError(f"{spec.name} does not remap positions")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -143,16 +165,10 @@ def relative_position(spec: AttentionSpec, distance: np.ndarray) -> np.ndarray:
     """The relative position a query at `distance` tokens after a key is scored at (query at distance, key at 0 for
     self-extend's grouping: its grouped distance depends on both positions, shown here for j = 0)."""
     d = np.asarray(distance, dtype=np.float64)
-    p = spec.params
-    if spec.name == "self-extend":
-        g, w = p["group_size"], p["neighbor_window"]
-        return np.where(d < w, d, d // g + w - w // g)
-    if spec.name == "rerope":
-        return np.minimum(d, p["window"])
-    if spec.name == "leaky-rerope":
-        w = p["window"]
-        return np.where(d < w, d, w + (d - w) / p["k"])
-    return d
+    if window_of(spec) is None:
+        return d
+    q_far, k_far = far_positions(spec, d, np.zeros_like(d))
+    return np.where(d < window_of(spec), d, q_far - k_far)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -182,21 +198,6 @@ def logn_scale(positions: torch.Tensor, length: int) -> torch.Tensor:
     return (torch.log(positions.to(torch.float64) + 1) / math.log(length)).clamp(min=1.0)
 
 
-def _far_deltas(spec: AttentionSpec, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """How far to rotate queries and keys for far pairs, and the window below which pairs stay as they are."""
-    import torch
-
-    p = spec.params
-    if spec.name == "self-extend":
-        g, w = p["group_size"], p["neighbor_window"]
-        return (torch.div(q_pos, g, rounding_mode="floor") + w - w // g - q_pos,
-                torch.div(k_pos, g, rounding_mode="floor") - k_pos, w)
-    if spec.name == "rerope":
-        return p["window"] - q_pos, -k_pos, p["window"]
-    w, k = p["window"], p["k"]
-    return (q_pos + w * (k - 1)) / k - q_pos, k_pos / k - k_pos, w
-
-
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
            mask: torch.Tensor | None, scaling: float, inv_freq: torch.Tensor, specs: tuple[AttentionSpec, ...],
            original_length: int, chunk: int | None = None) -> torch.Tensor:
@@ -210,13 +211,14 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_pos: t
     kv_heads, tk = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     remap = next((s for s in specs if get_attention_method(s.name).remaps), None)
-    logn = next((s for s in specs if s.name == "logn" or s.params.get("logn")), None)
+    logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
     kf = key.float()  # (B, Hk, Tk, D)
     vf = value.float()
     far_keys, window = None, 0
     if remap is not None:
-        q_delta, k_delta, window = _far_deltas(remap, q_pos, k_pos)
-        far_keys = rotate(kf, k_delta, inv_freq)
+        q_far, k_far = far_positions(remap, q_pos, k_pos)
+        q_delta, window = q_far - q_pos, window_of(remap)  # far queries and keys are rotated on by the difference
+        far_keys = rotate(kf, k_far - k_pos, inv_freq)
     maps = 2 if remap is not None else 1
     if chunk is None:
         chunk = max(1, SCORE_BUDGET_BYTES // (batch * heads * max(tk, 1) * 4 * (maps + 1)))
@@ -231,12 +233,11 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_pos: t
         far_end = max(0, min(visible, offset + rows.start - window + 1)) if remap is not None else 0
         q = query[:, :, rows].float().reshape(batch, kv_heads, groups, n, dim)  # (B, Hk, g, c, D)
         if logn is not None:
-            q = q * logn_scale(q_pos[:, rows], logn.params.get("length") or original_length).float()[:, None, None, :,
-                                                                                                    None]
+            q = q * logn_scale(q_pos[:, rows], logn).float()[:, None, None, :, None]
         band = slice(far_end, visible)
         scores = torch.matmul(q, kf[:, :, None, band].transpose(-1, -2))  # (B, Hk, g, c, band)
         if remap is not None:
-            q_far = rotate(q, q_delta[:, rows], inv_freq)
+            q_far = rotate(q, q_delta[:, rows], inv_freq)  # (B, Hk, g, c, D)
             far = torch.matmul(q_far, far_keys[:, :, None, band].transpose(-1, -2))
             near = (q_pos[:, rows, None] - k_pos[:, None, band]) < window  # (B, c, band)
             scores = torch.where(near[:, None, None], scores, far)
@@ -261,20 +262,11 @@ def pair_positions(spec: AttentionSpec, qi: torch.Tensor, kj: torch.Tensor) -> t
     import torch
 
     qi, kj = qi.to(torch.float64), kj.to(torch.float64)
-    d, p = qi - kj, spec.params
-    if spec.name == "self-extend":
-        g, w = p["group_size"], p["neighbor_window"]
-        far = d >= w
-        return (torch.where(far, torch.div(qi, g, rounding_mode="floor") + w - w // g, qi),
-                torch.where(far, torch.div(kj, g, rounding_mode="floor"), kj))
-    if spec.name == "rerope":
-        far = d >= p["window"]
-        return torch.where(far, float(p["window"]), qi), torch.where(far, 0.0, kj)
-    if spec.name == "leaky-rerope":
-        w, k = p["window"], p["k"]
-        far = d >= w
-        return torch.where(far, w + (qi - w) / k, qi), torch.where(far, kj / k, kj)
-    return qi, kj
+    if window_of(spec) is None:
+        return qi, kj
+    far = (qi - kj) >= window_of(spec)
+    q_far, k_far = far_positions(spec, qi, kj)
+    return torch.where(far, q_far, qi), torch.where(far, k_far, kj)
 
 
 def reference_attention(q_raw: torch.Tensor, k_raw: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor,
@@ -286,14 +278,14 @@ def reference_attention(q_raw: torch.Tensor, k_raw: torch.Tensor, value: torch.T
     import torch
 
     remap = next((s for s in specs if get_attention_method(s.name).remaps), AttentionSpec("none"))
-    logn = next((s for s in specs if s.name == "logn" or s.params.get("logn")), None)
+    logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
     heads, tq, _ = q_raw.shape
     rows = []
     for i in range(tq):
         qi, kj = pair_positions(remap, q_pos[i].expand(k_pos.shape), k_pos)  # (Tk,)
         q = q_raw[:, i].double()[:, None].expand(heads, k_pos.numel(), -1)
         if logn is not None:
-            q = q * float(logn_scale(q_pos[i:i + 1], logn.params.get("length") or original_length)[0])
+            q = q * float(logn_scale(q_pos[i:i + 1], logn)[0])
         scores = (rotate(q[None], qi[None], inv_freq)[0] * rotate(k_raw.double()[None], kj[None], inv_freq)[0]).sum(-1)
         scores = (scores * scaling).masked_fill((k_pos > q_pos[i])[None], float("-inf"))  # (H, Tk)
         rows.append((torch.softmax(scores, dim=-1)[:, None] @ value.double())[:, 0])  # (H, D)

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..attention_methods import ATTENTION_METHODS, relative_position
+from ..attention_methods import ATTENTION_METHODS, logn_length, relative_position, window_of
 from ..errors import CtxevalError
 from ..methods import METHODS, Geometry, get_method, plan, resolve_params
 from ..models import load_config
@@ -130,8 +130,7 @@ def plan_cmd(
     if spec.attention and fmt == Fmt.table:
         L = geom.original_length
         distances = sorted({0, L // 4, L // 2, L - 1, L, 2 * L, 4 * L, 8 * L} | {
-            w + extra for a in remapping for w in [a.params.get("neighbor_window") or a.params.get("window")]
-            for extra in (-1, 0)})
+            window_of(a) + extra for a in remapping for extra in (-1, 0)})
         table = Table(title=f"relative position scored for a pair at distance d (j = 0) under {spec.label}")
         table.add_column("distance d", justify="right")
         for a in remapping:
@@ -139,9 +138,8 @@ def plan_cmd(
         for d in distances:
             table.add_row(f"{d:,}", *[f"{float(relative_position(a, [d])[0]):,.2f}" for a in remapping])
         out.print(table)
-        for a in spec.attention:
-            if a.name == "logn" or a.params.get("logn"):
-                out.print(f"logn: queries at position i scaled by max(1, log(i+1)/log {a.params.get('length') or L})")
+        for length in filter(None, (logn_length(a, L) for a in spec.attention)):
+            out.print(f"logn: queries at position i scaled by max(1, log(i+1)/log {length})")
     if plot is not None:
         from ..report.plots import plot_plan, plot_relative_positions  # matplotlib only when a plot is asked for
 

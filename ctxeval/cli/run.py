@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..attention import supports_temperature
+from ..attention import supports_temperature, wrappable_attention
 from ..distributed import conclude, current, init_from_env, open_store
 from ..errors import CtxevalError
 from ..geometry import require_trained_length
@@ -42,11 +42,9 @@ def load_for(model: str, specs: list[MethodSpec], dtype: str, device: str, attn:
         dist.barrier()
     if lm.rope.geometry is None and any(s.name not in ("none", "native") or s.attention for s in specs):
         raise CtxevalError(f"model '{model}' has no RoPE ({lm.rope.reason}); only --method none applies")
-    impl = getattr(lm.model.config.get_text_config(), "_attn_implementation", None)
     with_attention = [s.label for s in specs if s.attention]
-    if with_attention and impl not in ("sdpa", "eager"):
-        raise CtxevalError(f"{with_attention[0]} replaces the attention computation, which ctxeval can do for --attn "
-                           f"sdpa or eager, not '{impl}'; rerun with --attn sdpa")
+    if with_attention:
+        wrappable_attention(lm.model, with_attention[0])  # before any run directory exists
     if any(s.temperature != 1.0 for s in specs) and not supports_temperature(lm.model, lm.device):
         raise CtxevalError(f"--attention-temperature: the attention of '{model}' exposes no logit scale that "
                            "ctxeval can change and that its forward reads ('scaling', or BLOOM's "
