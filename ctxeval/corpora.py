@@ -177,8 +177,9 @@ class TokenDoc:
 
 
 def select_long_documents(spec: str, tokenizer: Any, n_docs: int, min_tokens: int, text_field: str = "text",
-                          max_scan: int = 10_000) -> list[TokenDoc]:
-    """The first `n_docs` documents in corpus order with at least `min_tokens` tokens (the YaRN truncate protocol)."""
+                          max_scan: int | None = 10_000) -> list[TokenDoc]:
+    """The first `n_docs` documents in corpus order with at least `min_tokens` tokens (the YaRN truncate protocol),
+    looking at no more than `max_scan` documents (None: the whole corpus)."""
     chosen: list[TokenDoc] = []
     longest, scanned = 0, 0
     for doc in iter_documents(spec, text_field):
@@ -189,7 +190,7 @@ def select_long_documents(spec: str, tokenizer: Any, n_docs: int, min_tokens: in
             chosen.append(TokenDoc(doc.doc_id, ids))
             if len(chosen) == n_docs:
                 return chosen
-        if scanned >= max_scan:
+        if max_scan is not None and scanned >= max_scan:
             break
     if not chosen:
         raise CtxevalError(

@@ -12,6 +12,8 @@ import json
 import math
 from typing import Any, Iterable
 
+from .errors import CtxevalError
+
 KINDS = ("ppl", "needle", "passkey", "entropy", "ruler")
 # the metric each kind's rows carry in `metric` / `value`
 METRICS = {"ppl": "nll", "needle": "correct", "passkey": "correct", "entropy": "entropy", "ruler": "score"}
@@ -45,7 +47,19 @@ def point_key(row: dict[str, Any], fields: Iterable[str]) -> tuple[str, ...]:
 
 def status_label(status: str | None) -> str:
     """How a cell without a value is shown: OOM, skip, or the missing mark."""
-    return {"oom": "OOM", "skipped": "skip"}.get(status or "", MISSING)
+    return {"oom": "OOM", "skipped": "skip", "no key tokens": "no keys"}.get(status or "", MISSING)
+
+
+def parse_token_count(text: str, option: str) -> int:
+    """'4k' -> 4096 (k = 1024), '300' -> 300: a whole, non-negative token count as an option gives it."""
+    tok = str(text).strip().lower()
+    try:
+        value = float(tok[:-1]) * 1024 if tok.endswith("k") else float(tok)
+    except ValueError:
+        raise CtxevalError(f"{option}: '{text}' is not a token count; write e.g. 512 or 4k") from None
+    if value != int(value) or value < 0:
+        raise CtxevalError(f"{option}: '{text}' must be a whole number of tokens >= 0")
+    return int(value)
 
 
 def fmt_length(n: int) -> str:

@@ -173,7 +173,7 @@ def test_two_models_one_ppl_table_missing_cells_stay_missing(tmp_path):
     valid = main_table(rep, "ppl-1-valid")
     assert row_of(valid, "m1", "none")["reference length"] == 128
     assert row_of(valid, "m2", "none")["reference length"] == 256
-    assert row_of(valid, "m2", "yarn(factor=2)")["longest length within 10%"] == 256
+    assert row_of(valid, "m2", "yarn(factor=2)")["longest within 10% of own ppl"] == 256
 
 
 def test_failed_cells_show_their_status_not_zero(tmp_path):

@@ -52,6 +52,28 @@ def test_valid_lengths():
     assert list(valid.iloc[:, 3]) == [128, 64]  # 'good' stops at 256 (4.5 > 4.4); 'bad' fails at 128
 
 
+def test_valid_length_against_the_base_model_and_against_itself():
+    # the tiny model's case: PI at factor 8 is flat (its own ppl at 128 is 152, so it is 'valid to 8x'), yet twice
+    # plain RoPE's 74.9 at 128 everywhere; the tuned method stays within 10% of plain RoPE up to 256
+    wide = pd.DataFrame({64: [71.8, 143.8, 79.7], 128: [74.9, 152.2, 81.4], 256: [84.5, 146.2, 79.9],
+                         512: [114.9, 152.6, 95.4], 1024: [130.7, 127.7, 94.1]},
+                        index=["none", "pi(factor=8)", "yarn-tuned"])
+    valid = report.valid_lengths(wide, 128, 0.10).set_index("method")
+    own, base = "longest within 10% of own ppl", "longest within 10% of none"
+    assert list(valid.columns) == ["reference length", "ppl at reference", own, "x original", base,
+                                   "x original (vs base)"]
+    assert valid.loc["pi(factor=8)", own] == 1024 and valid.loc["pi(factor=8)", "x original"] == 8
+    assert pd.isna(valid.loc["pi(factor=8)", base])  # 152 > 1.1 x 74.9 already at the reference
+    assert valid.loc["yarn-tuned", base] == 256  # 79.9 <= 82.4, then 95.4 > 82.4 stops it
+    assert valid.loc["yarn-tuned", own] == 256  # 95.4 > 1.1 x 81.4
+    assert valid.loc["none", base] == valid.loc["none", own] == 128  # 84.5 > 82.4
+    # `native` (the checkpoint's own RoPE) is the base when it was measured, whatever the order
+    wide.loc["native"] = [70.0, 150.0, 160.0, 170.0, 180.0]
+    again = report.valid_lengths(wide, 128, 0.10).set_index("method")
+    assert "longest within 10% of native" in again.columns
+    assert again.loc["pi(factor=8)", "longest within 10% of native"] == 1024  # all <= 1.1 x 150
+
+
 def test_effective_length_is_contiguous():
     assert report.effective_length(pd.Series({1: 1.0, 2: 0.9, 4: 0.5, 8: 1.0}), 0.8) == 2
     assert report.effective_length(pd.Series({1: 0.2, 2: 1.0}), 0.8) is None

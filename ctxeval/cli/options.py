@@ -16,6 +16,7 @@ import typer
 
 from ..attention import check_temperature
 from ..errors import CtxevalError
+from ..rows import parse_token_count
 
 
 @dataclass(frozen=True)
@@ -111,14 +112,14 @@ def parse_lengths(text: str) -> list[int]:
     """'2k,4k,8k' | '1024:8192:1024' (linear) | '1k:16k:x2' (geometric); k = 1024."""
 
     def one(tok: str) -> int:
-        tok = tok.strip().lower()
         try:
-            value = float(tok[:-1]) * 1024 if tok.endswith("k") else float(tok)
-        except ValueError:
-            raise CtxevalError(f"bad length '{tok}' in --lengths '{text}'; write e.g. 2k,4k,8k or 1k:16k:x2") from None
-        if value != int(value) or value < 2:
-            raise CtxevalError(f"length '{tok}' must be a whole number of tokens >= 2")
-        return int(value)
+            value = parse_token_count(tok, "--lengths")
+        except CtxevalError:
+            raise CtxevalError(f"bad length '{tok.strip()}' in --lengths '{text}'; write e.g. 2k,4k,8k or 1k:16k:x2 "
+                               "(whole numbers of tokens >= 2)") from None
+        if value < 2:
+            raise CtxevalError(f"length '{tok.strip()}' must be a whole number of tokens >= 2")
+        return value
 
     values: list[int] = []
     for part in filter(None, (p.strip() for p in str(text).split(","))):

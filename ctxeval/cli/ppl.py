@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
@@ -42,6 +43,7 @@ class PplSettings:
     stride: Optional[int] = None
     aggregate: str = "token"
     bos: bool = True
+    min_doc_tokens: Optional[int] = None  # documents shorter than this are passed over (YaRN's --dataset-min-tokens)
 
     @classmethod
     def resolve(cls, given: dict[str, Any], preset: dict[str, Any], task: str | None) -> "PplSettings":
@@ -78,6 +80,18 @@ def ppl_cmd(
     stride: Annotated[Optional[int], typer.Option(help="Sliding-window stride S (protocol sliding).")] = None,
     aggregate: Annotated[Optional[str], typer.Option(help="token (token-weighted) | window (mean of window means).")] = None,
     bos: Annotated[Optional[bool], typer.Option("--bos/--no-bos", help="Start each sequence with the tokenizer's BOS.")] = None,
+    min_doc_tokens: Annotated[Optional[int], typer.Option(help="Use only documents of at least N tokens (the YaRN "
+                                                               "repo's --dataset-min-tokens)."),
+                              Check("--min-doc-tokens", minimum=1)] = None,
+    position_buckets: Annotated[Optional[str], typer.Option(help="Loss-by-position buckets: N (log-spaced) or edges "
+                                                                 "1,1k,4k,8k,16k (default: one per octave, plus the "
+                                                                 "trained length).")] = None,
+    key_tokens: Annotated[Optional[str], typer.Option(help="LongPPL: the evaluator MODEL that finds the key tokens "
+                                                           "(may be the evaluated model; same tokenizer).")] = None,
+    key_tokens_method: Annotated[str, typer.Option(help="The evaluator's method (a static one), e.g. yarn:factor=2.")] = "none",
+    key_tokens_context: Annotated[Optional[int], typer.Option(help="LongPPL's short context (default 4096, or half "
+                                                                   "the trained length below 8k); stride a quarter of it."),
+                                  Check("--key-tokens-context", minimum=4)] = None,
     chunk_size: Annotated[int, typer.Option(help="Positions per LM-head chunk (memory vs. speed)."),
                           Check("--chunk-size", minimum=1)] = 1024,
     valid_tolerance: Annotated[float, typer.Option(help="Valid-length table: allowed ppl rise over the original length."),
@@ -97,11 +111,15 @@ def ppl_cmd(
                                                           "alone) and exit without loading weights.")] = False,
 ) -> None:
     """Perplexity vs. context length for each method: the YaRN paper's table, a plot, a resumable run directory."""
+    from ..evals.key_tokens import KeyTokenSettings, check_settings, default_context, default_window, find_key_tokens
     from ..evals.perplexity import PplConfig, check_chunked_head, sweep
+    from ..evals.positions import parse_position_buckets
+    from ..evals.sweep import length_dependent
     from ..report.single import render_ppl
 
     given = {"model": model, "data": data, "text_field": text_field, "lengths": lengths, "method": method,
-             "protocol": protocol, "docs": docs, "stride": stride, "aggregate": aggregate, "bos": bos}
+             "protocol": protocol, "docs": docs, "stride": stride, "aggregate": aggregate, "bos": bos,
+             "min_doc_tokens": min_doc_tokens}
     is_quickstart = model is None and task is None
     preset = (load_task(task, "ppl") if task else
               quickstart("ppl", factor is not None and method is None) if is_quickstart else {})
@@ -110,6 +128,9 @@ def ppl_cmd(
     lengths_given = tuple(parse_lengths(settings.lengths)) if settings.lengths is not None else None
     cfg = (PplConfig(lengths_given, settings.protocol, settings.stride, settings.bos, chunk_size)  # fails before loading
            if lengths_given else None)
+    if lengths_given:
+        parse_position_buckets(position_buckets, max(lengths_given), None)  # bad edges fail before loading
+    key_method = expand_specs([key_tokens_method])[0] if key_tokens else None
     if dry_run:
         print_dry_run(settings.model, lengths_given or (), dtype, device, attn, chunk_size, trust_remote_code)
         return
@@ -121,28 +142,83 @@ def ppl_cmd(
     if cfg.bos and getattr(lm.tokenizer, "bos_token_id", None) is None:
         err.print("note: the tokenizer has no BOS token; sequences start with document text (as --no-bos)")
         cfg = replace(cfg, bos=False)
+    cfg = replace(cfg, position_edges=parse_position_buckets(position_buckets, max(cfg.lengths), lm.trained_length))
+    keys = None
+    if key_tokens:
+        context = key_tokens_context or default_context(lm.trained_length or max(cfg.lengths))
+        keys = KeyTokenSettings(key_tokens, key_method.label, context, default_window(context))
+        check_settings(keys, cfg.lengths, cfg.protocol)
+        if length_dependent(key_method, lm):
+            raise CtxevalError(f"--key-tokens-method {key_method.label} depends on the sequence length; key tokens "
+                               "are found once per document: give a static method (e.g. yarn:factor=2)")
     note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
     check_chunked_head(lm.model, lm.device, lm.model.config.get_text_config().vocab_size)
     documents = select_documents(settings, cfg, lm.tokenizer)
     spec_record, provenance = run_records(settings, cfg, specs, lm, documents, seed, task, is_quickstart)
+    if position_buckets is not None:
+        spec_record["position_buckets"] = list(cfg.position_edges)
+    if keys is not None:
+        spec_record["key_tokens"] = keys.record()
+        load_evaluator = evaluator_loader(lm, key_tokens, dtype, device, attn, trust_remote_code, device_map, max_memory)
     run_dir = default_out("ppl", settings.model, out)
     message = (f"run directory: {run_dir}  ({len(documents)} document(s): "
                + ", ".join(f"{d.doc_id} {len(d.ids):,} tokens" for d in documents) + ")")
     title = f"{settings.model} on {settings.data} ({cfg.protocol})"
     original = lm.trained_length or max(cfg.lengths)
     measure(run_dir, spec_record, overwrite, provenance, message,
-            work=lambda store, progress: sweep(lm, specs, documents, cfg, store, progress),
+            work=lambda store, progress: sweep(
+                lm, specs, documents, cfg, store, progress,
+                None if keys is None else find_key_tokens(store, keys, load_evaluator, key_method, documents,
+                                                          max(cfg.lengths), bos_id(lm, cfg), cfg.chunk_size, progress)),
             render=lambda store: print_outputs(render_ppl(store, specs, original, settings.aggregate,
                                                           valid_tolerance, title)))
 
 
 def select_documents(settings: PplSettings, cfg: PplConfig, tokenizer: Any) -> list[corpora.TokenDoc]:
-    """The protocol's documents: the first `docs` with max(lengths) tokens (truncate), or the first `docs`
-    (sliding)."""
+    """The protocol's documents in corpus order: the first `docs` with max(lengths) tokens (truncate; and at least
+    --min-doc-tokens when given, counting the whole document without special tokens, as the YaRN repo's
+    `tokenized_len`), or the first `docs` (sliding; with at least --min-doc-tokens)."""
+    floor = settings.min_doc_tokens
     if cfg.protocol == "truncate":
-        return corpora.select_long_documents(settings.data, tokenizer, settings.docs,
-                                             cfg.doc_tokens_needed(max(cfg.lengths)), settings.text_field)
-    return corpora.first_documents(settings.data, tokenizer, settings.docs, settings.text_field)
+        needed = max(cfg.doc_tokens_needed(max(cfg.lengths)), floor or 0)
+        return corpora.select_long_documents(settings.data, tokenizer, settings.docs, needed, settings.text_field,
+                                             max_scan=None if floor else 10_000)
+    return corpora.first_documents(settings.data, tokenizer, settings.docs, settings.text_field, min_tokens=floor or 2)
+
+
+def bos_id(lm: Any, cfg: PplConfig) -> int | None:
+    """The BOS id the sequences start with, or None (--no-bos, or a tokenizer without one)."""
+    return getattr(lm.tokenizer, "bos_token_id", None) if cfg.bos else None
+
+
+def evaluator_loader(lm: Any, name: str, dtype: str, device: str, attn: str, trust_remote_code: bool,
+                     device_map: str | None, max_memory: str | None) -> Callable[[], tuple[Any, Callable[[], None]]]:
+    """How find_key_tokens gets the LongPPL evaluator (only when key-tokens.json cannot be reused): the loaded model
+    itself when it is the evaluator, else the named model loaded beside it (same options) and freed after."""
+    from ..evals.key_tokens import same_tokenizer
+    from ..models import load_model, parse_max_memory
+
+    def load() -> tuple[Any, Callable[[], None]]:
+        if name == lm.name:
+            return lm, lambda: None
+        other = load_model(name, dtype=dtype, device=lm.device if device_map is None else device,
+                           attn_implementation=attn, trust_remote_code=trust_remote_code, device_map=device_map,
+                           max_memory=parse_max_memory(max_memory))
+        if not same_tokenizer(other.tokenizer, lm.tokenizer):
+            raise CtxevalError(f"--key-tokens {name} has another tokenizer than {lm.name}: LongPPL compares the two "
+                               "models token by token; give an evaluator with the same tokenizer")
+
+        def release() -> None:
+            nonlocal other
+            other = None
+            gc.collect()
+            if str(lm.device).startswith("cuda"):
+                import torch
+
+                torch.cuda.empty_cache()
+        return other, release
+
+    return load
 
 
 def run_records(settings: PplSettings, cfg: PplConfig, specs: list[MethodSpec], lm: Any,
@@ -154,6 +230,7 @@ def run_records(settings: PplSettings, cfg: PplConfig, specs: list[MethodSpec], 
         "protocol": cfg.protocol, "stride": cfg.stride, "bos": cfg.bos, "docs": settings.docs,
         "lengths": list(cfg.lengths), "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": seed,
         "preset": task, **({"settings": QUICKSTART_SETTINGS} if is_quickstart else {}),
+        **({"min_doc_tokens": settings.min_doc_tokens} if settings.min_doc_tokens else {}),
     }
     provenance = {
         "model": lm.record(),
@@ -162,7 +239,11 @@ def run_records(settings: PplSettings, cfg: PplConfig, specs: list[MethodSpec], 
         "protocol": {"name": cfg.protocol, "stride": cfg.stride, "bos": cfg.bos,
                      "bos_token": getattr(lm.tokenizer, "bos_token", None) if cfg.bos else None,
                      "aggregate": settings.aggregate, "chunk_size": cfg.chunk_size,
-                     "one_forward_per_document": cfg.protocol == "truncate"},
+                     "one_forward_per_document": cfg.protocol == "truncate",
+                     "min_doc_tokens": settings.min_doc_tokens},
+        "positions": {"edges": list(cfg.position_edges),
+                      "definition": "bucket i: tokens predicted from p tokens of context, edges[i] <= p < edges[i+1] "
+                                    "(p = the token's index in the sequence read, BOS = 0; sliding: in its window)"},
         "seed": seed,
     }
     return spec_record, provenance

@@ -27,6 +27,7 @@ from ..errors import CtxevalError
 from ..methods import get_method
 from ..rows import RESUME_FIELDS
 from ..specs import MethodSpec
+from .positions import add_sums, bucket_sums, key_sums
 from .common import PointOOM, Progress, SilentProgress, head_parts, oom_guard, point_row
 from .sweep import document_items, length_dependent, run_items
 
@@ -41,6 +42,7 @@ class PplConfig:
     stride: int | None = None
     bos: bool = True
     chunk_size: int = DEFAULT_CHUNK
+    position_edges: tuple[int, ...] = ()  # loss-by-position buckets (positions.py); () = none recorded
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -130,6 +132,7 @@ class PplRunner:
         self.model_name = model_name
         self.progress = progress or SilentProgress()
         self.dynamic: set[str] = set()  # labels whose RoPE depends on the length (set by sweep)
+        self.key_positions: dict[str, np.ndarray] | None = None  # doc id -> LongPPL key tokens (set by sweep)
 
     def _nll(self, seq: list[int]) -> torch.Tensor:
         ids = torch.tensor([seq], device=self.device)
@@ -140,11 +143,25 @@ class PplRunner:
         return point_row(self.model_name, spec, "ppl", protocol=self.cfg.protocol, length=length, doc=doc, **fields)
 
     def _ok(self, spec: MethodSpec, length: int, doc: str, nll_sum: float, n: int, window_sum: float, n_windows: int,
-            seconds: float) -> dict[str, Any]:
+            seconds: float, extra: dict[str, Any]) -> dict[str, Any]:
         mean = nll_sum / n
         return self._row(spec, length, doc, status="ok", metric="nll", value=mean, ppl=math.exp(mean),
                          nll_sum=nll_sum, n_tokens=n, window_nll_sum=window_sum, n_windows=n_windows,
-                         seconds=round(seconds, 3))
+                         seconds=round(seconds, 3), **extra)
+
+    def _by_position(self, sums: tuple[list[float], list[int]] | None) -> dict[str, Any]:
+        if not self.cfg.position_edges or sums is None:
+            return {}
+        return {"position_edges": list(self.cfg.position_edges), "position_nll_sum": sums[0],
+                "position_tokens": sums[1]}
+
+    def _truncate_fields(self, nll: np.ndarray, length: int, doc: str) -> dict[str, Any]:
+        """Loss by position and key-token sums of a truncate point: nll (length-1,) predicts positions 1..length-1."""
+        extra = self._by_position(bucket_sums(nll, 1, self.cfg.position_edges) if self.cfg.position_edges else None)
+        if self.key_positions is not None:
+            key_sum, n_key = key_sums(nll, self.key_positions[doc], length)
+            extra.update(key_nll_sum=key_sum, key_tokens=n_key)
+        return extra
 
     # -- truncate ----------------------------------------------------------------------------------------------------
     def _truncate_one_forward(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int]) -> list[dict[str, Any]]:
@@ -153,19 +170,22 @@ class PplRunner:
         nll = self._nll(_sequence(doc.ids, 0, self.cfg.doc_tokens_needed(top), self.bos)).double()  # (top-1,)
         seconds = time.perf_counter() - start
         cums = torch.cumsum(nll, 0)
+        values = nll.numpy()
         rows = []
         for length in lengths:
             n = length - 1
             total = float(cums[n - 1])
             # one forward serves every length; its time is attributed in proportion to the tokens
-            rows.append(self._ok(spec, length, doc.doc_id, total, n, total / n, 1, seconds * n / (top - 1)))
+            rows.append(self._ok(spec, length, doc.doc_id, total, n, total / n, 1, seconds * n / (top - 1),
+                                 self._truncate_fields(values[:n], length, doc.doc_id)))
         return rows
 
     def _truncate_at(self, spec: MethodSpec, doc: TokenDoc, length: int) -> dict[str, Any]:
         start = time.perf_counter()
         nll = self._nll(_sequence(doc.ids, 0, self.cfg.doc_tokens_needed(length), self.bos)).double()
         total = float(nll.sum())
-        return self._ok(spec, length, doc.doc_id, total, nll.numel(), total / nll.numel(), 1, time.perf_counter() - start)
+        return self._ok(spec, length, doc.doc_id, total, nll.numel(), total / nll.numel(), 1, time.perf_counter() - start,
+                        self._truncate_fields(nll.numpy(), length, doc.doc_id))
 
     # -- sliding -----------------------------------------------------------------------------------------------------
     def _sliding_at(self, spec: MethodSpec, doc: TokenDoc, length: int) -> dict[str, Any]:
@@ -174,6 +194,7 @@ class PplRunner:
         n = len(doc.ids)
         scored_until = 0 if self.bos is not None else 1  # first doc token index not yet scored
         nll_sum, n_tok, window_sum, n_windows = 0.0, 0, 0.0, 0
+        by_position = None  # a token's position is its index in the window that scores it
         for begin in range(0, n, self.cfg.stride):
             end = min(begin + content, n)
             if end <= scored_until:
@@ -184,6 +205,9 @@ class PplRunner:
             # nll[j] predicts doc token begin + j (with BOS) or begin + j + 1 (without)
             first_target = begin if self.bos is not None else begin + 1
             new = nll[scored_until - first_target:]
+            if self.cfg.position_edges:  # new[0] is at window position scored_until - first_target + 1
+                by_position = add_sums(by_position, bucket_sums(new.numpy(), scored_until - first_target + 1,
+                                                                self.cfg.position_edges))
             nll_sum += float(new.sum())
             n_tok += new.numel()
             window_sum += float(new.mean())
@@ -191,7 +215,8 @@ class PplRunner:
             scored_until = end
             if end == n:
                 break
-        return self._ok(spec, length, doc.doc_id, nll_sum, n_tok, window_sum, n_windows, time.perf_counter() - start_time)
+        return self._ok(spec, length, doc.doc_id, nll_sum, n_tok, window_sum, n_windows, time.perf_counter() - start_time,
+                        self._by_position(by_position))
 
     # -- driver ------------------------------------------------------------------------------------------------------
     def cost(self, spec: MethodSpec, docs: list[TokenDoc], pending: dict[tuple[str, str], list[int]]) -> int:
@@ -246,12 +271,14 @@ class PplRunner:
 
 
 def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig, store: Any,
-          progress: Progress | None = None) -> None:
+          progress: Progress | None = None, key_positions: dict[str, np.ndarray] | None = None) -> None:
     """Measure every (method, length, document) point not yet in `store`, one method applied at a time.
 
-    The weights are loaded once (`lm`); methods are swapped in place with apply_method and restored after."""
+    The weights are loaded once (`lm`); methods are swapped in place with apply_method and restored after.
+    `key_positions` (doc id -> LongPPL key tokens, key_tokens.find_key_tokens) adds each point's key-token sums."""
     progress = progress or SilentProgress()
     runner = PplRunner(lm.model, lm.device, cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name, progress)
+    runner.key_positions = key_positions
     runner.dynamic = {s.label for s in specs if length_dependent(s, lm)}
     sliding = cfg.protocol == "sliding"
     # one forward serves a static method's lengths under truncate; sliding and dynamic methods go length by length

@@ -33,9 +33,9 @@ class WorkItem:
 
 
 @contextlib.contextmanager
-def applied(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, effective: dict[str, Any]) -> Iterator[Any]:
-    """Yield the RopeHandle; `effective[spec.label]` and run.json's `methods` get the method's record (with the
-    attention methods' verification when the spec has any)."""
+def applying(lm: Any, spec: MethodSpec, lengths: tuple[int, ...]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """Apply the spec's RoPE method, attention temperature and attention methods for the block; yield the RopeHandle
+    and the method's record (read-back RoPE, and the attention methods' verification when the spec has any)."""
     inv_freq = rotary_frequencies(lm, spec)
     original = lm.rope.geometry.original_length if lm.rope.geometry is not None else 0
     with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params) as handle, \
@@ -46,6 +46,13 @@ def applied(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, eff
             record["attention_methods"] = [{"name": a.name, "params": a.params} for a in spec.attention]
             record["attention_check"] = verify_attention_methods(lm.model, spec.attention, inv_freq, original,
                                                                  lm.device)
+        yield handle, record
+
+
+@contextlib.contextmanager
+def applied(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, effective: dict[str, Any]) -> Iterator[Any]:
+    """Yield the RopeHandle; `effective[spec.label]` and run.json's `methods` get the method's record."""
+    with applying(lm, spec, lengths) as (handle, record):
         effective[spec.label] = record
         store.update(methods=effective)
         yield handle

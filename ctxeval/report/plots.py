@@ -139,15 +139,19 @@ def readable_log_y(ax: Any) -> None:
 
 def plot_curves(curves: Sequence[Curve], path: Path, *, title: str, xlabel: str, ylabel: str,
                 originals: dict[int, str] | None = None, log_y: bool = False, threshold: float | None = None,
-                threshold_label: str | None = None, ylim: tuple[float, float] | None = None) -> Path:
+                threshold_label: str | None = None, ylim: tuple[float, float] | None = None,
+                x_ticks: Sequence[int] | None = None) -> Path:
     """Curves against the context length on one figure. `originals`: original length -> legend text (marked with
-    black vertical lines); `threshold`: a grey horizontal line (accuracy figures)."""
+    black vertical lines); `threshold`: a grey horizontal line (accuracy figures); `x_ticks`: the labelled x
+    positions when the points do not sit on them (loss-by-position buckets, drawn at their centres)."""
     measured = [c for c in curves if c.xs]
     legend_outside = len(measured) + len(originals or {}) + (threshold is not None) > LEGEND_INSIDE_MAX
     fig, ax = plt.subplots(figsize=(10.5 if legend_outside else 8, 5))
     for curve, style in zip(measured, curve_styles(measured)):
         ax.plot(curve.xs, curve.ys, label=curve.label, **style)
     lengths = sorted({x for c in measured for x in c.xs})
+    if x_ticks:
+        lengths = sorted(set(x_ticks))
     for i, (L, text) in enumerate(sorted((originals or {}).items())):
         if lengths and min(lengths) <= L <= max(lengths):
             ax.axvline(L, color="black", ls=[":", "--", "-."][i % 3], lw=1, label=text)

@@ -16,7 +16,7 @@ from ..store import RUN_FILE, environment, now_utc
 from .merged import Report
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
 from .runs import Group
-from .tables import Table, csv_value, markdown, number
+from .tables import Table, bucket_center, csv_value, markdown, number
 
 
 def to_markdown(rep: Report, images: dict[str, str] | None = None) -> str:
@@ -42,6 +42,8 @@ def to_markdown(rep: Report, images: dict[str, str] | None = None) -> str:
             parts.append("\n" + "".join(f"- {n}\n" for n in group.notes))
         if images and group.id in images:
             parts.append(f"\n![{group.title}]({images[group.id]})\n")
+        if images and f"{group.id}-positions" in images:
+            parts.append(f"\n![{group.title}: loss by position]({images[group.id + '-positions']})\n")
     return "".join(parts)
 
 
@@ -86,7 +88,8 @@ def to_json(rep: Report, images: dict[str, str] | None = None) -> dict[str, Any]
         "groups": [{"id": g.id, "kind": g.kind, "title": g.title, "protocol": g.key, "distinguishing": g.distinguishing,
                     "runs": [r.name for r in g.runs], "original_lengths": g.original_lengths, "notes": g.notes,
                     "tables": [table_json(t) for t in g.tables],
-                    "plot": (images or {}).get(g.id)} for g in rep.groups],
+                    "plot": (images or {}).get(g.id),
+                    "positions_plot": (images or {}).get(f"{g.id}-positions")} for g in rep.groups],
         "notes": rep.notes,
     }
 
@@ -117,6 +120,17 @@ def group_curves(group: Group, value_columns: int | None = None) -> list[Curve]:
         reference = row[0] == UNIFORM_MODEL and row[1] == UNIFORM_LABEL
         label = "uniform attention (ln of visible keys)" if reference else _curve_label(group, row[0], row[1])
         curves.append(Curve(label, method_family(row[1]), [p[0] for p in points], [p[1] for p in points], reference))
+    return curves
+
+
+def position_curves(group: Group, table: Table) -> list[Curve]:
+    """A positions table as curves: one per (model, method) row, at the bucket centres, labelled with its length."""
+    buckets = [tuple(int(x) for x in c.split("-")) for c in table.columns[3:]]
+    curves = []
+    for row in table.rows:
+        points = [(bucket_center(a, b), v) for (a, b), v in zip(buckets, row[3:]) if v is not None]
+        curves.append(Curve(f"{_curve_label(group, row[0], row[1])} (at {fmt_length(int(row[2]))})",
+                            method_family(row[1]), [p[0] for p in points], [p[1] for p in points]))
     return curves
 
 
@@ -154,6 +168,14 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
             if group.kind == "ppl":
                 plot_curves(curves, path, title=title, xlabel="evaluation length (tokens)", ylabel="perplexity",
                             originals=_originals(group), log_y=True)
+                positions = next((t for t in group.tables if t.kind == "positions"), None)
+                if positions is not None:
+                    pos_path = Path(out_dir) / f"{group.id}-positions.png"
+                    plot_curves(position_curves(group, positions), pos_path, title=f"Loss by position: {title}",
+                                xlabel="tokens of context the prediction had (bucket centres; ticks at bucket edges)",
+                                ylabel="perplexity of the bucket's tokens", originals=_originals(group), log_y=True,
+                                x_ticks=sorted({int(x) for c in positions.columns[3:] for x in c.split("-")}))
+                    images[f"{group.id}-positions"] = pos_path.name
             else:
                 plot_curves(curves, path, title=title, xlabel="context length (tokens)",
                             ylabel="mean attention entropy (nats)", originals=_originals(group))

@@ -54,6 +54,68 @@ def ppl_long(rows: Iterable[dict[str, Any]], aggregate: str = "token") -> pd.Dat
     return pd.DataFrame(out)
 
 
+def positions_long(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """Loss by position: one row per (model, label, bucket) at the longest length each (model, label) was measured
+    at, the bucket's NLL summed over documents (token-weighted). Rows without position sums (older runs) and rows
+    whose edges differ from that point's first row are left out."""
+    columns = ["model", "label", "length", "start", "stop", "tokens", "nll", "ppl", "n_docs"]
+    df = latest_rows(rows, ("model", "label", "length", "doc"))
+    if df.empty or "position_edges" not in df:
+        return pd.DataFrame(columns=columns)
+    ok = df[(df["status"] == "ok") & df["position_edges"].apply(lambda e: isinstance(e, list) and len(e) > 1)]
+    out = []
+    for (model, label), g in ok.groupby(["model", "label"], sort=False):
+        at = g[g["length"] == g["length"].max()]
+        edges = list(at["position_edges"].iloc[0])
+        at = at[at["position_edges"].apply(lambda e: list(e) == edges)]
+        sums = np.sum(np.array([list(x) for x in at["position_nll_sum"]], dtype=float), axis=0)
+        tokens = np.sum(np.array([list(x) for x in at["position_tokens"]], dtype=np.int64), axis=0)
+        for start, stop, nll_sum, n in zip(edges, edges[1:], sums, tokens):
+            if n == 0:
+                continue
+            out.append({"model": model, "label": label, "length": int(at["length"].iloc[0]), "start": int(start),
+                        "stop": int(stop), "tokens": int(n), "nll": float(nll_sum / n),
+                        "ppl": math.exp(nll_sum / n), "n_docs": len(at)})
+    return pd.DataFrame(out, columns=columns)
+
+
+def bucket_label(start: int, stop: int) -> str:
+    """Positions [start, stop) as text: '4k-8k' (k = 1024); a one-position bucket as that position."""
+    return fmt_length(start) if stop == start + 1 else f"{fmt_length(start)}-{fmt_length(stop)}"
+
+
+def bucket_center(start: int, stop: int) -> float:
+    """Where a bucket sits on a log axis: the geometric mean of its first and last position."""
+    return math.sqrt(max(start, 1) * max(stop - 1, start, 1))
+
+
+def longppl_long(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """LongPPL per (model, label, length) as the paper aggregates it (PKU-ML/LongPPL perplexity.py): the mean of the
+    documents' exp(mean key-token NLL), weighted by their key-token counts; documents without key tokens left out.
+    Also the pooled exp(sum key NLL / key tokens), and the key-token count."""
+    columns = ["model", "label", "length", "longppl", "pooled", "key_tokens", "n_docs", "status"]
+    df = latest_rows(rows, ("model", "label", "length", "doc"))
+    if df.empty or "key_tokens" not in df:
+        return pd.DataFrame(columns=columns)
+    out = []
+    for (model, label, length), g in df.groupby(["model", "label", "length"], sort=False):
+        ok = g[(g["status"] == "ok") & g["key_tokens"].notna()]
+        if len(ok) < len(g):
+            out.append({"model": model, "label": label, "length": int(length), "longppl": float("nan"),
+                        "pooled": float("nan"), "key_tokens": 0, "n_docs": len(ok),
+                        "status": next((s for s in g["status"] if s != "ok"), "missing")})
+            continue
+        counts = ok["key_tokens"].astype(int)
+        have = counts > 0
+        per_doc = np.exp(ok["key_nll_sum"][have] / counts[have])
+        n_key = int(counts.sum())
+        out.append({"model": model, "label": label, "length": int(length),
+                    "longppl": float((per_doc * counts[have]).sum() / n_key) if n_key else float("nan"),
+                    "pooled": math.exp(ok["key_nll_sum"].sum() / n_key) if n_key else float("nan"),
+                    "key_tokens": n_key, "n_docs": len(ok), "status": "ok" if n_key else "no key tokens"})
+    return pd.DataFrame(out, columns=columns)
+
+
 def ppl_wide(long: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
     """Rows = method label, columns = evaluation length (YaRN Table 2 shape). Missing cells stay NaN."""
     wide = long.pivot_table(index="label", columns="length", values="ppl", aggfunc="first", dropna=False)
@@ -69,24 +131,54 @@ def status_wide(long: pd.DataFrame, wide: pd.DataFrame) -> pd.DataFrame:
     return st.reindex(index=wide.index, columns=wide.columns)
 
 
+BASE_LABELS = ("native", "none")  # the unmodified model's row, in order of preference
+
+
+def own_valid_column(tolerance: float) -> str:
+    return f"longest within {tolerance:.0%} of own ppl"
+
+
+def base_valid_column(tolerance: float, base: str | None) -> str:
+    return f"longest within {tolerance:.0%} of {base or 'base'}"
+
+
+def base_label(labels: Iterable[str]) -> str | None:
+    """The row that is the unmodified model: `native` (the checkpoint's own RoPE), else `none`; None if neither."""
+    labels = list(labels)
+    return next((b for b in BASE_LABELS if b in labels), None)
+
+
 def valid_lengths(wide: pd.DataFrame, original_length: int, tolerance: float) -> pd.DataFrame:
-    """Per method: ppl at the original length L (or the longest evaluated length <= L) and the longest evaluated
-    length, going up from there, whose ppl stays within (1 + tolerance) of it (ALiBi-style extrapolation table)."""
+    """Per method, two valid lengths (ALiBi-style extrapolation tables), both going up from the reference length R
+    (the original length L, or the longest evaluated length <= L) and stopping at the first length that fails:
+      own:  ppl stays within (1 + tolerance) of the method's own ppl at R (how gracefully it degrades);
+      base: ppl stays within (1 + tolerance) of the unmodified model's ppl at R (`native`, else `none`: how far the
+            method goes without costing perplexity against the model as shipped)."""
     below = [c for c in wide.columns if c <= original_length]
     ref_len = max(below) if below else min(wide.columns)
+    base = base_label(wide.index)
+    base_ref = wide.loc[base].get(ref_len) if base is not None else None
+
+    def longest(series: pd.Series, ref: Any) -> int | None:
+        valid = None
+        if ref is None or math.isnan(ref):
+            return None
+        for length in [c for c in wide.columns if c >= ref_len]:
+            value = series[length]
+            if math.isnan(value) or value > ref * (1 + tolerance):
+                break
+            valid = length
+        return valid
+
     rows = []
     for label, series in wide.iterrows():
         ref = series.get(ref_len)
-        valid = None
-        if ref is not None and not math.isnan(ref):
-            for length in [c for c in wide.columns if c >= ref_len]:
-                value = series[length]
-                if math.isnan(value) or value > ref * (1 + tolerance):
-                    break
-                valid = length
+        own, against_base = longest(series, ref), longest(series, base_ref)
         rows.append({"method": label, "reference length": ref_len, "ppl at reference": ref,
-                     f"longest length within {tolerance:.0%}": valid,
-                     "x original": (valid / original_length) if valid else None})
+                     own_valid_column(tolerance): own,
+                     "x original": (own / original_length) if own else None,
+                     base_valid_column(tolerance, base): against_base,
+                     "x original (vs base)": (against_base / original_length) if against_base else None})
     return pd.DataFrame(rows)
 
 
@@ -117,10 +209,13 @@ def valid_cells(valid: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     headers = list(valid.columns)
     rows = []
     for _, r in valid.iterrows():
+        present = lambda x: x is not None and not pd.isna(x)  # noqa: E731
         rows.append([
             r.iloc[0], fmt_length(int(r.iloc[1])), fmt_ppl(r.iloc[2]),
-            fmt_length(int(r.iloc[3])) if r.iloc[3] is not None and not pd.isna(r.iloc[3]) else MISSING,
-            f"{r.iloc[4]:.2f}" if r.iloc[4] is not None and not pd.isna(r.iloc[4]) else MISSING,
+            fmt_length(int(r.iloc[3])) if present(r.iloc[3]) else MISSING,
+            f"{r.iloc[4]:.2f}" if present(r.iloc[4]) else MISSING,
+            fmt_length(int(r.iloc[5])) if present(r.iloc[5]) else MISSING,
+            f"{r.iloc[6]:.2f}" if present(r.iloc[6]) else MISSING,
         ])
     return headers, rows
 
