@@ -96,7 +96,7 @@ def ppl_cmd(
                           Check("--chunk-size", minimum=1)] = 1024,
     valid_tolerance: Annotated[float, typer.Option(help="Valid-length table: allowed ppl rise over the original length."),
                                VALID_TOLERANCE] = 0.10,
-    task: Annotated[Optional[str], typer.Option(help="Preset name (ppl-austen, ppl-pg19, ppl-yarn-proofpile) or .toml path.")] = None,
+    task: Annotated[Optional[str], typer.Option(help="Preset name (ppl-austen, ppl-yarn-proofpile, ppl-yarn-govreport, ppl-yarn-pg19, ppl-pg19) or .toml path.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Run directory (default results/ppl-<model>-<time>).")] = None,
     overwrite: OverwriteOpt = False,
     seed: Annotated[int, typer.Option(help="Seed recorded in the run (the protocols draw nothing at random)."),
@@ -153,6 +153,9 @@ def ppl_cmd(
                                "are found once per document: give a static method (e.g. yarn:factor=2)")
     note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
     check_chunked_head(lm.model, lm.device, lm.model.config.get_text_config().vocab_size)
+    if settings.min_doc_tokens and task and str(task).startswith("ppl-yarn"):
+        err.print(f"note: documents of >= {settings.min_doc_tokens:,} tokens are counted in {settings.model}'s own "
+                  "tokens (the YaRN repo counts Llama-2's; the same rule when the model uses Llama-2's tokenizer)")
     documents = select_documents(settings, cfg, lm.tokenizer)
     spec_record, provenance = run_records(settings, cfg, specs, lm, documents, seed, task, is_quickstart)
     if position_buckets is not None:
