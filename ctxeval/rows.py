@@ -14,20 +14,22 @@ from typing import Any, Iterable
 
 from .errors import CtxevalError
 
-KINDS = ("ppl", "needle", "passkey", "entropy", "ruler")
+KINDS = ("ppl", "needle", "passkey", "entropy", "ruler", "lm-eval")
 # the metric each kind's rows carry in `metric` / `value`
-METRICS = {"ppl": "nll", "needle": "correct", "passkey": "correct", "entropy": "entropy", "ruler": "score"}
+METRICS = {"ppl": "nll", "needle": "correct", "passkey": "correct", "entropy": "entropy", "ruler": "score",
+           "lm-eval": None}  # lm-eval rows name their own metric (acc, exact_match, ...)
 # the fields of one point: a point measured twice is one cell, not two
 POINT_FIELDS = {"ppl": ("model", "label", "length", "doc"),
                 "needle": ("model", "label", "length", "depth", "sample"),
                 "passkey": ("model", "label", "length", "sample"),
                 "entropy": ("model", "label", "length", "doc"),
-                "ruler": ("model", "label", "ruler_task", "length", "sample")}
+                "ruler": ("model", "label", "ruler_task", "length", "sample"),
+                "lm-eval": ("model", "label", "lm_eval_task", "subtask", "metric", "filter")}
 # resume keys within one run (one model): the point fields without the model
 RESUME_FIELDS = {kind: fields[1:] for kind, fields in POINT_FIELDS.items()}
 REQUIRED = {kind: (*fields, "status") for kind, fields in POINT_FIELDS.items()}
 REQUIRED_OK = {"ppl": ("nll_sum", "n_tokens"), "needle": ("correct",), "passkey": ("correct",), "entropy": ("entropy",),
-               "ruler": ("score",)}
+               "ruler": ("score",), "lm-eval": ("value",)}
 
 # how a ppl table aggregates over documents: token-weighted, or the mean of per-window means (YaRN's GovReport)
 AGGREGATES = ("token", "window")

@@ -13,6 +13,7 @@ import typer
 from .bound import bound_cmd
 from .console import state
 from .entropy import entropy_cmd
+from .lm_eval import lm_eval_cmd
 from .methods import methods_cmd, plan_cmd
 from .needle import needle_cmd, passkey_cmd
 from .ppl import ppl_cmd
@@ -34,7 +35,7 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks f
 
 for name, command in (("methods", methods_cmd), ("plan", plan_cmd), ("ppl", ppl_cmd), ("needle", needle_cmd),
                       ("passkey", passkey_cmd), ("report", report_cmd), ("entropy", entropy_cmd),
-                      ("bound", bound_cmd), ("ruler", ruler_cmd)):
+                      ("bound", bound_cmd), ("ruler", ruler_cmd), ("lm-eval", lm_eval_cmd)):
     app.command(name)(command)
 
 

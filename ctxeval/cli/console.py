@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import typer
 from rich.console import Console
+from rich.markup import escape as rich_escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -39,7 +40,7 @@ def user_errors(fn: Callable) -> Callable:
             if state["debug"]:
                 raise
             if str(exc):  # empty: a torchrun rank whose error rank 0 already reported
-                err.print(f"[red]error:[/red] {exc}", markup=True)
+                err.print(f"[red]error:[/red] {rich_escape(str(exc))}", markup=True)  # '[lm-eval]' is text
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             err.print("[yellow]interrupted:[/yellow] finished points are kept; rerun the same command to resume",

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..errors import CtxevalError
-from ..rows import AGGREGATES, MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
+from ..rows import AGGREGATES, MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, status_label, uniform_entropy
 from .runs import Group, Run, display_models, field_label, group_runs, load_runs, merge_rows, row_order
 from .tables import (Table, accuracy_grid, effective_length, fmt_acc, fmt_entropy, fmt_ppl, fmt_score, int_or_none,
                      length_or, needle_long, number, ppl_long, ruler_effective_length, ruler_means, ruler_task_scores,
@@ -285,6 +285,34 @@ def _ruler_table(group: Group, rows: list[dict[str, Any]]) -> Table:
                  shown, caption=caption)
 
 
+def _lm_eval_table(group: Group, rows: list[dict[str, Any]]) -> Table:
+    """Rows = model x method, columns = lm-eval task x metric (x filter when not 'none'): value ± stderr."""
+    latest = {}
+    for r in rows:
+        latest[(str(r["model"]), str(r["label"]), str(r["subtask"]), str(r["metric"]), str(r.get("filter")))] = r
+    columns = list(dict.fromkeys((k[2], k[3], k[4]) for k in latest))
+    raw, status, shown = [], [], []
+    for model, label in row_order(group, rows):
+        vals, sts, cells = [], [], []
+        for task, metric, filt in columns:
+            r = latest.get((model, label, task, metric, filt))
+            ok = r is not None and r.get("status") == "ok" and r.get("value") is not None
+            vals.append(number(r["value"]) if ok else None)
+            sts.append(None if ok else (r.get("status") if r else "missing"))
+            err = number(r.get("stderr")) if ok else None
+            cells.append((f"{r['value']:.4g}" + (f" ± {err:.2g}" if err is not None else "")) if ok
+                         else status_label(sts[-1]))
+        raw.append([model, label, *vals])
+        status.append([None, None, *sts])
+        shown.append([model, label, *cells])
+    names = [f"{t} {m}" + ("" if f in ("none", "None") else f" ({f})") for t, m, f in columns]
+    caption = (f"lm-evaluation-harness {group.key.get('lm_eval') or ''} results (value ± stderr) with each method "
+               f"applied in place and read back; inputs truncated from the left to {group.key.get('max_length')} "
+               f"tokens; limit {group.key.get('limit')}, few-shot {group.key.get('num_fewshot')}.")
+    return Table(group.id, "lm-eval", group.title, ["model", "method", *names], ["model", "method", *names], raw,
+                 status, shown, caption=caption)
+
+
 @dataclass
 class Report:
     runs: list[Run]
@@ -321,6 +349,8 @@ def build_report(paths: Sequence[Path | str], *, threshold: float = 0.8, toleran
             group.tables = _ppl_tables(group, rows, tolerance)
         elif group.kind == "ruler":
             group.tables = [_ruler_table(group, rows)]
+        elif group.kind == "lm-eval":
+            group.tables = [_lm_eval_table(group, rows)]
         elif group.kind == "entropy":
             group.tables = [_entropy_table(group, rows)]
         else:

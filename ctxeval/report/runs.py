@@ -36,8 +36,8 @@ from ..store import ROWS_FILE, RUN_FILE, read_rows
 from .tables import Table
 
 KIND_TITLES = {"ppl": "Perplexity", "needle": "Needle in a haystack", "passkey": "Passkey retrieval",
-               "entropy": "Attention entropy", "ruler": "RULER"}
-WRITERS = "ctxeval ppl, needle, passkey, entropy or ruler"
+               "entropy": "Attention entropy", "ruler": "RULER", "lm-eval": "lm-evaluation-harness"}
+WRITERS = "ctxeval ppl, needle, passkey, entropy, ruler or lm-eval"
 
 
 
@@ -118,7 +118,7 @@ def load_run(path: Path | str, order: int = 0) -> Run:
     task = spec.get("task") or (rows[0].get("task") if rows else None)
     if task not in KINDS:
         raise CtxevalError(f"{given}: unknown task '{task}' in run.json; ctxeval report merges ppl, needle, "
-                           "passkey, entropy and ruler runs")
+                           "passkey, entropy, ruler and lm-eval runs")
     if not rows:
         raise CtxevalError(f"{given} has no measured rows ({ROWS_FILE} missing or empty); resume the run with "
                            "its original command, or leave it out")
@@ -183,6 +183,9 @@ def documents(run: Run) -> list[str]:
 def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
     """What must agree for runs to share a table (flat: field -> JSON-able value)."""
     spec = run.spec
+    if run.task == "lm-eval":
+        return {"max_length": spec.get("max_length"), "limit": spec.get("limit"),
+                "num_fewshot": spec.get("num_fewshot"), "lm_eval": (run.record.get("lm_eval") or {}).get("version")}
     if run.task == "ruler":
         return {"tasks": spec.get("tasks"), "samples": spec.get("samples"), "seed": spec.get("seed"),
                 "essays": spec.get("essays"), "essay_sha256": spec.get("essay_sha256"),

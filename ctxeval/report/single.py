@@ -281,3 +281,15 @@ def render_ruler(store: Any, specs: Sequence[MethodSpec], tasks: list[str], orig
                       scale_label="score")
     return RunOutputs([Printed(title, caption, headers, rows)],
                       f"wrote {store.dir}/table.md, ruler.csv, summary.csv, heatmap-*.png")
+
+
+def render_lm_eval(store: Any, title: str) -> RunOutputs:
+    """table.md / table.csv: method x (lm-eval task, metric), value ± stderr (the report's own table of this run)."""
+    from .merged import build_report
+    from .render import table_csv
+
+    table = build_report([store.dir], single=True).tables[0]
+    headers, rows = table.headers[1:], [r[1:] for r in table.cells]
+    (store.dir / "table.md").write_text(f"# {title}\n\n{table.caption}\n\n" + markdown(headers, rows))
+    (store.dir / "table.csv").write_text(table_csv(table))
+    return RunOutputs([Printed(title, table.caption, headers, rows)], f"wrote {store.dir}/table.md, table.csv")
