@@ -27,6 +27,9 @@ def report_cmd(
     out: Annotated[Optional[Path], typer.Option(help="Also write table.md, report.csv, report.json, one CSV per "
                                                      "table and the combined plots to this directory "
                                                      "(default: stdout only, no files).")] = None,
+    html: Annotated[Optional[Path], typer.Option(help="Also write the report as one self-contained HTML page to this "
+                                                      "file: sortable tables, the figures embedded, each run's "
+                                                      "provenance (works offline).")] = None,
     threshold: Annotated[float, typer.Option(help="Needle/passkey: accuracy that counts for the effective "
                                                   "length and the passkey context."), THRESHOLD] = 0.8,
     valid_tolerance: Annotated[float, typer.Option(help="Valid-length table: allowed ppl rise over the "
@@ -47,12 +50,18 @@ def report_cmd(
     fmt = format.lower()
     if fmt not in FORMATS:
         raise CtxevalError(f"--format must be md, csv or json, got '{format}'")
+    if html is not None:
+        from ..report.html import check_html_path, write_html
+
+        check_html_path(html, out)  # before any work: a bad path fails fast
     rep = build_report(runs, threshold=threshold, tolerance=valid_tolerance, aggregate=aggregate, single=single)
     if out is not None:
         written = write_report(rep, out)
         pngs = [p.name for p in written if p.suffix == ".png"]
         err.print(f"wrote {out}/table.md, report.csv, report.json, {len(rep.tables)} table CSV(s)"
                   + (f", {', '.join(pngs)}" if pngs else ""))
+    if html is not None:
+        err.print(f"wrote {write_html(rep, html)}")
     if fmt == "md":
         typer.echo(to_markdown(rep), nl=False)
         return
