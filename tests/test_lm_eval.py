@@ -191,6 +191,13 @@ def test_unknown_task_is_refused_before_loading(tmp_path, task_dir):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("metadata, fragment", [("{max_seq_lengths", "not JSON"), ("[4096]", "JSON object")])
+def test_bad_metadata_is_refused(tmp_path, task_dir, metadata, fragment):
+    result = runner.invoke(app, ["lm-eval", "--model", "/nonexistent", "--tasks", "ctxeval_test_mc", "--include-path",
+                                 str(task_dir), "--metadata", metadata, "--out", str(tmp_path / "r")])
+    one_line_exit_2(result, fragment)
+
+
 def test_missing_lm_eval_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval now raises ImportError
     result = runner.invoke(app, ["lm-eval", "--model", "tiny", "--tasks", "x", "--out", str(tmp_path / "r")])

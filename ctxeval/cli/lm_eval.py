@@ -40,6 +40,9 @@ def lm_eval_cmd(
                                                            "left; default: trained length x the largest --factor).")
                           , Check("--max-length", minimum=2)] = None,
     log_samples: Annotated[bool, typer.Option(help="Keep lm-eval's per-sample records beside its results.")] = False,
+    metadata: Annotated[Optional[str], typer.Option(help="lm-eval task metadata as JSON, e.g. '{\"max_seq_lengths\": "
+                                                         "[4096, 8192]}' for its RULER port (the model's tokenizer is "
+                                                         "added as \"tokenizer\").")] = None,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     dtype: DtypeOpt = "auto",
@@ -48,7 +51,8 @@ def lm_eval_cmd(
 ) -> None:
     """Run lm-evaluation-harness tasks under each method (loaded once, applied in place, verified): rows, table,
     lm-eval's own JSON."""
-    from ..evals.lm_eval_bridge import TESTED_VERSION, LmEvalConfig, evaluate, require_lm_eval, task_manager
+    from ..evals.lm_eval_bridge import (TESTED_VERSION, LmEvalConfig, evaluate, parse_metadata, require_lm_eval,
+                                        task_manager)
     from ..report.single import render_lm_eval
 
     lm_eval = require_lm_eval()
@@ -58,19 +62,21 @@ def lm_eval_cmd(
     names = tuple(t.strip() for t in tasks.split(",") if t.strip())
     model_name = model or DEFAULT_MODEL
     specs = expand_specs(method or ["none"], parse_factors(factor))
-    cfg = LmEvalConfig(names, max_length or 2, include_path, limit, num_fewshot, batch_size, log_samples)
-    task_manager(cfg)  # unknown tasks fail before the model loads
+    cfg = LmEvalConfig(names, max_length or 2, include_path, limit, num_fewshot, batch_size, log_samples,
+                       parse_metadata(metadata, None))
+    task_manager(cfg)  # unknown tasks and bad metadata fail before the model loads
     lm = load_for(model_name, specs, dtype, device, "sdpa", trust_remote_code)
     trained = lm.trained_length or 2048
     cfg = LmEvalConfig(names, max_length or extended_length(specs, trained), include_path, limit, num_fewshot,
-                       batch_size, log_samples)
+                       batch_size, log_samples, parse_metadata(metadata, getattr(lm.tokenizer, "name_or_path", None)))
     if lm_eval.__version__ != TESTED_VERSION:
         err.print(f"note: lm-eval {lm_eval.__version__} is installed; ctxeval is tested with {TESTED_VERSION}")
     err.print(f"note: lm-eval keeps the last {cfg.max_length:,} tokens of each input (trained length {trained:,})")
     spec_record = {"task": "lm-eval", "model": model_name, "tasks": list(names), "methods": [s.label for s in specs],
                    "max_length": cfg.max_length, "limit": limit, "num_fewshot": num_fewshot,
-                   "include_path": include_path, "dtype": lm.dtype}
+                   "include_path": include_path, "metadata": parse_metadata(metadata, None), "dtype": lm.dtype}
     provenance = {"model": lm.record(), "lm_eval": {"version": lm_eval.__version__, "batch_size": batch_size,
+                                                   "metadata": cfg.metadata,
                                                    "log_samples": log_samples, "evaluator": "lm_eval.simple_evaluate "
                                                    "on lm_eval.models.huggingface.HFLM(pretrained=<loaded model>)"}}
     run_dir = default_out("lm-eval", model_name, out)

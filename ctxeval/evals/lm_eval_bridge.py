@@ -47,6 +47,7 @@ class LmEvalConfig:
     num_fewshot: int | None = None
     batch_size: int = 1
     log_samples: bool = False
+    metadata: dict[str, Any] | None = None  # lm-eval's task metadata (e.g. RULER's max_seq_lengths, tokenizer)
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -55,16 +56,32 @@ class LmEvalConfig:
             raise CtxevalError(f"--include-path {self.include_path} is not a directory of lm-eval task YAML files")
 
 
+def parse_metadata(text: str | None, tokenizer_name: str | None) -> dict[str, Any] | None:
+    """--metadata JSON (an object); the model's tokenizer is added as `tokenizer` unless given, since tasks that build
+    their own prompts (lm-eval's RULER port) size them with it."""
+    if text is None:
+        return {"tokenizer": tokenizer_name} if tokenizer_name else None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CtxevalError(f"--metadata is not JSON ({exc.msg}); write e.g. '{{\"max_seq_lengths\": [4096, 8192]}}'") from None
+    if not isinstance(value, dict):
+        raise CtxevalError("--metadata must be a JSON object, e.g. '{\"max_seq_lengths\": [4096, 8192]}'")
+    if tokenizer_name and not any(k in value for k in ("tokenizer", "pretrained", "model")):
+        value["tokenizer"] = tokenizer_name
+    return value
+
+
 def task_manager(cfg: LmEvalConfig) -> Any:
     """lm-eval's TaskManager over its own tasks and --include-path; unknown task names are refused in one line."""
     require_lm_eval()
     from lm_eval.tasks import TaskManager
 
     if cfg.include_path:  # indexing lm-eval's thousands of task files takes seconds: only when they are needed
-        manager = TaskManager(include_path=cfg.include_path, include_defaults=False)
+        manager = TaskManager(include_path=cfg.include_path, include_defaults=False, metadata=cfg.metadata)
         if all(t in set(manager.all_tasks) for t in cfg.tasks):
             return manager
-    manager = TaskManager(include_path=cfg.include_path) if cfg.include_path else TaskManager()
+    manager = TaskManager(include_path=cfg.include_path, metadata=cfg.metadata)
     known = set(manager.all_tasks)
     unknown = [t for t in cfg.tasks if t not in known]
     if unknown:
@@ -142,7 +159,8 @@ def evaluate(lm: Any, specs: list[MethodSpec], cfg: LmEvalConfig, store: Any, pr
                 try:
                     result = lm_eval.simple_evaluate(model=wrapper, tasks=[task], num_fewshot=cfg.num_fewshot,
                                                      limit=cfg.limit, log_samples=cfg.log_samples,
-                                                     task_manager=manager, batch_size=cfg.batch_size)
+                                                     task_manager=manager, batch_size=cfg.batch_size,
+                                                     metadata=cfg.metadata)
                 except Exception as exc:  # lm-eval and datasets raise many types for a dataset they cannot load
                     if offline or not hub_reachable():
                         raise CtxevalError(f"lm-eval task '{task}' could not load its data "
