@@ -126,6 +126,11 @@ class RopeHandle:
                     {k: getattr(module, k) for k in ("max_seq_len_cached",) if hasattr(module, k)},
                 ))
                 module.rope_type = "default"  # switch off transformers' stateful dynamic/longrope update
+                if module.inv_freq.dtype != torch.float32:
+                    # a model cast after loading (model.to(bfloat16)) casts the buffer too: bf16 frequencies are off by
+                    # up to 0.4%, more than the read-back allows. transformers computes cos/sin in float32 anyway, so
+                    # the buffer is float32 while a method is applied; restore puts the original tensor back.
+                    module.inv_freq = module.inv_freq.float()
                 self._write(module, self.expected(self.geometry.original_length))
                 if self.method.length_dependent:
                     self._hooks.append(module.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
@@ -141,7 +146,10 @@ class RopeHandle:
             hook.remove()
         with torch.no_grad():
             for (_, module), saved in zip(self.modules, self._saved):
-                module.inv_freq.copy_(saved.inv_freq)
+                if module.inv_freq.dtype == saved.inv_freq.dtype:
+                    module.inv_freq.copy_(saved.inv_freq)
+                else:  # upcast by apply: the original buffer itself, dtype and bits
+                    module.inv_freq = saved.inv_freq
                 module.attention_scaling = saved.attention_scaling
                 module.rope_type = saved.rope_type
                 for k, v in saved.extra.items():

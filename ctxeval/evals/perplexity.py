@@ -88,7 +88,8 @@ def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int =
     for start in range(0, targets.numel(), chunk_size):
         stop = min(start + chunk_size, targets.numel())
         logits = post(head(hidden[0, start:stop]).float())  # (chunk, vocab)
-        out[start:stop] = F.cross_entropy(logits, targets[start:stop], reduction="none").cpu()
+        # under --device-map the head may sit on another GPU than the embeddings (and so the targets)
+        out[start:stop] = F.cross_entropy(logits, targets[start:stop].to(logits.device), reduction="none").cpu()
     return out
 
 
@@ -99,7 +100,7 @@ def check_chunked_head(model: torch.nn.Module, device: str, vocab_size: int) -> 
     body, head, post = head_parts(model)
     ids = torch.arange(1, 17, device=device).remainder(vocab_size).unsqueeze(0)  # (1, 16)
     want = model(input_ids=ids, use_cache=False).logits[0].float()
-    got = post(head(body(input_ids=ids, use_cache=False).last_hidden_state[0]).float())
+    got = post(head(body(input_ids=ids, use_cache=False).last_hidden_state[0]).float()).to(want.device)
     diff = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
     if not diff < 1e-3:
         raise CtxevalError(
@@ -118,6 +119,10 @@ def _sequence(doc: np.ndarray, start: int, n_doc: int, bos: int | None) -> list[
     return ([bos] if bos is not None else []) + ids
 
 
+class NonFiniteLoss(Exception):
+    """A forward gave an infinite or NaN loss: the point is an error row, never an `ok` perplexity."""
+
+
 class PplRunner:
     """Measures (method x length x document) points into a RunStore, skipping the points already there."""
 
@@ -134,10 +139,16 @@ class PplRunner:
         self.dynamic: set[str] = set()  # labels whose RoPE depends on the length (set by sweep)
         self.key_positions: dict[str, np.ndarray] | None = None  # doc id -> LongPPL key tokens (set by sweep)
 
-    def _nll(self, seq: list[int]) -> torch.Tensor:
+    def _nll(self, seq: list[int], finite: bool = True) -> torch.Tensor:
+        """Per-token NLL of one sequence; `finite`: an infinite or NaN loss raises NonFiniteLoss."""
         ids = torch.tensor([seq], device=self.device)
         with oom_guard(self.device):
-            return token_nll(self.model, ids, self.cfg.chunk_size)
+            nll = token_nll(self.model, ids, self.cfg.chunk_size)
+        bad = (~torch.isfinite(nll)).nonzero()
+        if finite and len(bad):
+            raise NonFiniteLoss(f"non-finite NLL ({float(nll[bad[0, 0]])}) at position {int(bad[0, 0]) + 1} of "
+                                f"{len(seq)}: the forward overflowed (try --dtype float32)")
+        return nll
 
     def _row(self, spec: MethodSpec, length: int, doc: str, **fields: Any) -> dict[str, Any]:
         return point_row(self.model_name, spec, "ppl", protocol=self.cfg.protocol, length=length, doc=doc, **fields)
@@ -167,13 +178,19 @@ class PplRunner:
     def _truncate_one_forward(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int]) -> list[dict[str, Any]]:
         top = max(lengths)
         start = time.perf_counter()
-        nll = self._nll(_sequence(doc.ids, 0, self.cfg.doc_tokens_needed(top), self.bos)).double()  # (top-1,)
-        seconds = time.perf_counter() - start
+        nll = self._nll(_sequence(doc.ids, 0, self.cfg.doc_tokens_needed(top), self.bos), finite=False).double()
+        seconds = time.perf_counter() - start  # nll: (top-1,)
         cums = torch.cumsum(nll, 0)
         values = nll.numpy()
+        finite_until = int((~torch.isfinite(nll)).nonzero()[0, 0]) if not torch.isfinite(nll).all() else len(nll)
         rows = []
         for length in lengths:
             n = length - 1
+            if n > finite_until:  # causal: the lengths before the first non-finite loss are unaffected by it
+                rows.append(self._row(spec, length, doc.doc_id, status="error",
+                                      note=f"non-finite NLL ({float(nll[finite_until])}) at position "
+                                           f"{finite_until + 1}: the forward overflowed (try --dtype float32)"))
+                continue
             total = float(cums[n - 1])
             # one forward serves every length; its time is attributed in proportion to the tokens
             rows.append(self._ok(spec, length, doc.doc_id, total, n, total / n, 1, seconds * n / (top - 1),
@@ -247,7 +264,8 @@ class PplRunner:
             try:
                 rows = self._truncate_one_forward(spec, doc, lengths)
                 emit(rows)
-                self.progress.advance(max(lengths), f"{spec.label} {doc.doc_id} ppl@{max(lengths)} {rows[-1]['ppl']:.2f}")
+                self.progress.advance(max(lengths), f"{spec.label} {doc.doc_id} ppl@{max(lengths)} "
+                                                    f"{rows[-1].get('ppl', float('nan')):.2f}")
                 return
             except PointOOM:
                 self.progress.note(f"{spec.label}: out of memory at {max(lengths)} tokens; measuring length by length")
@@ -257,6 +275,10 @@ class PplRunner:
                     row = self._truncate_at(spec, doc, length)
                 else:
                     row = self._sliding_at(spec, doc, length)
+            except NonFiniteLoss as exc:
+                emit([self._row(spec, length, doc.doc_id, status="error", note=str(exc)[:300])])
+                self.progress.note(f"{spec.label} L={length} {doc.doc_id}: {exc}")
+                continue
             except PointOOM as exc:
                 skip_from[spec.label] = length
                 emit([self._row(spec, length, doc.doc_id, status="oom", note=str(exc)[:300])])

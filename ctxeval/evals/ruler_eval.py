@@ -138,7 +138,7 @@ class RulerRunner:
             handle.freeze_length(length)  # prompt and generated tokens share the RoPE of the task's length
         try:
             out = self.model.generate(input_ids=ids, attention_mask=mask,
-                                      generation_config=greedy_config(self.tok, max_new_tokens))
+                                      generation_config=greedy_config(self.tok, max_new_tokens, self.model))
         finally:
             if frozen:
                 handle.freeze_length(None)

@@ -1,0 +1,106 @@
+"""What a GPU user would hit first, each checked on the CPU: an LM head on another device than the targets, a model
+cast to bf16 after loading, generation stopping on every stop id, and a non-finite loss."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ctxeval.evals import perplexity as P
+from ctxeval.evals.needle import greedy_config, stop_ids
+from ctxeval.patching import apply_method
+from ctxeval.specs import expand_specs
+from ctxeval.store import RunStore
+
+from conftest import TINY, tiny_llama
+from test_ppl import FakeLM, docs
+
+L = TINY["max_position_embeddings"]
+
+
+def test_loss_inputs_share_a_device_when_the_head_sits_elsewhere(monkeypatch):
+    """--device-map may put lm_head on another GPU than the embeddings (and the targets): the loss must be computed
+    where the logits are. Here the head's output lands on the meta device."""
+    model = tiny_llama(tie_word_embeddings=False)
+    head = model.get_output_embeddings()
+    original = head.forward
+    head.forward = lambda x: original(x).to("meta")
+    seen = []
+
+    def recording_cross_entropy(logits, targets, **kw):
+        seen.append((logits.device, targets.device))
+        return torch.zeros(targets.shape, device=logits.device)
+
+    monkeypatch.setattr(P.F, "cross_entropy", recording_cross_entropy)
+    with pytest.raises(NotImplementedError):  # copying a meta tensor back to the CPU: past the loss, as intended
+        P.token_nll(model, torch.arange(2, 40).unsqueeze(0), chunk_size=16)
+    assert seen and all(a == b for a, b in seen)
+
+
+def test_a_bf16_inv_freq_is_upcast_while_applied_and_restored_exactly():
+    model = tiny_llama().to(torch.bfloat16)
+    rotary = model.model.rotary_emb
+    before = rotary.inv_freq.clone()
+    assert before.dtype == torch.bfloat16
+    with apply_method(model, "yarn", factor=4) as handle:  # would fail the read-back with bf16 frequencies
+        assert rotary.inv_freq.dtype == torch.float32
+        assert handle.verify() < 1e-5
+        with torch.no_grad():
+            out = model(torch.arange(2, 20).unsqueeze(0)).logits
+        assert torch.isfinite(out).all()
+    assert rotary.inv_freq.dtype == torch.bfloat16 and torch.equal(rotary.inv_freq, before)
+
+
+def test_generation_stops_on_every_stop_id():
+    tok = type("Tok", (), {"eos_token_id": 2, "pad_token_id": None})()
+    model = type("M", (), {"generation_config": type("G", (), {"eos_token_id": [2, 7, 9]})()})()
+    assert stop_ids(tok, model) == [2, 7, 9]
+    cfg = greedy_config(tok, 5, model)
+    assert cfg.eos_token_id == [2, 7, 9] and cfg.pad_token_id == 2
+    single = type("M", (), {"generation_config": type("G", (), {"eos_token_id": 5})()})()
+    assert stop_ids(tok, single) == [2, 5] and stop_ids(tok) == [2]
+
+
+def test_generation_really_stops_at_a_shipped_stop_id():
+    """A tiny model whose greedy continuation is known: stopping on a second stop id ends the reply there."""
+    model = tiny_llama()
+    prompt = torch.arange(2, 12).unsqueeze(0)
+    tok = type("Tok", (), {"eos_token_id": 0, "pad_token_id": 0})()
+    free = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=greedy_config(tok, 6))
+    first = int(free[0, prompt.shape[1]])
+    assert first != 0
+    model.generation_config.eos_token_id = [0, first]
+    stopped = model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                             generation_config=greedy_config(tok, 6, model))
+    assert stopped.shape[1] == prompt.shape[1] + 1  # the stop token itself, then nothing
+
+
+def test_a_non_finite_loss_is_an_error_row_not_ok(tmp_path, monkeypatch):
+    model = tiny_llama()
+    real = P.token_nll
+
+    def overflowing(model_, ids, chunk):
+        nll = real(model_, ids, chunk).clone()
+        if ids.shape[1] > 100:
+            nll[100] = float("inf")  # position 101 overflows
+        return nll
+
+    monkeypatch.setattr(P, "token_nll", overflowing)
+    store = RunStore(tmp_path / "r", {"t": 1})
+    store.start({})
+    lengths = (L, 96, 2 * L)  # 64 and 96 end before position 101 (positions 1..L-1 are scored); 128 does not
+    P.sweep(FakeLM(model), expand_specs(["none", "dynamic-ntk"]), docs(1), P.PplConfig(lengths), store)
+    rows = {(r["label"], r["length"]): r for r in store.rows()}
+    for label in ("none", "dynamic-ntk"):  # one forward for all lengths / one forward per length
+        assert rows[(label, L)]["status"] == "ok" and math.isfinite(rows[(label, L)]["ppl"])
+        assert rows[(label, 96)]["status"] == "ok"
+        bad = rows[(label, 2 * L)]
+        assert bad["status"] == "error" and bad["value"] is None and "non-finite NLL" in bad["note"]
+        assert "position 101" in bad["note"]
+    from ctxeval.report.tables import ppl_long
+
+    long = ppl_long(store.rows()).set_index(["label", "length"])
+    assert math.isnan(long.loc[("none", 2 * L), "ppl"]) and long.loc[("none", 2 * L), "status"] == "error"
