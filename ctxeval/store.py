@@ -62,7 +62,9 @@ def environment() -> dict[str, Any]:
         import torch
 
         if torch.cuda.is_available():
-            gpu = torch.cuda.get_device_name(0)
+            props = torch.cuda.get_device_properties(0)
+            gpu = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
+                   "count": torch.cuda.device_count(), "capability": f"{props.major}.{props.minor}"}
     except Exception:
         pass
     return {"versions": versions, "python": sys.version.split()[0], "platform": platform.platform(),

@@ -104,3 +104,37 @@ def test_a_non_finite_loss_is_an_error_row_not_ok(tmp_path, monkeypatch):
 
     long = ppl_long(store.rows()).set_index(["label", "length"])
     assert math.isnan(long.loc[("none", 2 * L), "ppl"]) and long.loc[("none", 2 * L), "status"] == "error"
+
+
+def test_ppl_on_local_files_runs_without_datasets_rdata_or_gguf(tmp_path, tiny_model_dir, text_dir):
+    """A GPU image without datasets, rdata or gguf (the H200 image we can use has none of them) still runs the CLI
+    and `ctxeval ppl` on local text files: those packages are imported only where they are used."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for name in ('datasets', 'rdata', 'gguf'):\n"
+            "    sys.modules[name] = None  # import name -> ImportError\n"
+            "from ctxeval.cli import main\n"
+            f"sys.argv = ['ctxeval', 'ppl', '--model', {str(tiny_model_dir)!r}, '--data', {str(text_dir)!r}, "
+            f"'--lengths', '32,64', '-m', 'none', '-m', 'yarn:factor=2', '--out', {str(tmp_path / 'r')!r}]\n"
+            "main()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(l) for l in (tmp_path / "r" / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
+
+
+def test_rows_record_throughput_and_run_json_the_gpu(tmp_path):
+    from ctxeval.store import environment
+
+    model = tiny_llama()
+    store = RunStore(tmp_path / "r", {"t": 1})
+    store.start({})
+    P.sweep(FakeLM(model), expand_specs(["none", "dynamic-ntk"]), docs(1), P.PplConfig((L, 2 * L)), store)
+    rows = store.rows()
+    assert all(r["tokens_per_s"] > 0 and r["peak_gib"] is None for r in rows)  # peak memory: CUDA only
+    one = [r for r in rows if r["label"] == "none"]
+    assert one[0]["tokens_per_s"] == one[1]["tokens_per_s"]  # one forward served both lengths
+    gpu = environment()["gpu"]
+    assert gpu is None or {"name", "memory_gib", "count"} <= set(gpu)

@@ -138,12 +138,28 @@ class PplRunner:
         self.progress = progress or SilentProgress()
         self.dynamic: set[str] = set()  # labels whose RoPE depends on the length (set by sweep)
         self.key_positions: dict[str, np.ndarray] | None = None  # doc id -> LongPPL key tokens (set by sweep)
+        self.forward_tokens, self.forward_seconds, self.peak_bytes = 0, 0.0, None  # of the point being measured
+
+    def _speed(self) -> dict[str, Any]:
+        """Throughput and peak memory of the forwards since the last call (a point's, or one forward's lengths')."""
+        fields = {"tokens_per_s": round(self.forward_tokens / self.forward_seconds, 1) if self.forward_seconds else None,
+                  "peak_gib": round(self.peak_bytes / 2**30, 3) if self.peak_bytes is not None else None}
+        self.forward_tokens, self.forward_seconds, self.peak_bytes = 0, 0.0, None
+        return fields
 
     def _nll(self, seq: list[int], finite: bool = True) -> torch.Tensor:
         """Per-token NLL of one sequence; `finite`: an infinite or NaN loss raises NonFiniteLoss."""
         ids = torch.tensor([seq], device=self.device)
+        cuda = str(self.device).startswith("cuda")
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
         with oom_guard(self.device):
             nll = token_nll(self.model, ids, self.cfg.chunk_size)
+        self.forward_tokens += len(seq)
+        self.forward_seconds += time.perf_counter() - start
+        if cuda:
+            self.peak_bytes = max(self.peak_bytes or 0, torch.cuda.max_memory_allocated())
         bad = (~torch.isfinite(nll)).nonzero()
         if finite and len(bad):
             raise NonFiniteLoss(f"non-finite NLL ({float(nll[bad[0, 0]])}) at position {int(bad[0, 0]) + 1} of "
@@ -180,6 +196,7 @@ class PplRunner:
         start = time.perf_counter()
         nll = self._nll(_sequence(doc.ids, 0, self.cfg.doc_tokens_needed(top), self.bos), finite=False).double()
         seconds = time.perf_counter() - start  # nll: (top-1,)
+        speed = self._speed()  # one forward serves every length: the same throughput in each row
         cums = torch.cumsum(nll, 0)
         values = nll.numpy()
         finite_until = int((~torch.isfinite(nll)).nonzero()[0, 0]) if not torch.isfinite(nll).all() else len(nll)
@@ -194,7 +211,7 @@ class PplRunner:
             total = float(cums[n - 1])
             # one forward serves every length; its time is attributed in proportion to the tokens
             rows.append(self._ok(spec, length, doc.doc_id, total, n, total / n, 1, seconds * n / (top - 1),
-                                 self._truncate_fields(values[:n], length, doc.doc_id)))
+                                 {**self._truncate_fields(values[:n], length, doc.doc_id), **speed}))
         return rows
 
     def _truncate_at(self, spec: MethodSpec, doc: TokenDoc, length: int) -> dict[str, Any]:
@@ -202,7 +219,7 @@ class PplRunner:
         nll = self._nll(_sequence(doc.ids, 0, self.cfg.doc_tokens_needed(length), self.bos)).double()
         total = float(nll.sum())
         return self._ok(spec, length, doc.doc_id, total, nll.numel(), total / nll.numel(), 1, time.perf_counter() - start,
-                        self._truncate_fields(nll.numpy(), length, doc.doc_id))
+                        {**self._truncate_fields(nll.numpy(), length, doc.doc_id), **self._speed()})
 
     # -- sliding -----------------------------------------------------------------------------------------------------
     def _sliding_at(self, spec: MethodSpec, doc: TokenDoc, length: int) -> dict[str, Any]:
@@ -233,7 +250,7 @@ class PplRunner:
             if end == n:
                 break
         return self._ok(spec, length, doc.doc_id, nll_sum, n_tok, window_sum, n_windows, time.perf_counter() - start_time,
-                        self._by_position(by_position))
+                        {**self._by_position(by_position), **self._speed()})
 
     # -- driver ------------------------------------------------------------------------------------------------------
     def cost(self, spec: MethodSpec, docs: list[TokenDoc], pending: dict[tuple[str, str], list[int]]) -> int:
