@@ -138,3 +138,47 @@ def test_rows_record_throughput_and_run_json_the_gpu(tmp_path):
     assert one[0]["tokens_per_s"] == one[1]["tokens_per_s"]  # one forward served both lengths
     gpu = environment()["gpu"]
     assert gpu is None or {"name", "memory_gib", "count"} <= set(gpu)
+
+
+@pytest.mark.parametrize("bos", [True, False])
+def test_batched_sliding_windows_equal_one_window_per_forward(bos):
+    model = tiny_llama()
+    doc = docs(1, 5 * L + 23)[0]  # full windows, then ragged ones at the end
+    spec = expand_specs(["none"])[0]
+    edges = (1, 16, 48, L)
+    rows = {}
+    for batch in (1, 3, 8):
+        cfg = P.PplConfig((L,), "sliding", stride=L // 4, bos=bos, position_edges=edges, batch_size=batch)
+        runner_ = P.PplRunner(model, "cpu", cfg, 1, "tiny")
+        seqs = []
+        real = runner_._nll_batch
+        runner_._nll_batch = lambda s, finite=True: (seqs.append(len(s)), real(s, finite))[1]
+        rows[batch] = runner_._sliding_at(spec, doc, L)
+        assert max(seqs) == min(batch, max(seqs)) and (batch == 1 or max(seqs) > 1)
+    for batch in (3, 8):
+        for field in ("n_tokens", "n_windows", "position_tokens"):
+            assert rows[batch][field] == rows[1][field]
+        assert rows[batch]["nll_sum"] == pytest.approx(rows[1]["nll_sum"], rel=1e-6)
+        assert rows[batch]["window_nll_sum"] == pytest.approx(rows[1]["window_nll_sum"], rel=1e-6)
+        np.testing.assert_allclose(rows[batch]["position_nll_sum"], rows[1]["position_nll_sum"], rtol=1e-6)
+
+
+def test_out_of_memory_halves_the_window_batch_before_giving_up():
+    model = tiny_llama()
+    doc = docs(1, 4 * L)[0]
+    cfg = P.PplConfig((L,), "sliding", stride=L // 4, batch_size=8)
+    runner_ = P.PplRunner(model, "cpu", cfg, 1, "tiny")
+    sizes = []
+    real = runner_._nll_batch
+
+    def limited(seqs, finite=True):
+        sizes.append(len(seqs))
+        if len(seqs) > 2:
+            raise P.PointOOM("out of memory")
+        return real(seqs, finite)
+
+    runner_._nll_batch = limited
+    row = runner_._sliding_at(expand_specs(["none"])[0], doc, L)
+    assert sizes[:3] == [8, 4, 2] and max(sizes[3:]) <= 2
+    unbatched = P.PplRunner(model, "cpu", P.PplConfig((L,), "sliding", stride=L // 4), 1, "tiny")
+    assert row["nll_sum"] == pytest.approx(unbatched._sliding_at(expand_specs(["none"])[0], doc, L)["nll_sum"], rel=1e-6)

@@ -44,8 +44,9 @@ def store_at(tmp_path, name="run"):
 # ------------------------------------------------------------------------------------------------ bucket edges
 
 def test_default_edges_are_octaves_with_the_trained_length():
-    assert default_edges(1024, 128) == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-    assert default_edges(16384, 6000) == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 6000, 8192, 16384)
+    assert default_edges(1024, 128) == (1, 32, 64, 128, 256, 512, 1024)
+    assert default_edges(16384, 6000) == (1, 32, 64, 128, 256, 512, 1024, 2048, 4096, 6000, 8192, 16384)
+    assert default_edges(48, 16) == (1, 16, 32, 48)
     assert parse_position_buckets("4", 1024, 128) == (1, 6, 32, 181, 1024)  # 1024 ** (i / 4), rounded
     assert parse_position_buckets("0,1k,4k,8k", 8192, None) == (0, 1024, 4096, 8192)
 

@@ -84,8 +84,8 @@ def ppl_cmd(
                                                                "repo's --dataset-min-tokens)."),
                               Check("--min-doc-tokens", minimum=1)] = None,
     position_buckets: Annotated[Optional[str], typer.Option(help="Loss-by-position buckets: N (log-spaced) or edges "
-                                                                 "1,1k,4k,8k,16k (default: one per octave, plus the "
-                                                                 "trained length).")] = None,
+                                                                 "1,1k,4k,8k,16k (default: 1-31, then one per octave, "
+                                                                 "plus the trained length).")] = None,
     key_tokens: Annotated[Optional[str], typer.Option(help="LongPPL: the evaluator MODEL that finds the key tokens "
                                                            "(may be the evaluated model; same tokenizer).")] = None,
     key_tokens_method: Annotated[str, typer.Option(help="The evaluator's method (a static one), e.g. yarn:factor=2.")] = "none",
@@ -94,6 +94,8 @@ def ppl_cmd(
                                   Check("--key-tokens-context", minimum=4)] = None,
     chunk_size: Annotated[int, typer.Option(help="Positions per LM-head chunk (memory vs. speed)."),
                           Check("--chunk-size", minimum=1)] = 1024,
+    batch_size: Annotated[int, typer.Option(help="Sliding windows per forward (--protocol sliding; halved on out of "
+                                                 "memory)."), Check("--batch-size", minimum=1)] = 1,
     valid_tolerance: Annotated[float, typer.Option(help="Valid-length table: allowed ppl rise over the original length."),
                                VALID_TOLERANCE] = 0.10,
     task: Annotated[Optional[str], typer.Option(help="Preset name (ppl-austen, ppl-yarn-proofpile, ppl-yarn-govreport, ppl-yarn-pg19, ppl-pg19) or .toml path.")] = None,
@@ -126,8 +128,8 @@ def ppl_cmd(
     settings = PplSettings.resolve(given, preset, task)
     specs = expand_specs(list(settings.method), parse_factors(factor), parse_temperatures(attention_temperature))
     lengths_given = tuple(parse_lengths(settings.lengths)) if settings.lengths is not None else None
-    cfg = (PplConfig(lengths_given, settings.protocol, settings.stride, settings.bos, chunk_size)  # fails before loading
-           if lengths_given else None)
+    cfg = (PplConfig(lengths_given, settings.protocol, settings.stride, settings.bos, chunk_size,  # fails before loading
+                     batch_size=batch_size) if lengths_given else None)
     if lengths_given:
         parse_position_buckets(position_buckets, max(lengths_given), None)  # bad edges fail before loading
     key_method = expand_specs([key_tokens_method])[0] if key_tokens else None
@@ -138,7 +140,7 @@ def ppl_cmd(
     lm = load_for(settings.model, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
     if cfg is None:
         cfg = PplConfig(tuple(default_lengths(lm, (0.5, 1, 2))), settings.protocol, settings.stride, settings.bos,
-                        chunk_size)
+                        chunk_size, batch_size=batch_size)
     if cfg.bos and getattr(lm.tokenizer, "bos_token_id", None) is None:
         err.print("note: the tokenizer has no BOS token; sequences start with document text (as --no-bos)")
         cfg = replace(cfg, bos=False)
@@ -241,7 +243,7 @@ def run_records(settings: PplSettings, cfg: PplConfig, specs: list[MethodSpec], 
                  "documents": [{"doc": d.doc_id, "tokens": int(len(d.ids))} for d in documents]},
         "protocol": {"name": cfg.protocol, "stride": cfg.stride, "bos": cfg.bos,
                      "bos_token": getattr(lm.tokenizer, "bos_token", None) if cfg.bos else None,
-                     "aggregate": settings.aggregate, "chunk_size": cfg.chunk_size,
+                     "aggregate": settings.aggregate, "chunk_size": cfg.chunk_size, "batch_size": cfg.batch_size,
                      "one_forward_per_document": cfg.protocol == "truncate",
                      "min_doc_tokens": settings.min_doc_tokens},
         "positions": {"edges": list(cfg.position_edges),

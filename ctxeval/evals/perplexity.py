@@ -43,6 +43,7 @@ class PplConfig:
     bos: bool = True
     chunk_size: int = DEFAULT_CHUNK
     position_edges: tuple[int, ...] = ()  # loss-by-position buckets (positions.py); () = none recorded
+    batch_size: int = 1  # sliding windows of one length per forward
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -53,6 +54,8 @@ class PplConfig:
             raise CtxevalError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got '{self.protocol}'")
         if self.chunk_size < 1:
             raise CtxevalError(f"--chunk-size must be >= 1, got {self.chunk_size}")
+        if self.batch_size < 1:
+            raise CtxevalError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.protocol == "sliding":
             if self.stride is None or self.stride < 1:
                 raise CtxevalError(f"--protocol sliding needs --stride S >= 1, got {self.stride}")
@@ -81,15 +84,25 @@ def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int =
     input_ids: (1, n) -> returns (n-1,) float32 on the CPU. The LM head + cross entropy run over chunks of
     `chunk_size` positions of the body's hidden states.
     """
+    return batch_token_nll(model, input_ids, chunk_size)[0]
+
+
+@torch.inference_mode()
+def batch_token_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """token_nll of B independent sequences of one length in one forward: (B, n) -> (B, n-1) float32 on the CPU.
+    The LM head runs over chunks of about `chunk_size` positions in all (chunk_size // B per sequence)."""
     body, head, post = head_parts(model)
-    hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (1, n, hidden)
-    targets = input_ids[0, 1:]  # (n-1,)
-    out = torch.empty(targets.numel(), dtype=torch.float32)
-    for start in range(0, targets.numel(), chunk_size):
-        stop = min(start + chunk_size, targets.numel())
-        logits = post(head(hidden[0, start:stop]).float())  # (chunk, vocab)
+    hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (B, n, hidden)
+    targets = input_ids[:, 1:]  # (B, n-1)
+    batch, n = targets.shape
+    step = max(1, chunk_size // batch)
+    out = torch.empty(batch, n, dtype=torch.float32)
+    for start in range(0, n, step):
+        stop = min(start + step, n)
+        logits = post(head(hidden[:, start:stop]).float())  # (B, chunk, vocab)
         # under --device-map the head may sit on another GPU than the embeddings (and so the targets)
-        out[start:stop] = F.cross_entropy(logits, targets[start:stop].to(logits.device), reduction="none").cpu()
+        nll = F.cross_entropy(logits.flatten(0, 1), targets[:, start:stop].flatten().to(logits.device), reduction="none")
+        out[:, start:stop] = nll.view(batch, stop - start).cpu()
     return out
 
 
@@ -149,21 +162,27 @@ class PplRunner:
 
     def _nll(self, seq: list[int], finite: bool = True) -> torch.Tensor:
         """Per-token NLL of one sequence; `finite`: an infinite or NaN loss raises NonFiniteLoss."""
-        ids = torch.tensor([seq], device=self.device)
+        return self._nll_batch([seq], finite)[0]
+
+    def _nll_batch(self, seqs: list[list[int]], finite: bool = True) -> torch.Tensor:
+        """Per-token NLL of sequences of one length, in one forward: (B, n-1)."""
+        ids = torch.tensor(seqs, device=self.device)
         cuda = str(self.device).startswith("cuda")
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         with oom_guard(self.device):
-            nll = token_nll(self.model, ids, self.cfg.chunk_size)
-        self.forward_tokens += len(seq)
+            nll = (token_nll(self.model, ids, self.cfg.chunk_size).unsqueeze(0) if len(seqs) == 1
+                   else batch_token_nll(self.model, ids, self.cfg.chunk_size))
+        self.forward_tokens += ids.numel()
         self.forward_seconds += time.perf_counter() - start
         if cuda:
             self.peak_bytes = max(self.peak_bytes or 0, torch.cuda.max_memory_allocated())
         bad = (~torch.isfinite(nll)).nonzero()
         if finite and len(bad):
-            raise NonFiniteLoss(f"non-finite NLL ({float(nll[bad[0, 0]])}) at position {int(bad[0, 0]) + 1} of "
-                                f"{len(seq)}: the forward overflowed (try --dtype float32)")
+            row, col = int(bad[0, 0]), int(bad[0, 1])
+            raise NonFiniteLoss(f"non-finite NLL ({float(nll[row, col])}) at position {col + 1} of "
+                                f"{ids.shape[1]}: the forward overflowed (try --dtype float32)")
         return nll
 
     def _row(self, spec: MethodSpec, length: int, doc: str, **fields: Any) -> dict[str, Any]:
@@ -222,20 +241,52 @@ class PplRunner:
                         {**self._truncate_fields(nll.numpy(), length, doc.doc_id), **self._speed()})
 
     # -- sliding -----------------------------------------------------------------------------------------------------
-    def _sliding_at(self, spec: MethodSpec, doc: TokenDoc, length: int) -> dict[str, Any]:
-        start_time = time.perf_counter()
+    def _sliding_windows(self, doc: TokenDoc, length: int) -> list[tuple[int, int, int]]:
+        """(begin, end, scored_until) of each window: doc tokens begin..end-1 read, those from scored_until on new."""
         content = self.cfg.doc_tokens_needed(length)
         n = len(doc.ids)
         scored_until = 0 if self.bos is not None else 1  # first doc token index not yet scored
-        nll_sum, n_tok, window_sum, n_windows = 0.0, 0, 0.0, 0
-        by_position = None  # a token's position is its index in the window that scores it
+        windows = []
         for begin in range(0, n, self.cfg.stride):
             end = min(begin + content, n)
             if end <= scored_until:
                 continue
             if end - begin < (1 if self.bos is not None else 2):
                 break
-            nll = self._nll(_sequence(doc.ids, begin, end - begin, self.bos)).double()
+            windows.append((begin, end, scored_until))
+            scored_until = end
+            if end == n:
+                break
+        return windows
+
+    def _window_nlls(self, doc: TokenDoc, windows: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+        """Each window's per-token NLL, `batch_size` windows of one length per forward (the ragged last ones
+        alone); out of memory halves the batch before the point is given up."""
+        out: list[torch.Tensor] = []
+        i, batch = 0, self.cfg.batch_size
+        while i < len(windows):
+            size = windows[i][1] - windows[i][0]
+            group = [w for w in windows[i:i + batch]]
+            group = group[:next((k for k, w in enumerate(group) if w[1] - w[0] != size), len(group))]
+            seqs = [_sequence(doc.ids, b, e - b, self.bos) for b, e, _ in group]
+            try:
+                nll = self._nll_batch(seqs)
+            except PointOOM:
+                if batch == 1:
+                    raise
+                batch //= 2
+                self.progress.note(f"out of memory with {len(group)} windows per forward; trying {batch}")
+                continue
+            out += [row.double() for row in nll]
+            i += len(group)
+        return out
+
+    def _sliding_at(self, spec: MethodSpec, doc: TokenDoc, length: int) -> dict[str, Any]:
+        start_time = time.perf_counter()
+        nll_sum, n_tok, window_sum, n_windows = 0.0, 0, 0.0, 0
+        by_position = None  # a token's position is its index in the window that scores it
+        windows = self._sliding_windows(doc, length)
+        for (begin, end, scored_until), nll in zip(windows, self._window_nlls(doc, windows)):
             # nll[j] predicts doc token begin + j (with BOS) or begin + j + 1 (without)
             first_target = begin if self.bos is not None else begin + 1
             new = nll[scored_until - first_target:]
@@ -246,9 +297,6 @@ class PplRunner:
             n_tok += new.numel()
             window_sum += float(new.mean())
             n_windows += 1
-            scored_until = end
-            if end == n:
-                break
         return self._ok(spec, length, doc.doc_id, nll_sum, n_tok, window_sum, n_windows, time.perf_counter() - start_time,
                         {**self._by_position(by_position), **self._speed()})
 

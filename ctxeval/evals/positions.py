@@ -18,11 +18,14 @@ from ..errors import CtxevalError
 from ..rows import parse_token_count
 
 
+FIRST_EDGE = 32  # the first bucket holds positions 1..31: octaves below it hold a handful of tokens per document
+
+
 def default_edges(max_length: int, trained_length: int | None = None) -> tuple[int, ...]:
-    """One bucket per octave (1, 2, 4, ... up to the longest length), with the trained length as an edge so that the
-    curve's step past it is its own bucket."""
+    """Positions 1..31, then one bucket per octave (32, 64, ... up to the longest length), with the trained length as
+    an edge so that the curve's step past it is its own bucket."""
     edges = {1, max_length}
-    power = 2
+    power = FIRST_EDGE
     while power < max_length:
         edges.add(power)
         power *= 2
