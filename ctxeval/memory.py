@@ -6,7 +6,8 @@ For a length L (bytes b per weight/activation element: 4 fp32, 2 bf16/fp16):
   activations  inference, no gradients: the residual stream and its normed copy (2 L h), plus the larger of the
                attention block (q, k, v, output: L (2 H + 2 Hkv) d) and the MLP block (3 L I) of one layer
   attention    sdpa / flash: O(L d) workspace, ~0; eager: the scores and probabilities of one layer,
-               2 H L^2 x b (the reason long contexts need sdpa or flash)
+               2 H L^2 x b (the reason long contexts need sdpa or flash); a sliding-window model under sdpa or
+               eager: + its L x L boolean mask (L^2 bytes: transformers builds it, flash-attention 2 does not)
   logits       ctxeval's chunked loss: one chunk of C positions x vocab in float32, plus its log-softmax:
                2 C V x 4 bytes (never L x V)
   KV cache     needle/passkey generation keeps 2 x layers x Hkv x d x L x b
@@ -63,6 +64,15 @@ def count_parameters(cfg: Any) -> int:
     return vocab * h * (1 if tied else 2) + n * (attn + mlp + 2 * h) + h
 
 
+def sliding_window_of(cfg: Any) -> int | None:
+    """The sliding-window size the model's attention uses (Mistral: 4096), or None (Qwen2 ships one unused)."""
+    t = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    window = getattr(t, "sliding_window", None)
+    if not window or getattr(t, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
 def estimate(cfg: Any, lengths: tuple[int, ...], dtype: str, attn: str, chunk: int) -> list[MemoryEstimate]:
     t = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     b = BYTES[dtype]
@@ -77,6 +87,8 @@ def estimate(cfg: Any, lengths: tuple[int, ...], dtype: str, attn: str, chunk: i
     for L in lengths:
         activations = (2 * L * h + max(L * (2 * heads + 2 * kv) * d, 3 * L * inter)) * b
         attention = 2 * heads * L * L * b if attn == "eager" else 0.0
+        if sliding_window_of(cfg) and attn != "flash_attention_2":
+            attention += L * L  # the materialised sliding-window mask (bool)
         logits = 2 * min(chunk, L) * vocab * 4
         kv_cache = 2 * n * kv * d * L * b
         rows.append(MemoryEstimate(L, weights, activations, attention, logits, kv_cache))

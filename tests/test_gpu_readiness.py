@@ -182,3 +182,29 @@ def test_out_of_memory_halves_the_window_batch_before_giving_up():
     assert sizes[:3] == [8, 4, 2] and max(sizes[3:]) <= 2
     unbatched = P.PplRunner(model, "cpu", P.PplConfig((L,), "sliding", stride=L // 4), 1, "tiny")
     assert row["nll_sum"] == pytest.approx(unbatched._sliding_at(expand_specs(["none"])[0], doc, L)["nll_sum"], rel=1e-6)
+
+
+def test_sliding_window_models_are_warned_about_and_their_mask_counted(tmp_path, text_dir):
+    from transformers import MistralConfig, MistralForCausalLM
+    from typer.testing import CliRunner
+
+    from conftest import build_tokenizer
+    from ctxeval.cli import app
+    from ctxeval.memory import estimate, sliding_window_of
+
+    tok = build_tokenizer()
+    cfg = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=32)
+    torch.manual_seed(0)
+    path = tmp_path / "mistral"
+    MistralForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    assert sliding_window_of(cfg) == 32
+    plain = estimate(MistralConfig(**{**cfg.to_dict(), "sliding_window": None}), (131072,), "bfloat16", "sdpa", 1024)
+    windowed = estimate(cfg, (131072,), "bfloat16", "sdpa", 1024)
+    assert windowed[0].attention - plain[0].attention == 131072 ** 2  # 16 GiB of mask at 128k
+    assert estimate(cfg, (131072,), "bfloat16", "flash_attention_2", 1024)[0].attention == 0
+    result = CliRunner().invoke(app, ["ppl", "--model", str(path), "--data", str(text_dir), "--lengths", "32,64",
+                                      "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert "sliding window" in result.stderr and "--attn flash_attention_2" in result.stderr

@@ -13,6 +13,7 @@ from ..attention import supports_temperature, wrappable_attention
 from ..distributed import conclude, current, init_from_env, open_store
 from ..errors import CtxevalError
 from ..geometry import require_trained_length
+from ..memory import sliding_window_of
 from ..models import load_model, parse_max_memory
 from ..paths import safe_name
 from ..specs import MethodSpec
@@ -49,6 +50,11 @@ def load_for(model: str, specs: list[MethodSpec], dtype: str, device: str, attn:
         raise CtxevalError(f"--attention-temperature: the attention of '{model}' exposes no logit scale that "
                            "ctxeval can change and that its forward reads ('scaling', or BLOOM's "
                            "inv_norm_factor/beta); drop the option")
+    window = sliding_window_of(lm.model.config)
+    if window and lm.attn_implementation != "flash_attention_2":
+        err.print(f"note: {model} attends within a {window:,}-token sliding window; under {lm.attn_implementation} "
+                  "transformers builds an L x L mask for it (16 GiB at 128k, no flash kernel): on a GPU use "
+                  "--attn flash_attention_2 (`ctxeval ppl --dry-run` counts the mask)")
     shipped = lm.rope.shipped.get("rope_type", "default")
     if shipped != "default" and any(s.name == "none" for s in specs):
         err.print(f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
