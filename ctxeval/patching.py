@@ -75,6 +75,7 @@ class RopeHandle:
         self.geometry = geometry
         self.modules = modules
         self._saved: list[_Saved] = []
+        self._on_device: dict[tuple[int, Any, Any], torch.Tensor] = {}  # written frequencies, per RopeFreqs
         self._hooks: list[Any] = []
         self._frozen_length: int | None = None
         self._cache: dict[int | None, RopeFreqs] = {}
@@ -99,7 +100,11 @@ class RopeHandle:
     # -- apply / restore ---------------------------------------------------------------------------------------
     def _write(self, module: torch.nn.Module, freqs: RopeFreqs) -> None:
         buf = module.inv_freq
-        new = torch.from_numpy(freqs.inv_freq).to(device=buf.device, dtype=buf.dtype)
+        key = (id(freqs), buf.device, buf.dtype)
+        new = self._on_device.get(key)
+        if new is None:  # a dynamic method writes on every forward: one host-to-device copy per length, not per call
+            new = torch.from_numpy(freqs.inv_freq).to(device=buf.device, dtype=buf.dtype)
+            self._on_device[key] = new
         if new.shape != buf.shape:
             raise CtxevalError(
                 f"rotary module has {buf.numel()} frequencies but the geometry gives {new.numel()} "

@@ -208,3 +208,55 @@ def test_sliding_window_models_are_warned_about_and_their_mask_counted(tmp_path,
                                       "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output
     assert "sliding window" in result.stderr and "--attn flash_attention_2" in result.stderr
+
+
+def test_forced_needle_carries_the_batch_that_fitted_to_longer_lengths():
+    """Out of memory at 4 prompts per forward at one length: the longer lengths start at the halved batch instead
+    of failing at the full batch again (each failed attempt at 70 GB costs a forward)."""
+    from conftest import build_tokenizer
+    from ctxeval.evals import needle as N
+    from ctxeval.presets import load_task
+
+    tok = build_tokenizer()
+    model = tiny_llama(vocab_size=len(tok))
+    hay, _ = N.haystack_tokens(tok, "filler", 4000)
+    builder = N.PromptBuilder(tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay,
+                              chat_template=False)
+    cfg = N.NeedleConfig((256, 288, 320), (0.0, 50.0, 100.0), samples=2, scoring="forced", batch_size=4)
+    runner_ = N.NeedleRunner(model, tok, "cpu", builder, cfg, "tiny", "needle")
+    attempts = []
+    real = runner_._forced
+
+    def limited(chunk):
+        attempts.append((chunk[0].length, len(chunk)))
+        if len(chunk) > 2:
+            raise N.PointOOM("out of memory (injected)")
+        return real(chunk)
+
+    runner_._forced = limited
+    rows = []
+    runner_.measure(expand_specs(["none"])[0], [(L, d, s) for L in (256, 288, 320) for d in range(3) for s in range(2)],
+                    rows.extend)
+    assert len(rows) == 18 and all(r["status"] == "ok" for r in rows)
+    assert attempts[0] == (256, 4) and attempts[1] == (256, 2)
+    assert all(size <= 2 for length, size in attempts if length > 256)  # no full-batch retry at 288 and 320
+
+
+def test_device_map_offload_to_cpu_is_warned_about(monkeypatch, capsys):
+    import ctxeval.cli.run as run
+
+    model = tiny_llama()
+    model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "lm_head": "disk"}
+
+    class Loaded:
+        def __init__(self):
+            from ctxeval.geometry import rope_info_from_config
+
+            self.model, self.name, self.device, self.attn_implementation = model, "m", "cpu", "sdpa"
+            self.rope = rope_info_from_config(model.config)
+
+    monkeypatch.setattr(run, "load_model", lambda *a, **k: Loaded())
+    lines = []
+    monkeypatch.setattr(run.err, "print", lambda text, *a, **k: lines.append(text))
+    run.load_for("m", expand_specs(["none"]), "auto", "auto", "sdpa", False, device_map="auto")
+    assert any("cpu and disk" in line for line in lines)

@@ -50,6 +50,10 @@ def load_for(model: str, specs: list[MethodSpec], dtype: str, device: str, attn:
         raise CtxevalError(f"--attention-temperature: the attention of '{model}' exposes no logit scale that "
                            "ctxeval can change and that its forward reads ('scaling', or BLOOM's "
                            "inv_norm_factor/beta); drop the option")
+    offloaded = sorted({str(v) for v in (getattr(lm.model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
+    if device_map and offloaded:
+        err.print(f"note: --device-map put layers on {' and '.join(offloaded)}: every forward streams them through "
+                  "the GPU (orders of magnitude slower); give more GPUs or --max-memory, or a smaller --dtype")
     window = sliding_window_of(lm.model.config)
     if window and lm.attn_implementation != "flash_attention_2":
         err.print(f"note: {model} attends within a {window:,}-token sliding window; under {lm.attn_implementation} "

@@ -465,7 +465,9 @@ class NeedleRunner:
                 emit([self._row(spec, it, status="skipped", correct=None, note=f"skipped: out of memory at {skip_from}")
                       for it in items])
                 continue
-            step = steps.get((spec.label, length), self.cfg.batch_size) if self.cfg.scoring == "forced" else 1
+            # a longer length starts at the batch that fitted a shorter one (it needs at least as much memory)
+            fitted = [v for (label, L), v in steps.items() if label == spec.label and L <= length]
+            step = min([self.cfg.batch_size, *fitted]) if self.cfg.scoring == "forced" else 1
             start = 0
             while start < len(items):
                 chunk = items[start:start + step]

@@ -96,14 +96,16 @@ def batch_token_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size:
     targets = input_ids[:, 1:]  # (B, n-1)
     batch, n = targets.shape
     step = max(1, chunk_size // batch)
-    out = torch.empty(batch, n, dtype=torch.float32)
+    out = None  # (B, n-1) on the logits' device: one copy to the host at the end, not one sync per chunk
     for start in range(0, n, step):
         stop = min(start + step, n)
         logits = post(head(hidden[:, start:stop]).float())  # (B, chunk, vocab)
+        if out is None:
+            out = torch.empty(batch, n, dtype=torch.float32, device=logits.device)
         # under --device-map the head may sit on another GPU than the embeddings (and so the targets)
         nll = F.cross_entropy(logits.flatten(0, 1), targets[:, start:stop].flatten().to(logits.device), reduction="none")
-        out[:, start:stop] = nll.view(batch, stop - start).cpu()
-    return out
+        out[:, start:stop] = nll.view(batch, stop - start)
+    return out.cpu() if out is not None else torch.empty(batch, 0)
 
 
 @torch.inference_mode()
