@@ -260,3 +260,33 @@ def test_device_map_offload_to_cpu_is_warned_about(monkeypatch, capsys):
     monkeypatch.setattr(run.err, "print", lambda text, *a, **k: lines.append(text))
     run.load_for("m", expand_specs(["none"]), "auto", "auto", "sdpa", False, device_map="auto")
     assert any("cpu and disk" in line for line in lines)
+
+
+def test_allocation_failures_of_cublas_and_cudnn_count_as_out_of_memory():
+    from ctxeval.evals.common import PointOOM, is_oom, oom_guard
+
+    assert is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert is_oom(RuntimeError("cuDNN error: CUDNN_STATUS_NOT_ENOUGH_WORKSPACE"))
+    assert not is_oom(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    with pytest.raises(PointOOM, match="CUBLAS_STATUS_ALLOC_FAILED") as caught:
+        with oom_guard("cpu"):
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+    # the original error keeps no traceback (its frames would pin the failed forward's tensors), nor is it shown
+    assert caught.value.__context__.__traceback__ is None and caught.value.__suppress_context__
+    with pytest.raises(ValueError):
+        with oom_guard("cpu"):
+            raise ValueError("not memory")
+
+
+def test_the_cli_asks_for_expandable_cuda_segments(monkeypatch):
+    import os
+
+    import ctxeval.cli as cli
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setattr(cli, "app", lambda: None)
+    cli.main()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    cli.main()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"

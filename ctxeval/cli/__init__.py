@@ -6,6 +6,7 @@ modules inside the commands, so that importing the CLI loads no torch, transform
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -40,4 +41,7 @@ for name, command in (("methods", methods_cmd), ("plan", plan_cmd), ("ppl", ppl_
 
 
 def main() -> None:
+    # before torch touches CUDA: long-context forwards allocate blocks of very different sizes, and expandable
+    # segments keep fragmentation from turning into out-of-memory (the user's own setting wins)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     app()

@@ -4,6 +4,7 @@ and the fields every row starts with."""
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Any, Callable, Iterator, Protocol
 
 import torch
@@ -33,24 +34,35 @@ class PointOOM(Exception):
     """Out of memory while measuring one point (the message is the first line of the original error)."""
 
 
+OOM_MESSAGES = ("out of memory", "can't allocate", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+                "cudnn_status_not_enough_workspace")
+
+
 def is_oom(exc: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, a host MemoryError, or a RuntimeError that says it could not allocate."""
+    """CUDA's OutOfMemoryError, a host MemoryError, or a RuntimeError that says it could not allocate (also cuBLAS's
+    and cuDNN's allocation failures, which surface as plain RuntimeErrors)."""
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return True
-    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc).lower() or "can't allocate" in str(exc).lower())
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGES)
 
 
 @contextlib.contextmanager
 def oom_guard(device: str) -> Iterator[None]:
-    """Turn running out of memory inside the block into PointOOM (after freeing CUDA's cache); anything else passes."""
+    """Turn running out of memory inside the block into PointOOM; anything else passes. CUDA's cache is freed once
+    the original exception has let go of its traceback, whose frames hold the failed forward's tensors."""
+    message = None
     try:
         yield
     except Exception as exc:
         if not is_oom(exc):
             raise
+        message = (str(exc).splitlines() or ["out of memory"])[0][:300] or "out of memory"
+        exc.__traceback__ = None  # the traceback's frames hold the failed forward's activations
+    if message is not None:
         if str(device).startswith("cuda"):
+            gc.collect()
             torch.cuda.empty_cache()
-        raise PointOOM((str(exc).splitlines() or ["out of memory"])[0][:300] or "out of memory") from None
+        raise PointOOM(message) from None
 
 
 def head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
