@@ -145,3 +145,27 @@ def test_native_is_length_dependent_only_for_a_shipped_dynamic_rope():
         tiny_llama(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}).config))
     assert not length_dependent(native, plain) and length_dependent(native, dynamic)
     assert length_dependent(expand_specs(["dynamic-ntk"])[0], plain)
+
+
+def test_a_byte_budget_bounds_the_chunk_and_changes_nothing(monkeypatch):
+    """The capture reads each key/value head once for its query group (no expanded k) and sizes the query chunk so
+    that scores + probabilities fit the budget; the entropies equal eager attention's either way."""
+    sdpa, eager = _pair()
+    ids = _ids()
+    shapes = []
+    real = torch.einsum
+
+    def recording(eq, *ops):
+        out = real(eq, *ops)
+        if eq == "hqd,kd->hqk":
+            shapes.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(torch, "einsum", recording)
+    budget = 8 * 2 * N * 5  # two float32 [2 heads, 5 queries, N keys] tensors
+    with torch.inference_mode(), capture(sdpa, EntropyConfig((N,), query_chunk=10**6, chunk_bytes=budget)) as cap:
+        sdpa(ids)
+    assert shapes and all(h == 2 and c <= 5 for h, c, _ in shapes)  # 4 query heads over 2 kv heads: 2 per group
+    want = _eager_entropy(eager, ids)
+    for layer in (0, 1):
+        torch.testing.assert_close(cap.per_layer[layer], want[layer], atol=1e-5, rtol=1e-5)

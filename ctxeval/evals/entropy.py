@@ -43,6 +43,7 @@ class EntropyConfig:
     layers: tuple[int, ...] | None = None  # None: every layer
     heads: tuple[int, ...] | None = None  # None: every query head
     query_chunk: int = 512
+    chunk_bytes: int = 2**31  # scores + probabilities of one key/value head's query group per chunk, at most this
     bos: bool = True
 
     def __post_init__(self) -> None:
@@ -55,8 +56,9 @@ class EntropyConfig:
 class EntropyCapture:
     """Per-query entropies of the sampled layers/heads during one forward: layer -> tensor [positions]."""
 
-    def __init__(self, layers: set[int] | None, heads: tuple[int, ...] | None, chunk: int) -> None:
-        self.layers, self.heads, self.chunk = layers, heads, chunk
+    def __init__(self, layers: set[int] | None, heads: tuple[int, ...] | None, chunk: int,
+                 chunk_bytes: int = 2**31) -> None:
+        self.layers, self.heads, self.chunk, self.chunk_bytes = layers, heads, chunk, chunk_bytes
         self.per_layer: dict[int, torch.Tensor] = {}
         self.counter = 0
 
@@ -83,32 +85,43 @@ class EntropyCapture:
         if max(heads) >= n_heads:
             raise CtxevalError(f"--heads {max(heads)} is out of range: the model has {n_heads} query heads")
         group = n_heads // key.shape[1]
-        q = query[0, heads].float()  # [h, q, D]
-        k = key[0, [h // group for h in heads]].float()  # [h, k, D]
         scale = float(scaling) if scaling is not None else dim ** -0.5
-        out = torch.empty(n_q, dtype=torch.float64, device=query.device)
+        by_kv: dict[int, list[int]] = {}  # query heads per key/value head: k is read once per group, never expanded
+        for h in heads:
+            by_kv.setdefault(h // group, []).append(h)
+        total = torch.zeros(n_q, dtype=torch.float64, device=query.device)
         pos_k = torch.arange(n_k, device=query.device)
-        for c0 in range(0, n_q, self.chunk):
-            c1 = min(n_q, c0 + self.chunk)
-            z = torch.einsum("hqd,hkd->hqk", q[:, c0:c1], k[:, :c1]) * scale  # [h, c, c1]
-            allowed = pos_k[:c1][None, :] <= torch.arange(c0, c1, device=query.device)[:, None]  # [c, c1]
-            if isinstance(mask, torch.Tensor):
-                m = mask[0, :, c0:c1, :c1] if mask.dim() == 4 else mask[..., c0:c1, :c1]
-                if m.dtype == torch.bool:
-                    allowed = allowed & m.reshape(-1, c1 - c0, c1).all(0)
-                else:
-                    z = z + m.float().reshape(-1, c1 - c0, c1)
-            z = z.masked_fill(~allowed, float("-inf"))
-            logp = torch.log_softmax(z, dim=-1)
-            ent = -(logp.exp() * logp.masked_fill(~allowed, 0.0)).sum(-1)  # [h, c]
-            out[c0:c1] = ent.mean(0).double()
+        for kv_head, members in by_kv.items():
+            k = key[0, kv_head].float()  # [k, D]: one head's keys in float32
+            q = query[0, members]  # [h_g, q, D], the model's dtype; each chunk goes to float32
+            # two float32 [h_g, c, k] tensors live at once (scores, probabilities): the chunk fits the byte budget
+            chunk = max(1, min(self.chunk, self.chunk_bytes // (8 * len(members) * n_k)))
+            for c0 in range(0, n_q, chunk):
+                c1 = min(n_q, c0 + chunk)
+                z = torch.einsum("hqd,kd->hqk", q[:, c0:c1].float(), k[:c1]) * scale  # [h_g, c, c1]
+                allowed = pos_k[:c1][None, :] <= torch.arange(c0, c1, device=query.device)[:, None]  # [c, c1]
+                if isinstance(mask, torch.Tensor):
+                    m = mask[0, :, c0:c1, :c1] if mask.dim() == 4 else mask[..., c0:c1, :c1]
+                    if m.dtype == torch.bool:
+                        allowed = allowed & m.reshape(-1, c1 - c0, c1).all(0)
+                    else:
+                        z = z + m.float().reshape(-1, c1 - c0, c1)
+                z.masked_fill_(~allowed, float("-inf"))
+                lse = torch.logsumexp(z, dim=-1, keepdim=True)  # [h_g, c, 1]
+                p = z.sub(lse).exp_()  # [h_g, c, c1] softmax; 0 where masked
+                z.masked_fill_(p == 0, 0.0)  # masked keys (causal, or an additive -inf mask): 0 * z, not 0 * -inf
+                # H = -sum p log p = lse - sum p z
+                ent = lse.squeeze(-1) - p.mul_(z).sum(-1)  # [h_g, c]
+                total[c0:c1] += ent.sum(0).double()
+        out = total / len(heads)
         self.per_layer[int(layer)] = out.cpu()
 
 
 @contextlib.contextmanager
 def capture(model: Any, cfg: EntropyConfig) -> Iterator[EntropyCapture]:
     """Watch the model's sdpa attention while the block runs; yields the capture object."""
-    cap = EntropyCapture(set(cfg.layers) if cfg.layers is not None else None, cfg.heads, cfg.query_chunk)
+    cap = EntropyCapture(set(cfg.layers) if cfg.layers is not None else None, cfg.heads, cfg.query_chunk,
+                         cfg.chunk_bytes)
     with watch_sdpa(model, cap.observe, purpose="entropy"):
         yield cap
 
