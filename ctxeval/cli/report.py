@@ -40,10 +40,8 @@ def report_cmd(
     single: Annotated[bool, typer.Option("--single", help="Refuse (exit 2) instead of splitting when runs of "
                                                           "one task differ in protocol or data.")] = False,
 ) -> None:
-    """Merge run directories into comparison tables: ppl (model x method by length) with the valid-length
-    table, needle / passkey summaries with the effective length, attention entropy (model x method by length,
-    with the uniform bound); runs that differ in protocol or data get separate tables. Built from rows.jsonl;
-    nothing is measured."""
+    """Merge run directories into comparison tables (ppl with valid length, loss by position and LongPPL; needle,
+    passkey, RULER, entropy, lm-eval); runs that differ in protocol get separate tables; --html: one page."""
     from ..report.merged import build_report
     from ..report.render import to_csv, to_json, to_markdown, write_report
 
