@@ -290,3 +290,48 @@ def test_the_cli_asks_for_expandable_cuda_segments(monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
     cli.main()
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+
+
+@pytest.mark.parametrize("method", ["none", "yarn:factor=4", "dynamic-ntk:factor=2"])
+def test_documents_batched_under_truncate_equal_one_document_at_a_time(tmp_path, method, monkeypatch):
+    model = tiny_llama()
+    lengths = (L // 2, L, 2 * L)
+    documents = docs(5, 3 * L)
+    specs = expand_specs([method])
+    got, widths = {}, []
+    real = P.batch_token_nll
+    monkeypatch.setattr(P, "batch_token_nll", lambda m, ids, c: (widths.append(ids.shape[0]), real(m, ids, c))[1])
+    for batch in (1, 2, 4):
+        widths.clear()
+        store = RunStore(tmp_path / f"b{batch}", {"t": 1})
+        store.start({})
+        P.sweep(FakeLM(model), specs, documents, P.PplConfig(lengths, position_edges=(1, 32, 64, 128),
+                                                             batch_size=batch), store)
+        got[batch] = {(r["doc"], r["length"]): r for r in store.rows()}
+        assert max(widths) == batch  # documents really shared forwards (and none did with batch 1)
+    assert len(got[1]) == 15
+    for batch in (2, 4):
+        assert got[batch].keys() == got[1].keys()
+        for key, want in got[1].items():
+            row = got[batch][key]
+            assert row["status"] == "ok" and row["n_tokens"] == want["n_tokens"]
+            assert row["nll_sum"] == pytest.approx(want["nll_sum"], rel=1e-6)
+            np.testing.assert_allclose(row["position_nll_sum"], want["position_nll_sum"], rtol=1e-6)
+
+
+def test_a_document_batch_that_runs_out_of_memory_is_halved(tmp_path, monkeypatch):
+    model = tiny_llama()
+    runner_ = P.PplRunner(model, "cpu", P.PplConfig((L, 2 * L), batch_size=4), 1, "tiny")
+    sizes = []
+    real = runner_._nll_batch
+
+    def limited(seqs, finite=True):
+        sizes.append(len(seqs))
+        if len(seqs) > 1:
+            raise P.PointOOM("out of memory (injected)")
+        return real(seqs, finite)
+
+    runner_._nll_batch = limited
+    rows = []
+    runner_.measure_docs(expand_specs(["none"])[0], docs(4, 3 * L), [L, 2 * L], rows.extend, {})
+    assert sizes[:3] == [4, 2, 1] and len(rows) == 8 and all(r["status"] == "ok" for r in rows)

@@ -94,8 +94,9 @@ def ppl_cmd(
                                   Check("--key-tokens-context", minimum=4)] = None,
     chunk_size: Annotated[int, typer.Option(help="Positions per LM-head chunk (memory vs. speed)."),
                           Check("--chunk-size", minimum=1)] = 1024,
-    batch_size: Annotated[int, typer.Option(help="Sliding windows per forward (--protocol sliding; halved on out of "
-                                                 "memory)."), Check("--batch-size", minimum=1)] = 1,
+    batch_size: Annotated[int, typer.Option(help="Sequences per forward: sliding windows, or documents under "
+                                                 "truncate (halved on out of memory)."),
+                          Check("--batch-size", minimum=1)] = 1,
     valid_tolerance: Annotated[float, typer.Option(help="Valid-length table: allowed ppl rise over the original length."),
                                VALID_TOLERANCE] = 0.10,
     task: Annotated[Optional[str], typer.Option(help="Preset name (ppl-austen, ppl-yarn-proofpile, ppl-yarn-govreport, ppl-yarn-pg19, ppl-pg19) or .toml path.")] = None,

@@ -29,7 +29,7 @@ from ..rows import RESUME_FIELDS
 from ..specs import MethodSpec
 from .positions import add_sums, bucket_sums, key_sums
 from .common import PointOOM, Progress, SilentProgress, head_parts, oom_guard, point_row
-from .sweep import document_items, length_dependent, run_items
+from .sweep import WorkItem, document_items, length_dependent, run_items
 
 PROTOCOLS = ("truncate", "sliding")
 DEFAULT_CHUNK = 1024
@@ -43,7 +43,7 @@ class PplConfig:
     bos: bool = True
     chunk_size: int = DEFAULT_CHUNK
     position_edges: tuple[int, ...] = ()  # loss-by-position buckets (positions.py); () = none recorded
-    batch_size: int = 1  # sliding windows of one length per forward
+    batch_size: int = 1  # sequences of one length per forward: sliding windows, or truncate's documents
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -217,7 +217,12 @@ class PplRunner:
         start = time.perf_counter()
         nll = self._nll(_sequence(doc.ids, 0, self.cfg.doc_tokens_needed(top), self.bos), finite=False).double()
         seconds = time.perf_counter() - start  # nll: (top-1,)
-        speed = self._speed()  # one forward serves every length: the same throughput in each row
+        return self._rows_from_nll(spec, doc, lengths, nll, seconds, self._speed())
+
+    def _rows_from_nll(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int], nll: torch.Tensor, seconds: float,
+                       speed: dict[str, Any]) -> list[dict[str, Any]]:
+        """The truncate rows of `lengths` from one forward's per-token NLL at max(lengths): nll (max - 1,) float64."""
+        top = max(lengths)
         cums = torch.cumsum(nll, 0)
         values = nll.numpy()
         finite_until = int((~torch.isfinite(nll)).nonzero()[0, 0]) if not torch.isfinite(nll).all() else len(nll)
@@ -318,6 +323,36 @@ class PplRunner:
                 total += max(lengths)
         return total
 
+    def measure_docs(self, spec: MethodSpec, docs: list[TokenDoc], lengths: list[int],
+                     emit: Callable[[list[dict]], None], skip_from: dict[str, int]) -> None:
+        """Measure `lengths` of several documents; under truncate with --batch-size > 1 their equal-length sequences
+        share forwards (one at max(lengths) for a static method, one per length for a length-dependent one), with
+        the same rows as one document at a time. Out of memory halves the batch; one document goes through measure."""
+        if len(docs) == 1 or self.cfg.protocol != "truncate" or max(lengths) >= skip_from.get(spec.label, math.inf):
+            for doc in docs:
+                self.measure(spec, doc, lengths, emit, skip_from)
+            return
+        static = not (spec.label in self.dynamic or get_method(spec.name).length_dependent)
+        groups = [sorted(lengths)] if static else [[L] for L in sorted(lengths)]
+        done: list[int] = []
+        try:
+            for group in groups:
+                top = max(group)
+                seqs = [_sequence(d.ids, 0, self.cfg.doc_tokens_needed(top), self.bos) for d in docs]
+                start = time.perf_counter()
+                nll = self._nll_batch(seqs, finite=False).double()  # (B, top-1)
+                seconds, speed = (time.perf_counter() - start) / len(docs), self._speed()
+                rows = [r for d, row in zip(docs, nll) for r in self._rows_from_nll(spec, d, group, row, seconds, speed)]
+                emit(rows)
+                done += group
+                self.progress.advance(top * len(docs), f"{spec.label} {len(docs)} docs ppl@{top}")
+        except PointOOM:
+            rest = [L for L in lengths if L not in done]
+            half = len(docs) // 2
+            self.progress.note(f"{spec.label}: out of memory with {len(docs)} documents per forward; trying {half}")
+            self.measure_docs(spec, docs[:half], rest, emit, skip_from)
+            self.measure_docs(spec, docs[half:], rest, emit, skip_from)
+
     def measure(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int], emit: Callable[[list[dict]], None],
                 skip_from: dict[str, int]) -> None:
         """Measure `lengths` (ascending) of one method on one document, emitting rows point by point."""
@@ -376,6 +411,24 @@ def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig
         per_length=lambda spec: sliding or spec.label in runner.dynamic,
         windows=lambda doc: len(doc.ids) // cfg.stride if sliding else 1,
         tokens=lambda spec, doc, group: runner.cost(spec, [doc], {(spec.label, doc.doc_id): group}))
+    if cfg.protocol == "truncate" and cfg.batch_size > 1:
+        items = batch_documents(items, cfg.batch_size)
     skip_from: dict[str, int] = {}
     run_items(lm, specs, items, cfg.lengths, store, progress,
-              lambda spec, item, _handle: runner.measure(spec, item[0], item[1], store.append, skip_from))
+              lambda spec, item, _handle: runner.measure_docs(spec, list(item[0]) if isinstance(item[0], tuple)
+                                                              else [item[0]], item[1], store.append, skip_from))
+
+
+def batch_documents(items: list[WorkItem], batch_size: int) -> list[WorkItem]:
+    """Merge the items of one method whose documents wait for the same lengths into batches of `batch_size`
+    documents (payload: (documents, lengths)); their sequences have equal lengths, so they share forwards."""
+    groups: dict[tuple[int, tuple[int, ...]], list[WorkItem]] = {}
+    for item in items:
+        groups.setdefault((item.spec_index, tuple(item.payload[1])), []).append(item)
+    merged = []
+    for (_, lengths), members in groups.items():
+        for i in range(0, len(members), batch_size):
+            part = members[i:i + batch_size]
+            merged.append(WorkItem(part[0].spec_index, (tuple(m.payload[0] for m in part), list(lengths)),
+                                   sum(m.cost for m in part), sum(m.tokens for m in part), part[0].length))
+    return merged
