@@ -335,3 +335,27 @@ def test_a_document_batch_that_runs_out_of_memory_is_halved(tmp_path, monkeypatc
     rows = []
     runner_.measure_docs(expand_specs(["none"])[0], docs(4, 3 * L), [L, 2 * L], rows.extend, {})
     assert sizes[:3] == [4, 2, 1] and len(rows) == 8 and all(r["status"] == "ok" for r in rows)
+
+
+def test_generated_needle_answers_batched_equal_one_prompt_at_a_time():
+    from conftest import build_tokenizer
+    from ctxeval.evals import needle as N
+    from ctxeval.presets import load_task
+
+    tok = build_tokenizer()
+    model = tiny_llama(vocab_size=len(tok))
+    hay, _ = N.haystack_tokens(tok, "filler", 4000)
+    builder = N.PromptBuilder(tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay,
+                              chat_template=False)
+    cells = [(256, d, s) for d in range(3) for s in range(3)]
+    rows, calls = {}, []
+    for batch in (1, 4):
+        runner_ = N.NeedleRunner(model, tok, "cpu", builder,
+                                 N.NeedleConfig((256,), (0.0, 50.0, 100.0), samples=3, batch_size=batch), "tiny", "needle")
+        real = runner_._generate_batch
+        runner_._generate_batch = lambda items, handle, real=real: (calls.append(len(items)), real(items, handle))[1]
+        got = []
+        runner_.measure(expand_specs(["none"])[0], cells, got.extend)
+        rows[batch] = {(r["depth"], r["sample"]): (r["response"], r["correct"]) for r in got}
+    assert rows[4] == rows[1] and len(rows[1]) == 9
+    assert max(calls) > 1  # prompts really shared generate calls

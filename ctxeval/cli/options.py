@@ -225,7 +225,8 @@ TextFieldOpt = Annotated[str, typer.Option(help="Record field holding the text."
 ScoringOpt = Annotated[str, typer.Option(help="generate (greedy + string match) | forced (one teacher-forced pass).")]
 MaxNewOpt = Annotated[Optional[int], typer.Option(help="Generation budget (default: answer tokens + 8)."),
                       Check("--max-new-tokens", minimum=1)]
-BatchOpt = Annotated[int, typer.Option(help="Forced scoring: prompts of one length per forward."),
+BatchOpt = Annotated[int, typer.Option(help="Prompts of one length per forward (forced) or per generate call (of one "
+                                            "token length and budget); halved on out of memory."),
                      Check("--batch-size", minimum=1)]
 SeedOpt = Annotated[int, typer.Option(help="Seed of every random choice (values, keys, depths, offsets)."),
                     Check("--seed", minimum=0)]

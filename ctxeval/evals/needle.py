@@ -338,7 +338,7 @@ class NeedleConfig:
     max_new_tokens: int | None = None  # None: the answer's token count + 8
     seed: int = 0
     random_depth: bool = False  # passkey: a uniform random depth per sample
-    batch_size: int = 4  # forced scoring: prompts of one length per forward
+    batch_size: int = 4  # prompts of one length per forward (generate: of one token length and budget)
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -433,18 +433,34 @@ class NeedleRunner:
     # -- generate: greedy decoding ----------------------------------------------------------------------------------
     @torch.inference_mode()
     def _generate(self, it: _Item, handle: Any) -> dict[str, Any]:
-        ids = torch.tensor([it.prompt.ids], device=self.device)
-        budget = self.budget(it.sample)
+        return self._generate_batch([it], handle)[0]
+
+    def _generate_batch(self, items: list[_Item], handle: Any) -> list[dict[str, Any]]:
+        """Greedy replies to prompts of one token length and one budget, in one generate call (no padding)."""
+        ids = torch.tensor([it.prompt.ids for it in items], device=self.device)  # (B, prompt tokens)
+        budget = self.budget(items[0].sample)
         if handle is not None and handle.method.length_dependent:
-            handle.freeze_length(it.length)  # prompt + budget: cached keys and new queries share one RoPE
+            handle.freeze_length(items[0].length)  # prompt + budget: cached keys and new queries share one RoPE
         try:
             gen = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                       generation_config=greedy_config(self.tok, budget, self.model))
         finally:
             if handle is not None and handle.method.length_dependent:
                 handle.freeze_length(None)
-        response = self.tok.decode(gen[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
-        return {"correct": int(score_response(self.builder.preset, it.sample, response)), "response": response}
+        stops = set(stop_ids(self.tok, self.model))
+        out = []
+        for it, row in zip(items, gen):
+            new = row[ids.shape[1]:].tolist()
+            cut = next((i for i, t in enumerate(new) if t in stops), len(new))  # a finished row is padded after
+            response = self.tok.decode(new[:cut], skip_special_tokens=True)
+            out.append({"correct": int(score_response(self.builder.preset, it.sample, response)), "response": response})
+        return out
+
+    def _same_shape(self, chunk: list[_Item]) -> list[_Item]:
+        """The leading items of `chunk` whose prompts share the first one's token length and budget."""
+        first = (len(chunk[0].prompt.ids), self.budget(chunk[0].sample))
+        n = next((i for i, it in enumerate(chunk) if (len(it.prompt.ids), self.budget(it.sample)) != first), len(chunk))
+        return chunk[:n]
 
     def measure(self, spec: MethodSpec, cells: list[tuple[int, int, int]], emit: Callable[[list[dict]], None],
                 handle: Any = None, skip: dict[str, float] | None = None,
@@ -467,15 +483,17 @@ class NeedleRunner:
                 continue
             # a longer length starts at the batch that fitted a shorter one (it needs at least as much memory)
             fitted = [v for (label, L), v in steps.items() if label == spec.label and L <= length]
-            step = min([self.cfg.batch_size, *fitted]) if self.cfg.scoring == "forced" else 1
+            step = min([self.cfg.batch_size, *fitted])
             start = 0
             while start < len(items):
                 chunk = items[start:start + step]
+                if self.cfg.scoring != "forced":
+                    chunk = self._same_shape(chunk)
                 t0 = time.perf_counter()
                 try:
                     with oom_guard(self.device):
                         results = (self._forced(chunk) if self.cfg.scoring == "forced"
-                                   else [self._generate(chunk[0], handle)])
+                                   else self._generate_batch(chunk, handle))
                 except PointOOM as exc:
                     if step > 1:  # a smaller batch may fit: halve before giving up on this length
                         step //= 2
