@@ -35,6 +35,12 @@ TINY_CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 12
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
 
 
+def flash_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
+
+
 def parse_lengths(text: str) -> list[int]:
     from ctxeval.cli.options import parse_lengths as parse
 
@@ -101,6 +107,19 @@ def timed(fn: Any, device: str, repeats: int) -> tuple[float, int]:
     return statistics.median(times), peak
 
 
+def forced(model: Any, ids: Any, answer_tokens: int) -> Any:
+    """A forced needle cell as ctxeval scores it: the body over prompt + answer, the LM head on the answer only."""
+    body, head, post = head_parts(model)
+    hidden = body(input_ids=ids, use_cache=False).last_hidden_state  # (1, L, hidden)
+    return post(head(hidden[:, -answer_tokens - 1:-1]).float()).argmax(-1)
+
+
+def head_parts(model: Any) -> Any:
+    from ctxeval.evals.common import head_parts as parts
+
+    return parts(model)
+
+
 def measure(model: Any, length: int, device: str, repeats: int, new_tokens: int, chunk: int) -> dict[str, Any]:
     import torch
 
@@ -113,7 +132,7 @@ def measure(model: Any, length: int, device: str, repeats: int, new_tokens: int,
     paths = {
         "ctxeval ppl (chunked loss)": lambda: token_nll(model, ids, chunk),
         "naive model(ids, labels=ids)": lambda: model(input_ids=ids, labels=ids, use_cache=False).loss.item(),
-        "needle forced (one forward)": lambda: token_nll(model, ids, chunk),
+        "needle forced (one forward)": lambda: forced(model, ids, new_tokens),
         f"needle generated (prefill + {new_tokens} steps)": lambda: model.generate(
             input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
             do_sample=False, pad_token_id=0),
@@ -141,8 +160,9 @@ def main() -> int:
     parser.add_argument("--lengths", default="4k:128k:x2")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--attn", default="sdpa")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--attn", default="auto", help="sdpa | flash_attention_2 | auto (sdpa, and flash-attention 2 "
+                                                       "when it is installed)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per point after one warm-up (median)")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--chunk-size", type=int, default=1024)
     parser.add_argument("--peak-tflops", type=float, default=None)
@@ -154,11 +174,12 @@ def main() -> int:
     dtype = getattr(torch, args.dtype)
     gpu = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if gpu and k in gpu), None)
-    report: dict[str, Any] = {"device": args.device, "gpu": gpu, "dtype": args.dtype, "attn": args.attn,
+    report: dict[str, Any] = {"device": args.device, "gpu": gpu, "dtype": args.dtype,
                               "peak_tflops": peak, "torch": torch.__version__, "models": []}
-    for name in args.config.split(","):
-        model = build(name, args.device, dtype, args.attn)
-        entry = {"config": name, "parameters": sum(p.numel() for p in model.parameters()),
+    attns = [args.attn] if args.attn != "auto" else ["sdpa"] + (["flash_attention_2"] if flash_installed() else [])
+    for name, attn in ((n, a) for n in args.config.split(",") for a in attns):
+        model = build(name, args.device, dtype, attn)
+        entry = {"config": name, "attn": attn, "parameters": sum(p.numel() for p in model.parameters()),
                  "attention_kernel": attention_kernel(model, args.device), "lengths": []}
         for length in parse_lengths(args.lengths):
             point = measure(model, length, args.device, args.repeats, args.new_tokens, args.chunk_size)
@@ -181,18 +202,18 @@ def main() -> int:
             torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu-benchmark.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"# ctxeval forward benchmark: {gpu or args.device}, {args.dtype}, attn {args.attn}\n",
-             "| model | kernel | length | path | s | tokens/s | MFU | peak GiB |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"# ctxeval forward benchmark: {gpu or args.device}, {args.dtype}\n",
+             "| model | attn (kernel) | length | path | s | tokens/s | MFU | peak GiB |", "|---|---|---|---|---|---|---|---|"]
     for entry in report["models"]:
         for point in entry["lengths"]:
             for path, r in point["paths"].items():
                 if r["status"] != "ok":
-                    lines.append(f"| {entry['config']} | {entry['attention_kernel']} | {point['length']} | {path} | "
-                                 f"{r['status']} | | | |")
+                    lines.append(f"| {entry['config']} | {entry['attn']} ({entry['attention_kernel']}) | {point['length']} "
+                                 f"| {path} | {r['status']} | | | |")
                     continue
                 mfu = f"{r['mfu']:.1%}" if "mfu" in r else "—"
-                lines.append(f"| {entry['config']} | {entry['attention_kernel']} | {point['length']} | {path} | "
-                             f"{r['seconds']} | {r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gib']} |")
+                lines.append(f"| {entry['config']} | {entry['attn']} ({entry['attention_kernel']}) | {point['length']} "
+                             f"| {path} | {r['seconds']} | {r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gib']} |")
     (args.out / "gpu-benchmark.md").write_text("\n".join(lines) + "\n")
     return 0
 

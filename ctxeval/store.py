@@ -64,7 +64,12 @@ def environment() -> dict[str, Any]:
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
             gpu = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
-                   "count": torch.cuda.device_count(), "capability": f"{props.major}.{props.minor}"}
+                   "count": torch.cuda.device_count(), "capability": f"{props.major}.{props.minor}",
+                   # the kernels sdpa may pick from (it takes flash when the inputs allow, else the next)
+                   "sdpa_kernels": [k for k, on in (("flash", torch.backends.cuda.flash_sdp_enabled()),
+                                                    ("mem_efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
+                                                    ("cudnn", torch.backends.cuda.cudnn_sdp_enabled()),
+                                                    ("math", torch.backends.cuda.math_sdp_enabled())) if on]}
     except Exception:
         pass
     return {"versions": versions, "python": sys.version.split()[0], "platform": platform.platform(),
