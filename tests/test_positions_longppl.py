@@ -49,6 +49,7 @@ def test_default_edges_are_octaves_with_the_trained_length():
     assert default_edges(48, 16) == (1, 16, 32, 48)
     assert parse_position_buckets("4", 1024, 128) == (1, 6, 32, 181, 1024)  # 1024 ** (i / 4), rounded
     assert parse_position_buckets("0,1k,4k,8k", 8192, None) == (0, 1024, 4096, 8192)
+    assert parse_position_buckets("1", 1024, 128) == (1, 1024)  # one bucket is allowed (mutmut found it untested)
 
 
 @pytest.mark.parametrize("text, fragment", [("1,4,4,8", "increase strictly"), ("8,4", "increase strictly"),
