@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
@@ -67,8 +68,8 @@ def lm_eval_cmd(
     task_manager(cfg)  # unknown tasks and bad metadata fail before the model loads
     lm = load_for(model_name, specs, dtype, device, "sdpa", trust_remote_code)
     trained = lm.trained_length or 2048
-    cfg = LmEvalConfig(names, max_length or extended_length(specs, trained), include_path, limit, num_fewshot,
-                       batch_size, log_samples, parse_metadata(metadata, getattr(lm.tokenizer, "name_or_path", None)))
+    cfg = replace(cfg, max_length=max_length or extended_length(specs, trained),
+                  metadata=parse_metadata(metadata, getattr(lm.tokenizer, "name_or_path", None)))
     if lm_eval.__version__ != TESTED_VERSION:
         err.print(f"note: lm-eval {lm_eval.__version__} is installed; ctxeval is tested with {TESTED_VERSION}")
     err.print(f"note: lm-eval keeps the last {cfg.max_length:,} tokens of each input (trained length {trained:,})")

@@ -71,7 +71,8 @@ def check_settings(settings: KeyTokenSettings, lengths: tuple[int, ...], protoco
     if protocol != "truncate":
         raise CtxevalError("--key-tokens (LongPPL) scores one long context per document: use --protocol truncate")
     if settings.context < 1 or settings.window < 1:
-        raise CtxevalError(f"--key-tokens-context must be >= 4 tokens, got {settings.context}")
+        raise CtxevalError(f"--key-tokens-context must be at least 1 token (its stride a quarter of it, at least 1), "
+                           f"got {settings.context}")
     if settings.context >= max(lengths):
         raise CtxevalError(f"--key-tokens-context {settings.context} is not shorter than the longest length "
                            f"{max(lengths)}: no token would have more than the short context; use a smaller "

@@ -241,11 +241,8 @@ class PplRunner:
         return rows
 
     def _truncate_at(self, spec: MethodSpec, doc: TokenDoc, length: int) -> dict[str, Any]:
-        start = time.perf_counter()
-        nll = self._nll(_sequence(doc.ids, 0, self.cfg.doc_tokens_needed(length), self.bos)).double()
-        total = float(nll.sum())
-        return self._ok(spec, length, doc.doc_id, total, nll.numel(), total / nll.numel(), 1, time.perf_counter() - start,
-                        {**self._truncate_fields(nll.numpy(), length, doc.doc_id), **self._speed()})
+        """One length in its own forward (length-dependent methods; after an out-of-memory at the longest)."""
+        return self._truncate_one_forward(spec, doc, [length])[0]
 
     # -- sliding -----------------------------------------------------------------------------------------------------
     def _sliding_windows(self, doc: TokenDoc, length: int) -> list[tuple[int, int, int]]:
@@ -391,7 +388,7 @@ class PplRunner:
                 return
             emit([row])
             cost = len(doc.ids) * length // self.cfg.stride if self.cfg.protocol == "sliding" else length
-            self.progress.advance(cost, f"{spec.label} L={length} {doc.doc_id} ppl {row['ppl']:.2f}")
+            self.progress.advance(cost, f"{spec.label} L={length} {doc.doc_id} ppl {row.get('ppl', float('nan')):.2f}")
 
 
 def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig, store: Any,
