@@ -5,11 +5,13 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 from transformers import LlamaConfig
 from typer.testing import CliRunner
 
 from ctxeval import rows as R
 from ctxeval.cli import app
+from ctxeval.errors import CtxevalError
 from ctxeval.geometry import trained_length, trained_length_of_record
 
 runner = CliRunner()
@@ -49,6 +51,39 @@ def test_uniform_entropy_is_the_mean_log_of_visible_keys():
 def test_point_key_keeps_types_apart():
     assert R.point_key({"length": 1}, ["length"]) != R.point_key({"length": "1"}, ["length"])
     assert R.point_key({"a": 1, "b": 2}, ["b", "a"]) == ('2', '1')
+    # a dict-valued field is one key whatever its insertion order; a value JSON cannot hold is keyed by its text
+    assert R.point_key({"p": {"b": 1, "a": 2}}, ["p"]) == R.point_key({"p": {"a": 2, "b": 1}}, ["p"]) == ('{"a": 2, "b": 1}',)
+    assert R.point_key({"doc": Path("/d/a.txt")}, ["doc"]) == ('"/d/a.txt"',)
+
+
+@pytest.mark.parametrize("text, tokens", [("4k", 4096), ("4K", 4096), (" 300 ", 300), ("1.5k", 1536), ("0", 0),
+                                          ("2048", 2048), ("128k", 131072), ("0.5K", 512)])
+def test_token_counts_as_options_give_them(text, tokens):
+    assert R.parse_token_count(text, "--lengths") == tokens
+
+
+@pytest.mark.parametrize("text, message", [
+    ("abc", "--lengths: 'abc' is not a token count; write e.g. 512 or 4k"),
+    ("k", "--lengths: 'k' is not a token count; write e.g. 512 or 4k"),
+    ("-1", "--lengths: '-1' must be a whole number of tokens >= 0"),
+    ("0.5", "--lengths: '0.5' must be a whole number of tokens >= 0"),
+    ("1.0001k", "--lengths: '1.0001k' must be a whole number of tokens >= 0"),
+])
+def test_bad_token_counts_say_what_to_write(text, message):
+    with pytest.raises(CtxevalError) as caught:
+        R.parse_token_count(text, "--lengths")
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("n, shown", [(1024, "1k"), (2048, "2k"), (3072, "3k"), (131072, "128k"), (1000, "1000"),
+                                      (1536, "1536"), (1025, "1025"), (512, "512"), (0, "0"), (64, "64")])
+def test_lengths_are_shown_in_k_only_when_whole(n, shown):
+    assert R.fmt_length(n) == shown
+
+
+def test_a_cell_without_a_value_says_why():
+    assert [R.status_label(s) for s in ("oom", "skipped", "no key tokens", "error", None, "", "OOM")] == [
+        "OOM", "skip", "no keys", "—", "—", "—", "—"]
 
 
 def test_one_trained_length_rule():

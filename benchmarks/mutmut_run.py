@@ -1,0 +1,135 @@
+"""mutmut (3.8, from PyPI) over one group of ctxeval's core modules, in a scratch tree of a given commit.
+
+    python benchmarks/mutmut_run.py GROUP [--commit REV] [--max-children N] [--out FILE]
+
+GROUP is one of GROUPS below: the modules mutated and the test files run against them (mutmut runs, for each
+mutant, only the selected tests that called the mutated function). The scratch tree is `git archive REV` (default
+HEAD) in a temporary folder, so a commit before a test was written can be measured with the same command. Torch runs
+with one thread (OMP_NUM_THREADS=1): mutmut forks its workers after torch is imported, and an OpenMP pool inherited
+through fork hangs, which mutmut would report as a timeout. Every mutant mutmut reports as timeout, suspicious or
+segfault is run again here directly (the same tests, MUTANT_UNDER_TEST set, a wall limit of 10x the clean run's
+time plus 60 s), so the summary tells a mutant that hangs from one that fails or passes. The summary (counts, and
+each survivor's diff) is written as JSON to --out (default benchmarks/results/mutmut-GROUP-REV.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESUME = "tests/test_resume_and_rollback.py"
+# the console script, not `python -m mutmut`: -m would put the scratch tree (the unmutated ctxeval) first on sys.path
+MUTMUT = str(Path(sys.executable).parent / "mutmut")
+GROUPS: dict[str, tuple[list[str], list[str]]] = {
+    "store": (["ctxeval/store.py", "ctxeval/rows.py"],
+              ["tests/test_rows.py", "tests/test_runlock.py", "tests/test_run_lock_cli.py", RESUME]),
+    "patching": (["ctxeval/patching.py"], ["tests/test_patching.py", "tests/test_temperature.py", RESUME]),
+    "methods": (["ctxeval/methods.py"], ["tests/test_methods.py", "tests/test_patching.py", RESUME]),
+    "perplexity": (["ctxeval/evals/perplexity.py"],
+                   ["tests/test_ppl.py", "tests/test_gpu_readiness.py", "tests/test_positions_longppl.py", RESUME]),
+    "needle": (["ctxeval/evals/needle.py"], ["tests/test_needle.py", RESUME]),
+}
+# mutmut's own reading of a worker's exit code (mutmut/stats.py), for the statuses it reports
+STATUS = {0: "survived", 1: "killed", 3: "killed", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
+          24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault", None: "not checked"}
+
+
+def scratch_tree(commit: str, dest: Path) -> list[str]:
+    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return [line for line in subprocess.run(["git", "rev-parse", "--short", commit], cwd=ROOT, capture_output=True,
+                                            text=True, check=True).stdout.split()]
+
+
+def write_config(tree: Path, modules: list[str], tests: list[str]) -> None:
+    lines = ["[mutmut]", "source_paths = ctxeval/", "only_mutate =", *(f"    {m}" for m in modules),
+             "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in tests), "also_copy =", "    tasks/"]
+    (tree / "setup.cfg").write_text("\n".join(lines) + "\n")
+
+
+def exit_codes(tree: Path) -> dict[str, int | None]:
+    codes: dict[str, int | None] = {}
+    for meta in (tree / "mutants").rglob("*.py.meta"):
+        codes.update(json.loads(meta.read_text())["exit_code_by_key"])
+    return codes
+
+
+def rerun_directly(tree: Path, env: dict, mutant: str, limit_s: float) -> str:
+    tests = subprocess.run([MUTMUT, "tests-for-mutant", mutant], cwd=tree, env=env,
+                           capture_output=True, text=True).stdout.split()
+    tests = [t for t in tests if "::" in t]
+    try:
+        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "",
+                                 *tests], cwd=tree / "mutants", env={**env, "MUTANT_UNDER_TEST": mutant},
+                                capture_output=True, text=True, timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        return "hangs"
+    return {0: "survived", 1: "killed"}.get(result.returncode, f"exit {result.returncode}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("group", choices=sorted(GROUPS))
+    parser.add_argument("--commit", default="HEAD")
+    parser.add_argument("--max-children", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--keep", type=Path, default=None, help="use this folder for the scratch tree and keep it")
+    args = parser.parse_args()
+    modules, tests = GROUPS[args.group]
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = args.keep or Path(tmp) / "tree"
+        tree.mkdir(parents=True, exist_ok=True)
+        (short,) = scratch_tree(args.commit, tree)
+        tests = [t for t in tests if (tree / t).exists()]  # an older commit may not have every test file yet
+        write_config(tree, modules, tests)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(tree / "mutants")}
+        start = time.perf_counter()
+        clean = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=tree,
+                               env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
+        clean_s = time.perf_counter() - start
+        if clean.returncode != 0:
+            print(clean.stdout[-3000:])
+            return 2
+        # mutants/ must exist when mutmut starts: Python caches "no such folder" for a sys.path entry for good
+        (tree / "mutants").mkdir(exist_ok=True)
+        run = subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children)],
+                             cwd=tree, env=env, capture_output=True, text=True)
+        run_s = time.perf_counter() - start - clean_s
+        codes = exit_codes(tree)
+        statuses = {name: STATUS.get(code, "suspicious") for name, code in codes.items()}
+        rechecked = {}
+        for name, status in sorted(statuses.items()):
+            if status in ("timeout", "suspicious", "segfault"):
+                rechecked[name] = rerun_directly(tree, env, name, 10 * clean_s + 60)
+        survivors = {}
+        for name, status in sorted(statuses.items()):
+            if status == "survived" or rechecked.get(name) == "survived":
+                survivors[name] = subprocess.run([MUTMUT, "show", name], cwd=tree, env=env,
+                                                 capture_output=True, text=True).stdout
+        summary = {
+            "group": args.group, "commit": short, "modules": modules, "tests": tests,
+            "mutmut": subprocess.run([MUTMUT, "--version"], capture_output=True,
+                                     text=True).stdout.strip(),
+            "clean_run_s": round(clean_s, 1), "mutmut_run_s": round(run_s, 1), "mutants": len(codes),
+            "mutmut_counts": dict(Counter(statuses.values())),
+            "rechecked": rechecked, "rechecked_counts": dict(Counter(rechecked.values())),
+            "survivors": survivors,
+            "mutmut_output_tail": run.stdout[-1500:] + run.stderr[-1500:],
+        }
+    out = args.out or ROOT / "benchmarks" / "results" / f"mutmut-{args.group}-{short}.json"
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: summary[k] for k in ("group", "commit", "mutants", "mutmut_counts", "rechecked_counts")}))
+    print(f"{len(survivors)} survived; written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
