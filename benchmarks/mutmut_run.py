@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ RESUME = "tests/test_resume_and_rollback.py"
 MUTMUT = str(Path(sys.executable).parent / "mutmut")
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "store": (["ctxeval/store.py", "ctxeval/rows.py"],
-              ["tests/test_rows.py", "tests/test_runlock.py", "tests/test_run_lock_cli.py", RESUME]),
+              ["tests/test_store.py", "tests/test_rows.py", "tests/test_runlock.py", "tests/test_run_lock_cli.py", RESUME]),
     "patching": (["ctxeval/patching.py"], ["tests/test_patching.py", "tests/test_temperature.py", RESUME]),
     "methods": (["ctxeval/methods.py"], ["tests/test_methods.py", "tests/test_patching.py", RESUME]),
     "perplexity": (["ctxeval/evals/perplexity.py"],
@@ -42,8 +43,8 @@ STATUS = {0: "survived", 1: "killed", 3: "killed", 5: "no tests", 33: "no tests"
           24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault", None: "not checked"}
 
 
-def scratch_tree(commit: str, dest: Path) -> list[str]:
-    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
+def scratch_tree(commit: str, dest: Path, *paths: str) -> list[str]:
+    archive = subprocess.run(["git", "archive", commit, *paths], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return [line for line in subprocess.run(["git", "rev-parse", "--short", commit], cwd=ROOT, capture_output=True,
                                             text=True, check=True).stdout.split()]
@@ -82,14 +83,28 @@ def main() -> int:
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="use this folder for the scratch tree and keep it")
+    parser.add_argument("--retest", action="store_true",
+                        help="with --keep of an earlier run: take the tests of --commit and run only the mutants that "
+                             "survived there (a mutant killed stays killed when tests are only added)")
     args = parser.parse_args()
     modules, tests = GROUPS[args.group]
     with tempfile.TemporaryDirectory() as tmp:
         tree = args.keep or Path(tmp) / "tree"
-        tree.mkdir(parents=True, exist_ok=True)
-        (short,) = scratch_tree(args.commit, tree)
-        tests = [t for t in tests if (tree / t).exists()]  # an older commit may not have every test file yet
-        write_config(tree, modules, tests)
+        if args.retest:
+            if args.keep is None or not (tree / "mutants").is_dir():
+                parser.error("--retest needs --keep DIR of an earlier run")
+            survivors_before = [name for name, code in exit_codes(tree).items() if code == 0]
+            for dest in (tree, tree / "mutants"):
+                shutil.rmtree(dest / "tests")
+                (short,) = scratch_tree(args.commit, dest, "tests")
+            tests = [t for t in tests if (tree / t).exists()]
+            write_config(tree, modules, tests)
+            shutil.copy(tree / "setup.cfg", tree / "mutants" / "setup.cfg")
+        else:
+            tree.mkdir(parents=True, exist_ok=True)
+            (short,) = scratch_tree(args.commit, tree)
+            tests = [t for t in tests if (tree / t).exists()]  # an older commit may not have every test file yet
+            write_config(tree, modules, tests)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(tree / "mutants")}
         start = time.perf_counter()
         clean = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=tree,
@@ -100,8 +115,12 @@ def main() -> int:
             return 2
         # mutants/ must exist when mutmut starts: Python caches "no such folder" for a sys.path entry for good
         (tree / "mutants").mkdir(exist_ok=True)
-        run = subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children)],
+        run = subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children),
+                              *(survivors_before if args.retest else [])],
                              cwd=tree, env=env, capture_output=True, text=True)
+        if args.retest:  # mutmut resets the results of mutants whose tests changed: check those again too
+            run = subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children)],
+                                 cwd=tree, env=env, capture_output=True, text=True)
         run_s = time.perf_counter() - start - clean_s
         codes = exit_codes(tree)
         statuses = {name: STATUS.get(code, "suspicious") for name, code in codes.items()}
@@ -115,7 +134,7 @@ def main() -> int:
                 survivors[name] = subprocess.run([MUTMUT, "show", name], cwd=tree, env=env,
                                                  capture_output=True, text=True).stdout
         summary = {
-            "group": args.group, "commit": short, "modules": modules, "tests": tests,
+            "group": args.group, "commit": short, "retest_of_survivors": args.retest, "modules": modules, "tests": tests,
             "mutmut": subprocess.run([MUTMUT, "--version"], capture_output=True,
                                      text=True).stdout.strip(),
             "clean_run_s": round(clean_s, 1), "mutmut_run_s": round(run_s, 1), "mutants": len(codes),

@@ -249,7 +249,12 @@ def test_cli_html_with_and_without_out(tmp_path):
     assert 'id="needle-1"' in (tmp_path / "page.html").read_text(encoding="utf-8")
     both = cli(a, n, "--out", tmp_path / "rep", "--html", tmp_path / "rep" / "report.html", "--format", "json")
     assert both.exit_code == 0, both.output
-    assert (tmp_path / "rep" / "report.json").exists() and (tmp_path / "rep" / "report.html").exists()
+    written = json.loads((tmp_path / "rep" / "report.json").read_text())
+    printed = json.loads(both.stdout)  # --format json printed the tables --out wrote (the file adds figure names)
+    assert [[t["rows"] for t in g["tables"]] for g in printed["groups"]] == [
+        [t["rows"] for t in g["tables"]] for g in written["groups"]]
+    page = (tmp_path / "rep" / "report.html").read_text(encoding="utf-8")
+    assert all(f'id="{g["id"]}"' in page for g in written["groups"])
     assert not list(a.glob("*.html")) and not list(a.glob("table.md"))
 
 

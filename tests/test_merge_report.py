@@ -468,7 +468,15 @@ def test_cli_markdown_csv_json_and_out(tmp_path):
     assert as_json.exit_code == 0
     assert [g["id"] for g in json.loads(as_json.stdout)["groups"]] == ["ppl-1", "needle-1"]
     out = cli(a, b, "--out", tmp_path / "rep")
-    assert out.exit_code == 0 and (tmp_path / "rep" / "ppl-1.png").exists() and "wrote" in out.stderr
+    assert out.exit_code == 0 and "wrote" in out.stderr
+    rep = tmp_path / "rep"
+    assert sorted(p.name for p in rep.iterdir()) == ["needle-1.csv", "needle-1.png", "ppl-1-valid.csv", "ppl-1.csv",
+                                                     "ppl-1.png", "report.csv", "report.json", "table.md"]
+    assert all((rep / f"{g}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for g in ("ppl-1", "needle-1"))
+    assert header in (rep / "table.md").read_text() and "](ppl-1.png)" in (rep / "table.md").read_text()
+    assert list(csv.DictReader((rep / "report.csv").open())) == rows  # the file holds what --format csv printed
+    written = json.loads((rep / "report.json").read_text())
+    assert [g["id"] for g in written["groups"]] == ["ppl-1", "needle-1"] and "environment" in written["generated"]
     assert not list(tmp_path.glob("a/table.md"))  # the runs themselves are never written to
 
 

@@ -1,5 +1,6 @@
 """needle / passkey: exact prompt lengths, intact needles, scoring, forced vs generate, resume, outputs, bad input."""
 
+import csv
 import json
 
 import numpy as np
@@ -168,7 +169,20 @@ def test_passkey_cli(tmp_path, tiny_model_dir):
     rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and len({r["depth"] for r in rows}) > 1  # random depth per sample
     assert all(r["prompt_tokens"] + 6 == r["length"] for r in rows)
-    assert "Passkey context" in (out / "table.md").read_text() and (out / "passkey.csv").exists()
+    assert "Passkey context" in (out / "table.md").read_text()
+    # passkey.csv from the rows by YaRN's definition: the longest length with every length up to it >= 80 %
+    accuracy = {n: sum(r["correct"] for r in rows if r["length"] == n) / 3 for n in (300, 400)}
+    context = None
+    for n in sorted(accuracy):
+        if accuracy[n] < 0.8:
+            break
+        context = n
+    table = list(csv.DictReader((out / "passkey.csv").open()))
+    assert [r["method"] for r in table] == ["none"]
+    assert (float(table[0]["passkey context"]) if table[0]["passkey context"] else None) == context
+    upto = [accuracy[n] for n in accuracy if context is not None and n <= context]
+    mean = table[0]["mean accuracy up to it"]
+    assert float(mean) == pytest.approx(sum(upto) / len(upto)) if upto else mean == ""
 
 
 @pytest.mark.parametrize("extra,fragment", [

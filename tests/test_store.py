@@ -108,6 +108,12 @@ def test_run_json_record_and_the_history_of_earlier_starts(tmp_path, monkeypatch
                                   "environment": {"machine": "first"}}]
     assert record["status"] == "running" and record["environment"] == {"machine": "second"}
     assert record["started"] == "2026-01-01T00:02:00+00:00" and record["finished"] is None
+    monkeypatch.setattr(store_module, "now_utc", lambda: "2026-01-01T00:03:00+00:00")
+    with RunStore(tmp_path / "r", spec) as third:  # every earlier start stays in the history, oldest first
+        third.start({"model": "/models/m"})
+        history = json.loads(third.run_path.read_text())["history"]
+    assert [h["started"] for h in history] == ["2026-01-01T00:00:00+00:00", "2026-01-01T00:02:00+00:00"]
+    assert history[1]["environment"] == {"machine": "second"} and history[1]["status"] == "running"
 
 
 @pytest.mark.parametrize("raised, status, error", [
@@ -118,13 +124,18 @@ def test_run_json_record_and_the_history_of_earlier_starts(tmp_path, monkeypatch
 def test_run_status_finalises_whatever_happens(tmp_path, raised, status, error):
     with RunStore(tmp_path / "r", {"t": 1}) as store:
         store.start({})
+        propagated = None
         try:
             with run_status(store) as inside:
                 assert inside is store
                 if raised is not None:
                     raise raised
-        except BaseException as exc:  # the exception is never swallowed
-            assert raised is not None and (exc is raised or isinstance(exc, raised))
+        except BaseException as exc:
+            propagated = exc
+        if raised is None:
+            assert propagated is None
+        else:  # the exception is never swallowed
+            assert propagated is raised or isinstance(propagated, raised)
         record = json.loads(store.run_path.read_text())
     assert (record["status"], record["error"]) == (status, error) and record["finished"] is not None
 
@@ -136,7 +147,9 @@ def test_now_utc_is_utc_to_the_second():
     assert abs((dt.datetime.now(dt.timezone.utc) - parsed).total_seconds()) < 5
 
 
-def test_environment_is_what_this_process_runs_on(monkeypatch):
+@pytest.mark.parametrize("kernels_on, kernels", [((True, True, True, True), ["flash", "mem_efficient", "cudnn", "math"]),
+                                                 ((False, True, False, True), ["mem_efficient", "math"])])
+def test_environment_is_what_this_process_runs_on(monkeypatch, kernels_on, kernels):
     import torch
 
     def version_without_gguf(name):
@@ -147,9 +160,9 @@ def test_environment_is_what_this_process_runs_on(monkeypatch):
     monkeypatch.setattr(store_module, "version", version_without_gguf)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(
-        name="NVIDIA H200", total_memory=int(139.8 * 2**30), major=9, minor=0))
-    for kernel, on in (("flash", True), ("mem_efficient", False), ("cudnn", True), ("math", True)):
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: {0: SimpleNamespace(
+        name="NVIDIA H200", total_memory=int(139.83 * 2**30), major=9, minor=0)}[i])  # the first GPU's
+    for kernel, on in zip(("flash", "mem_efficient", "cudnn", "math"), kernels_on):
         monkeypatch.setattr(torch.backends.cuda, f"{kernel}_sdp_enabled", lambda on=on: on)
     env = environment()
     expected_versions = {name: version(name) for name in ("ctxeval", "torch", "transformers", "datasets", "numpy",
@@ -158,17 +171,37 @@ def test_environment_is_what_this_process_runs_on(monkeypatch):
     assert set(env["versions"]) == {"ctxeval", "torch", "transformers", "datasets", "numpy", "accelerate", "gguf"}
     assert env["versions"]["gguf"] is None
     assert env["gpu"] == {"name": "NVIDIA H200", "memory_gib": 139.8, "count": 2, "capability": "9.0",
-                          "sdpa_kernels": ["flash", "cudnn", "math"]}
+                          "sdpa_kernels": kernels}
     assert (env["python"], env["platform"], env["machine"], env["cpu_count"], env["argv"]) == (
         platform.python_version(), platform.platform(), platform.machine(), os.cpu_count(), sys.argv)
-    here = Path(store_module.__file__).resolve().parent
-    head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode != 0:  # not a git checkout (an installed wheel, a scratch copy)
-        assert env["git_commit"] is None
-    else:
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
-        assert env["git_commit"] == head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def test_the_git_commit_of_the_checkout_ctxeval_runs_from(tmp_path, monkeypatch):
+    checkout = tmp_path / "checkout"
+    (checkout / "ctxeval").mkdir(parents=True)
+    monkeypatch.setattr(store_module, "__file__", str(checkout / "ctxeval" / "store.py"))
+    assert environment()["git_commit"] is None  # not a git checkout (an installed wheel, a copied tree)
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (checkout / "ctxeval" / "store.py").write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-qm", "first")
+    head = git("rev-parse", "HEAD")
+    assert len(head) == 40 and environment()["git_commit"] == head
+    (checkout / "notes.txt").write_text("untracked")  # untracked files do not make the checkout dirty
+    assert environment()["git_commit"] == head
+    (checkout / "ctxeval" / "store.py").write_text("x = 2\n")  # a tracked file changed: the code is not HEAD's
+    assert environment()["git_commit"] == head + "+dirty"
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)  # a machine without git
+    assert environment()["git_commit"] is None
 
 
 def test_environment_without_cuda_has_no_gpu(monkeypatch):
@@ -225,6 +258,13 @@ def test_refusals_name_what_to_do(tmp_path):
     assert str(caught.value) == (f"{tmp_path / 'r'}: run.json holds another spec than this rank's; all ranks must run "
                                  "one command")
     assert json.loads((tmp_path / "r" / "run.json").read_text())["spec"]["lengths"] == [32]  # nothing replaced
+
+
+def test_a_run_json_without_a_spec_is_refused_in_one_line(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "run.json").write_text("{}")
+    with pytest.raises(store_module.CtxevalError, match=r"differs in: lengths, task\); use another --out"):
+        RunStore(tmp_path / "r", {"task": "ppl", "lengths": [32]})
 
 
 def test_overwrite_replaces_a_run_and_its_files(tmp_path):
