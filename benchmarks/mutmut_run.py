@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                    ["tests/test_ppl.py", "tests/test_gpu_readiness.py", "tests/test_positions_longppl.py", RESUME]),
     "needle": (["ctxeval/evals/needle.py"], ["tests/test_needle.py", RESUME]),
 }
+SPINNER = re.compile(r"^\W*(Generating mutants|Running stats|Listing all tests|Running clean tests)")
 # mutmut's own reading of a worker's exit code (mutmut/stats.py), for the statuses it reports
 STATUS = {0: "survived", 1: "killed", 3: "killed", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
           24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault", None: "not checked"}
@@ -141,7 +143,8 @@ def main() -> int:
             "mutmut_counts": dict(Counter(statuses.values())),
             "rechecked": rechecked, "rechecked_counts": dict(Counter(rechecked.values())),
             "survivors": survivors,
-            "mutmut_output_tail": run.stdout[-1500:] + run.stderr[-1500:],
+            "mutmut_output_tail": "\n".join(line for line in (run.stdout + run.stderr).splitlines()
+                                             if line.strip() and not SPINNER.match(line))[-1500:],
         }
     out = args.out or ROOT / "benchmarks" / "results" / f"mutmut-{args.group}-{short}.json"
     out.write_text(json.dumps(summary, indent=1) + "\n")

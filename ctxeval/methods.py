@@ -269,7 +269,7 @@ def _longrope(geom: Geometry, params: dict[str, Any], length: int | None) -> Rop
     for name in ("short_factor", "long_factor"):
         if params.get(name) is None:
             raise CtxevalError(f"longrope needs {name}: {pairs} per-pair factors, e.g. {name}=@factors.json (a JSON or "
-                               "TOML file, or a checkpoint's config.json) or {name}=1.0;1.1;...")
+                               f"TOML file, or a checkpoint's config.json) or {name}=1.0;1.1;...")
         if len(params[name]) != pairs:
             raise CtxevalError(f"longrope: {name} has {len(params[name])} values; this model's rotary dim "
                                f"{geom.rotary_dim} needs {pairs} (one per rotary pair)")
@@ -441,6 +441,7 @@ def coerce_param(owner: str, p: Param, value: Any) -> Any:
 def resolve_params(method: Method, given: dict[str, Any]) -> dict[str, Any]:
     """Validate user parameters and fill defaults. Unknown or invalid parameters raise CtxevalError."""
     params: dict[str, Any] = {}
+    given_as: dict[str, str] = {}  # parameter -> the name the user gave it under (itself or a paper alias)
     for raw_key, value in given.items():
         key = method.param_aliases.get(raw_key, raw_key)
         p = method.param(key)
@@ -449,7 +450,8 @@ def resolve_params(method: Method, given: dict[str, Any]) -> dict[str, Any]:
             extra = f" (aliases: {', '.join(f'{a}={b}' for a, b in method.param_aliases.items())})" if method.param_aliases else ""
             raise CtxevalError(f"method '{method.name}' does not take '{raw_key}'; it takes: {valid}{extra}")
         if key in params:
-            raise CtxevalError(f"{method.name}: '{key}' given twice (maybe as '{raw_key}')")
+            raise CtxevalError(f"{method.name}: '{key}' given twice (as '{given_as[key]}' and '{raw_key}'); keep one")
+        given_as[key] = raw_key
         params[key] = None if value is None else coerce_param(method.name, p, value)
     if "truncate" in params and params.get("ramp") == "ratio":
         raise CtxevalError(f"{method.name}: truncate applies only to ramp=index; drop it or use ramp=index")

@@ -1,5 +1,6 @@
 """methods.py against transformers' own ROPE_INIT_FUNCTIONS and the papers' formulas."""
 
+import json
 import math
 import re
 
@@ -14,7 +15,8 @@ from ctxeval.methods import METHODS, Geometry, compute, plan
 from ctxeval.specs import expand_specs, parse_spec
 
 # rotary dim, base, original length, factor
-GEOMETRIES = [(64, 1e4, 2048, 2.0), (128, 5e5, 8192, 16.0), (128, 1e4, 4096, 4.0), (64, 1e5, 8192, 8.0), (128, 5e5, 2048, 3.0)]
+GEOMETRIES = [(64, 1e4, 2048, 2.0), (128, 5e5, 8192, 16.0), (128, 1e4, 4096, 4.0), (64, 1e5, 8192, 8.0), (128, 5e5, 2048, 3.0),
+              (64, 10.0, 4096, 4.0)]  # base 10: YaRN's slow correction dim passes d - 1 and is clamped there
 RTOL = 1e-6  # transformers computes in float32
 
 
@@ -42,6 +44,8 @@ CASES = [
     ("yarn", "yarn", {"beta_fast": 16.0, "beta_slow": 2.0}, None),
     ("yarn", "yarn", {"mscale": 0.707, "mscale_all_dim": 0.707}, None),
     ("llama3", "llama3", {"low_freq_factor": 1.0, "high_freq_factor": 4.0}, None),
+    ("llama3", "llama3", {"low_freq_factor": 2.0, "high_freq_factor": 8.0}, None),  # L / low != L * low
+    ("yarn", "yarn", {"mscale": 2.0}, None),  # mscale alone: the plain 0.1 ln s + 1, as transformers
 ]
 
 
@@ -235,3 +239,165 @@ def test_spec_parsing_and_factor_sweep():
     assert labels == ["none", "yarn(factor=2)", "yarn(factor=4)", "pi(factor=3)", "dynamic-yarn"]
     assert expand_specs(["yarn:alpha=2,beta=16"])[0].params == {"beta_slow": 2.0, "beta_fast": 16.0}
     assert [s.label for s in expand_specs(["dynamic-ntk:rule=paper"], [2, 4])] == ["dynamic-ntk(rule=paper)"]
+
+
+# -- the survivors of mutmut 3.8.1 over methods.py (docs/testing.md): what each method reports beside its frequencies,
+# -- the plan, and every one-line refusal
+
+
+def _interpolation_factor(name, params, length=None, geom=Geometry(64, 1e4, 2048)):
+    return compute(name, geom, params, length).interpolation_factor
+
+
+def test_interpolation_factor_of_each_method_from_its_definition():
+    d, b, L = 64, 1e4, 2048
+    assert _interpolation_factor("pi", {"factor": 3}) == 3
+    assert _interpolation_factor("yarn", {"factor": 3}) == 3
+    assert _interpolation_factor("ntk-by-parts", {"factor": 3}) == 3
+    assert _interpolation_factor("llama3", {"factor": 3}) == 3
+    assert _interpolation_factor("ntk", {"factor": 3}) == pytest.approx(3)  # b' = b s^(d/(d-2)): s back
+    assert _interpolation_factor("ntk", {"base": 4e4}) == pytest.approx(4 ** ((d - 2) / d))
+    assert _interpolation_factor("dynamic-ntk", {"factor": 2}, 3 * L) == pytest.approx(2 * 3 - 1)  # s l/L - (s-1)
+    assert _interpolation_factor("dynamic-ntk", {"rule": "paper"}, 3 * L) == pytest.approx(3)  # max(1, l/L)
+    assert _interpolation_factor("dynamic-yarn", {}, 3 * L) == pytest.approx(3)
+    factors = {"short_factor": [1.0] * 31 + [1.5], "long_factor": [1.0] * 16 + [4.0] * 16}
+    assert _interpolation_factor("longrope", factors, L) == 1.5 and _interpolation_factor("longrope", factors, 2 * L) == 4
+
+
+def test_plan_rows_for_ntk_pi_and_a_dynamic_method():
+    geom = Geometry(64, 1e4, 2048)
+    theta = geom.default_inv_freq()
+    freqs, rows = plan("ntk", geom, {"factor": 8})
+    assert [r.pair for r in rows] == list(range(32))
+    assert [r.wavelength for r in rows] == pytest.approx(list(2 * math.pi / theta), rel=1e-12)
+    assert [r.ratio for r in rows] == pytest.approx(list(2048 * theta / (2 * math.pi)), rel=1e-12)
+    assert [r.inv_freq for r in rows] == list(freqs.inv_freq)
+    assert rows[0].group == "extrapolated" and rows[-1].group == "interpolated" and rows[-1].scale == pytest.approx(8)
+    assert {r.group for r in rows[1:-1]} == {"blended"}  # NTK scales every other pair by less than s
+    assert {r.group for r in plan("pi", geom, {"factor": 2})[1]} == {"interpolated"}  # s = 2 is interpolation too
+    _, at_3l = plan(METHODS["dynamic-ntk"], geom, {"factor": 2}, 3 * 2048)  # a Method object, at a length
+    assert at_3l[-1].scale == pytest.approx(5) and at_3l[-1].group == "interpolated"
+    assert {r.group for r in plan("dynamic-ntk", geom, {"factor": 2})[1]} == {"extrapolated"}  # at L: unchanged
+
+
+@pytest.mark.parametrize("args, message", [
+    ((63, 1e4, 64), "rotary dim must be an even number >= 2, got 63"),
+    ((0, 1e4, 64), "rotary dim must be an even number >= 2, got 0"),
+    ((64, 1.0, 64), "RoPE base must be > 1, got 1.0"),
+    ((64, 1e4, 0), "original length must be >= 1, got 0"),
+])
+def test_impossible_geometries_are_refused(args, message):
+    with pytest.raises(CtxevalError) as caught:
+        Geometry(*args)
+    assert str(caught.value) == message
+
+
+def test_a_base_between_1_and_2_is_a_geometry():
+    assert Geometry(64, 1.5, 64).default_inv_freq()[1] == pytest.approx(1.5 ** (-2 / 64))
+
+
+def test_compute_refuses_a_length_below_one_and_frequencies_that_are_not_positive_and_finite():
+    from ctxeval.methods import Method, RopeFreqs
+
+    with pytest.raises(CtxevalError) as caught:
+        compute("dynamic-ntk", G, {}, 0)
+    assert str(caught.value) == "sequence length must be >= 1, got 0"
+    for bad in (np.inf, 0.0, -1.0):
+        method = Method("broken", "test", lambda geom, params, length, bad=bad: RopeFreqs(
+            np.array([1.0, bad]), 1.0))
+        with pytest.raises(CtxevalError) as caught:
+            compute(method, Geometry(4, 1e4, 64), {})
+        assert str(caught.value) == ("broken with {} gives non-finite or non-positive frequencies for "
+                                     "Geometry(rotary_dim=4, base=10000.0, original_length=64)")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("warp", "unknown method 'warp'; choose one of: " + ", ".join(
+        list(METHODS) + list(__import__("ctxeval.methods", fromlist=["x"])._ALIASES)) + " (see 'ctxeval methods')"),
+    ("native", "native is the checkpoint's own RoPE as shipped (e.g. Llama 3.1's llama3 scaling): it has no formula "
+               "here; ctxeval reads it back from the model instead"),
+    ("yarn:beta_fast=4,beta_slow=4", "yarn: beta_slow (alpha) must be smaller than beta_fast (beta), got beta_slow=4 "
+                                     "beta_fast=4; the paper uses alpha=1, beta=32"),
+    ("llama3:low_freq_factor=4,high_freq_factor=4", "llama3: low_freq_factor must be smaller than high_freq_factor, "
+                                                    "got 4 >= 4"),
+    ("dynamic-ntk:rule=paper,factor=2", "dynamic-ntk: rule=paper uses s = max(1, l/L) and takes no factor; drop "
+                                        "factor or use rule=transformers"),
+    ("ntk:alpha=2,base=20000", "ntk: give either alpha or base, not both"),
+    ("ntk:factor=2,base=20000", "ntk: give either factor or base, not both"),
+    ("yarn:foo=1", "method 'yarn' does not take 'foo'; it takes: factor, original_max_position_embeddings, beta_fast, "
+                   "beta_slow, ramp, truncate, attention_factor, mscale, mscale_all_dim (aliases: alpha=beta_slow, "
+                   "beta=beta_fast)"),
+    ("none:factor=2", "method 'none' does not take 'factor'; it takes: no parameters"),
+    ("yarn:alpha=2,beta_slow=2", "yarn: 'beta_slow' given twice (as 'alpha' and 'beta_slow'); keep one"),
+    ("yarn:truncate=maybe", "yarn: truncate must be true or false, got 'maybe'"),
+    ("yarn:factor=abc", "yarn: factor must be a number, got 'abc'"),
+    ("yarn:factor=inf", "yarn: factor must be finite, got 'inf'"),
+    ("yarn:factor=0.5", "yarn: factor must be >= 1, got 0.5 (factor < 1 would shrink the context; use 1 for no "
+                        "scaling)"),
+    ("ntk:alpha=0.5", "ntk: alpha must be >= 1, got 0.5 (factor < 1 would shrink the context; use 1 for no scaling)"),
+    ("yarn:mscale=-1", "yarn: mscale must be >= 0, got -1"),
+    ("yarn:beta_fast=0", "yarn: beta_fast must be > 0, got 0"),
+    ("yarn:original_max_position_embeddings=1000.5", "yarn: original_max_position_embeddings must be an integer, got "
+                                                     "'1000.5'"),
+    ("yarn:original_max_position_embeddings=abc", "yarn: original_max_position_embeddings must be an integer, got "
+                                                  "'abc'"),
+    ("longrope:long_factor=1;2", "longrope needs short_factor: 64 per-pair factors, e.g. short_factor=@factors.json (a "
+                                 "JSON or TOML file, or a checkpoint's config.json) or short_factor=1.0;1.1;..."),
+    ("longrope:short_factor=1;abc", "longrope: short_factor must be a list of numbers (1.0;1.1;... or @FILE), got "
+                                    "'['1', 'abc']'"),
+])
+def test_every_refusal_is_one_line_that_says_what_to_do(spec, message):
+    with pytest.raises(CtxevalError) as caught:
+        for s in expand_specs([spec]):
+            compute(s.name, G, s.params)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("text, value", [("true", True), ("TRUE", True), (" yes ", True), ("on", True), ("1", True),
+                                         ("false", False), ("False", False), ("no", False), ("OFF", False),
+                                         ("0", False)])
+def test_boolean_parameters_as_users_write_them(text, value):
+    (s,) = expand_specs([f"yarn:factor=4,truncate={text}"])
+    expected = compute("yarn", G, {"factor": 4, "truncate": value})
+    assert np.array_equal(compute(s.name, G, s.params).inv_freq, expected.inv_freq)
+    assert np.array_equal(compute("yarn", G, {"factor": 4, "truncate": text}).inv_freq, expected.inv_freq)
+
+
+def test_an_integer_parameter_is_an_int():
+    from ctxeval.methods import get_method, resolve_params
+
+    params = resolve_params(get_method("yarn"), {"original_max_position_embeddings": "4096"})
+    assert params["original_max_position_embeddings"] == 4096 and type(params["original_max_position_embeddings"]) is int
+    assert type(resolve_params(get_method("yarn"), {"factor": "4"})["factor"]) is float
+
+
+def test_factor_lists_from_files_that_are_not_right(tmp_path):
+    bad_json, bad_toml = tmp_path / "f.json", tmp_path / "f.toml"
+    bad_json.write_text("{not json")
+    bad_toml.write_text("short_factor = [1, ")
+    cases = [
+        (f"@{bad_json}", f"longrope: short_factor: {bad_json} is not valid JSON (Expecting property name enclosed in "
+                         "double quotes: line 1 column 2 (char 1))"),
+        (f"@{bad_toml}", f"longrope: short_factor: {bad_toml} is not valid TOML ("),
+        (f"@{tmp_path / 'none.json'}", f"longrope: short_factor: cannot read {tmp_path / 'none.json'} (No such file or "
+                                       "directory)"),
+    ]
+    empty = tmp_path / "config.json"
+    empty.write_text(json.dumps({"rope_scaling": {"long_factor": [1.0] * 64}}))
+    cases.append((f"@{empty}", f"longrope: short_factor: {empty} holds no 'short_factor' (top level, rope_parameters or "
+                               "rope_scaling)"))
+    for value, message in cases:
+        with pytest.raises(CtxevalError) as caught:
+            compute("longrope", G, {"short_factor": value, "long_factor": [1.0] * 64})
+        assert str(caught.value).startswith(message), str(caught.value)
+    nested = tmp_path / "rope.json"  # transformers 5 configs hold them under rope_parameters
+    nested.write_text(json.dumps({"rope_parameters": {"short_factor": [2.0] * 64, "long_factor": [3.0] * 64}}))
+    got = compute("longrope", G, {"short_factor": f"@{nested}", "long_factor": f"@{nested}"}, 8192)  # past L: long
+    assert np.allclose(got.inv_freq, G.default_inv_freq() / 3.0, rtol=1e-12)
+
+
+def test_longrope_attention_factor_override():
+    factors = {"short_factor": [1.0] * 64, "long_factor": [2.0] * 64, "factor": 4}
+    assert compute("longrope", G, {**factors, "attention_factor": 1.25}, 4096).attention_factor == 1.25
+    assert compute("longrope", G, factors, 4096).attention_factor == pytest.approx(
+        math.sqrt(1 + math.log(4) / math.log(G.original_length)))
