@@ -16,7 +16,7 @@ from ctxeval.specs import expand_specs, parse_spec
 
 # rotary dim, base, original length, factor
 GEOMETRIES = [(64, 1e4, 2048, 2.0), (128, 5e5, 8192, 16.0), (128, 1e4, 4096, 4.0), (64, 1e5, 8192, 8.0), (128, 5e5, 2048, 3.0),
-              (64, 10.0, 4096, 4.0)]  # base 10: YaRN's slow correction dim passes d - 1 and is clamped there
+              (64, 25.0, 4096, 4.0)]  # base 25: YaRN's correction range starts below d/2 and is clamped at d - 1
 RTOL = 1e-6  # transformers computes in float32
 
 
