@@ -57,7 +57,6 @@ class Readback:
 
     inv_freq: np.ndarray  # (d/2,) from the angle at position 1
     attention_factor: float  # cos at position 0
-    buffer_inv_freq: np.ndarray  # (d/2,) the module's inv_freq buffer as stored
 
     def max_rel_diff(self, expected: RopeFreqs) -> float:
         rel = np.abs(self.inv_freq - expected.inv_freq) / expected.inv_freq
@@ -140,7 +139,11 @@ class RopeHandle:
                 if self.method.length_dependent:
                     self._hooks.append(module.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
         self.active = True
-        self.verify()
+        try:
+            self.verify()
+        except BaseException:  # a read-back that cannot even be decoded leaves the model as it was, too
+            self.restore()
+            raise
         return self
 
     def restore(self) -> None:
@@ -195,7 +198,7 @@ class RopeHandle:
                     pairs = angles[0::2]  # interleaved layout
                 else:
                     raise CtxevalError(f"cannot decode the cos/sin layout of {type(module).__name__}")
-                out.append(Readback(pairs, attention, module.inv_freq.detach().double().cpu().numpy()))
+                out.append(Readback(pairs, attention))
         return out
 
     def verify(self, lengths: tuple[int, ...] | None = None) -> float:

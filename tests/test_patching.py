@@ -202,3 +202,218 @@ def test_native_keeps_the_shipped_rope_and_records_it():
     want = compute("yarn", Geometry(16, 10000.0, 16), {"factor": 4.0})
     assert rec["effective"][0]["attention_factor_readback"] == pytest.approx(want.attention_factor, rel=1e-6)
     np.testing.assert_allclose(rec["effective"][0]["inv_freq_readback"], want.inv_freq, rtol=1e-5)
+
+
+# -- the survivors of mutmut 3.8.1 over patching.py (docs/testing.md): other rotary layouts and module shapes, the
+# -- read-back arithmetic, the run record, and every refusal
+
+
+class FakeRotary(torch.nn.Module):
+    """A transformers-style rotary module (inv_freq + attention_scaling) with a chosen cos/sin layout."""
+
+    def __init__(self, d=8, layout="half", name_has_rotary=True):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.tensor(Geometry(d, 1e4, 64).default_inv_freq(), dtype=torch.float32),
+                             persistent=False)
+        self.attention_scaling = 1.0
+        self.layout = layout
+
+    def forward(self, x, position_ids):
+        freqs = position_ids[..., None].float() * self.inv_freq  # (B, T, d/2)
+        if self.layout == "half":
+            emb = torch.cat((freqs, freqs), dim=-1)
+        elif self.layout == "interleaved":
+            emb = torch.repeat_interleave(freqs, 2, dim=-1)
+        else:  # neither: the pairs' angles in an order nobody decodes
+            emb = torch.cat((freqs, freqs.flip(-1)), dim=-1)
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+
+class PositionTable(FakeRotary):
+    """The same module under a class name without 'Rotary' (older models' per-layer embeddings)."""
+
+
+def holder(*modules):
+    model = torch.nn.Module()
+    for i, m in enumerate(modules):
+        model.add_module(f"m{i}", m)
+    return model
+
+
+GEOM8 = Geometry(8, 1e4, 64)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_both_cos_sin_layouts_are_read_back(layout):
+    rotary = FakeRotary(layout=layout)
+    with apply_method(holder(rotary), "yarn", geometry=GEOM8, factor=4) as handle:
+        (rb,) = handle.readback()
+        want = compute("yarn", GEOM8, {"factor": 4})
+        np.testing.assert_allclose(rb.inv_freq, want.inv_freq, rtol=1e-6)
+        assert rb.attention_factor == pytest.approx(want.attention_factor, rel=1e-6)
+
+
+def test_an_undecodable_layout_is_refused_and_the_module_restored():
+    rotary = FakeRotary(layout="scrambled")
+    before = rotary.inv_freq.clone()
+    with pytest.raises(CtxevalError) as caught:
+        apply_method(holder(rotary), "pi", geometry=GEOM8, factor=2)
+    assert str(caught.value) == "cannot decode the cos/sin layout of FakeRotary"
+    assert torch.equal(rotary.inv_freq, before) and rotary.attention_scaling == 1.0 and rotary.rope_type is None
+
+
+def test_which_modules_count_as_rotary():
+    plain = PositionTable()  # inv_freq and attention_scaling, no 'Rotary' in the name: found, patchable
+    container = torch.nn.Module()
+    container.__class__ = type("RotaryContainer", (torch.nn.Module,), {})
+    container.add_module("inner", FakeRotary())  # a Rotary-named parent of a rotary module is not one itself
+    odd = type("MyRotaryEmbedding", (torch.nn.Module,), {})()
+    odd.register_buffer("_inv_freq", torch.ones(4))  # a rotary module ctxeval cannot patch: found, then refused
+    unrelated = torch.nn.Module()
+    unrelated.register_buffer("cached_inv_freq", torch.ones(4))  # neither a Rotary name nor an inv_freq attribute
+    model = holder(plain, container, odd, unrelated)
+    assert [name for name, _ in find_rotary_modules(model)] == ["m0", "m1.inner", "m2"]
+    with pytest.raises(CtxevalError) as caught:
+        apply_method(model, "pi", geometry=GEOM8, factor=2)
+    assert str(caught.value) == ("MyRotaryEmbedding ('m2') is not a transformers-style rotary module (inv_freq + "
+                                 "attention_scaling); ctxeval cannot patch it: use --method none")
+    no_scaling = FakeRotary()
+    del no_scaling.attention_scaling
+    with pytest.raises(CtxevalError, match=r"^FakeRotary \('m0'\) is not a transformers-style"):
+        apply_method(holder(no_scaling), "pi", geometry=GEOM8, factor=2)
+    with apply_method(holder(PositionTable()), "pi", geometry=GEOM8, factor=2) as handle:
+        assert [n for n, _ in handle.modules] == ["m0"] and handle.verify() < 1e-6
+
+
+def test_max_rel_diff_is_relative_to_the_expected_values():
+    from ctxeval.methods import RopeFreqs
+    from ctxeval.patching import Readback
+
+    expected = RopeFreqs(np.array([0.5, 0.01]), 2.0)
+    assert Readback(np.array([0.5, 0.0101]), 2.0).max_rel_diff(expected) == pytest.approx(0.01)
+    assert Readback(np.array([0.5, 0.01]), 2.2).max_rel_diff(expected) == pytest.approx(0.1)
+
+
+def test_a_dynamic_method_needs_position_ids():
+    rotary = FakeRotary()
+    with apply_method(holder(rotary), "dynamic-ntk", geometry=GEOM8, factor=2):
+        with pytest.raises(CtxevalError) as caught:
+            rotary(torch.zeros(1, 3, 8))
+    assert str(caught.value) == "FakeRotary was called without position_ids; cannot apply a dynamic method"
+
+
+def test_a_dynamic_method_copies_frequencies_once_per_length(monkeypatch, llama):
+    copies = []
+    real = torch.from_numpy
+    monkeypatch.setattr(torch, "from_numpy", lambda a: (copies.append(len(a)), real(a))[1])
+    ids = torch.randint(0, TINY["vocab_size"], (1, 2 * L))
+    with apply_method(llama, "dynamic-ntk", factor=2):
+        logits(llama, ids)
+        first = len(copies)
+        for _ in range(3):
+            logits(llama, ids)  # the same length again: the frequencies already on the device are reused
+        assert len(copies) == first
+
+
+def test_a_geometry_that_disagrees_with_the_module_is_refused():
+    with pytest.raises(CtxevalError) as caught:
+        apply_method(holder(FakeRotary(d=8)), "pi", geometry=Geometry(16, 1e4, 64), factor=2)
+    assert str(caught.value) == ("rotary module has 4 frequencies but the geometry gives 8 (rotary dim 16); the "
+                                 "config's head_dim/partial_rotary_factor disagree with the model")
+
+
+def test_restore_puts_back_a_module_without_rope_type_and_its_cached_length():
+    rotary = FakeRotary()
+    rotary.max_seq_len_cached = 64
+    assert not hasattr(rotary, "rope_type")
+    handle = apply_method(holder(rotary), "dynamic-ntk", geometry=GEOM8, factor=2)
+    rotary.max_seq_len_cached = 999  # what transformers' own dynamic update would have done
+    handle.restore()
+    assert rotary.max_seq_len_cached == 64 and rotary.rope_type is None
+
+
+def test_handles_keep_their_model_method_and_parameters(llama):
+    with apply_method(llama, "yarn", factor=2) as handle:
+        assert handle.model is llama and handle.method.name == "yarn" and handle.params["factor"] == 2.0
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=64)).eval()
+    with apply_method(gpt2, "none") as none:
+        assert none.model is gpt2 and none.method.name == "none" and none.params == {}
+        assert none.record() == {"method": "none", "params": {}, "length_dependent": False, "geometry": None,
+                                 "rotary_modules": [], "effective": [], "note": "model has no RoPE"}
+        assert none.verify() == 0.0
+    shipped = tiny_llama({"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
+    with apply_method(shipped, "native") as native:
+        assert native.model is shipped and native.method.name == "native" and native.params == {}
+
+
+def test_why_a_method_cannot_run_on_a_model():
+    no_module = tiny_llama()
+    del no_module.model.rotary_emb  # a RoPE config, but no rotary module to patch
+    with pytest.raises(CtxevalError) as caught:
+        apply_method(no_module, "pi", factor=2)
+    assert str(caught.value) == ("method 'pi' needs a RoPE model, but no rotary embedding module was found in it; use "
+                                 "--method none for this model")
+    with apply_method(no_module, "none") as handle:
+        assert handle.record()["note"] == "model has no RoPE"
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=64)).eval()
+    gpt2.add_module("rotary", FakeRotary())  # a rotary module, but no RoPE in the config
+    with pytest.raises(CtxevalError) as caught:
+        apply_method(gpt2, "pi", factor=2)
+    assert str(caught.value) == ("method 'pi' needs a RoPE model, but its config has no RoPE parameters; use "
+                                 "--method none for this model")
+
+
+@pytest.mark.parametrize("marker", ["layer_types", "rope_type"])
+def test_any_per_layer_type_marker_is_refused(marker):
+    rotary = FakeRotary()
+    if marker == "layer_types":
+        rotary.layer_types = ("full_attention", "sliding_attention")
+    else:
+        rotary.rope_type = {"full_attention": "default", "sliding_attention": "default"}
+    model = holder(rotary)
+    with pytest.raises(CtxevalError) as caught:
+        apply_method(model, "pi", geometry=GEOM8, factor=2)
+    assert str(caught.value) == ("this model uses a different RoPE per attention layer type ('m0', Gemma 3 style); "
+                                 "ctxeval cannot apply extension methods to it yet: use --method none")
+    with apply_method(model, "none", geometry=GEOM8) as handle:
+        assert handle.model is model and handle.record()["note"] == (
+            "per-layer-type RoPE (Gemma 3 style) left as the checkpoint ships it")
+
+
+def test_the_run_record_of_a_static_and_a_dynamic_method(llama):
+    geom = rope_info_from_config(llama.config).geometry
+    with apply_method(llama, "yarn", factor=4) as handle:
+        rec = handle.record((L, 4 * L))  # a static method: one entry whatever the lengths
+        want = compute("yarn", geom, {"factor": 4})
+        (entry,) = rec["effective"]
+        assert set(rec) == {"method", "params", "length_dependent", "geometry", "rotary_modules", "effective"}
+        assert (rec["method"], rec["params"]["factor"], rec["length_dependent"]) == ("yarn", 4.0, False)
+        assert rec["geometry"] == {"rotary_dim": geom.rotary_dim, "base": geom.base, "original_length": L}
+        assert rec["rotary_modules"] == ["model.rotary_emb"] and entry["length"] is None
+        assert entry["inv_freq"] == want.inv_freq.tolist() and entry["attention_factor"] == want.attention_factor
+        np.testing.assert_allclose(entry["inv_freq_readback"], want.inv_freq, rtol=1e-6)
+        assert entry["attention_factor_readback"] == pytest.approx(want.attention_factor, rel=1e-6)
+        assert 0 <= entry["max_rel_diff"] < 1e-6
+    with apply_method(llama, "dynamic-ntk", factor=2) as handle:
+        rec = handle.record((4 * L, L, 4 * L))
+        assert rec["length_dependent"] is True and [e["length"] for e in rec["effective"]] == [L, 4 * L]
+        for e in rec["effective"]:
+            assert e["inv_freq"] == compute("dynamic-ntk", geom, {"factor": 2}, e["length"]).inv_freq.tolist()
+        assert handle.readback(1)[0].inv_freq == pytest.approx(geom.default_inv_freq(), rel=1e-6)  # written back at L
+        assert [e["length"] for e in handle.record()["effective"]] == [None]  # no lengths: the RoPE at L
+
+
+def test_the_run_record_of_native(llama):
+    shipped = tiny_llama({"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
+    with apply_method(shipped, "native") as handle:
+        rec = handle.record()
+    geom = rope_info_from_config(shipped.config).geometry
+    assert set(rec) == {"method", "params", "length_dependent", "rotary_modules", "shipped_rope_parameters",
+                        "effective", "note"}
+    assert (rec["method"], rec["params"], rec["length_dependent"], rec["rotary_modules"]) == (
+        "native", {}, None, ["model.rotary_emb"])
+    assert rec["shipped_rope_parameters"]["factor"] == 2.0 and rec["note"] == "the checkpoint's own RoPE, untouched"
+    (entry,) = rec["effective"]
+    assert set(entry) == {"length", "attention_factor_readback", "inv_freq_readback"} and entry["length"] == geom.original_length
+    np.testing.assert_allclose(entry["inv_freq_readback"], geom.default_inv_freq() / 2, rtol=1e-6)
+    assert entry["attention_factor_readback"] == pytest.approx(1.0)
