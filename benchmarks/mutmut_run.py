@@ -3,7 +3,7 @@
     python benchmarks/mutmut_run.py GROUP [--commit REV] [--max-children N] [--out FILE]
 
 GROUP is one of GROUPS below: the modules mutated and the test files run against them (mutmut runs, for each
-mutant, only the selected tests that called the mutated function). The scratch tree is `git archive REV` (default
+mutant, only the selected tests that called the mutated function); ONLY narrows a group to some of its functions. The scratch tree is `git archive REV` (default
 HEAD) in a temporary folder, so a commit before a test was written can be measured with the same command. Torch runs
 with one thread (OMP_NUM_THREADS=1): mutmut forks its workers after torch is imported, and an OpenMP pool inherited
 through fork hangs, which mutmut would report as a timeout. Every mutant mutmut reports as timeout, suspicious or
@@ -15,6 +15,7 @@ each survivor's diff) is written as JSON to --out (default benchmarks/results/mu
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -37,6 +38,14 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "methods": (["ctxeval/methods.py"], ["tests/test_methods.py", "tests/test_patching.py", RESUME]),
     "perplexity": (["ctxeval/evals/perplexity.py"],
                    ["tests/test_ppl.py", "tests/test_gpu_readiness.py", "tests/test_positions_longppl.py", RESUME]),
+}
+# groups measured on part of their module: the functions that turn a forward into the numbers a row holds (fnmatch
+# patterns over mutmut's mutant names; the sweep, scheduling and config code of perplexity.py is left out for time)
+ONLY: dict[str, list[str]] = {
+    "perplexity": [f"ctxeval.evals.perplexity.{name}*" for name in (
+        "x_token_nll", "x_batch_token_nll", "x__sequence", "xǁPplRunnerǁ_nll", "xǁPplRunnerǁ_ok",
+        "xǁPplRunnerǁ_by_position", "xǁPplRunnerǁ_truncate", "xǁPplRunnerǁ_rows_from_nll", "xǁPplRunnerǁ_sliding",
+        "xǁPplRunnerǁ_window_nlls")],
     "needle": (["ctxeval/evals/needle.py"], ["tests/test_needle.py", RESUME]),
 }
 SPINNER = re.compile(r"^\W*(Generating mutants|Running stats|Listing all tests|Running clean tests)")
@@ -117,14 +126,16 @@ def main() -> int:
             return 2
         # mutants/ must exist when mutmut starts: Python caches "no such folder" for a sys.path entry for good
         (tree / "mutants").mkdir(exist_ok=True)
+        only = ONLY.get(args.group, [])
         run = subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children),
-                              *(survivors_before if args.retest else [])],
+                              *(survivors_before if args.retest else only)],
                              cwd=tree, env=env, capture_output=True, text=True)
         if args.retest:  # mutmut resets the results of mutants whose tests changed: check those again too
-            run = subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children)],
+            run = subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children), *only],
                                  cwd=tree, env=env, capture_output=True, text=True)
         run_s = time.perf_counter() - start - clean_s
-        codes = exit_codes(tree)
+        codes = {name: code for name, code in exit_codes(tree).items()
+                 if not only or any(fnmatch.fnmatch(name, pattern) for pattern in only)}
         statuses = {name: STATUS.get(code, "suspicious") for name, code in codes.items()}
         rechecked = {}
         for name, status in sorted(statuses.items()):
@@ -136,7 +147,7 @@ def main() -> int:
                 survivors[name] = subprocess.run([MUTMUT, "show", name], cwd=tree, env=env,
                                                  capture_output=True, text=True).stdout
         summary = {
-            "group": args.group, "commit": short, "retest_of_survivors": args.retest, "modules": modules, "tests": tests,
+            "group": args.group, "commit": short, "retest_of_survivors": args.retest, "only": only, "modules": modules, "tests": tests,
             "mutmut": subprocess.run([MUTMUT, "--version"], capture_output=True,
                                      text=True).stdout.strip(),
             "clean_run_s": round(clean_s, 1), "mutmut_run_s": round(run_s, 1), "mutants": len(codes),

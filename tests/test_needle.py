@@ -207,3 +207,68 @@ def test_needle_bad_input(tmp_path, tiny_model_dir, extra, fragment):
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+# -- the survivors of mutmut 3.8.1 over evals/needle.py (docs/testing.md)
+
+
+def test_a_needle_row_carries_what_was_asked_and_measured(tok):
+    from ctxeval.specs import expand_specs
+
+    model = tiny_llama(vocab_size=len(tok))
+    runner_ = N.NeedleRunner(model, tok, "cpu", builder(tok, "magic-number-multivalue"),
+                             N.NeedleConfig((900,), (25.0,), scoring="forced"), "tiny", "needle")
+    item = runner_.item(900, 0, 0)
+    (spec,) = expand_specs(["pi:factor=2"])
+    row = runner_._row(spec, item, status="ok", correct=1, response=None)
+    assert row == {"model": "tiny", "method": "pi", "label": spec.label, "params": spec.record_params, "task": "needle",
+                   "metric": "correct", "value": 1, "preset": "magic-number-multivalue", "scoring": "forced",
+                   "length": 900, "depth": 25.0, "sample": 0, "answer": ", ".join(item.sample.answers),
+                   "prompt_tokens": len(item.prompt.ids), "answer_tokens": len(item.prompt.answer_ids),
+                   "haystack_tokens": item.prompt.haystack_tokens, "status": "ok", "correct": 1, "response": None}
+    assert len(item.sample.answers) == 4 and row["haystack_tokens"] > 0
+
+
+class _Tok:
+    def __init__(self, eos, pad=None):
+        self.eos_token_id, self.pad_token_id = eos, pad
+
+
+class _Model:
+    def __init__(self, eos):
+        self.generation_config = type("G", (), {"eos_token_id": eos})()
+
+
+def test_every_stop_id_once_tokenizer_first():
+    assert N.stop_ids(_Tok(2), _Model([128001, 2, 128009])) == [2, 128001, 128009]
+    assert N.stop_ids(_Tok(2), _Model(7)) == [2, 7]
+    assert N.stop_ids(_Tok(None), _Model(None)) == [] and N.stop_ids(_Tok(5)) == [5]
+
+
+def test_greedy_decoding_ignores_the_checkpoints_own_settings():
+    cfg = N.greedy_config(_Tok(2), 12, _Model([2, 9]))
+    assert (cfg.do_sample, cfg.num_beams, cfg.max_new_tokens, cfg.pad_token_id, cfg.eos_token_id) == (
+        False, 1, 12, 2, [2, 9])  # no pad token: the first stop id pads
+    assert N.greedy_config(_Tok(2, pad=0), 5, _Model(None)).pad_token_id == 0
+    empty = N.greedy_config(_Tok(None), 5)
+    assert empty.pad_token_id is None and empty.eos_token_id is None
+    assert cfg.repetition_penalty in (None, 1.0) and cfg.no_repeat_ngram_size in (None, 0)  # fresh, not the checkpoint's
+
+
+def test_several_values_per_key_are_expected_in_reading_order():
+    from types import SimpleNamespace
+
+    sample = N.Sample(("n1", "n2", "n3", "n4", "d"), 4, "q", "prefix", ("a1", "a2", "b1", "b2"))
+    spans = [(50, 60), (10, 20), (90, 95), (70, 80), (0, 5)]  # a2 before a1, b2 before b1
+    owner = SimpleNamespace(preset=SimpleNamespace(values_per_key=2))
+    ordered = N.PromptBuilder.reading_order(owner, sample, spans)
+    assert ordered == N.Sample(("n1", "n2", "n3", "n4", "d"), 4, "q", "prefix", ("a2", "a1", "b2", "b1"))
+
+
+def test_a_generate_batch_is_the_leading_prompts_of_one_shape(tok):
+    model = tiny_llama(vocab_size=len(tok))
+    runner_ = N.NeedleRunner(model, tok, "cpu", builder(tok, "passkey"),
+                             N.NeedleConfig((600, 700), (50.0,), max_new_tokens=6), "tiny", "passkey")  # one budget
+    a, b, c = runner_.item(600, 0, 0), runner_.item(600, 0, 1), runner_.item(700, 0, 0)
+    assert runner_._same_shape([a, b, c]) == [a, b] and runner_._same_shape([c, a]) == [c]
+    assert runner_._same_shape([a]) == [a] and runner_._same_shape([a, b]) == [a, b]
