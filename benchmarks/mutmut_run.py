@@ -34,7 +34,8 @@ MUTMUT = str(Path(sys.executable).parent / "mutmut")
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "store": (["ctxeval/store.py", "ctxeval/rows.py"],
               ["tests/test_store.py", "tests/test_rows.py", "tests/test_runlock.py", "tests/test_run_lock_cli.py", RESUME]),
-    "patching": (["ctxeval/patching.py"], ["tests/test_patching.py", "tests/test_temperature.py", RESUME]),
+    "patching": (["ctxeval/patching.py"],
+                 ["tests/test_patching.py", "tests/test_temperature.py", "tests/test_gpu_readiness.py", RESUME]),
     "methods": (["ctxeval/methods.py"], ["tests/test_methods.py", "tests/test_patching.py", RESUME]),
     "perplexity": (["ctxeval/evals/perplexity.py"],
                    ["tests/test_ppl.py", "tests/test_gpu_readiness.py", "tests/test_positions_longppl.py", RESUME]),
@@ -46,7 +47,7 @@ ONLY: dict[str, list[str]] = {
         "x_token_nll", "x_batch_token_nll", "x__sequence", "xǁPplRunnerǁ_nll", "xǁPplRunnerǁ_ok",
         "xǁPplRunnerǁ_by_position", "xǁPplRunnerǁ_truncate", "xǁPplRunnerǁ_rows_from_nll", "xǁPplRunnerǁ_sliding",
         "xǁPplRunnerǁ_window_nlls")],
-    "needle": (["ctxeval/evals/needle.py"], ["tests/test_needle.py", RESUME]),
+    "needle": (["ctxeval/evals/needle.py"], ["tests/test_needle.py", "tests/test_gpu_readiness.py", RESUME]),
 }
 SPINNER = re.compile(r"^\W*(Generating mutants|Running stats|Listing all tests|Running clean tests)")
 # mutmut's own reading of a worker's exit code (mutmut/stats.py), for the statuses it reports
