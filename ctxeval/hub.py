@@ -26,10 +26,10 @@ def hub_reachable() -> bool:
 
 def offline_unless_reachable() -> bool:
     """Returns True when the hub libraries are (now) in offline mode."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in _TRUE:
-        return True
-    if hub_reachable():
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in _TRUE and hub_reachable():
         return False
+    # offline by the user's switch or for want of a network: also in libraries imported before the switch was set,
+    # which would otherwise retry the unreachable hub for most of a minute before failing
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     # libraries already imported read these flags at import time
