@@ -272,3 +272,172 @@ def test_a_generate_batch_is_the_leading_prompts_of_one_shape(tok):
     a, b, c = runner_.item(600, 0, 0), runner_.item(600, 0, 1), runner_.item(700, 0, 0)
     assert runner_._same_shape([a, b, c]) == [a, b] and runner_._same_shape([c, a]) == [c]
     assert runner_._same_shape([a]) == [a] and runner_._same_shape([a, b]) == [a, b]
+
+
+def _enc(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_prompt_is_its_parts_in_order(tok, chat):
+    """head = BOS + (chat prefix) + instruction + newline; the haystack a contiguous slice with the needles set in at
+    their spans, the first at depth% of it; tail = newline + question + (chat suffix) + answer prefix."""
+    tok.chat_template = ("{% for m in messages %}<s>[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] "
+                         if chat else None)
+    b = builder(tok, "magic-number-multikey", chat=chat)
+    sample = N.make_sample(b.preset, np.random.default_rng(3))
+    p = b.build(1200, 40.0, sample, np.random.default_rng(5), 10)
+    if chat:  # the template's own <s> is the BOS (not doubled); its text before and after the user turn
+        head = _enc(tok, "<s>[user] ") + _enc(tok, b.preset.instruction + "\n")
+        tail = _enc(tok, "\n" + sample.question) + _enc(tok, "\n[assistant] ") + _enc(tok, sample.answer_prefix)
+    else:
+        head = [tok.bos_token_id] + _enc(tok, b.preset.instruction + "\n")
+        tail = _enc(tok, "\n" + sample.question) + _enc(tok, " " + sample.answer_prefix)
+    assert p.ids[:len(head)] == head and p.ids[-len(tail):] == tail
+    middle, kept, cursor = p.ids[len(head):len(p.ids) - len(tail)], [], len(head)
+    for start, end in sorted(p.needle_spans):
+        kept += p.ids[cursor:start]
+        cursor = end
+    kept += p.ids[cursor:len(p.ids) - len(tail)]
+    assert len(kept) == p.haystack_tokens == len(middle) - sum(e - s for s, e in p.needle_spans)
+    hay = b.haystack.tolist()
+    offset = next(i for i in range(len(hay) - len(kept) + 1) if hay[i:i + len(kept)] == kept)  # one slice
+    assert hay[offset:offset + len(kept)] == kept
+    first_start = p.needle_spans[0][0] - len(head)
+    assert p.depth_tokens == round(0.40 * p.haystack_tokens)
+    assert first_start - sum(e - s for s, e in p.needle_spans if s < p.needle_spans[0][0]) == p.depth_tokens
+    assert p.answer_ids == b.answer_ids(sample)
+    tok.chat_template = None
+
+
+def test_answer_tokens_are_the_values_comma_separated():
+    tok = build_tokenizer()
+    b = builder(tok, "magic-number-multivalue")
+    sample = N.Sample(("x",), 1, "q", "a", ("1234", "5678", "90"))
+    assert b.answer_ids(sample) == (_enc(tok, " 1234") + _enc(tok, ",") + _enc(tok, " 5678") + _enc(tok, ",")
+                                   + _enc(tok, " 90"))
+
+
+def test_the_haystack_offset_stays_inside_the_haystack(tok):
+    """A budget equal to the haystack leaves one valid offset, 0: every seed must take it."""
+    b = builder(tok, "passkey")
+    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    head, tail, needles, _ = b.fixed_tokens(sample)
+    fixed = len(head) + len(tail) + sum(map(len, needles))
+    small = N.PromptBuilder(tok, b.preset, b.haystack[:300], chat_template=False)
+    for seed in range(20):
+        p = small.build(fixed + 300 + 5, 50.0, sample, np.random.default_rng(seed), 5)
+        assert p.haystack_tokens == 300 and len(p.ids) + 5 == fixed + 300 + 5
+
+
+def test_too_short_lengths_and_haystacks_say_what_is_needed(tok):
+    b = builder(tok, "passkey")
+    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    need = b.minimum_length(sample, 5)
+    head, tail, needles, _ = b.fixed_tokens(sample)
+    assert need == len(head) + len(tail) + sum(map(len, needles)) + 5 + 1  # at least one haystack token
+    assert len(b.build(need, 50.0, sample, np.random.default_rng(0), 5).ids) == need - 5
+    with pytest.raises(CtxevalError) as caught:
+        b.build(need - 1, 50.0, sample, np.random.default_rng(0), 5)
+    assert str(caught.value) == (f"length {need - 1} is shorter than the instruction, needle(s), question and answer "
+                                 f"({need} tokens with this tokenizer); use longer --lengths")
+    small = N.PromptBuilder(tok, b.preset, b.haystack[:50], chat_template=False)
+    assert small.build(need + 49, 50.0, sample, np.random.default_rng(0), 5).haystack_tokens == 50  # all of it
+    with pytest.raises(CtxevalError) as caught:
+        small.build(need + 50, 50.0, sample, np.random.default_rng(0), 5)
+    assert str(caught.value) == (f"the haystack has 50 tokens but length {need + 50} needs 51; use a longer "
+                                 "--haystack corpus or shorter --lengths")
+
+
+def test_snap_puts_the_needle_after_the_nearest_sentence_end_before_it(tok):
+    ids, _ = N.haystack_tokens(tok, "filler", 4000)
+    b = N.PromptBuilder(tok, preset("passkey"), ids, chat_template=False, snap=True)
+    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    head = len(b.fixed_tokens(sample)[0])
+
+    def ends_sentence(token):
+        text = tok.decode([token])
+        return "\n" in text or text.rstrip(" ")[-1:] in (".", "!", "?") and text.rstrip(" ") != ""
+
+    for depth in (0.0, 12.5, 37.0, 61.0, 100.0):
+        p = b.build(1500, depth, sample, np.random.default_rng(1), 6)
+        hay = p.ids[head:p.needle_spans[0][0]]  # the haystack before the needle
+        unsnapped = round(depth / 100 * p.haystack_tokens)
+        assert p.depth_tokens == len(hay) <= unsnapped
+        if 0 < p.depth_tokens < p.haystack_tokens:
+            assert ends_sentence(hay[-1])
+        # no sentence end was skipped between the snapped and the unsnapped position
+        rest = p.ids[p.needle_spans[0][1]:p.needle_spans[0][1] + unsnapped - p.depth_tokens]
+        assert len(rest) == unsnapped - p.depth_tokens and not any(ends_sentence(t) for t in rest)
+
+
+def test_a_corpus_haystack_is_its_documents_joined_by_a_blank_line(tmp_path, tok):
+    texts = ["First document. It ends here.", "Second one, longer: " + "words and more words. " * 20, "Third."]
+    for i, text in enumerate(texts):
+        (tmp_path / f"{i}.txt").write_text(text)
+    ids, info = N.haystack_tokens(tok, str(tmp_path), 10_000)  # more than the corpus: every document, in order
+    sep = _enc(tok, "\n\n")
+    docs = sorted(tmp_path.glob("*.txt"))
+    expected = sum((_enc(tok, p.read_text()) + sep for p in docs), [])
+    assert ids.tolist() == expected
+    assert info == {"haystack": str(tmp_path), "documents": [{"doc": str(p), "tokens": len(_enc(tok, p.read_text()))}
+                                                            for p in docs]}
+    few, info = N.haystack_tokens(tok, str(tmp_path), 5)  # the first document already holds 4 x the tokens asked
+    assert [d["doc"] for d in info["documents"]] == [str(docs[0])] and few.tolist() == _enc(tok, texts[0]) + sep
+    filler, info = N.haystack_tokens(tok, "filler", 1000)
+    unit = _enc(tok, " " + N.FILLER)
+    assert len(filler) >= 1001 and filler.tolist()[:len(unit)] == unit and info == {"haystack": "filler", "text": N.FILLER}
+
+
+def test_keys_within_a_sample_never_repeat():
+    multikey = preset("magic-number-multikey")  # 1638 adjective-noun keys: a repeat in 2000 samples is near certain
+    for seed in range(2000):
+        sample = N.make_sample(multikey, np.random.default_rng(seed))
+        keys = [n.split(" for ")[1].split(" is")[0] if " for " in n else n for n in sample.needles]
+        assert len(set(sample.needles)) == len(sample.needles) and len(set(keys)) == len(keys), sample.needles
+
+
+def test_a_cell_draws_the_same_sample_and_random_depth_every_time(tok):
+    b = builder(tok, "passkey")
+    cfg = N.NeedleConfig((600,), (), samples=3, random_depth=True)
+    runner_ = N.NeedleRunner(None, tok, "cpu", b, cfg, "tiny", "passkey")
+    first = [runner_.item(600, 0, s) for s in range(3)]
+    again = [runner_.item(600, 0, s) for s in range(3)]
+    assert [(i.sample, i.depth, i.prompt.ids) for i in first] == [(i.sample, i.depth, i.prompt.ids) for i in again]
+    for s, it in enumerate(first):  # passkey: a uniform depth in [0, 100] per sample, to two decimals
+        rng = cfg.rng(600, 0, s)
+        N.make_sample(b.preset, rng)
+        assert it.depth == round(float(rng.uniform(0, 100)), 2) and 0 <= it.depth <= 100
+        assert it.depth_index == 0 and it.sample_index == s and it.length == 600
+    assert len({i.depth for i in first}) == 3
+
+
+def test_the_generation_budget_is_the_answer_and_eight_tokens(tok):
+    b = builder(tok, "passkey")
+    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    generate = N.NeedleRunner(None, tok, "cpu", b, N.NeedleConfig((600,), (50.0,)), "tiny", "passkey")
+    assert generate.budget(sample) == len(b.answer_ids(sample)) + 8
+    fixed = N.NeedleRunner(None, tok, "cpu", b, N.NeedleConfig((600,), (50.0,), max_new_tokens=3), "tiny", "passkey")
+    assert fixed.budget(sample) == 3
+    forced = N.NeedleRunner(None, tok, "cpu", b, N.NeedleConfig((600,), (50.0,), scoring="forced"), "tiny", "passkey")
+    assert forced.budget(sample) == len(b.answer_ids(sample))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(lengths=()), "give at least one --lengths value"),
+    (dict(samples=0), "--samples must be >= 1, got 0"),
+    (dict(scoring="judge"), "--scoring must be one of " + ", ".join(N.SCORINGS) + ", got 'judge'"),
+    (dict(depths=(50.0, 100.5, -1.0)), "depths are percentages in 0..100, got 100.5"),
+    (dict(depths=()), "give at least one --depths value"),
+    (dict(batch_size=0), "--batch-size must be >= 1, got 0"),
+    (dict(max_new_tokens=0), "--max-new-tokens must be >= 1, got 0"),
+])
+def test_needle_settings_are_refused_in_one_line(kwargs, message):
+    with pytest.raises(CtxevalError) as caught:
+        N.NeedleConfig(**{"lengths": (600,), "depths": (50.0,), **kwargs})
+    assert str(caught.value) == message
+
+
+def test_the_smallest_settings_are_allowed():
+    cfg = N.NeedleConfig((600,), (0.0, 100.0), samples=1, batch_size=1, max_new_tokens=1)
+    assert (cfg.batch_size, cfg.max_new_tokens, cfg.depths) == (1, 1, (0.0, 100.0))
