@@ -39,6 +39,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "methods": (["ctxeval/methods.py"], ["tests/test_methods.py", "tests/test_patching.py", RESUME]),
     "perplexity": (["ctxeval/evals/perplexity.py"],
                    ["tests/test_ppl.py", "tests/test_gpu_readiness.py", "tests/test_positions_longppl.py", RESUME]),
+    "needle": (["ctxeval/evals/needle.py"], ["tests/test_needle.py", "tests/test_gpu_readiness.py", RESUME]),
 }
 # groups measured on part of their module: the functions that turn a forward into the numbers a row holds (fnmatch
 # patterns over mutmut's mutant names; the sweep, scheduling and config code of perplexity.py is left out for time)
@@ -47,7 +48,6 @@ ONLY: dict[str, list[str]] = {
         "x_token_nll", "x_batch_token_nll", "x__sequence", "xǁPplRunnerǁ_nll", "xǁPplRunnerǁ_ok",
         "xǁPplRunnerǁ_by_position", "xǁPplRunnerǁ_truncate", "xǁPplRunnerǁ_rows_from_nll", "xǁPplRunnerǁ_sliding",
         "xǁPplRunnerǁ_window_nlls")],
-    "needle": (["ctxeval/evals/needle.py"], ["tests/test_needle.py", "tests/test_gpu_readiness.py", RESUME]),
 }
 SPINNER = re.compile(r"^\W*(Generating mutants|Running stats|Listing all tests|Running clean tests)")
 # mutmut's own reading of a worker's exit code (mutmut/stats.py), for the statuses it reports
@@ -95,6 +95,10 @@ def main() -> int:
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="use this folder for the scratch tree and keep it")
+    parser.add_argument("--recheck-limit", type=float, default=120.0,
+                        help="seconds a mutant mutmut reports as timed out may run when rechecked directly")
+    parser.add_argument("--summarise", action="store_true",
+                        help="with --keep of an earlier run: only recheck its timeouts and write the summary")
     parser.add_argument("--retest", action="store_true",
                         help="with --keep of an earlier run: take the tests of --commit and run only the mutants that "
                              "survived there (a mutant killed stays killed when tests are only added)")
@@ -102,7 +106,12 @@ def main() -> int:
     modules, tests = GROUPS[args.group]
     with tempfile.TemporaryDirectory() as tmp:
         tree = args.keep or Path(tmp) / "tree"
-        if args.retest:
+        if args.summarise:
+            if args.keep is None or not (tree / "mutants").is_dir():
+                parser.error("--summarise needs --keep DIR of an earlier run")
+            short = subprocess.run(["git", "rev-parse", "--short", args.commit], cwd=ROOT, capture_output=True,
+                                   text=True, check=True).stdout.strip()
+        elif args.retest:
             if args.keep is None or not (tree / "mutants").is_dir():
                 parser.error("--retest needs --keep DIR of an earlier run")
             survivors_before = [name for name, code in exit_codes(tree).items() if code == 0]
@@ -119,7 +128,7 @@ def main() -> int:
             write_config(tree, modules, tests)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(tree / "mutants")}
         start = time.perf_counter()
-        clean = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=tree,
+        clean = subprocess.CompletedProcess([], 0) if args.summarise else subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=tree,
                                env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
         clean_s = time.perf_counter() - start
         if clean.returncode != 0:
@@ -128,10 +137,10 @@ def main() -> int:
         # mutants/ must exist when mutmut starts: Python caches "no such folder" for a sys.path entry for good
         (tree / "mutants").mkdir(exist_ok=True)
         only = ONLY.get(args.group, [])
-        run = subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children),
+        run = subprocess.CompletedProcess([], 0, "", "") if args.summarise else subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children),
                               *(survivors_before if args.retest else only)],
                              cwd=tree, env=env, capture_output=True, text=True)
-        if args.retest:  # mutmut resets the results of mutants whose tests changed: check those again too
+        if args.retest and not args.summarise:  # mutmut resets the results of mutants whose tests changed: check those again too
             run = subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children), *only],
                                  cwd=tree, env=env, capture_output=True, text=True)
         run_s = time.perf_counter() - start - clean_s
@@ -141,7 +150,7 @@ def main() -> int:
         rechecked = {}
         for name, status in sorted(statuses.items()):
             if status in ("timeout", "suspicious", "segfault"):
-                rechecked[name] = rerun_directly(tree, env, name, 10 * clean_s + 60)
+                rechecked[name] = rerun_directly(tree, env, name, args.recheck_limit)
         survivors = {}
         for name, status in sorted(statuses.items()):
             if status == "survived" or rechecked.get(name) == "survived":
