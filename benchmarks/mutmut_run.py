@@ -77,8 +77,8 @@ def exit_codes(tree: Path) -> dict[str, int | None]:
 
 def rerun_directly(tree: Path, env: dict, mutant: str, limit_s: float) -> str:
     tests = subprocess.run([MUTMUT, "tests-for-mutant", mutant], cwd=tree, env=env,
-                           capture_output=True, text=True).stdout.split()
-    tests = [t for t in tests if "::" in t]
+                           capture_output=True, text=True).stdout.splitlines()
+    tests = [t.strip() for t in tests if "::" in t]  # one per line: parametrised ids may hold spaces
     try:
         result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "",
                                  *tests], cwd=tree / "mutants", env={**env, "MUTANT_UNDER_TEST": mutant},

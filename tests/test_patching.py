@@ -378,6 +378,7 @@ def test_any_per_layer_type_marker_is_refused(marker):
     with apply_method(model, "none", geometry=GEOM8) as handle:
         assert handle.model is model and handle.record()["note"] == (
             "per-layer-type RoPE (Gemma 3 style) left as the checkpoint ships it")
+        assert handle.method.name == "none" and handle.params == {}
 
 
 def test_the_run_record_of_a_static_and_a_dynamic_method(llama):
@@ -417,3 +418,39 @@ def test_the_run_record_of_native(llama):
     assert set(entry) == {"length", "attention_factor_readback", "inv_freq_readback"} and entry["length"] == geom.original_length
     np.testing.assert_allclose(entry["inv_freq_readback"], geom.default_inv_freq() / 2, rtol=1e-6)
     assert entry["attention_factor_readback"] == pytest.approx(1.0)
+
+
+def test_verify_checks_a_dynamic_method_past_the_trained_length(llama):
+    handle = apply_method(llama, "dynamic-ntk", factor=2)
+    handle._hooks.pop().remove()  # the per-forward update lost: right at L, wrong past it
+    with pytest.raises(CtxevalError, match=r"differs from dynamic-ntk by .* at length 128"):
+        handle.verify()
+
+
+def test_after_verify_and_record_a_dynamic_method_holds_the_rope_of_L(llama):
+    geom = rope_info_from_config(llama.config).geometry
+    at_l = torch.tensor(compute("dynamic-ntk", geom, {"factor": 2}, L).inv_freq, dtype=torch.float32)
+    with apply_method(llama, "dynamic-ntk", factor=2) as handle:
+        buffer = llama.model.rotary_emb.inv_freq
+        assert torch.equal(buffer, at_l)  # verify read back 2L and 8L, then wrote L's frequencies back
+        handle.record((4 * L,))
+        assert torch.equal(buffer, at_l)
+        handle.freeze_length(4 * L)
+        handle.verify((4 * L,))  # while frozen for generation, the frozen length's RoPE stays
+        assert not torch.equal(buffer, at_l)
+        handle.freeze_length(None)
+
+
+def test_native_on_models_without_a_readable_rope():
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=64)).eval()
+    with apply_method(gpt2, "native") as handle:
+        rec = handle.record()
+    assert rec["rotary_modules"] == [] and rec["effective"] == [] and not rec["shipped_rope_parameters"]
+    no_module = tiny_llama()
+    del no_module.model.rotary_emb
+    with apply_method(no_module, "native") as handle:
+        assert handle.record()["effective"] == []
+    odd = tiny_llama()
+    del odd.model.rotary_emb.attention_scaling  # found as a rotary module, but not one ctxeval can read back
+    with apply_method(odd, "native") as handle:
+        assert handle.record()["rotary_modules"] == [] and handle.record()["effective"] == []
