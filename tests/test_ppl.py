@@ -295,3 +295,91 @@ def test_runner_without_bos_token_scores_document_text_only():
     row = runner_._truncate_at(expand_specs(["none"])[0], doc, L)
     assert row["n_tokens"] == L - 1
     assert row["nll_sum"] == pytest.approx(float(full_nll(model, doc.ids[:L].tolist()).sum()), rel=1e-5)
+
+
+# -- the survivors of mutmut 3.8.1 over perplexity.py's scoring functions (docs/testing.md)
+
+
+def _sliding_windows_by_definition(n, content, stride, bos):
+    """Windows of `content` doc tokens every `stride` tokens until one reaches the end; the first window scores its
+    every token (with BOS) or all but the first, each later one only the tokens past the previous window's end."""
+    windows, scored_until = [], 0 if bos else 1
+    for begin in range(0, n, stride):
+        end = min(begin + content, n)
+        if end - begin < (1 if bos else 2):
+            break
+        windows.append((begin, end, scored_until))
+        scored_until = end
+        if end == n:
+            break
+    return windows
+
+
+@pytest.mark.parametrize("bos", [True, False])
+@pytest.mark.parametrize("stride_part", [4, 2, 1])
+def test_sliding_scores_every_token_once_whatever_the_document_length(bos, stride_part):
+    model = tiny_llama()
+    content = L if not bos else L - 1  # doc tokens per window (BOS takes one position)
+    stride = (L - 1) // stride_part  # at most the L - 1 tokens a window scores
+    cfg = P.PplConfig((L,), "sliding", stride=stride, bos=bos)
+    runner_ = P.PplRunner(model, "cpu", cfg, 1 if bos else None, "tiny")
+    (spec,) = expand_specs(["none"])
+    for n in (2, 3, content - 1, content, content + 1, 2 * content + 1, stride + 1, 2 * stride + 1, 2 * stride + 2,
+              3 * content - 5):  # 2 * stride + 1 / + 2: a last window of one / two tokens (with / without BOS)
+        doc = TokenDoc(f"d{n}", np.random.default_rng(n).integers(2, TINY["vocab_size"], n))
+        row = runner_._sliding_at(spec, doc, L)
+        windows = _sliding_windows_by_definition(n, content, stride, bos)
+        assert (row["length"], row["doc"], row["status"]) == (L, f"d{n}", "ok")
+        assert row["n_tokens"] == (n if bos else n - 1), (n, stride, bos)  # each token once, none skipped
+        assert row["n_windows"] == len(windows), (n, stride, bos)
+
+
+def test_sliding_out_of_memory_halves_the_windows_per_forward_down_to_one(monkeypatch):
+    from ctxeval.evals.common import PointOOM
+
+    model = tiny_llama()
+    doc = docs(1, 4 * L)[0]
+    (spec,) = expand_specs(["none"])
+    reference = P.PplRunner(model, "cpu", P.PplConfig((L,), "sliding", stride=L // 4), 1, "tiny")._sliding_at(spec, doc, L)
+    notes = []
+    progress = type("Progress", (), {"note": lambda self, text: notes.append(text)})()
+    runner_ = P.PplRunner(model, "cpu", P.PplConfig((L,), "sliding", stride=L // 4, batch_size=4), 1, "tiny",
+                          progress=progress)
+    real = runner_._nll_batch
+    runner_._nll_batch = lambda seqs, finite=True: (_ for _ in ()).throw(PointOOM("oom")) if len(seqs) > 1 else real(seqs, finite)
+    row = runner_._sliding_at(spec, doc, L)
+    assert row["nll_sum"] == pytest.approx(reference["nll_sum"], rel=1e-9) and row["n_tokens"] == reference["n_tokens"]
+    assert notes[:2] == ["out of memory with 4 windows per forward; trying 2",
+                         "out of memory with 2 windows per forward; trying 1"]
+    runner_._nll_batch = lambda seqs, finite=True: (_ for _ in ()).throw(PointOOM("oom"))
+    with pytest.raises(PointOOM):  # one window per forward does not fit either: the point is given up
+        runner_._sliding_at(spec, doc, L)
+
+
+def test_a_non_finite_window_makes_a_sliding_point_an_error(tmp_path, monkeypatch):
+    model = tiny_llama()
+    real = P.token_nll
+
+    def overflowing(model_, ids, chunk):
+        nll = real(model_, ids, chunk).clone()
+        nll[5] = float("nan")
+        return nll
+
+    monkeypatch.setattr(P, "token_nll", overflowing)
+    store = RunStore(tmp_path / "r", {"t": 1})
+    store.start({})
+    P.sweep(FakeLM(model), expand_specs(["none"]), docs(1), P.PplConfig((L,), "sliding", stride=L // 2), store)
+    (row,) = store.rows()
+    assert row["status"] == "error" and row["value"] is None and row["note"].startswith("non-finite NLL (nan) at position 6")
+
+
+def test_time_and_throughput_of_a_shared_forward_are_apportioned_by_tokens(monkeypatch):
+    model = tiny_llama()
+    clock = iter(range(0, 1000, 2))  # every perf_counter call 2 s later than the last
+    monkeypatch.setattr(P.time, "perf_counter", lambda: float(next(clock)))
+    runner_ = P.PplRunner(model, "cpu", P.PplConfig((L // 2, L)), 1, "tiny")
+    (spec,) = expand_specs(["none"])
+    rows = runner_._truncate_one_forward(spec, docs(1)[0], [L // 2, L])
+    # the forward: perf_counter at 2 and 4 inside _nll_batch (2 s, L tokens), at 0 and 6 around it (6 s)
+    assert [r["seconds"] for r in rows] == [round(6 * (L // 2 - 1) / (L - 1), 3), 6.0]
+    assert [r["tokens_per_s"] for r in rows] == [round(L / 2, 1)] * 2

@@ -252,9 +252,7 @@ class PplRunner:
         scored_until = 0 if self.bos is not None else 1  # first doc token index not yet scored
         windows = []
         for begin in range(0, n, self.cfg.stride):
-            end = min(begin + content, n)
-            if end <= scored_until:
-                continue
+            end = min(begin + content, n)  # > scored_until: the stride is at most a window's scored span
             if end - begin < (1 if self.bos is not None else 2):
                 break
             windows.append((begin, end, scored_until))
