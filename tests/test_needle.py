@@ -441,3 +441,81 @@ def test_needle_settings_are_refused_in_one_line(kwargs, message):
 def test_the_smallest_settings_are_allowed():
     cfg = N.NeedleConfig((600,), (0.0, 100.0), samples=1, batch_size=1, max_new_tokens=1)
     assert (cfg.batch_size, cfg.max_new_tokens, cfg.depths) == (1, 1, (0.0, 100.0))
+
+
+def test_out_of_memory_halves_the_batch_then_gives_the_length_up_and_skips_longer_ones(tok, monkeypatch):
+    from ctxeval.evals.common import PointOOM
+    from ctxeval.specs import expand_specs
+
+    model = tiny_llama(vocab_size=len(tok))
+    notes = []
+    progress = type("P", (), {"note": lambda self, t: notes.append(t), "advance": lambda self, n, text: None})()
+    cfg = N.NeedleConfig((600, 700, 800, 900), (50.0,), samples=3, scoring="forced", batch_size=4)
+    runner_ = N.NeedleRunner(model, tok, "cpu", builder(tok, "passkey"), cfg, "tiny", "passkey", progress)
+    real = runner_._forced
+    fits = {600: 4, 700: 1, 800: 0}  # the largest batch that fits at each length (800: not even one)
+    calls = []
+
+    def forced(chunk):
+        calls.append((chunk[0].length, len(chunk)))
+        if len(chunk) > fits[chunk[0].length]:
+            raise PointOOM(f"out of memory at {chunk[0].length}")
+        return real(chunk)
+
+    monkeypatch.setattr(runner_, "_forced", forced)
+    (spec,) = expand_specs(["none"])
+    rows, skip, steps = [], {}, {}
+    cells = [(n, 0, s) for n in (600, 700, 800) for s in range(3)]
+    runner_.measure(spec, cells, rows.extend, None, skip, steps)
+    assert calls == [(600, 3), (700, 3), (700, 2), (700, 1), (700, 1), (700, 1), (800, 1)]  # 800 starts at 700's 1
+    by_length = {n: [r for r in rows if r["length"] == n] for n in (600, 700, 800)}
+    assert [r["status"] for r in by_length[600] + by_length[700]] == ["ok"] * 6
+    assert all(r["seconds"] is not None and r["seconds"] >= 0 for r in by_length[600])
+    assert [(r["status"], r["note"], r["correct"], r["sample"]) for r in by_length[800]] == [
+        ("oom", "out of memory at 800", None, s) for s in range(3)]
+    assert notes == ["none: out of memory at 700 tokens; batch size 2", "none: out of memory at 700 tokens; batch size 1",
+                     "none: out of memory at 800 tokens; longer lengths skipped"]
+    assert skip == {"none": 800} and steps == {("none", 700): 1}
+    later = []  # another chunk of the same method: what ran out of memory is not tried again
+    runner_.measure(spec, [(900, 0, 0), (800, 0, 1)], later.extend, None, skip, steps)
+    assert [(r["length"], r["status"], r["note"], r["label"]) for r in later] == [
+        (800, "skipped", "skipped: out of memory at 800", "none"), (900, "skipped", "skipped: out of memory at 800", "none")]
+    assert calls[-1] == (800, 1)  # nothing ran
+
+
+def test_generation_stops_at_every_stop_id_and_decodes_without_special_tokens(tok, monkeypatch):
+    model = tiny_llama(vocab_size=len(tok))
+    model.generation_config.eos_token_id = [tok.eos_token_id, 7]  # a second stop id, as Llama 3 ships
+    b = builder(tok, "passkey")
+    runner_ = N.NeedleRunner(model, tok, "cpu", b, N.NeedleConfig((600,), (50.0,), max_new_tokens=6), "tiny", "passkey")
+    items = [runner_.item(600, 0, 0), runner_.item(600, 0, 0)]
+    seen = {}
+
+    def fake_generate(input_ids, attention_mask, generation_config):
+        seen.update(mask=attention_mask.tolist(), eos=generation_config.eos_token_id)
+        replies = [[40, 41, 7, 42, 0, 0], [tok.eos_token_id, 43, 0, 0, 0, 0]]  # stop at 7, at EOS
+        return torch.cat([input_ids, torch.tensor(replies)], dim=1)
+
+    monkeypatch.setattr(model, "generate", fake_generate)
+    out = runner_._generate_batch(items, None)
+    assert [o["response"] for o in out] == [tok.decode([40, 41], skip_special_tokens=True), ""]
+    assert seen["eos"] == [tok.eos_token_id, 7] and seen["mask"] == [[1] * len(items[0].prompt.ids)] * 2
+    special = [tok.bos_token_id, 40]  # a special token inside a reply is not part of the answer text
+    monkeypatch.setattr(model, "generate", lambda input_ids, attention_mask, generation_config: torch.cat(
+        [input_ids, torch.tensor([special + [7, 0, 0, 0]] * 2)], dim=1))
+    assert runner_._generate_batch(items, None)[0]["response"] == tok.decode([40])
+
+
+def test_generation_under_a_dynamic_method_freezes_the_rope_at_the_length(tok, monkeypatch):
+    from ctxeval.patching import apply_method
+
+    model = tiny_llama(vocab_size=len(tok))
+    runner_ = N.NeedleRunner(model, tok, "cpu", builder(tok, "passkey"),
+                             N.NeedleConfig((600,), (50.0,), max_new_tokens=2), "tiny", "passkey")
+    item = runner_.item(600, 0, 0)
+    with apply_method(model, "dynamic-ntk", factor=2) as handle:
+        frozen = []
+        real = handle.freeze_length
+        monkeypatch.setattr(handle, "freeze_length", lambda n: (frozen.append(n), real(n))[1])
+        runner_._generate_batch([item], handle)
+    assert frozen == [600, None]
