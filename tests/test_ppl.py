@@ -375,7 +375,7 @@ def test_a_non_finite_window_makes_a_sliding_point_an_error(tmp_path, monkeypatc
 
 def test_time_and_throughput_of_a_shared_forward_are_apportioned_by_tokens(monkeypatch):
     model = tiny_llama()
-    clock = iter(range(0, 1000, 2))  # every perf_counter call 2 s later than the last
+    clock = iter(range(100, 1000, 2))  # every perf_counter call 2 s later than the last
     monkeypatch.setattr(P.time, "perf_counter", lambda: float(next(clock)))
     runner_ = P.PplRunner(model, "cpu", P.PplConfig((L // 2, L)), 1, "tiny")
     (spec,) = expand_specs(["none"])
@@ -383,3 +383,34 @@ def test_time_and_throughput_of_a_shared_forward_are_apportioned_by_tokens(monke
     # the forward: perf_counter at 2 and 4 inside _nll_batch (2 s, L tokens), at 0 and 6 around it (6 s)
     assert [r["seconds"] for r in rows] == [round(6 * (L // 2 - 1) / (L - 1), 3), 6.0]
     assert [r["tokens_per_s"] for r in rows] == [round(L / 2, 1)] * 2
+
+
+def test_sliding_time_and_throughput_add_up_over_the_windows(monkeypatch):
+    model = tiny_llama()
+    clock = iter(range(100, 10000, 2))
+    monkeypatch.setattr(P.time, "perf_counter", lambda: float(next(clock)))
+    runner_ = P.PplRunner(model, "cpu", P.PplConfig((L,), "sliding", stride=L // 2), 1, "tiny")
+    (spec,) = expand_specs(["none"])
+    doc = docs(1, 3 * L)[0]
+    row = runner_._sliding_at(spec, doc, L)
+    windows = _sliding_windows_by_definition(3 * L, L - 1, L // 2, True)
+    tokens = sum(end - begin + 1 for begin, end, _ in windows)  # BOS + the window's tokens, per forward
+    # perf_counter: once at the start, twice per window's forward (2 s each), once at the end
+    assert row["seconds"] == 2 * (2 * len(windows) + 1)
+    assert row["tokens_per_s"] == round(tokens / (2 * len(windows)), 1)
+
+
+def test_every_length_past_a_non_finite_loss_is_an_error_row(monkeypatch):
+    model = tiny_llama()
+    real = P.token_nll
+
+    def overflowing(model_, ids, chunk):
+        nll = real(model_, ids, chunk).clone()
+        nll[40] = float("inf")
+        return nll
+
+    monkeypatch.setattr(P, "token_nll", overflowing)
+    runner_ = P.PplRunner(model, "cpu", P.PplConfig((32, 48, 64)), 1, "tiny")
+    (spec,) = expand_specs(["none"])
+    rows = runner_._truncate_one_forward(spec, docs(1)[0], [32, 48, 64])
+    assert [(r["length"], r["status"]) for r in rows] == [(32, "ok"), (48, "error"), (64, "error")]
