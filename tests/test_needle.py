@@ -337,10 +337,11 @@ def test_too_short_lengths_and_haystacks_say_what_is_needed(tok):
     head, tail, needles, _ = b.fixed_tokens(sample)
     assert need == len(head) + len(tail) + sum(map(len, needles)) + 5 + 1  # at least one haystack token
     assert len(b.build(need, 50.0, sample, np.random.default_rng(0), 5).ids) == need - 5
-    with pytest.raises(CtxevalError) as caught:
-        b.build(need - 1, 50.0, sample, np.random.default_rng(0), 5)
-    assert str(caught.value) == (f"length {need - 1} is shorter than the instruction, needle(s), question and answer "
-                                 f"({need} tokens with this tokenizer); use longer --lengths")
+    for short in (need - 1, need - 6):
+        with pytest.raises(CtxevalError) as caught:
+            b.build(short, 50.0, sample, np.random.default_rng(0), 5)
+        assert str(caught.value) == (f"length {short} is shorter than the instruction, needle(s), question and answer "
+                                     f"({need} tokens with this tokenizer); use longer --lengths")
     small = N.PromptBuilder(tok, b.preset, b.haystack[:50], chat_template=False)
     assert small.build(need + 49, 50.0, sample, np.random.default_rng(0), 5).haystack_tokens == 50  # all of it
     with pytest.raises(CtxevalError) as caught:
@@ -465,8 +466,10 @@ def test_out_of_memory_halves_the_batch_then_gives_the_length_up_and_skips_longe
     monkeypatch.setattr(runner_, "_forced", forced)
     (spec,) = expand_specs(["none"])
     rows, skip, steps = [], {}, {}
-    cells = [(n, 0, s) for n in (600, 700, 800) for s in range(3)]
+    cells = [(n, 0, s) for n in (600, 700, 800, 900) for s in range(3)]
     runner_.measure(spec, cells, rows.extend, None, skip, steps)
+    assert [(r["status"], r["note"]) for r in rows if r["length"] == 900] == [
+        ("skipped", "skipped: out of memory at 800")] * 3  # a longer length of the same call: a row each, skipped
     assert calls == [(600, 3), (700, 3), (700, 2), (700, 1), (700, 1), (700, 1), (800, 1)]  # 800 starts at 700's 1
     by_length = {n: [r for r in rows if r["length"] == n] for n in (600, 700, 800)}
     assert [r["status"] for r in by_length[600] + by_length[700]] == ["ok"] * 6
@@ -519,3 +522,43 @@ def test_generation_under_a_dynamic_method_freezes_the_rope_at_the_length(tok, m
         monkeypatch.setattr(handle, "freeze_length", lambda n: (frozen.append(n), real(n))[1])
         runner_._generate_batch([item], handle)
     assert frozen == [600, None]
+    frozen.clear()  # through measure, as the sweep calls it
+    with apply_method(model, "dynamic-ntk", factor=2) as handle:
+        real = handle.freeze_length
+        monkeypatch.setattr(handle, "freeze_length", lambda n: (frozen.append(n), real(n))[1])
+        rows = []
+        runner_.measure(handle_spec(), [(600, 0, 0)], rows.extend, handle)
+    assert frozen == [600, None] and rows[0]["status"] == "ok"
+
+
+def handle_spec():
+    from ctxeval.specs import expand_specs
+
+    return expand_specs(["dynamic-ntk:factor=2"])[0]
+
+
+def test_needle_values_have_the_digits_and_range_their_spec_says():
+    rng = np.random.default_rng(0)
+    digits = [N._value("digits:7", rng) for _ in range(3000)]
+    assert all(len(v) == 7 and v[0] != "0" for v in digits)
+    assert min(map(int, digits)) < 1_100_000 and max(map(int, digits)) > 9_900_000  # the whole 7-digit range
+    ints = {N._value("int:3:5", rng) for _ in range(300)}
+    assert ints == {"3", "4", "5"}  # both ends included
+    assert N._value("fixed:eat a sandwich: at noon", rng) == "eat a sandwich: at noon"
+
+
+def test_several_queried_keys_are_named_in_the_question():
+    multiquery = preset("magic-number-multiquery")
+    sample = N.make_sample(multiquery, np.random.default_rng(4))
+    keys = [n.split(" for ")[1].split(" is")[0] for n in sample.needles[:multiquery.keys]]
+    key_text = ", ".join(keys[:-1]) + " and " + keys[-1]
+    assert multiquery.keys > 2 and sample.question == multiquery.question.format(keys=key_text)
+    assert sample.answer_prefix == multiquery.answer_prefix.format(keys=key_text)
+    assert sample.n_queried == multiquery.keys * multiquery.values_per_key == len(sample.answers)
+    single = N.make_sample(preset("magic-number"), np.random.default_rng(4))
+    one_key = single.needles[0].split(" for ")[1].split(" is")[0]
+    assert single.question == preset("magic-number").question.format(keys=one_key) and single.n_queried == 1
+    multivalue = preset("magic-number-multivalue")
+    values = N.make_sample(multivalue, np.random.default_rng(4))
+    assert len(set(values.answers)) == len(values.answers) == multivalue.values_per_key == values.n_queried
+    assert [n.split(": ")[1].rstrip(".") for n in values.needles[:multivalue.values_per_key]] == list(values.answers)
