@@ -562,3 +562,88 @@ def test_several_queried_keys_are_named_in_the_question():
     values = N.make_sample(multivalue, np.random.default_rng(4))
     assert len(set(values.answers)) == len(values.answers) == multivalue.values_per_key == values.n_queried
     assert [n.split(": ")[1].rstrip(".") for n in values.needles[:multivalue.values_per_key]] == list(values.answers)
+
+
+BASE_PRESET = {"instruction": "Remember.", "needle": "The {key} is {value}.", "question": "What is {keys}?",
+               "answer_prefix": "The {keys} is", "value": "digits:4"}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"colour": "red", "size": 2}, "needle preset 'p' has unknown keys: colour, size"),
+    ({"name": "other"}, "needle preset 'p' has unknown keys: name"),
+    ({"match": "any"}, "needle preset 'p': match must be all, first_int or terms"),
+    ({"value": "digits:x"}, "needle preset 'p': value must be digits:N, int:LO:HI or fixed:TEXT, got 'digits:x'"),
+    ({"keys": 0}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
+    ({"values_per_key": 0}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
+    ({"distractors": -1}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
+    ({"needle": "The {key} is here."}, "needle preset 'p': the needle text must contain {value}"),
+    ({"needle": "The {key is {value}."}, "needle preset 'p': bad braces in needle: "),
+    ({"needle": "The {key} is {value} {when}."}, "needle preset 'p': needle may use only {key}, {value}, got {when} "
+                                                 "(write {{ and }} for literal braces)"),
+    ({"question": "What is {key}?"}, "needle preset 'p': question may use only {keys}, got {key} (write {{ and }} for "
+                                     "literal braces)"),
+    ({"answer_prefix": "{value} {x}"}, "needle preset 'p': answer_prefix may use only {keys}, got {value}, {x} (write "
+                                       "{{ and }} for literal braces)"),
+])
+def test_a_custom_preset_is_refused_in_one_line_that_names_the_problem(change, message):
+    with pytest.raises(CtxevalError) as caught:
+        N.NeedlePreset.from_dict("p", {**BASE_PRESET, **change})
+    assert str(caught.value).startswith(message) and (message.endswith(": ") or str(caught.value) == message)
+
+
+def test_a_valid_custom_preset_loads():
+    p = N.NeedlePreset.from_dict("p", {**BASE_PRESET, "match": "terms", "match_terms": ["a", "b"], "distractors": 0,
+                                       "value": "fixed:no braces", "needle": "A fixed needle."})
+    assert p.match_terms == ("a", "b") and p.name == "p" and p.distractors == 0
+
+
+def _tokenizer_adding_bos():
+    """The test tokenizer with a post-processor that prepends <s>, as Llama's does for add_special_tokens=True."""
+    from tokenizers.processors import TemplateProcessing
+
+    tok = build_tokenizer()
+    tok._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.bos_token_id)])
+    assert tok("a")["input_ids"][0] == tok.bos_token_id and tok("a", add_special_tokens=False)["input_ids"][0] != tok.bos_token_id
+    return tok
+
+
+def test_haystacks_and_prompt_parts_carry_no_special_tokens(tmp_path):
+    tok = _tokenizer_adding_bos()
+    filler, _ = N.haystack_tokens(tok, "filler", 500)
+    (tmp_path / "a.txt").write_text("One. Two.")
+    (tmp_path / "b.txt").write_text("Three.")
+    corpus, _ = N.haystack_tokens(tok, str(tmp_path), 10_000)
+    assert tok.bos_token_id not in filler.tolist() and tok.bos_token_id not in corpus.tolist()
+    assert len(filler) >= 501 and len(filler) < 501 + 3 * len(_enc(tok, " " + N.FILLER))  # enough, not far more
+    b = N.PromptBuilder(tok, preset("passkey"), filler, chat_template=False)
+    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    p = b.build(400, 50.0, sample, np.random.default_rng(0), 6)
+    assert p.ids.count(tok.bos_token_id) == 1 and p.ids[0] == tok.bos_token_id  # only the one BOS, first
+    assert b.answer_ids(sample) == _enc(tok, " " + sample.answers[0])
+
+
+def test_a_tokenizer_without_bos_and_a_prompt_without_it():
+    tok = build_tokenizer()
+    ids, _ = N.haystack_tokens(tok, "filler", 2000)
+    sample = N.make_sample(preset("passkey"), np.random.default_rng(0))
+    no_bos = N.PromptBuilder(tok, preset("passkey"), ids, chat_template=False, bos=False)
+    assert tok.bos_token_id not in no_bos.build(400, 50.0, sample, np.random.default_rng(0), 6).ids
+    tok.bos_token = None  # a tokenizer that has none (GPT-2 style)
+    assert tok.bos_token_id is None
+    none = N.PromptBuilder(tok, preset("passkey"), ids, chat_template=False)
+    assert None not in none.build(400, 50.0, sample, np.random.default_rng(0), 6).ids
+    assert not none.snap  # snapping to sentence ends is asked for, not the default
+
+
+def test_a_chat_template_without_its_own_bos_gets_one_and_the_assistant_turn_is_opened():
+    tok = build_tokenizer()
+    tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}[assistant] {% endif %}")
+    ids, _ = N.haystack_tokens(tok, "filler", 2000)
+    b = N.PromptBuilder(tok, preset("passkey"), ids, chat_template=True)
+    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    p = b.build(500, 50.0, sample, np.random.default_rng(0), 6)
+    head = [tok.bos_token_id] + _enc(tok, "[user] ")  # the template has no <s>: ctxeval's BOS comes first
+    assert p.ids[:len(head)] == head
+    tail = _enc(tok, "\n[assistant] ") + _enc(tok, sample.answer_prefix)  # the generation prompt is asked for
+    assert p.ids[-len(tail):] == tail
