@@ -300,19 +300,11 @@ def test_runner_without_bos_token_scores_document_text_only():
 # -- the survivors of mutmut 3.8.1 over perplexity.py's scoring functions (docs/testing.md)
 
 
-def _sliding_windows_by_definition(n, content, stride, bos):
-    """Windows of `content` doc tokens every `stride` tokens until one reaches the end; the first window scores its
-    every token (with BOS) or all but the first, each later one only the tokens past the previous window's end."""
-    windows, scored_until = [], 0 if bos else 1
-    for begin in range(0, n, stride):
-        end = min(begin + content, n)
-        if end - begin < (1 if bos else 2):
-            break
-        windows.append((begin, end, scored_until))
-        scored_until = end
-        if end == n:
-            break
-    return windows
+def _windows(n, content, stride):
+    """(begin, end) of each window by the protocol's definition: one every `stride` tokens, `content` doc tokens long,
+    until the first that reaches the document's end: 1 + ceil((n - content) / stride) of them."""
+    count = 1 + max(0, math.ceil((n - content) / stride))
+    return [(i * stride, min(i * stride + content, n)) for i in range(count)]
 
 
 @pytest.mark.parametrize("bos", [True, False])
@@ -328,7 +320,7 @@ def test_sliding_scores_every_token_once_whatever_the_document_length(bos, strid
               3 * content - 5):  # 2 * stride + 1 / + 2: a last window of one / two tokens (with / without BOS)
         doc = TokenDoc(f"d{n}", np.random.default_rng(n).integers(2, TINY["vocab_size"], n))
         row = runner_._sliding_at(spec, doc, L)
-        windows = _sliding_windows_by_definition(n, content, stride, bos)
+        windows = _windows(n, content, stride)
         assert (row["length"], row["doc"], row["status"]) == (L, f"d{n}", "ok")
         assert row["n_tokens"] == (n if bos else n - 1), (n, stride, bos)  # each token once, none skipped
         assert row["n_windows"] == len(windows), (n, stride, bos)
@@ -393,8 +385,8 @@ def test_sliding_time_and_throughput_add_up_over_the_windows(monkeypatch):
     (spec,) = expand_specs(["none"])
     doc = docs(1, 3 * L)[0]
     row = runner_._sliding_at(spec, doc, L)
-    windows = _sliding_windows_by_definition(3 * L, L - 1, L // 2, True)
-    tokens = sum(end - begin + 1 for begin, end, _ in windows)  # BOS + the window's tokens, per forward
+    windows = _windows(3 * L, L - 1, L // 2)
+    tokens = sum(end - begin + 1 for begin, end in windows)  # BOS + the window's tokens, per forward
     # perf_counter: once at the start, twice per window's forward (2 s each), once at the end
     assert row["seconds"] == 2 * (2 * len(windows) + 1)
     assert row["tokens_per_s"] == round(tokens / (2 * len(windows)), 1)
