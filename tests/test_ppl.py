@@ -348,16 +348,21 @@ def test_sliding_out_of_memory_halves_the_windows_per_forward_down_to_one(monkey
         runner_._sliding_at(spec, doc, L)
 
 
-def test_a_non_finite_window_makes_a_sliding_point_an_error(tmp_path, monkeypatch):
-    model = tiny_llama()
+def overflow_at(monkeypatch, index, value):
+    """Every forward's per-token loss at `index` replaced by `value` (an overflowing half-precision forward)."""
     real = P.token_nll
 
     def overflowing(model_, ids, chunk):
         nll = real(model_, ids, chunk).clone()
-        nll[5] = float("nan")
+        nll[index] = value
         return nll
 
     monkeypatch.setattr(P, "token_nll", overflowing)
+
+
+def test_a_non_finite_window_makes_a_sliding_point_an_error(tmp_path, monkeypatch):
+    model = tiny_llama()
+    overflow_at(monkeypatch, 5, float("nan"))
     store = RunStore(tmp_path / "r", {"t": 1})
     store.start({})
     P.sweep(FakeLM(model), expand_specs(["none"]), docs(1), P.PplConfig((L,), "sliding", stride=L // 2), store)
@@ -394,14 +399,7 @@ def test_sliding_time_and_throughput_add_up_over_the_windows(monkeypatch):
 
 def test_every_length_past_a_non_finite_loss_is_an_error_row(monkeypatch):
     model = tiny_llama()
-    real = P.token_nll
-
-    def overflowing(model_, ids, chunk):
-        nll = real(model_, ids, chunk).clone()
-        nll[40] = float("inf")
-        return nll
-
-    monkeypatch.setattr(P, "token_nll", overflowing)
+    overflow_at(monkeypatch, 40, float("inf"))
     runner_ = P.PplRunner(model, "cpu", P.PplConfig((32, 48, 64)), 1, "tiny")
     (spec,) = expand_specs(["none"])
     rows = runner_._truncate_one_forward(spec, docs(1)[0], [32, 48, 64])
