@@ -358,7 +358,7 @@ def test_snap_puts_the_needle_after_the_nearest_sentence_end_before_it(tok):
 
     def ends_sentence(token):
         text = tok.decode([token])
-        return "\n" in text or text.rstrip(" ")[-1:] in (".", "!", "?") and text.rstrip(" ") != ""
+        return "\n" in text or text.rstrip()[-1:] in (".", "!", "?")
 
     for depth in (0.0, 12.5, 37.0, 61.0, 100.0):
         p = b.build(1500, depth, sample, np.random.default_rng(1), 6)
@@ -647,3 +647,201 @@ def test_a_chat_template_without_its_own_bos_gets_one_and_the_assistant_turn_is_
     assert p.ids[:len(head)] == head
     tail = _enc(tok, "\n[assistant] ") + _enc(tok, sample.answer_prefix)  # the generation prompt is asked for
     assert p.ids[-len(tail):] == tail
+
+
+def test_distractors_get_one_value_each_and_no_value_repeats_across_needles():
+    from dataclasses import replace
+
+    # two values for the queried key, three distractor keys; values from {1, ..., 5}: five needles, five values
+    small = replace(preset("magic-number-multivalue"), values_per_key=2, distractors=3, value="int:1:5")
+    for seed in range(40):  # 5 draws from 5 values collide in almost every sample: the retry is what keeps them apart
+        sample = N.make_sample(small, np.random.default_rng(seed))
+        pairs = [(n.split(" for ")[1].split(" is")[0], n.split(": ")[1].rstrip(".")) for n in sample.needles]
+        assert len(pairs) == 5 and sorted(v for _, v in pairs) == ["1", "2", "3", "4", "5"], sample.needles
+        assert pairs[0][0] == pairs[1][0] and len({k for k, _ in pairs[1:]}) == 4  # the queried key twice, then 3 others
+        assert sample.answers == (pairs[0][1], pairs[1][1]) and sample.n_queried == 2
+
+
+def test_a_fixed_value_may_repeat_across_needles():
+    from dataclasses import replace
+
+    fixed = replace(preset("magic-number"), distractors=2, value="fixed:42")
+    sample = N.make_sample(fixed, np.random.default_rng(0))  # no retry: it would never find another value
+    assert [n.split(": ")[1] for n in sample.needles] == ["42."] * 3 and sample.answers == ("42",)
+
+
+def test_further_needles_go_at_seeded_uniform_depths_of_the_haystack(tok):
+    b = builder(tok, "magic-number-multikey")  # one queried needle, three distractors
+    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    head, tail, needles, _ = b.fixed_tokens(sample)
+    seen = []
+    for seed in range(30):
+        p = b.build(1000, 50.0, sample, np.random.default_rng(seed), 8)
+        rng = np.random.default_rng(seed)
+        rng.integers(0, len(b.haystack) - p.haystack_tokens + 1)  # the haystack offset is drawn first
+        depths = [float(rng.uniform(0, 100)) for _ in needles[1:]]
+        # a needle's start in the prompt: the head, the haystack before it, the needles placed before it
+        offsets = [round(d / 100 * p.haystack_tokens) for d in [50.0] + depths]
+        for i, (start, end) in enumerate(p.needle_spans):
+            before = sum(len(needles[j]) for j in range(len(needles)) if (offsets[j], j) < (offsets[i], i))
+            assert (start, end) == (len(head) + offsets[i] + before, len(head) + offsets[i] + before + len(needles[i]))
+        seen += depths
+    assert min(seen) < 5 and max(seen) > 95  # the whole haystack, not a corner of it
+
+
+def _vocab_builder(texts, snap=True):
+    from types import SimpleNamespace
+
+    tokenizer = SimpleNamespace(bos_token_id=None, decode=lambda ids: texts[ids[0]])
+    return N.PromptBuilder(tokenizer, preset("passkey"), np.arange(len(texts)), chat_template=False, snap=snap)
+
+
+def test_a_sentence_ends_at_a_stop_mark_before_trailing_whitespace_or_at_a_newline():
+    texts = ["Hello", " end.", "ok. ", "\n", "a\nb", "?  ", "", " ", "x.\t", ".x", "!", "MAX", "no,", "\u3002"]
+    assert _vocab_builder(texts)._sentence_ends == {1, 2, 3, 4, 5, 8, 10}
+
+
+def test_snapping_moves_back_to_a_sentence_end_or_the_haystack_start_and_leaves_the_end_alone():
+    b = _vocab_builder(["word", " end."])
+    hay = [0, 0, 1, 0, 0, 0, 0, 0, 0, 0]  # a sentence ends after the third token
+    assert [b._position(d, hay) for d in (0.0, 10.0, 30.0, 60.0, 100.0)] == [0, 0, 3, 3, 10]
+    assert b._position(10.0, [0] * 10) == 0 and b._position(100.0, [0] * 10) == 10  # no sentence end at all
+    assert _vocab_builder(["word", " end."], snap=False)._position(60.0, hay) == 6
+
+
+def test_an_empty_corpus_is_refused_in_one_line(tmp_path, tok):
+    empty = tmp_path / "blank.jsonl"
+    empty.write_text('{"text": ""}\n{"text": ""}\n')  # records, none with text
+    with pytest.raises(CtxevalError) as caught:
+        N.haystack_tokens(tok, str(empty), 100)
+    assert str(caught.value) == f"haystack corpus '{empty}' holds no text"
+
+
+def test_a_row_records_the_seconds_per_prompt_of_its_batch(tok, monkeypatch):
+    from ctxeval.specs import expand_specs
+
+    cfg = N.NeedleConfig((600,), (0.0, 50.0, 100.0), samples=1, scoring="forced", batch_size=3)
+    runner_ = N.NeedleRunner(None, tok, "cpu", builder(tok, "passkey"), cfg, "tiny", "passkey")
+    monkeypatch.setattr(runner_, "_forced", lambda chunk: [{"correct": 1, "answer_nll": 0.0, "response": ""}] * len(chunk))
+    clock = iter([100.0, 101.0])  # one batch of three prompts measured in 1 s
+    monkeypatch.setattr(N.time, "perf_counter", lambda: next(clock))
+    rows = []
+    runner_.measure(expand_specs(["none"])[0], cfg.cells(), rows.extend)
+    assert [r["seconds"] for r in rows] == [0.333] * 3
+
+
+def test_a_halved_batch_carries_to_longer_lengths_of_its_own_method_only(tok, monkeypatch):
+    from ctxeval.evals.common import PointOOM
+    from ctxeval.specs import expand_specs
+
+    cfg = N.NeedleConfig((600, 700), (50.0,), samples=5, scoring="forced", batch_size=2)
+    runner_ = N.NeedleRunner(None, tok, "cpu", builder(tok, "passkey"), cfg, "tiny", "passkey")
+    calls = []
+
+    def forced(chunk):
+        calls.append((spec.label, chunk[0].length, len(chunk)))
+        if spec.label == "none" and len(chunk) > 1:
+            raise PointOOM("out of memory")
+        return [{"correct": 1, "answer_nll": 0.0, "response": ""}] * len(chunk)
+
+    monkeypatch.setattr(runner_, "_forced", forced)
+    skip, steps = {}, {}
+    none, pi = expand_specs(["none", "pi:factor=2"])
+    for spec in (none, pi):
+        for cells in ([(600, 0, 0), (600, 0, 1)], [(600, 0, 2), (600, 0, 3)], [(700, 0, 0), (700, 0, 1)]):
+            runner_.measure(spec, cells, lambda rows: None, None, skip, steps)
+    # none: halved once at 600; its next chunk of 600 and the chunk of 700 start at 1; pi keeps its own batch of 2
+    assert calls == [("none", 600, 2), ("none", 600, 1), ("none", 600, 1), ("none", 600, 1), ("none", 600, 1),
+                     ("none", 700, 1), ("none", 700, 1), (pi.label, 600, 2), (pi.label, 600, 2), (pi.label, 700, 2)]
+    assert steps == {("none", 600): 1} and skip == {}
+
+
+class _MemoryStore:
+    """What sweep and run_items use of a RunStore: finished points, appended rows, run.json's record."""
+
+    def __init__(self, rows=()):
+        self.rows_, self.record = list(rows), {}
+
+    def done_points(self, key_fields):
+        from ctxeval.rows import point_key
+
+        return {point_key(r, key_fields) for r in self.rows_ if r.get("status") == "ok"}
+
+    def append(self, rows):
+        self.rows_.extend(rows)
+
+    def update(self, **fields):
+        self.record.update(fields)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_sweep_plans_the_pending_cells_in_batches_weighted_by_their_forwards(tok, monkeypatch, batch_size):
+    from ctxeval.evals.sweep import WorkItem, forward_cost
+    from ctxeval.specs import expand_specs
+
+    cfg = N.NeedleConfig((600, 700), (0.0, 50.0, 100.0), samples=1, scoring="forced", batch_size=batch_size)
+    runner_ = N.NeedleRunner(None, tok, "cpu", builder(tok, "passkey"), cfg, "tiny", "passkey")
+    specs = expand_specs(["none", "pi:factor=2"])
+    finished = [{"label": specs[1].label, "length": 600, "depth": runner_.depth((600, 1, 0)), "sample": 0, "status": "ok"},
+                {"label": specs[1].label, "length": 700, "depth": runner_.depth((700, 0, 0)), "sample": 0, "status": "oom"}]
+    planned = {}
+    monkeypatch.setattr(N, "run_items", lambda lm, specs_, items, lengths, store, progress, work: planned.update(
+        items=items, lengths=lengths))
+    N.sweep(None, specs, runner_, _MemoryStore(finished))
+    pending = {0: {600: [(600, 0, 0), (600, 1, 0), (600, 2, 0)], 700: [(700, 0, 0), (700, 1, 0), (700, 2, 0)]},
+               1: {600: [(600, 0, 0), (600, 2, 0)], 700: [(700, 0, 0), (700, 1, 0), (700, 2, 0)]}}  # 600 depth 50 done
+    expected = [WorkItem(index, cells[i:i + batch_size], forward_cost(length) * len(cells[i:i + batch_size]),
+                         length * len(cells[i:i + batch_size]), length)
+                for index, by_length in pending.items() for length, cells in by_length.items()
+                for i in range(0, len(cells), batch_size)]
+    assert planned["items"] == expected and planned["lengths"] == (600, 700)
+    if batch_size == 2:  # written out: a batch of two costs two forwards
+        assert planned["items"][0] == WorkItem(0, [(600, 0, 0), (600, 1, 0)], 2 * (600 + 600**2 / 16384), 1200, 600)
+
+
+def test_a_sweep_shares_out_of_memory_lengths_and_halved_batches_across_its_items(tiny_model_dir, monkeypatch):
+    from ctxeval.evals.common import PointOOM
+    from ctxeval.models import load_model
+    from ctxeval.specs import expand_specs
+
+    lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    hay, _ = N.haystack_tokens(lm.tokenizer, "filler", 4000)
+    b = N.PromptBuilder(lm.tokenizer, preset("passkey"), hay, chat_template=False)
+    cfg = N.NeedleConfig((600, 700, 800), (50.0,), samples=3, scoring="forced", batch_size=2)
+    runner_ = N.NeedleRunner(lm.model, lm.tokenizer, "cpu", b, cfg, "tiny", "passkey")
+    calls = []
+
+    def forced(chunk):  # a batch of 2 does not fit at 700; nothing fits at 800
+        calls.append((chunk[0].length, len(chunk)))
+        if (chunk[0].length, len(chunk)) in ((700, 2), (800, 1), (800, 2)):
+            raise PointOOM(f"out of memory at {chunk[0].length}")
+        return [{"correct": 1, "answer_nll": 0.0, "response": ""}] * len(chunk)
+
+    monkeypatch.setattr(runner_, "_forced", forced)
+    store = _MemoryStore()
+    N.sweep(lm, expand_specs(["none"]), runner_, store)
+    # work items of 2 + 1 cells per length: the second item of 700 starts at the batch that fitted the first,
+    # 800 at 700's batch, and the second item of 800 is skipped, not tried again
+    assert calls == [(600, 2), (600, 1), (700, 2), (700, 1), (700, 1), (700, 1), (800, 1)]
+    assert [(r["length"], r["sample"], r["status"]) for r in store.rows_] == [
+        (600, 0, "ok"), (600, 1, "ok"), (600, 2, "ok"), (700, 0, "ok"), (700, 1, "ok"), (700, 2, "ok"),
+        (800, 0, "oom"), (800, 1, "oom"), (800, 2, "skipped")]
+
+
+def test_a_sweep_generates_under_the_applied_dynamic_rope_frozen_at_each_length(tiny_model_dir, monkeypatch):
+    from ctxeval.models import load_model
+    from ctxeval.patching import RopeHandle
+    from ctxeval.specs import expand_specs
+
+    lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    hay, _ = N.haystack_tokens(lm.tokenizer, "filler", 4000)
+    b = N.PromptBuilder(lm.tokenizer, preset("passkey"), hay, chat_template=False)
+    cfg = N.NeedleConfig((200, 300), (50.0,), samples=1, max_new_tokens=2)
+    runner_ = N.NeedleRunner(lm.model, lm.tokenizer, "cpu", b, cfg, "tiny", "passkey")
+    frozen = []
+    real = RopeHandle.freeze_length
+    monkeypatch.setattr(RopeHandle, "freeze_length", lambda self, n: (frozen.append((self.method.name, n)), real(self, n))[1])
+    store = _MemoryStore()
+    N.sweep(lm, expand_specs(["dynamic-ntk:factor=2"]), runner_, store)
+    assert frozen == [("dynamic-ntk", 200), ("dynamic-ntk", None), ("dynamic-ntk", 300), ("dynamic-ntk", None)]
+    assert [(r["length"], r["status"]) for r in store.rows_] == [(200, "ok"), (300, "ok")]

@@ -238,6 +238,8 @@ def test_interrupted_run_keeps_rows_and_resumes(tmp_path, tiny_model_dir, text_d
     (["--data", "hf:ctxeval-no-such/dataset"], "could not load hf:"),
     (["--protocol", "sliding", "--stride", "0"], "stride"),
     (["--data", "BINARY"], "not a text file"),
+    (["--data", "EMPTY"], "empty.jsonl' is empty; give json records with a 'text' field"),
+    (["--data", "HALF"], "half.jsonl' as json: JSON parse error: Missing a closing quotation mark"),
     (["--docs", "5", "--lengths", "32"], "--docs"),
     (["--lengths", "2k,abc"], "bad length"),
     (["--model", "ctxeval-test/no-such-model"], "could not load model"),
@@ -248,7 +250,10 @@ def test_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, text_dir, extra,
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     binary = tmp_path / "blob.txt"
     binary.write_bytes(bytes(range(256)) * 10)
-    extra = [str(binary) if e == "BINARY" else e for e in extra]
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "half.jsonl").write_text('{"text": "cut off')
+    files = {"BINARY": binary, "EMPTY": tmp_path / "empty.jsonl", "HALF": tmp_path / "half.jsonl"}
+    extra = [str(files.get(e, e)) for e in extra]
     args = ["--model", str(tiny_model_dir), "--data", str(text_dir), "--lengths", "32", "--out", str(tmp_path / "o")]
     for i in range(0, len(extra), 2):  # later flags override earlier ones
         if extra[i] in args:

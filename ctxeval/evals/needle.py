@@ -185,20 +185,19 @@ class PromptBuilder:
             self.pre_chat, self.post_chat = self.encode(pre), self.encode(post)
             if self.bos and self.pre_chat[:1] == self.bos:
                 self.bos = []  # the template already starts with BOS
-        self._sentence_end = self._sentence_end_table()
+        self._sentence_ends = self._sentence_end_ids()
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
 
-    def _sentence_end_table(self) -> np.ndarray:
-        """For each vocab id: does its text end a sentence (., !, ? or a newline)?"""
-        ids = np.unique(self.haystack)
-        ends = np.zeros(int(max(ids.max(), 1)) + 1, dtype=bool)
-        for i in ids:
-            text = self.tok.decode([int(i)])
-            stripped = text.rstrip(" ")
-            ends[i] = "\n" in text or (stripped != "" and stripped[-1] in ".!?")
-        return ends
+    def _sentence_end_ids(self) -> frozenset[int]:
+        """The haystack's token ids whose text ends a sentence: ., ! or ? before any trailing whitespace, or a newline."""
+        ends = set()
+        for token in np.unique(self.haystack).tolist():
+            text = self.tok.decode([token])
+            if "\n" in text or text.rstrip()[-1:] in (".", "!", "?"):
+                ends.add(token)
+        return frozenset(ends)
 
     def fixed_tokens(self, sample: Sample) -> tuple[list[int], list[int], list[list[int]], list[int]]:
         head = self.bos + self.pre_chat + self.encode(self.preset.instruction + "\n")
@@ -273,7 +272,7 @@ class PromptBuilder:
         """Insertion offset at depth% of the haystack; with snap, moved back to just after a sentence end."""
         pos = int(round(depth / 100 * len(hay)))
         if self.snap:
-            while 0 < pos < len(hay) and not self._sentence_end[hay[pos - 1]]:
+            while 0 < pos < len(hay) and hay[pos - 1] not in self._sentence_ends:
                 pos -= 1
         return pos
 
