@@ -576,6 +576,14 @@ BASE_PRESET = {"instruction": "Remember.", "needle": "The {key} is {value}.", "q
     ({"keys": 0}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
     ({"values_per_key": 0}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
     ({"distractors": -1}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
+    ({"distractors": 1638}, "needle preset 'p': keys + distractors is 1639, more than the 1638 distinct keys; use fewer"),
+    ({"value": "digits:0"}, "needle preset 'p': value digits:N needs N >= 1, got 'digits:0'"),
+    ({"value": "int:5:3"}, "needle preset 'p': value int:LO:HI needs LO <= HI, got 'int:5:3'"),
+    ({"value": "int:1:4", "keys": 2, "values_per_key": 2, "distractors": 1},
+     "needle preset 'p': value 'int:1:4' has 4 distinct values for 5 needles (keys x values_per_key + distractors); "
+     "widen its range"),
+    ({"value": "digits:1", "distractors": 9}, "needle preset 'p': value 'digits:1' has 9 distinct values for 10 needles "
+                                              "(keys x values_per_key + distractors); widen its range"),
     ({"needle": "The {key} is here."}, "needle preset 'p': the needle text must contain {value}"),
     ({"needle": "The {key is {value}."}, "needle preset 'p': bad braces in needle: "),
     ({"needle": "The {key} is {value} {when}."}, "needle preset 'p': needle may use only {key}, {value}, got {when} "
@@ -595,6 +603,10 @@ def test_a_valid_custom_preset_loads():
     p = N.NeedlePreset.from_dict("p", {**BASE_PRESET, "match": "terms", "match_terms": ["a", "b"], "distractors": 0,
                                        "value": "fixed:no braces", "needle": "A fixed needle."})
     assert p.match_terms == ("a", "b") and p.name == "p" and p.distractors == 0
+    # just enough distinct values, the most keys, and fixed text on more needles than it has values all load
+    for exact in ({"value": "int:1:5", "keys": 2, "values_per_key": 2, "distractors": 1}, {"value": "digits:1",
+                  "distractors": 8}, {"value": "int:7:7"}, {"distractors": 1637}, {"value": "fixed:x", "distractors": 3}):
+        assert N.NeedlePreset.from_dict("p", {**BASE_PRESET, **exact}).value == exact.get("value", "digits:4")
 
 
 def _tokenizer_adding_bos():
@@ -845,3 +857,65 @@ def test_a_sweep_generates_under_the_applied_dynamic_rope_frozen_at_each_length(
     N.sweep(lm, expand_specs(["dynamic-ntk:factor=2"]), runner_, store)
     assert frozen == [("dynamic-ntk", 200), ("dynamic-ntk", None), ("dynamic-ntk", 300), ("dynamic-ntk", None)]
     assert [(r["length"], r["status"]) for r in store.rows_] == [(200, "ok"), (300, "ok")]
+
+
+def test_two_queried_keys_are_joined_by_and():
+    from dataclasses import replace
+
+    two = replace(preset("magic-number-multiquery"), keys=2)
+    sample = N.make_sample(two, np.random.default_rng(0))
+    first, second = (n.split(" for ")[1].split(" is")[0] for n in sample.needles[:2])
+    assert sample.question == two.question.format(keys=f"{first} and {second}")
+
+
+def test_the_forced_answer_of_two_values_follows_the_prompt_text(tok):
+    from dataclasses import replace
+
+    two = replace(preset("magic-number-multivalue"), values_per_key=2)
+    ids, _ = N.haystack_tokens(tok, "filler", 4000)
+    b = N.PromptBuilder(tok, two, ids, chat_template=False)
+    orders = set()
+    for seed in range(12):
+        sample = N.make_sample(two, np.random.default_rng(seed))
+        p = b.build(800, 50.0, sample, np.random.default_rng(seed), 12)
+        first, second = sorted(range(2), key=lambda i: p.needle_spans[i][0])
+        in_text = N.Sample(sample.needles, 2, sample.question, sample.answer_prefix,
+                           (sample.answers[first], sample.answers[second]))
+        assert p.answer_ids == b.answer_ids(in_text)
+        orders.add(first)
+    assert orders == {0, 1}  # the drawn order was the text's order in some prompts and reversed in others
+
+
+def test_a_record_haystack_reads_the_text_field_asked_for(tmp_path, tok):
+    records = tmp_path / "hay.jsonl"
+    records.write_text(json.dumps({"body": "Alpha beta.", "text": "not this"}) + "\n")
+    ids, info = N.haystack_tokens(tok, str(records), 100, text_field="body")
+    assert ids.tolist() == _enc(tok, "Alpha beta.") + _enc(tok, "\n\n") and info["documents"][0]["tokens"] == len(
+        _enc(tok, "Alpha beta."))
+
+
+def test_every_row_of_a_measure_has_the_same_fields_and_the_progress_counts_each_prompts_tokens(tok, monkeypatch):
+    from ctxeval.evals.common import PointOOM
+    from ctxeval.specs import expand_specs
+
+    advanced = []
+    progress = type("P", (), {"note": lambda self, t: None,
+                              "advance": lambda self, n, text: advanced.append((n, text))})()
+    cfg = N.NeedleConfig((600, 700, 800), (0.0, 100.0), samples=1, scoring="forced", batch_size=2)
+    runner_ = N.NeedleRunner(None, tok, "cpu", builder(tok, "passkey"), cfg, "tiny", "passkey", progress)
+
+    def forced(chunk):
+        if chunk[0].length == 700:
+            raise PointOOM("out of memory at 700")
+        return [{"correct": int(it.depth == 0), "answer_nll": 0.0, "response": ""} for it in chunk]
+
+    monkeypatch.setattr(runner_, "_forced", forced)
+    rows = []
+    runner_.measure(expand_specs(["none"])[0], cfg.cells(), rows.extend)
+    assert [(r["length"], r["status"], r["correct"]) for r in rows] == [
+        (600, "ok", 1), (600, "ok", 0), (700, "oom", None), (700, "oom", None), (800, "skipped", None), (800, "skipped", None)]
+    assert len({tuple(sorted(r)) for r in rows if r["status"] != "ok"}) == 1  # failed and skipped rows: one schema
+    assert advanced == [(1200, "none L=600 depth 100% miss")]  # the batch's tokens; its last prompt's depth and result
+    runner_.cfg = N.NeedleConfig((600,), (100.0, 0.0), samples=1, scoring="forced", batch_size=2)
+    runner_.measure(expand_specs(["none"])[0], runner_.cfg.cells(), rows.extend)
+    assert advanced[-1] == (1200, "none L=600 depth 0% ok")

@@ -73,6 +73,20 @@ class NeedlePreset:
             raise CtxevalError(f"needle preset '{self.name}': value must be digits:N, int:LO:HI or fixed:TEXT, got '{self.value}'")
         if min(self.keys, self.values_per_key) < 1 or self.distractors < 0:
             raise CtxevalError(f"needle preset '{self.name}': keys and values_per_key must be >= 1, distractors >= 0")
+        if self.keys + self.distractors > len(KEY_ADJECTIVES) * len(KEY_NOUNS):
+            raise CtxevalError(f"needle preset '{self.name}': keys + distractors is {self.keys + self.distractors}, "
+                               f"more than the {len(KEY_ADJECTIVES) * len(KEY_NOUNS)} distinct keys; use fewer")
+        kind, _, rest = self.value.partition(":")
+        if kind == "digits" and int(rest) < 1:
+            raise CtxevalError(f"needle preset '{self.name}': value digits:N needs N >= 1, got '{self.value}'")
+        if kind == "int" and int(rest.split(":")[0]) > int(rest.split(":")[1]):
+            raise CtxevalError(f"needle preset '{self.name}': value int:LO:HI needs LO <= HI, got '{self.value}'")
+        needles = self.keys * self.values_per_key + self.distractors
+        distinct = (9 * 10 ** (int(rest) - 1) if kind == "digits"
+                    else int(rest.split(":")[1]) - int(rest.split(":")[0]) + 1 if kind == "int" else needles)
+        if distinct < needles:  # a sample's values are distinct (fixed text repeats by design)
+            raise CtxevalError(f"needle preset '{self.name}': value '{self.value}' has {distinct} distinct values for "
+                               f"{needles} needles (keys x values_per_key + distractors); widen its range")
         if "{value}" not in self.needle and not self.value.startswith("fixed:"):
             raise CtxevalError(f"needle preset '{self.name}': the needle text must contain {{value}}")
         for field_name, text, allowed in (("needle", self.needle, {"key", "value"}), ("question", self.question, {"keys"}),
