@@ -582,6 +582,8 @@ BASE_PRESET = {"instruction": "Remember.", "needle": "The {key} is {value}.", "q
     ({"value": "int:1:4", "keys": 2, "values_per_key": 2, "distractors": 1},
      "needle preset 'p': value 'int:1:4' has 4 distinct values for 5 needles (keys x values_per_key + distractors); "
      "widen its range"),
+    ({"value": "digits:2", "distractors": 90}, "needle preset 'p': value 'digits:2' has 90 distinct values for 91 needles "
+                                               "(keys x values_per_key + distractors); widen its range"),
     ({"value": "digits:1", "distractors": 9}, "needle preset 'p': value 'digits:1' has 9 distinct values for 10 needles "
                                               "(keys x values_per_key + distractors); widen its range"),
     ({"needle": "The {key} is here."}, "needle preset 'p': the needle text must contain {value}"),
@@ -605,7 +607,8 @@ def test_a_valid_custom_preset_loads():
     assert p.match_terms == ("a", "b") and p.name == "p" and p.distractors == 0
     # just enough distinct values, the most keys, and fixed text on more needles than it has values all load
     for exact in ({"value": "int:1:5", "keys": 2, "values_per_key": 2, "distractors": 1}, {"value": "digits:1",
-                  "distractors": 8}, {"value": "int:7:7"}, {"distractors": 1637}, {"value": "fixed:x", "distractors": 3}):
+                  "distractors": 8}, {"value": "int:7:7"}, {"distractors": 1637},
+                  {"value": "digits:2", "distractors": 89}, {"value": "fixed:x", "distractors": 3}):
         assert N.NeedlePreset.from_dict("p", {**BASE_PRESET, **exact}).value == exact.get("value", "digits:4")
 
 
