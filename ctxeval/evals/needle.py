@@ -76,17 +76,15 @@ class NeedlePreset:
         if self.keys + self.distractors > len(KEY_ADJECTIVES) * len(KEY_NOUNS):
             raise CtxevalError(f"needle preset '{self.name}': keys + distractors is {self.keys + self.distractors}, "
                                f"more than the {len(KEY_ADJECTIVES) * len(KEY_NOUNS)} distinct keys; use fewer")
-        kind, _, rest = self.value.partition(":")
-        if kind == "digits" and int(rest) < 1:
+        if self.value.startswith("digits:") and int(self.value.partition(":")[2]) < 1:
             raise CtxevalError(f"needle preset '{self.name}': value digits:N needs N >= 1, got '{self.value}'")
-        if kind == "int" and int(rest.split(":")[0]) > int(rest.split(":")[1]):
+        bounds = _value_range(self.value)
+        if bounds is not None and bounds[0] > bounds[1]:
             raise CtxevalError(f"needle preset '{self.name}': value int:LO:HI needs LO <= HI, got '{self.value}'")
         needles = self.keys * self.values_per_key + self.distractors
-        distinct = (9 * 10 ** (int(rest) - 1) if kind == "digits"
-                    else int(rest.split(":")[1]) - int(rest.split(":")[0]) + 1 if kind == "int" else needles)
-        if distinct < needles:  # a sample's values are distinct (fixed text repeats by design)
-            raise CtxevalError(f"needle preset '{self.name}': value '{self.value}' has {distinct} distinct values for "
-                               f"{needles} needles (keys x values_per_key + distractors); widen its range")
+        if bounds is not None and bounds[1] - bounds[0] + 1 < needles:  # a sample's values are distinct; fixed repeats
+            raise CtxevalError(f"needle preset '{self.name}': value '{self.value}' has {bounds[1] - bounds[0] + 1} "
+                               f"distinct values for {needles} needles (keys x values_per_key + distractors); widen its range")
         if "{value}" not in self.needle and not self.value.startswith("fixed:"):
             raise CtxevalError(f"needle preset '{self.name}': the needle text must contain {{value}}")
         for field_name, text, allowed in (("needle", self.needle, {"key", "value"}), ("question", self.question, {"keys"}),
@@ -116,15 +114,20 @@ class Sample:
         return " " + ", ".join(self.answers)
 
 
-def _value(spec: str, rng: np.random.Generator) -> str:
+def _value_range(spec: str) -> tuple[int, int] | None:
+    """[lo, hi] of the integers a digits:N or int:LO:HI value spec draws from; None for fixed:TEXT."""
     kind, _, rest = spec.partition(":")
     if kind == "digits":
-        n = int(rest)
-        return str(rng.integers(10 ** (n - 1), 10**n))
+        return 10 ** (int(rest) - 1), 10 ** int(rest) - 1
     if kind == "int":
         lo, hi = (int(x) for x in rest.split(":"))
-        return str(rng.integers(lo, hi + 1))
-    return rest
+        return lo, hi
+    return None
+
+
+def _value(spec: str, rng: np.random.Generator) -> str:
+    bounds = _value_range(spec)
+    return spec.partition(":")[2] if bounds is None else str(rng.integers(bounds[0], bounds[1] + 1))
 
 
 def make_sample(preset: NeedlePreset, rng: np.random.Generator) -> Sample:
