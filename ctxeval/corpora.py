@@ -72,14 +72,20 @@ def _records(path: Path, text_field: str) -> Iterator[Document]:
     kind = RECORD_SUFFIXES[path.suffix.lower()]
     if path.stat().st_size == 0:
         raise CtxevalError(f"'{path}' is empty; give {kind} records with a '{text_field}' field")
-    datasets.disable_progress_bars()  # ctxeval draws its own progress; keep stderr to what the user needs
-    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a parse error is told once, in ctxeval's line
+    # quiet while reading: ctxeval draws its own progress, and a parse error is told once, in ctxeval's line
+    verbosity, bars = datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    datasets.disable_progress_bars()
     try:
         ds = datasets.load_dataset(kind, data_files=str(path), split="train")
     except Exception as exc:  # datasets raises many types for malformed files, some without a message
         reason = exc.__cause__ or exc  # "An error occurred while generating the dataset" wraps the parser's error
         first_line = (str(reason).splitlines() or [type(reason).__name__])[0]
         raise CtxevalError(f"cannot read '{path}' as {kind}: {first_line[:200]}") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()
     if text_field not in ds.column_names:
         raise CtxevalError(f"'{path}' has no field '{text_field}' (fields: {', '.join(ds.column_names)}); use --text-field")
     for i, text in enumerate(ds[text_field]):

@@ -266,6 +266,24 @@ def test_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, text_dir, extra,
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
 
 
+def test_reading_a_record_file_leaves_datasets_logging_as_it_was(tmp_path):
+    import datasets
+
+    from ctxeval import corpora
+    from ctxeval.errors import CtxevalError
+
+    (tmp_path / "half.jsonl").write_text('{"text": "cut off')
+    (tmp_path / "good.jsonl").write_text('{"text": "whole"}\n')
+    datasets.logging.set_verbosity(datasets.logging.INFO)
+    try:
+        with pytest.raises(CtxevalError):
+            list(corpora.iter_documents(str(tmp_path / "half.jsonl")))
+        assert [d.text for d in corpora.iter_documents(str(tmp_path / "good.jsonl"))] == ["whole"]
+        assert datasets.logging.get_verbosity() == datasets.logging.INFO and datasets.is_progress_bar_enabled()
+    finally:
+        datasets.logging.set_verbosity(datasets.logging.WARNING)
+
+
 def test_task_preset_and_flags_override(tmp_path, tiny_model_dir, text_dir):
     task = tmp_path / "mine.toml"
     task.write_text(f'kind = "ppl"\ndata = "{text_dir}"\nlengths = "32,64"\nmethod = ["none", "pi:factor=2"]\n')
