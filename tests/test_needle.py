@@ -814,12 +814,18 @@ def test_a_sweep_plans_the_pending_cells_in_batches_weighted_by_their_forwards(t
         assert planned["items"][0] == WorkItem(0, [(600, 0, 0), (600, 1, 0)], 2 * (600 + 600**2 / 16384), 1200, 600)
 
 
-def test_a_sweep_shares_out_of_memory_lengths_and_halved_batches_across_its_items(tiny_model_dir, monkeypatch):
-    from ctxeval.evals.common import PointOOM
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_model_dir):
     from ctxeval.models import load_model
+
+    return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+
+
+def test_a_sweep_shares_out_of_memory_lengths_and_halved_batches_across_its_items(tiny_lm, monkeypatch):
+    from ctxeval.evals.common import PointOOM
     from ctxeval.specs import expand_specs
 
-    lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    lm = tiny_lm
     hay, _ = N.haystack_tokens(lm.tokenizer, "filler", 4000)
     b = N.PromptBuilder(lm.tokenizer, preset("passkey"), hay, chat_template=False)
     cfg = N.NeedleConfig((600, 700, 800), (50.0,), samples=3, scoring="forced", batch_size=2)
@@ -843,12 +849,11 @@ def test_a_sweep_shares_out_of_memory_lengths_and_halved_batches_across_its_item
         (800, 0, "oom"), (800, 1, "oom"), (800, 2, "skipped")]
 
 
-def test_a_sweep_generates_under_the_applied_dynamic_rope_frozen_at_each_length(tiny_model_dir, monkeypatch):
-    from ctxeval.models import load_model
+def test_a_sweep_generates_under_the_applied_dynamic_rope_frozen_at_each_length(tiny_lm, monkeypatch):
     from ctxeval.patching import RopeHandle
     from ctxeval.specs import expand_specs
 
-    lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    lm = tiny_lm
     hay, _ = N.haystack_tokens(lm.tokenizer, "filler", 4000)
     b = N.PromptBuilder(lm.tokenizer, preset("passkey"), hay, chat_template=False)
     cfg = N.NeedleConfig((200, 300), (50.0,), samples=1, max_new_tokens=2)
