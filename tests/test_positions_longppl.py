@@ -194,9 +194,12 @@ def test_thresholds_decide_key_tokens(monkeypatch):
 
 
 def test_longppl_end_to_end_same_key_tokens_for_every_method(tmp_path, monkeypatch):
-    """The bundled tiny model (trained on 128 tokens) as its own evaluator on two CPython docs at 1k: the key tokens
-    equal the transcription's, every method is scored on them, LongPPL equals the paper's aggregate computed here
-    from the model's own logits, and a resume reuses key-tokens.json."""
+    """The bundled tiny model (trained on 128 tokens) as its own evaluator on two CPython docs at 1k: as LongPPL, the
+    evaluated model reads the document without BOS and the evaluator BOS + the same tokens (its tokenizer's
+    default); the key tokens equal the transcription's on the evaluator's input, one position earlier in the evaluated
+    sequence; every method is scored on them; LongPPL is exp(summed key NLL / key tokens) over the documents (the
+    original's aggregate; tests/test_longppl_original.py runs the original itself), computed here from the model's
+    own logits; a resume reuses key-tokens.json."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ctxeval.corpora import select_long_documents
@@ -212,13 +215,13 @@ def test_longppl_end_to_end_same_key_tokens_for_every_method(tmp_path, monkeypat
     run = json.loads((out / "run.json").read_text())
     cache = json.loads((out / K.CACHE_FILE).read_text())
     assert run["key_tokens"]["context"] == 64 and run["key_tokens"]["window"] == 16  # half of 128, a quarter of it
-    assert run["spec"]["key_tokens"]["evaluator"] == "tiny"
+    assert run["spec"]["key_tokens"]["evaluator"] == "tiny" and run["spec"]["bos"] is False
     model = AutoModelForCausalLM.from_pretrained(MODEL_DIR).eval()
-    documents = select_long_documents("pydoc", tok, 2, 1023)
-    sequences = {d.doc_id: [tok.bos_token_id] + d.ids[:1023].tolist() for d in documents}
+    documents = select_long_documents("pydoc", tok, 2, 1024)
+    sequences = {d.doc_id: d.ids[:1024].tolist() for d in documents}
     rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
     for doc, seq in sequences.items():
-        want_keys = reference_key_tokens(model, seq, 64, 16)
+        want_keys = [t - 1 for t in reference_key_tokens(model, [tok.bos_token_id] + seq, 64, 16)]
         assert cache["documents"][doc]["positions"] == want_keys
         for length in (256, 512, 1024):
             mine = [r for r in rows if r["doc"] == doc and r["length"] == length]
@@ -227,20 +230,16 @@ def test_longppl_end_to_end_same_key_tokens_for_every_method(tmp_path, monkeypat
     assert sum(len(d["positions"]) for d in cache["documents"].values()) > 5
     lp = tables.longppl_long(rows).set_index(["label", "length"])
     for label, spec in (("none", None), ("pi(factor=4)", expand_specs(["pi:factor=4"])[0])):
-        per_doc, counts = [], []
+        key_nll = []
         for doc, seq in sequences.items():
             if spec is None:
                 nll = hf_nll(model, seq)
             else:
                 with apply_method(model, spec.name, **spec.params):
                     nll = hf_nll(model, seq)
-            keys = cache["documents"][doc]["positions"]
-            if keys:
-                per_doc.append(math.exp(np.mean([nll[t - 1] for t in keys])))
-                counts.append(len(keys))
-        want = sum(p * c for p, c in zip(per_doc, counts)) / sum(counts)
-        assert lp.loc[(label, 1024), "longppl"] == pytest.approx(want, rel=1e-4)
-        assert lp.loc[(label, 1024), "key_tokens"] == sum(counts)
+            key_nll += [nll[t - 1] for t in cache["documents"][doc]["positions"]]
+        assert lp.loc[(label, 1024), "longppl"] == pytest.approx(math.exp(np.mean(key_nll)), rel=1e-4)
+        assert lp.loc[(label, 1024), "key_tokens"] == len(key_nll)
     assert (out / "longppl.csv").exists() and "LongPPL" in (out / "table.md").read_text()
     assert (out / "positions.csv").exists() and (out / "positions.png").stat().st_size > 0
     # resume: key-tokens.json is reused (finding them again would fail), nothing is re-measured
@@ -248,6 +247,16 @@ def test_longppl_end_to_end_same_key_tokens_for_every_method(tmp_path, monkeypat
     again = runner.invoke(app, args)
     assert again.exit_code == 0, again.output
     assert len((out / "rows.jsonl").read_text().splitlines()) == len(rows)
+
+
+def test_longppl_aggregate_is_the_pooled_key_token_perplexity():
+    """Two documents whose LongPPL differ (e^1 over 3 key tokens, e^3 over 1): the original aggregates
+    exp((3 ln e^1 + 1 ln e^3) / 4) = e^1.5; an arithmetic mean weighted by the counts would give (3e + e^3) / 4."""
+    rows = [{"model": "m", "label": "x", "length": 8, "doc": d, "status": "ok", "key_nll_sum": s, "key_tokens": n}
+            for d, s, n in (("a", 3.0, 3), ("b", 3.0, 1), ("c", 0.0, 0))]
+    lp = tables.longppl_long(rows)
+    assert lp.loc[0, "longppl"] == pytest.approx(math.exp(1.5)) and lp.loc[0, "key_tokens"] == 4
+    assert lp.loc[0, "n_docs"] == 3 and lp.loc[0, "status"] == "ok"
 
 
 @pytest.mark.parametrize("extra, fragment", [

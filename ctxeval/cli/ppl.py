@@ -79,7 +79,8 @@ def ppl_cmd(
     docs: Annotated[Optional[int], typer.Option(help="Number of documents."), DOCS] = None,
     stride: Annotated[Optional[int], typer.Option(help="Sliding-window stride S (protocol sliding).")] = None,
     aggregate: Annotated[Optional[str], typer.Option(help="token (token-weighted) | window (mean of window means).")] = None,
-    bos: Annotated[Optional[bool], typer.Option("--bos/--no-bos", help="Start each sequence with the tokenizer's BOS.")] = None,
+    bos: Annotated[Optional[bool], typer.Option("--bos/--no-bos", help="Start each sequence with the tokenizer's BOS "
+                                                                     "(default on; off under --key-tokens, as LongPPL).")] = None,
     min_doc_tokens: Annotated[Optional[int], typer.Option(help="Use only documents of at least N tokens (the YaRN "
                                                                "repo's --dataset-min-tokens)."),
                               Check("--min-doc-tokens", minimum=1)] = None,
@@ -89,8 +90,9 @@ def ppl_cmd(
     key_tokens: Annotated[Optional[str], typer.Option(help="LongPPL: the evaluator MODEL that finds the key tokens "
                                                            "(may be the evaluated model; same tokenizer).")] = None,
     key_tokens_method: Annotated[str, typer.Option(help="The evaluator's method (a static one), e.g. yarn:factor=2.")] = "none",
-    key_tokens_context: Annotated[Optional[int], typer.Option(help="LongPPL's short context (default 4096, or half "
-                                                                   "the trained length below 8k); stride a quarter of it."),
+    key_tokens_context: Annotated[Optional[int], typer.Option(help="LongPPL's short context (default 4096; half the "
+                                                                   "trained length when no length exceeds 4096); stride "
+                                                                   "a quarter of it."),
                                   Check("--key-tokens-context", minimum=4)] = None,
     chunk_size: Annotated[int, typer.Option(help="Positions per LM-head chunk (memory vs. speed)."),
                           Check("--chunk-size", minimum=1)] = 1024,
@@ -114,7 +116,8 @@ def ppl_cmd(
                                                           "alone) and exit without loading weights.")] = False,
 ) -> None:
     """Perplexity vs. context length for each method: the YaRN paper's table, a plot, a resumable run directory."""
-    from ..evals.key_tokens import KeyTokenSettings, check_settings, default_context, default_window, find_key_tokens
+    from ..evals.key_tokens import (KeyTokenSettings, check_settings, default_context, default_window,
+                                    find_key_tokens, special_prefix)
     from ..evals.perplexity import PplConfig, check_chunked_head, sweep
     from ..evals.positions import parse_position_buckets
     from ..evals.sweep import length_dependent
@@ -126,6 +129,8 @@ def ppl_cmd(
     is_quickstart = model is None and task is None
     preset = (load_task(task, "ppl") if task else
               quickstart("ppl", factor is not None and method is None) if is_quickstart else {})
+    if key_tokens and bos is None and "bos" not in preset:
+        given["bos"] = False  # LongPPL's compute_longppl reads the text without special tokens
     settings = PplSettings.resolve(given, preset, task)
     specs = expand_specs(list(settings.method), parse_factors(factor), parse_temperatures(attention_temperature))
     lengths_given = tuple(parse_lengths(settings.lengths)) if settings.lengths is not None else None
@@ -148,12 +153,16 @@ def ppl_cmd(
     cfg = replace(cfg, position_edges=parse_position_buckets(position_buckets, max(cfg.lengths), lm.trained_length))
     keys = None
     if key_tokens:
-        context = key_tokens_context or default_context(lm.trained_length or max(cfg.lengths))
-        keys = KeyTokenSettings(key_tokens, key_method.label, context, default_window(context))
+        context = key_tokens_context or default_context(lm.trained_length or max(cfg.lengths), max(cfg.lengths))
+        keys = KeyTokenSettings(key_tokens, key_method.label, context, default_window(context),
+                                special_prefix(lm.tokenizer), bos_id(lm, cfg) is not None)
         check_settings(keys, cfg.lengths, cfg.protocol)
         if length_dependent(key_method, lm):
             raise CtxevalError(f"--key-tokens-method {key_method.label} depends on the sequence length; key tokens "
                                "are found once per document: give a static method (e.g. yarn:factor=2)")
+        if not cfg.bos and bos is None:
+            err.print("note: --key-tokens: the evaluated model reads the documents without BOS and the evaluator with "
+                      "its tokenizer's defaults, as LongPPL (--bos gives the evaluated model BOS)")
     note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
     check_chunked_head(lm.model, lm.device, lm.model.config.get_text_config().vocab_size)
     if settings.min_doc_tokens and task and str(task).startswith("ppl-yarn"):
@@ -181,7 +190,8 @@ def ppl_cmd(
 
 
 def select_documents(settings: PplSettings, cfg: PplConfig, tokenizer: Any) -> list[corpora.TokenDoc]:
-    """The protocol's documents in corpus order: the first `docs` with max(lengths) tokens (truncate; and at least
+    """The protocol's documents in corpus order: the first `docs` with the document tokens max(lengths) needs
+    (truncate: max(lengths) - 1 behind BOS, max(lengths) without; and at least
     --min-doc-tokens when given, counting the whole document without special tokens, as the YaRN repo's
     `tokenized_len`), or the first `docs` (sliding; with at least --min-doc-tokens)."""
     floor = settings.min_doc_tokens

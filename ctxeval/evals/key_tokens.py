@@ -1,20 +1,25 @@
 """Key tokens and LongPPL (Fang et al. 2025, "What is Wrong with Perplexity for Long-context Language Modeling?").
 
 A key token is one an evaluator model predicts much better with the long context than with a short one. LongPPL's
-`find_key_token` (PKU-ML/LongPPL, longppl.py), which this follows step by step:
+`find_key_token` (PKU-ML/LongPPL, longppl/longppl.py), which this follows step by step:
   - one forward of the evaluator over the whole sequence: the long-context loss of every token;
   - short windows of `context + window` tokens starting at 0, window, 2 window, ... (while start < n - context; the
     last one cut at the sequence's end): each scores the tokens at start + context .. start + context + window - 1,
     so every such token sees between `context` and `context + window - 1` tokens of context;
   - key: short loss - long loss > alpha and long loss < beta (alpha = beta = 2): the long context lowers the loss by
     more than 2 nats, and the evaluator is confident with it (probability > e^-2).
-Tokens before position `context` are never key tokens. LongPPL of a model = exp(mean NLL over the key tokens).
+What each model reads, as the original: the evaluator reads the text with its tokenizer's default special tokens
+(`find_key_token` calls the tokenizer with its defaults: BOS first for Llama's), the evaluated model reads it
+without them (`compute_longppl` tokenizes with add_special_tokens=False); `ctxeval ppl --key-tokens` therefore
+defaults to --no-bos, and `--bos` gives the evaluated model BOS while the evaluator keeps its tokenizer's defaults.
+Tokens before the evaluator's position `context` are never key tokens. LongPPL of a model = exp(mean NLL over the
+key tokens); over documents exp(sum key NLL / sum key tokens) (report/tables.py).
 
-Kept differences: the evaluator reads the very token ids the evaluated model reads (BOS + the document's first
-max(lengths) - 1 tokens), so both must share a tokenizer (refused otherwise; the paper's code aligns two tokenizers
-by character offsets); the key tokens of a shorter length are the longest length's key tokens before it (the same
-set LongPPL finds on the truncated text: a causal evaluator's losses and the window starts do not depend on where
-the text ends).
+Kept differences: both models read the document's token ids (the original decodes them to text and tokenizes the
+text again, which can change tokens where decoding and encoding are not inverse), so they must share a tokenizer
+(refused otherwise; the paper's code aligns two tokenizers by character offsets); the key tokens of a shorter length
+are the longest length's key tokens before it (the same set LongPPL finds on the truncated text: a causal
+evaluator's losses and the window starts do not depend on where the text ends).
 """
 
 from __future__ import annotations
@@ -49,17 +54,23 @@ class KeyTokenSettings:
     method: str  # the evaluator's method label (e.g. yarn(factor=2))
     context: int  # LongPPL's trunc_len: the short context
     window: int  # LongPPL's internal: the short windows' stride
+    evaluator_prefix: tuple[int, ...] = ()  # the special tokens the evaluator's tokenizer puts before a text
+    bos: bool = False  # whether the evaluated model's sequences start with BOS
     alpha: float = ALPHA
     beta: float = BETA
 
     def record(self) -> dict[str, Any]:
-        return {**asdict(self), "rule": "LongPPL find_key_token: short loss - long loss > alpha and long loss < beta"}
+        return {**asdict(self), "evaluator_prefix": list(self.evaluator_prefix),
+                "rule": "LongPPL find_key_token: short loss - long loss > alpha and long loss < beta"}
 
 
-def default_context(trained_length: int) -> int:
-    """LongPPL's 4096-token short context for a model trained on 8k tokens or more, else half the trained length
-    (the paper's 4096 against the 8k-32k contexts it evaluates)."""
-    return max(2, min(PAPER_CONTEXT, trained_length // 2))
+def default_context(trained_length: int, longest: int) -> int:
+    """LongPPL's 4096-token short context (its trunc_len, for every model the paper evaluates, 4k-trained Llama-2
+    included) when the longest length exceeds it; below that, half the shorter of the trained and longest lengths
+    (a small model, where 4096 tokens would leave no token with more than the short context)."""
+    if longest > PAPER_CONTEXT:
+        return PAPER_CONTEXT
+    return max(2, min(trained_length, longest) // 2)
 
 
 def default_window(context: int) -> int:
@@ -80,10 +91,24 @@ def check_settings(settings: KeyTokenSettings, lengths: tuple[int, ...], protoco
 
 
 def same_tokenizer(a: Any, b: Any) -> bool:
-    """Whether two tokenizers map text to the same ids (same vocabulary and BOS)."""
+    """Whether two tokenizers map text to the same ids (same vocabulary, BOS and default special tokens)."""
     if a is b:
         return True
-    return a.get_vocab() == b.get_vocab() and getattr(a, "bos_token_id", None) == getattr(b, "bos_token_id", None)
+    return (a.get_vocab() == b.get_vocab() and getattr(a, "bos_token_id", None) == getattr(b, "bos_token_id", None)
+            and special_prefix(a) == special_prefix(b))
+
+
+def special_prefix(tokenizer: Any) -> tuple[int, ...]:
+    """The ids a tokenizer puts before a text when called with its defaults (BOS for Llama's, nothing for GPT-2's):
+    what LongPPL's find_key_token gives the evaluator ahead of the text."""
+    probe = "The key tokens are found here."
+    plain = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(probe)["input_ids"])
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return tuple(full[:start])
+    raise CtxevalError("the tokenizer's default special tokens change the text's own tokens; LongPPL's key tokens "
+                       "cannot be placed: use an evaluator whose tokenizer only adds tokens around the text")
 
 
 @torch.inference_mode()
@@ -111,6 +136,19 @@ def document_sequence(doc: TokenDoc, length: int, bos: int | None) -> list[int]:
     return ([bos] if bos is not None else []) + doc.ids[:n_doc].tolist()
 
 
+def evaluator_keys(model: torch.nn.Module, device: str, evaluated: list[int], bos: bool,
+                   settings: KeyTokenSettings, chunk_size: int) -> np.ndarray:
+    """Key tokens of one evaluated sequence (BOS first when `bos`) as positions in it: the evaluator reads the same
+    document tokens behind its own tokenizer's default prefix, as LongPPL's find_key_token; a key token at the
+    evaluator's position e is the document's token e - len(prefix)."""
+    text = evaluated[1:] if bos else evaluated
+    prefix = list(settings.evaluator_prefix)
+    found = key_positions(model, device, prefix + text, settings.context, settings.window, settings.alpha,
+                          settings.beta, chunk_size)
+    positions = found - len(prefix) + (1 if bos else 0)
+    return positions[positions >= 1]  # position 0 has no loss (never the case while context > len(prefix))
+
+
 def read_cache(path: Path, settings: KeyTokenSettings, expected: dict[str, int]) -> dict[str, np.ndarray] | None:
     """The cached key tokens, if the file holds these settings and these documents at these sequence lengths."""
     try:
@@ -129,7 +167,8 @@ def summary(settings: KeyTokenSettings, found: dict[str, np.ndarray], expected: 
     """What run.json records: the settings, and per document how many of its candidate tokens are key tokens."""
     docs = []
     for doc, positions in found.items():
-        candidates = max(0, expected[doc] - settings.context)
+        evaluator_tokens = expected[doc] - (1 if settings.bos else 0) + len(settings.evaluator_prefix)
+        candidates = max(0, evaluator_tokens - settings.context)
         docs.append({"doc": doc, "key_tokens": int(len(positions)), "candidates": candidates,
                      "fraction": round(len(positions) / candidates, 6) if candidates else None})
     return {**settings.record(), "file": CACHE_FILE, "documents": docs}
@@ -155,9 +194,8 @@ def find_key_tokens(store: Any, settings: KeyTokenSettings, load_evaluator: Call
             with applying(lm, spec, (max_length,)):
                 for doc in docs:
                     progress.note(f"key tokens: {settings.evaluator} under {spec.label} on {doc.doc_id}")
-                    found[doc.doc_id] = key_positions(lm.model, lm.device, document_sequence(doc, max_length, bos),
-                                                      settings.context, settings.window, settings.alpha,
-                                                      settings.beta, chunk_size)
+                    found[doc.doc_id] = evaluator_keys(lm.model, lm.device, document_sequence(doc, max_length, bos),
+                                                       bos is not None, settings, chunk_size)
         finally:
             release()
         data = {"settings": settings.record(),

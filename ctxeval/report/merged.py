@@ -123,8 +123,8 @@ def _longppl_tables(group: Group, rows: list[dict[str, Any]], pairs: list[tuple[
                   ["model", "method", *map(str, lengths)], ["model", "method", *map(fmt_length, lengths)],
                   raw, status, shown,
                   caption="Fang et al. 2025: perplexity over the tokens the evaluator predicts much better with the "
-                          "long context than with a short one (every method on the same tokens); documents' "
-                          "LongPPL weighted by their key-token counts, as the paper aggregates. Evaluator: "
+                          "long context than with a short one (every method on the same tokens); over documents "
+                          "exp(summed key-token NLL / key tokens), as PKU-ML/LongPPL aggregates. Evaluator: "
                           + ("; ".join(evaluators) or "not recorded") + ".")]
 
 

@@ -63,7 +63,8 @@ POSITIONS_CAPTION = ("Perplexity of the tokens predicted from p tokens of contex
                      "length-dependent method: its forward at that length only).")
 LONGPPL_CAPTION = ("LongPPL (Fang et al. 2025): perplexity over the key tokens only, the tokens the evaluator "
                    "predicts much better with the long context; every method is scored on the same tokens. "
-                   "Aggregated as the paper does: documents' LongPPL weighted by their key-token counts.")
+                   "Over documents as PKU-ML/LongPPL aggregates them: exp(summed key-token NLL / key tokens), the "
+                   "key-token-weighted geometric mean of the documents' LongPPL.")
 
 
 def position_curves(pos: pd.DataFrame, multi_model: bool = False) -> tuple[list[Curve], list[int]]:

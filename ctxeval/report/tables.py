@@ -90,10 +90,11 @@ def bucket_center(start: int, stop: int) -> float:
 
 
 def longppl_long(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    """LongPPL per (model, label, length) as the paper aggregates it (PKU-ML/LongPPL perplexity.py): the mean of the
-    documents' exp(mean key-token NLL), weighted by their key-token counts; documents without key tokens left out.
-    Also the pooled exp(sum key NLL / key tokens), and the key-token count."""
-    columns = ["model", "label", "length", "longppl", "pooled", "key_tokens", "n_docs", "status"]
+    """LongPPL per (model, label, length) as PKU-ML/LongPPL's perplexity/perplexity.py aggregates documents:
+    exp(sum_d n_d log LongPPL_d / sum_d n_d) with n_d the key tokens of document d, which is the pooled
+    exp(sum key NLL / sum key tokens); documents without key tokens add nothing (the original skips them).
+    Any document of a point that is not ok makes the point missing (never an aggregate of the others)."""
+    columns = ["model", "label", "length", "longppl", "key_tokens", "n_docs", "status"]
     df = latest_rows(rows, ("model", "label", "length", "doc"))
     if df.empty or "key_tokens" not in df:
         return pd.DataFrame(columns=columns)
@@ -102,16 +103,12 @@ def longppl_long(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
         ok = g[(g["status"] == "ok") & g["key_tokens"].notna()]
         if len(ok) < len(g):
             out.append({"model": model, "label": label, "length": int(length), "longppl": float("nan"),
-                        "pooled": float("nan"), "key_tokens": 0, "n_docs": len(ok),
+                        "key_tokens": 0, "n_docs": len(ok),
                         "status": next((s for s in g["status"] if s != "ok"), "missing")})
             continue
-        counts = ok["key_tokens"].astype(int)
-        have = counts > 0
-        per_doc = np.exp(ok["key_nll_sum"][have] / counts[have])
-        n_key = int(counts.sum())
+        n_key = int(ok["key_tokens"].astype(int).sum())
         out.append({"model": model, "label": label, "length": int(length),
-                    "longppl": float((per_doc * counts[have]).sum() / n_key) if n_key else float("nan"),
-                    "pooled": math.exp(ok["key_nll_sum"].sum() / n_key) if n_key else float("nan"),
+                    "longppl": math.exp(ok["key_nll_sum"].sum() / n_key) if n_key else float("nan"),
                     "key_tokens": n_key, "n_docs": len(ok), "status": "ok" if n_key else "no key tokens"})
     return pd.DataFrame(out, columns=columns)
 
