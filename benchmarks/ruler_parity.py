@@ -102,7 +102,8 @@ def main() -> int:
             sources.extra_words, sources.extra_words_source = extra
         all_same = True
         print(f"template {args.template}; cwe words past wonderwords: {extra[1] if extra else 'none'}")
-        print(f"{'task':<16} {'length':>6}  samples  identical (input, outputs, length, answer_prefix)  seconds")
+        print(f"{'task':<16} {'length':>6}  samples  identical (input, outputs, length, answer_prefix, "
+              "token_position_answer)  seconds")
         tasks = args.tasks.split(",") + (["qa_1", "qa_2"] if args.qa_data else [])
         for task in tasks:
             for length in (int(x) for x in args.lengths.split(",")):
@@ -113,8 +114,8 @@ def main() -> int:
                 ours = [s.record() for s in generate(task, length, args.samples, tokenizer, sources,
                                                      model_template=args.template)]
                 ours_seconds = time.perf_counter() - start
-                fields = ("input", "outputs", "length", "answer_prefix")
-                same = [all(a[f] == b[f] for f in fields) for a, b in zip(ours, theirs)]
+                fields = ("input", "outputs", "length", "answer_prefix", "token_position_answer")  # the last: niah's
+                same = [all(a.get(f) == b.get(f) for f in fields) for a, b in zip(ours, theirs)]
                 ok = len(ours) == len(theirs) and all(same)
                 all_same &= ok
                 print(f"{task:<16} {length:>6}  {len(theirs):>7}  {sum(same)}/{len(theirs)}"

@@ -4,6 +4,7 @@ The golden samples below were written by RULER's scripts/data/synthetic/niah.py 
 tokenizer_type hf with the bundled tiny model's tokenizer, max_seq_length 1024), through benchmarks/ruler_parity.py,
 which compares every field of every sample for all 11 offline tasks."""
 
+import json
 import re
 
 import pytest
@@ -38,6 +39,29 @@ def test_samples_equal_rulers_own_scripts(tok, sources):
     vt = R.generate("vt", 1024, 2, tok, sources)
     assert [(s.outputs, s.length) for s in vt] == [(["BIDZE", "LSOCY", "RDAJO", "LBJYZ", "BJRRJ"], 993),
                                                   (["JBMFX", "JVWFR", "KHBUJ", "NRVIA", "WGPZA"], 996)]
+
+
+def test_niah_samples_carry_rulers_token_position_answer(tok, sources):
+    # RULER c3f5e3b, scripts/data/synthetic/niah.py lines 277-282 (written out here, not ctxeval's code): the answer
+    # prefix split off the input (model template included) by its first 10 characters, then
+    #   index = input_text.find(answer[0])
+    #   token_position_answer = len(TOKENIZER.text_to_tokens(input_text[:index]))   # HF: tokenizer.tokenize
+    # and line 290 writes it last in the record.
+    for task, template in (("niah_single_1", "base"), ("niah_multikey_2", "base"), ("niah_multikey_3", "meta-chat"),
+                           ("niah_multiquery", "base")):
+        for sample in R.generate(task, 1024 if task != "niah_multiquery" else 4096, 2, tok, sources,
+                                 model_template=template):
+            record = sample.record()
+            index = record["input"].find(record["outputs"][0])
+            assert index > 0 and record["token_position_answer"] == len(tok.tokenize(record["input"][:index])), task
+            assert list(record)[-1] == "token_position_answer"
+    # what RULER's niah.py itself wrote for these samples (the golden ones above; run as benchmarks/ruler_parity.py
+    # runs it)
+    assert [s.record()["token_position_answer"] for s in R.generate("niah_single_1", 1024, 3, tok, sources)] == [
+        394, 395, 149]
+    # niah.py alone writes it: variable_tracking.py, common_words_extraction.py, freq_words_extraction.py, qa.py do not
+    for task in ("vt", "fwe"):
+        assert "token_position_answer" not in R.generate(task, 1024, 1, tok, sources)[0].record()
 
 
 def test_templates_wording_and_formats(tok, sources):
@@ -218,3 +242,17 @@ def test_cwe_words_past_wonderwords(tok, tmp_path, monkeypatch):
     cwe = R.generate("cwe", 2048, 1, tok, short)[0]
     assert set(cwe.outputs) <= set(words) and cwe.length <= 2048
     assert len(set(re.findall(r"\d+\. (\S+)", cwe.input.split("\n")[-2]))) > 7
+
+
+def test_samples_read_from_ruler_files_keep_token_position_answer(tmp_path):
+    """--samples-from: the run's copy of RULER's niah samples keeps niah.py's token_position_answer."""
+    from ctxeval.evals.ruler_eval import read_samples
+
+    path = tmp_path / "validation.jsonl"
+    records = [{"index": 5, "input": "a 42 b", "outputs": ["42"], "length": 9, "answer_prefix": " A:",
+                "token_position_answer": 17},
+               {"index": 6, "input": "c 43 d", "outputs": ["43"], "length": 9, "answer_prefix": " A:"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    first, second = read_samples(path, "niah_single_1", 1024)
+    assert first.record()["token_position_answer"] == 17
+    assert "token_position_answer" not in second.record()

@@ -36,6 +36,9 @@ def test_a_run_writes_rows_prompts_and_tables_and_resumes(tmp_path):
     assert [s["index"] for s in samples] == [0, 1]
     assert {"input", "outputs", "length", "answer_prefix"} <= set(samples[0])
     assert samples[0]["answer_prefix"].startswith(" Answer: According to the chain(s) of variable assignment")
+    niah = (out / "samples" / "1024" / "niah_single_1" / "validation.jsonl").read_text().splitlines()
+    assert all(isinstance(json.loads(line)["token_position_answer"], int) for line in niah)  # niah.py's field
+    assert "token_position_answer" not in samples[0]  # RULER writes it for niah only
     table = (out / "table.md").read_text()
     assert "effective length (> 85.6)" in table and "## 1k: score by task" in table and "niah_multikey_3" in table
     assert (out / "heatmap-dynamic-ntk.png").is_file() and (out / "ruler.csv").is_file()

@@ -148,6 +148,7 @@ class RulerSample:
     outputs: list[str]
     length: int  # prompt tokens (answer prefix included, no special tokens) + tokens_to_generate
     answer_prefix: str
+    token_position_answer: int | None = None  # niah only: see answer_token_position
 
     @property
     def prompt(self) -> str:
@@ -155,8 +156,11 @@ class RulerSample:
         return self.input + self.answer_prefix
 
     def record(self) -> dict[str, Any]:
-        return {"index": self.index, "input": self.input, "outputs": list(self.outputs), "length": self.length,
-                "length_w_model_temp": self.length, "answer_prefix": self.answer_prefix}
+        out = {"index": self.index, "input": self.input, "outputs": list(self.outputs), "length": self.length,
+               "length_w_model_temp": self.length, "answer_prefix": self.answer_prefix}
+        if self.token_position_answer is not None:
+            out["token_position_answer"] = self.token_position_answer
+        return out
 
 
 @dataclass
@@ -263,6 +267,13 @@ def _split_prefix(text: str, family: Family) -> tuple[str, str]:
     """RULER locates the answer prefix by its first 10 characters, from the right."""
     at = text.rfind(family.answer_prefix[:10])
     return text[:at], text[at:]
+
+
+def answer_token_position(prompt: str, answers: list[str], count: Callable[[str], int]) -> int:
+    """niah.py's token_position_answer: the tokens (counted as for the length) of `prompt` (the input: model template
+    included, answer prefix split off) before the first occurrence of the first answer."""
+    at = prompt.find(answers[0])
+    return count(prompt[:at])  # as niah.py slices: -1 (never, the needle is in the text) would drop the last char
 
 
 class Niah:
@@ -656,7 +667,8 @@ def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sour
                                    f"({total} tokens with this tokenizer); use longer --lengths")
             used -= step
         prompt, prefix = _split_prefix(text, family)
-        samples.append(RulerSample(index, prompt, list(answer), total, prefix))
+        position = answer_token_position(prompt, answer, count) if task.family == "niah" else None
+        samples.append(RulerSample(index, prompt, list(answer), total, prefix, position))
     return samples
 
 

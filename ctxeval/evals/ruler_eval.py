@@ -66,8 +66,10 @@ def read_samples(path: Path, task: str, length: int) -> list[RulerSample]:
         try:
             record = json.loads(line)
             # the sample's position is its identity: RULER's niah.py overwrites `index` with a character offset
+            position = record.get("token_position_answer")  # niah's; kept in the run's copy of the samples
             samples.append(RulerSample(len(samples), str(record["input"]), [str(x) for x in record["outputs"]],
-                                       int(record.get("length", -1)), str(record.get("answer_prefix", ""))))
+                                       int(record.get("length", -1)), str(record.get("answer_prefix", "")),
+                                       None if position is None else int(position)))
         except (ValueError, KeyError, TypeError) as exc:
             raise CtxevalError(f"{path} line {number} is not a RULER sample ({type(exc).__name__}: {exc}); it needs "
                                "input, outputs and answer_prefix") from None
