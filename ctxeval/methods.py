@@ -241,9 +241,11 @@ def _yarn(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeFre
 
 
 def _dynamic_yarn(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeFreqs:
-    """Dynamic YaRN (YaRN section 3.3 + 3.4): YaRN with s = max(1, l/L) for the current length l."""
+    """Dynamic YaRN (YaRN section 3.3 + 3.4): YaRN with s = max(1, l/L) for the current length l; with
+    finetuned_factor f, s = max(f, l/L): the YaRN repo's `finetuned` mode for a checkpoint fine-tuned with YaRN at
+    scale f (modeling_llama_together_yarn.py, FlashYaRNRotaryEmbedding: s = f up to f L, l/L past it)."""
     L = _length(geom, params)
-    s = max(1.0, (L if length is None else length) / L)
+    s = max(params["finetuned_factor"], (L if length is None else length) / L)
     inv = _by_parts(geom, params, s, L)
     return RopeFreqs(inv, _yarn_attention_factor(s, params), s)
 
@@ -329,10 +331,14 @@ METHODS: dict[str, Method] = {
             param_aliases=_YARN_PARAM_ALIASES, transformers_rope_type="yarn",
         ),
         Method(
-            "dynamic-yarn", "YaRN with s = max(1, l/L) recomputed from each sequence's length", _dynamic_yarn,
+            "dynamic-yarn", "YaRN with s = max(1, l/L) recomputed from each sequence's length (the paper's rule: plain "
+            "RoPE up to L; the YaRN repo's patch differs, docs/protocols.md)", _dynamic_yarn,
             (
                 _ORIG, _BETA_FAST, _BETA_SLOW, _RAMP, _TRUNCATE,
-                Param("attention_factor", float, None, "override the q/k multiplier (default 0.1 ln s + 1)", positive=True),
+                Param("finetuned_factor", float, 1.0, "s = max(this, l/L): the YaRN repo's finetuned mode for a "
+                      "checkpoint fine-tuned with YaRN at this scale (1: the paper's rule)", minimum=1.0),
+                Param("attention_factor", float, None, "replace the q/k multiplier 0.1 ln s + 1 by this constant (the "
+                      "YaRN repo's attn_factor multiplies it instead)", positive=True),
             ),
             length_dependent=True, param_aliases=_YARN_PARAM_ALIASES,
         ),

@@ -206,6 +206,30 @@ def test_dynamic_yarn_uses_length_over_original():
     assert dy.attention_factor == pytest.approx(y.attention_factor)
 
 
+def test_dynamic_yarn_below_the_original_length_is_plain_rope():
+    """The paper's s = max(1, l/L): at 3000 of 4096 plain RoPE (the YaRN repo's patch path would apply s = 3000/4096
+    there, its lowest frequency 1.37x faster; docs/protocols.md lists it as a difference)."""
+    dy = compute("dynamic-yarn", G, {}, 3000)
+    np.testing.assert_allclose(dy.inv_freq, G.default_inv_freq(), rtol=1e-15)
+    assert dy.attention_factor == 1.0
+
+
+def test_dynamic_yarn_finetuned_factor_is_the_yarn_repos_finetuned_mode():
+    """modeling_llama_together_yarn.py, FlashYaRNRotaryEmbedding (jquesnelle/yarn 995db5b): with `finetuned`, a
+    sequence no longer than max_position_embeddings (= factor x original) uses s = factor, a longer one
+    s = seq_len / original_max_position_embeddings; the attention factor is YaRN's for that s."""
+    f, L = 4.0, G.original_length
+
+    def repo_scale(seq_len: int) -> float:
+        return seq_len / L if seq_len > f * L else f
+
+    for length in (100, L, 3 * L, 4 * L, 4 * L + 1, 10 * L):
+        got = compute("dynamic-yarn", G, {"finetuned_factor": f}, length)
+        want = compute("yarn", G, {"factor": repo_scale(length)})
+        np.testing.assert_allclose(got.inv_freq, want.inv_freq, rtol=1e-14)
+        assert got.attention_factor == pytest.approx(want.attention_factor)
+
+
 # ---------------------------------------------------------------------------------------------------------- errors
 
 @pytest.mark.parametrize(
