@@ -279,16 +279,19 @@ def test_ppl_needle_and_passkey_together(tmp_path):
     p = ppl_run(tmp_path, "p")
     n = needle_run(tmp_path, "n", model="m2", acc={"none": {64: 1, 128: 0}})
     k = needle_run(tmp_path, "k", task="passkey", samples=5, haystack="filler",
-                   acc={"none": {64: [1, 1, 1, 1, 1], 128: [1, 1, 1, 1, 0], 256: [1, 0, 0, 0, 0]}})
+                   acc={"none": {64: [1, 1, 1, 1, 1], 128: [1, 1, 1, 0, 0], 256: [1, 1, 1, 1, 0]}})
     rep = merged.build_report([k, n, p])
     assert [g.id for g in rep.groups] == ["ppl-1", "needle-1", "passkey-1"]
     pk = main_table(rep, "passkey-1")
     row = row_of(pk, "m1", "none")
-    assert row["passkey context"] == 128 and row["mean accuracy up to it"] == pytest.approx(0.9)
-    assert row["256"] == pytest.approx(0.2)
+    # YaRN's passkey context is the longest length at >= 80% (256, past the 60% at 128), its accuracy the mean of
+    # every length up to it; the effective length stops at the first failing length
+    assert row["passkey context"] == 256 and row["passkey accuracy"] == pytest.approx((1 + 0.6 + 0.8) / 3)
+    assert row["effective length"] == 64 and row["256"] == pytest.approx(0.8)
     assert row_of(main_table(rep, "needle-1"), "m2", "none")["effective length"] == 64
     md = render.to_markdown(rep)
-    for heading in ("## Perplexity", "## Needle in a haystack", "## Passkey retrieval", "passkey context (>= 80%)"):
+    for heading in ("## Perplexity", "## Needle in a haystack", "## Passkey retrieval",
+                    "passkey context (YaRN: longest >= 80%)", "effective length (>= 80%)"):
         assert heading in md
     written = render.write_report(rep, tmp_path / "out")
     names = {w.name for w in written}

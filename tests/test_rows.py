@@ -27,7 +27,7 @@ def test_every_kind_writes_metric_and_value(tmp_path, tiny_model_dir, text_dir):
         "ppl": ["ppl", *common, "--data", str(text_dir), "--lengths", "32,64"],
         "needle": ["needle", *common, "--haystack", str(text_dir), "--lengths", "320", "--depths", "0,100",
                    "--scoring", "forced"],
-        "passkey": ["passkey", *common, "--lengths", "320", "--samples", "2", "--scoring", "forced"],
+        "passkey": ["passkey", *common, "--lengths", "320", "--samples", "2", "--scoring", "forced", "--protocol", "ctxeval"],
         "entropy": ["entropy", *common, "--data", str(text_dir), "--lengths", "32,64"],
     }
     for kind, args in runs.items():

@@ -14,7 +14,7 @@ from ..models import DEFAULT_MODEL
 from ..presets import load_task, preset_names
 from ..specs import expand_specs
 from .console import err, print_outputs, user_errors
-from .options import (NEEDLE_HELP, SAMPLES, THRESHOLD, AttnOpt, BatchOpt, DeviceMapOpt, DeviceOpt, DtypeOpt,
+from .options import (NEEDLE_HELP, SAMPLES, THRESHOLD, AttnOpt, BatchOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt,
                       FactorOpt, MaxMemoryOpt, MaxNewOpt, ModelOpt, OutOpt, OverwriteOpt, RemoteOpt, ScoringOpt,
                       SeedOpt, TemperatureOpt, TextFieldOpt, parse_depths, parse_factors, parse_lengths,
                       parse_temperatures)
@@ -31,11 +31,13 @@ LengthsOpt = Annotated[Optional[str], typer.Option(help="Context lengths in toke
                                                    "(default: 0.25x, 0.5x, 1x, 2x the model's original length).")]
 RetrievalMethodOpt = Annotated[Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; "
                                                                  "repeatable (default none).")]
+PASSKEY_PROTOCOLS = ("yarn", "ctxeval")
 
 
 @dataclass(frozen=True)
 class Retrieval:
-    """Every option of `needle` and `passkey` (passkey fixes the needle and draws a random depth per sample)."""
+    """Every option of `needle` and `passkey` (passkey fixes the needle and draws a random depth per sample;
+    `protocol` and `bos` are passkey's)."""
 
     model: str | None
     lengths: str | None
@@ -67,6 +69,19 @@ class Retrieval:
     answer_prefix: str | None = None
     answer: str | None = None
     snap: bool = False
+    protocol: str = "ctxeval"
+    bos: bool | None = None  # None: the protocol's default (yarn: off, as the repo's pipeline; ctxeval: on)
+
+
+def check_yarn_options(opt: Retrieval) -> None:
+    """What --protocol yarn cannot take (the repo has no such setting), refused in one line before the model loads."""
+    given = [("--haystack " + opt.haystack, opt.haystack != "filler"),
+             ("--chat-template " + opt.chat_template, opt.chat_template != "off"),
+             ("--scoring " + opt.scoring, opt.scoring != "generate")]
+    for flag, refused in given:
+        if refused:
+            raise CtxevalError(f"{flag} is not part of --protocol yarn (YaRN's eval/passkey.py: its filler, the raw text, "
+                               "generated replies); use --protocol ctxeval for it")
 
 
 def load_needle_preset(name: str, needle_text: str | None, question: str | None, answer_prefix: str | None,
@@ -93,8 +108,14 @@ def load_needle_preset(name: str, needle_text: str | None, question: str | None,
 
 def run_retrieval(task: str, opt: Retrieval) -> None:
     """Load the model, build the prompts, measure every (method, length, depth, sample), render the run."""
-    from ..evals.needle import NeedleConfig, NeedleRunner, PromptBuilder, haystack_tokens, make_sample, sweep
+    from ..evals.needle import FILLER, NeedleConfig, NeedleRunner, PromptBuilder, haystack_tokens, make_sample, sweep
+    from ..evals.passkey import (YARN_LENGTH_STEP, YARN_MAX_NEW_TOKENS, YARN_SAMPLES, YarnPasskeyBuilder,
+                                 YarnPasskeyRunner)
     from ..report.single import render_retrieval
+
+    if task == "passkey" and opt.protocol not in PASSKEY_PROTOCOLS:
+        raise CtxevalError(f"--protocol must be {' or '.join(PASSKEY_PROTOCOLS)}, got '{opt.protocol}'")
+    yarn = task == "passkey" and opt.protocol == "yarn"
 
     is_quickstart = opt.model is None
     if is_quickstart:  # the bundled model with its quickstart settings, each overridden by what the user gave
@@ -103,7 +124,8 @@ def run_retrieval(task: str, opt: Retrieval) -> None:
                       lengths=opt.lengths if opt.lengths is not None else qs.get("lengths"),
                       samples=opt.samples if opt.samples is not None else qs.get("samples"),
                       method=opt.method if opt.method is not None else list(qs.get("method", ["none"])))
-    opt = replace(opt, samples=opt.samples if opt.samples is not None else (10 if task == "passkey" else 1),
+    default_samples = YARN_SAMPLES if yarn else 10 if task == "passkey" else 1
+    opt = replace(opt, samples=opt.samples if opt.samples is not None else default_samples,
                   method=opt.method if opt.method is not None else ["none"])
     SAMPLES(opt.samples)
 
@@ -112,56 +134,87 @@ def run_retrieval(task: str, opt: Retrieval) -> None:
     random_depth = task == "passkey"
     lengths_given = parse_lengths(opt.lengths) if opt.lengths is not None else None
     depth_list = tuple(parse_depths(opt.depths, opt.depth_spacing)) if not random_depth else ()
-    cfg = NeedleConfig(tuple(lengths_given or (1,)), depth_list, opt.samples, opt.scoring, opt.max_new_tokens, opt.seed,
+    max_new = (opt.max_new_tokens or YARN_MAX_NEW_TOKENS) if yarn else opt.max_new_tokens
+    cfg = NeedleConfig(tuple(lengths_given or (1,)), depth_list, opt.samples, opt.scoring, max_new, opt.seed,
                        random_depth, opt.batch_size)  # validates the flags before the model loads
     if opt.chat_template not in ("auto", "on", "off"):
         raise CtxevalError(f"--chat-template must be auto, on or off, got '{opt.chat_template}'")
+    if yarn:
+        check_yarn_options(opt)
+    bos = opt.bos if opt.bos is not None else not yarn
 
     lm = load_for(opt.model, specs, opt.dtype, opt.device, opt.attn, opt.trust_remote_code, opt.device_map,
                   opt.max_memory)
     if lengths_given is None:
         cfg = replace(cfg, lengths=tuple(default_lengths(lm, (0.25, 0.5, 1, 2))))
     note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
-    has_template = bool(getattr(lm.tokenizer, "chat_template", None))
-    if opt.chat_template == "on" and not has_template:
-        raise CtxevalError(f"--chat-template on, but the tokenizer of '{opt.model}' has no chat template; use auto or off")
-    use_template = has_template if opt.chat_template == "auto" else opt.chat_template == "on"
-    hay_ids, hay_info = haystack_tokens(lm.tokenizer, opt.haystack, max(cfg.lengths), opt.text_field)
-    builder = PromptBuilder(lm.tokenizer, preset, hay_ids, chat_template=use_template, snap=opt.snap)
-    probe = make_sample(preset, np.random.default_rng(opt.seed))
-    need = builder.minimum_length(probe, NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name,
-                                                      task).budget(probe))
+    if yarn:
+        yarn_builder = YarnPasskeyBuilder(lm.tokenizer, preset, seed=opt.seed, bos=bos)
+        need = yarn_builder.minimum_length()
+        use_template, what = False, "the passkey prompt without filler"
+    else:
+        has_template = bool(getattr(lm.tokenizer, "chat_template", None))
+        if opt.chat_template == "on" and not has_template:
+            raise CtxevalError(f"--chat-template on, but the tokenizer of '{opt.model}' has no chat template; use auto or off")
+        use_template = has_template if opt.chat_template == "auto" else opt.chat_template == "on"
+        hay_ids, hay_info = haystack_tokens(lm.tokenizer, opt.haystack, max(cfg.lengths), opt.text_field)
+        builder = PromptBuilder(lm.tokenizer, preset, hay_ids, chat_template=use_template, bos=bos,
+                                snap=opt.snap)
+        probe = make_sample(preset, np.random.default_rng(opt.seed))
+        need = builder.minimum_length(probe, NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name,
+                                                          task).budget(probe))
+        what = "the instruction, needle and question"
     if lengths_given is None and min(cfg.lengths) < need <= max(cfg.lengths):
         dropped = [L for L in cfg.lengths if L < need]
         err.print(f"note: default lengths {', '.join(map(str, dropped))} are shorter than the prompt ({need} tokens); "
                   "left out")
         cfg = replace(cfg, lengths=tuple(L for L in cfg.lengths if L >= need))
     if min(cfg.lengths) < need:
-        raise CtxevalError(f"length {min(cfg.lengths)} is shorter than the instruction, needle and question "
+        raise CtxevalError(f"length {min(cfg.lengths)} is shorter than {what} "
                            f"({need} tokens with this tokenizer); use --lengths of at least {need}")
-    if len(hay_ids) < max(cfg.lengths):
-        raise CtxevalError(f"the haystack '{opt.haystack}' has {len(hay_ids):,} tokens, fewer than --lengths "
-                           f"{max(cfg.lengths)}; use a longer corpus or shorter lengths")
-    runner = NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name, task)
+    if yarn:
+        garbage = {L: yarn_builder.garbage_chars(L) for L in cfg.lengths}  # the repo's length search, before the run
+        hay_info = {"haystack": "filler", "text": FILLER}
+        runner: NeedleRunner = YarnPasskeyRunner(lm.model, lm.tokenizer, lm.device, yarn_builder, cfg, lm.name, task)
+    else:
+        if len(hay_ids) < max(cfg.lengths):
+            raise CtxevalError(f"the haystack '{opt.haystack}' has {len(hay_ids):,} tokens, fewer than --lengths "
+                               f"{max(cfg.lengths)}; use a longer corpus or shorter lengths")
+        runner = NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name, task)
     spec_record = {
         "task": task, "model": opt.model, "preset": preset.__dict__, "haystack": opt.haystack,
         "text_field": opt.text_field, "lengths": list(cfg.lengths), "depths": list(cfg.depths),
         "random_depth": random_depth, "samples": opt.samples, "scoring": opt.scoring,
-        "max_new_tokens": opt.max_new_tokens, "snap": opt.snap, "chat_template": use_template,
-        "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": opt.seed,
+        "max_new_tokens": cfg.max_new_tokens if yarn else opt.max_new_tokens, "snap": opt.snap,
+        "chat_template": use_template, "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": opt.seed,
+        **({"protocol": opt.protocol, "bos": bos} if task == "passkey" else {}),
+        **({"length_step": YARN_LENGTH_STEP} if yarn else {}),
         **({"settings": QUICKSTART_SETTINGS} if is_quickstart else {}),
     }
     provenance = {"model": lm.record(), "haystack": hay_info, "seed": opt.seed,
-                  "scoring": {"name": opt.scoring, "rule": preset.match, "llm_judge": False}}
+                  "scoring": {"name": opt.scoring, "rule": "yarn: int(first \\d+) == key" if yarn else preset.match,
+                              "llm_judge": False}}
+    if yarn:
+        provenance["protocol"] = {
+            "name": "yarn", "source": "jquesnelle/yarn eval/passkey.py (from epfml/landmark-attention llama/run_test.py)",
+            "length_step": YARN_LENGTH_STEP, "bos": bool(yarn_builder.bos),
+            "bos_token": lm.tokenizer.bos_token if yarn_builder.bos else None,
+            "garbage_chars": {str(L): n for L, n in garbage.items()},
+            "search_tokens": {str(L): yarn_builder.search_tokens(n) for L, n in garbage.items()},
+        }
     run_dir = default_out(task, opt.model, opt.out)
     message = (f"run directory: {run_dir}  ({len(cfg.cells())} samples per method; chat template "
                f"{'on' if use_template else 'off'}; scoring {opt.scoring})")
+    if yarn:
+        message = (f"run directory: {run_dir}  ({len(cfg.cells())} samples per method; protocol yarn: YaRN's "
+                   f"eval/passkey.py prompts, BOS {'on' if yarn_builder.bos else 'off'}, at most {cfg.max_new_tokens} new "
+                   "tokens)")
 
     def work(store: Any, progress: Any) -> None:
         runner.progress = progress
         sweep(lm, specs, runner, store)
 
-    title = f"{opt.model}: {preset.name} in {opt.haystack}"
+    title = f"{opt.model}: {preset.name} in {opt.haystack}" + (" (protocol yarn)" if yarn else "")
     measure(run_dir, spec_record, opt.overwrite, provenance, message, work,
             render=lambda store: print_outputs(render_retrieval(store, task, specs, lm.trained_length,
                                                                 opt.threshold, title)))
@@ -214,12 +267,21 @@ def passkey_cmd(
     model: ModelOpt = None,
     lengths: LengthsOpt = None,
     samples: Annotated[Optional[int], typer.Option(help="Samples per length, each at a seeded uniform random depth "
-                                                   "(default 10)."), SAMPLES] = None,
-    haystack: Annotated[str, typer.Option(help="filler (the original test's) or any --data spec.")] = "filler",
+                                                   "(default 20 under yarn, the repo's --iterations; 10 under ctxeval)."),
+                       SAMPLES] = None,
+    protocol: Annotated[str, typer.Option(help="yarn: YaRN's eval/passkey.py point by point (its text, length search, "
+                                               "no BOS, 10 new tokens, scoring) | ctxeval: exact lengths in token "
+                                               "space.")] = "yarn",
+    bos: Annotated[Optional[bool], typer.Option("--bos/--no-bos", help="Start the prompt with the tokenizer's BOS "
+                                                                     "(default off under yarn, on under ctxeval).")] = None,
+    haystack: Annotated[str, typer.Option(help="filler (the original test's) or any --data spec (--protocol "
+                                               "ctxeval).")] = "filler",
     text_field: TextFieldOpt = "text",
-    chat_template: Annotated[str, typer.Option(help="auto | on | off")] = "off",
+    chat_template: Annotated[str, typer.Option(help="auto | on | off (on and auto: --protocol ctxeval)")] = "off",
     scoring: ScoringOpt = "generate",
-    max_new_tokens: MaxNewOpt = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Generation budget (default: 10 under yarn; the "
+                                                               "answer tokens + 8 under ctxeval)."),
+                              Check("--max-new-tokens", minimum=1)] = None,
     batch_size: BatchOpt = 4,
     threshold: Annotated[float, typer.Option(help="Accuracy that counts for the passkey context."), THRESHOLD] = 0.8,
     method: RetrievalMethodOpt = None,
@@ -235,8 +297,10 @@ def passkey_cmd(
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
 ) -> None:
-    """Passkey retrieval (YaRN's): per length accuracy, passkey context and mean accuracy up to it."""
+    """Passkey retrieval: accuracy per length (--protocol yarn: YaRN's eval/passkey.py test), the passkey context
+    (ctxeval's rule: the longest length with accuracy >= --threshold at every length up to it) and the mean accuracy
+    up to it."""
     run_retrieval("passkey", Retrieval(
         model, lengths, samples, haystack, text_field, chat_template, scoring, max_new_tokens, batch_size, threshold,
         method, factor, attention_temperature, seed, out, overwrite, dtype, device, attn, trust_remote_code,
-        device_map, max_memory))
+        device_map, max_memory, protocol=protocol, bos=bos))

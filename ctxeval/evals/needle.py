@@ -4,7 +4,8 @@ A prompt is [BOS] + instruction + haystack-with-needles + question + answer pref
 tokenizer's chat template, the answer prefix prefilled as the assistant turn). Every piece is tokenized with
 add_special_tokens=False (a BOS inside a needle is a classic bug) and BOS is added once. The haystack is cut so
 that the whole sequence the model processes is exactly `length` tokens: prompt + answer for `forced` scoring,
-prompt + generation budget for `generate`.
+prompt + generation budget for `generate`. This is `ctxeval needle` and `ctxeval passkey --protocol ctxeval`;
+passkey.py holds `--protocol yarn` (the YaRN repository's own passkey test), which runs on NeedleRunner.
 """
 
 from __future__ import annotations
@@ -384,7 +385,10 @@ class NeedleConfig:
 
 
 @dataclass
-class _Item:
+class NeedleItem:
+    """One sample of one cell: its seeded sample, depth and prompt (`prompt` is a Prompt, or any object with `ids`,
+    `answer_ids` and `haystack_tokens`, such as passkey.YarnPrompt)."""
+
     length: int
     depth_index: int
     sample_index: int
@@ -416,21 +420,34 @@ class NeedleRunner:
     def depth(self, cell: tuple[int, int, int]) -> float:
         return self._sample_and_depth(*cell)[2]
 
-    def item(self, length: int, depth_index: int, sample_index: int) -> _Item:
+    def item(self, length: int, depth_index: int, sample_index: int) -> NeedleItem:
         rng, sample, depth = self._sample_and_depth(length, depth_index, sample_index)
         prompt = self.builder.build(length, depth, sample, rng, self.budget(sample))
-        return _Item(length, depth_index, sample_index, depth, sample, prompt)
+        return NeedleItem(length, depth_index, sample_index, depth, sample, prompt)
 
-    def _row(self, spec: MethodSpec, it: _Item, **fields: Any) -> dict[str, Any]:
+    def score(self, sample: Sample, response: str) -> bool:
+        """Whether a generated `response` answers `sample` (the preset's rule: score_response)."""
+        return score_response(self.builder.preset, sample, response)
+
+    def row_fields(self, it: NeedleItem) -> dict[str, Any]:
+        """Fields a row of `it` carries besides the common ones (none here; a subclass's protocol adds its own)."""
+        return {}
+
+    def batch_order(self, items: list[NeedleItem]) -> list[NeedleItem]:
+        """The order in which the prompts of one measure call run (as built here; generate batches the leading
+        prompts of one shape, so a subclass whose prompt lengths vary sorts them to batch more)."""
+        return items
+
+    def _row(self, spec: MethodSpec, it: NeedleItem, **fields: Any) -> dict[str, Any]:
         return point_row(self.model_name, spec, self.task, value=fields.get("correct"),
                          preset=self.builder.preset.name, scoring=self.cfg.scoring, length=it.length, depth=it.depth,
                          sample=it.sample_index, answer=", ".join(it.sample.answers),
                          prompt_tokens=len(it.prompt.ids), answer_tokens=len(it.prompt.answer_ids),
-                         haystack_tokens=it.prompt.haystack_tokens, **fields)
+                         haystack_tokens=it.prompt.haystack_tokens, **self.row_fields(it), **fields)
 
     # -- forced: one forward over prompt + answer, batched by length ---------------------------------------------
     @torch.inference_mode()
-    def _forced(self, items: list[_Item]) -> list[dict[str, Any]]:
+    def _forced(self, items: list[NeedleItem]) -> list[dict[str, Any]]:
         body, head, post = head_parts(self.model)
         seqs = [it.prompt.ids + it.prompt.answer_ids for it in items]
         batch = torch.tensor(seqs, device=self.device)  # (B, length): equal lengths by construction
@@ -448,15 +465,17 @@ class NeedleRunner:
 
     # -- generate: greedy decoding ----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _generate(self, it: _Item, handle: Any) -> dict[str, Any]:
+    def _generate(self, it: NeedleItem, handle: Any) -> dict[str, Any]:
         return self._generate_batch([it], handle)[0]
 
-    def _generate_batch(self, items: list[_Item], handle: Any) -> list[dict[str, Any]]:
+    def _generate_batch(self, items: list[NeedleItem], handle: Any) -> list[dict[str, Any]]:
         """Greedy replies to prompts of one token length and one budget, in one generate call (no padding)."""
         ids = torch.tensor([it.prompt.ids for it in items], device=self.device)  # (B, prompt tokens)
         budget = self.budget(items[0].sample)
         if handle is not None and handle.method.length_dependent:
-            handle.freeze_length(items[0].length)  # prompt + budget: cached keys and new queries share one RoPE
+            # the longest sequence this generation can reach (prompt + budget; the length itself wherever the prompt is
+            # built to it): cached keys and new queries share one RoPE
+            handle.freeze_length(len(items[0].prompt.ids) + budget)
         try:
             gen = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                       generation_config=greedy_config(self.tok, budget, self.model))
@@ -469,10 +488,10 @@ class NeedleRunner:
             new = row[ids.shape[1]:].tolist()
             cut = next((i for i, t in enumerate(new) if t in stops), len(new))  # a finished row is padded after
             response = self.tok.decode(new[:cut], skip_special_tokens=True)
-            out.append({"correct": int(score_response(self.builder.preset, it.sample, response)), "response": response})
+            out.append({"correct": int(self.score(it.sample, response)), "response": response})
         return out
 
-    def _same_shape(self, chunk: list[_Item]) -> list[_Item]:
+    def _same_shape(self, chunk: list[NeedleItem]) -> list[NeedleItem]:
         """The leading items of `chunk` whose prompts share the first one's token length and budget."""
         first = (len(chunk[0].prompt.ids), self.budget(chunk[0].sample))
         n = next((i for i, it in enumerate(chunk) if (len(it.prompt.ids), self.budget(it.sample)) != first), len(chunk))
@@ -492,7 +511,7 @@ class NeedleRunner:
         for cell in sorted(cells):
             by_length.setdefault(cell[0], []).append(cell)
         for length, group in sorted(by_length.items()):
-            items = [self.item(*cell) for cell in group]
+            items = self.batch_order([self.item(*cell) for cell in group])
             if length >= skip_from:
                 emit([self._row(spec, it, status="skipped", correct=None, note=f"skipped: out of memory at {skip_from}")
                       for it in items])

@@ -19,6 +19,7 @@ from .runs import Group, Run, display_models, field_label, group_runs, load_runs
 from .tables import (Table, accuracy_grid, effective_length, fmt_acc, fmt_entropy, fmt_ppl, fmt_score, int_or_none,
                      length_or, needle_long, number, ppl_long, ruler_effective_length, ruler_means, ruler_task_scores,
                      valid_lengths, own_valid_column, base_valid_column, base_label, bucket_label, longppl_long,
+                     yarn_passkey_context,
                      positions_long)
 
 def _ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> list[Table]:
@@ -170,10 +171,10 @@ def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float)
     seen = df.groupby(["model", "label", "length"])["status"].agg(
         lambda s: "ok" if (s == "ok").any() else str(s.iloc[0]))
     passkey = group.kind == "passkey"
-    ctx_name = "passkey context" if passkey else "effective length"
-    columns = ["model", "method", *map(str, lengths), ctx_name] + (["mean accuracy up to it"] if passkey else [])
-    headers = ["model", "method", *map(fmt_length, lengths), f"{ctx_name} (>= {threshold:.0%})"] + (
-        ["mean accuracy up to it"] if passkey else [])
+    columns = ["model", "method", *map(str, lengths), "effective length"] + (
+        ["passkey context", "passkey accuracy"] if passkey else [])
+    headers = ["model", "method", *map(fmt_length, lengths), f"effective length (>= {threshold:.0%})"] + (
+        [f"passkey context (YaRN: longest >= {threshold:.0%})", "passkey accuracy"] if passkey else [])
     raw, status, shown = [], [], []
     late_start = False
     for model, label in pairs:
@@ -191,12 +192,14 @@ def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float)
         row_st: list[str | None] = [None, None, *sts, None if ctx is not None else "none"]
         row_shown = [model, label, *(fmt_acc(v if v is not None else float("nan"), s) for v, s in zip(vals, sts)),
                      ctx_text]
-        if passkey:
-            upto = [v for L, v in evaluated.items() if ctx is not None and L <= ctx and not math.isnan(v)]
+        if passkey:  # the YaRN paper's figures (Table 5): no contiguity required
+            yarn_ctx = yarn_passkey_context(pd.Series(evaluated, dtype=float), threshold) if evaluated else None
+            upto = [v for L, v in evaluated.items() if yarn_ctx is not None and L <= yarn_ctx and not math.isnan(v)]
             mean = sum(upto) / len(upto) if upto else None
-            row_raw.append(mean)
-            row_st.append(None if mean is not None else "missing")
-            row_shown.append(fmt_acc(mean if mean is not None else float("nan")))
+            row_raw += [yarn_ctx, mean]
+            row_st += [None if yarn_ctx is not None else "none", None if mean is not None else "missing"]
+            row_shown += [fmt_length(yarn_ctx) if yarn_ctx is not None else "none",
+                          fmt_acc(mean if mean is not None else float("nan"))]
         raw.append(row_raw)
         status.append(row_st)
         shown.append(row_shown)
@@ -206,8 +209,10 @@ def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float)
             group.grids[(model, label)] = (grid.reindex(index=depths, columns=lengths),
                                            gstatus.reindex(index=depths, columns=lengths))
     what = "samples at random depths" if passkey else "depths and samples"
-    caption = (f"Mean accuracy over {what}, scored without an LLM judge; {ctx_name}: the longest length such that "
-               f"every evaluated length up to it has mean accuracy >= {threshold:.0%}.")
+    caption = (f"Mean accuracy over {what}, scored without an LLM judge; effective length: the longest length such "
+               f"that every evaluated length up to it has mean accuracy >= {threshold:.0%}."
+               + (f" Passkey context and accuracy as the YaRN paper (Table 5): the longest length with accuracy >= "
+                  f"{threshold:.0%}, and the mean accuracy of the lengths up to it." if passkey else ""))
     footnotes = [f"† not evaluated at the table's shorter lengths: counted from the shortest length it was "
                  "evaluated at"] if late_start else []
     return Table(group.id, group.kind, group.title, columns, headers, raw, status, shown, caption, footnotes)

@@ -160,7 +160,7 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
                         originals=_originals(group), threshold=threshold, threshold_label=f"threshold {threshold:g}",
                         ylim=(-2, 102))
         elif group.kind == "passkey":
-            curves = group_curves(group, value_columns=len(group.tables[0].columns) - 4)
+            curves = group_curves(group, value_columns=len(group.tables[0].columns) - 5)  # + 3 summary columns
             plot_curves(curves, path, title=title, xlabel="context length (tokens)", ylabel="accuracy",
                         originals=_originals(group), threshold=rep.threshold, ylim=(-0.05, 1.05))
         else:

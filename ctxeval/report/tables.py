@@ -261,17 +261,26 @@ def needle_summary(df: pd.DataFrame, order: list[str], threshold: float) -> pd.D
     return wide
 
 
+def yarn_passkey_context(acc_by_length: pd.Series, threshold: float) -> int | None:
+    """The YaRN paper's passkey context (Table 5's caption): the longest evaluated length whose accuracy is
+    >= threshold, whatever the shorter lengths scored (None if no length reaches it)."""
+    passing = [int(L) for L, acc in acc_by_length.items() if acc is not None and not math.isnan(acc) and acc >= threshold]
+    return max(passing) if passing else None
+
+
 def passkey_summary(df: pd.DataFrame, order: list[str], threshold: float) -> pd.DataFrame:
-    """YaRN's two passkey figures: passkey context (longest length with accuracy >= threshold, contiguous) and
-    the mean accuracy over the lengths up to it."""
+    """The YaRN paper's two passkey figures (Table 5's caption): the passkey context (yarn_passkey_context) and the
+    passkey accuracy, the mean accuracy over the evaluated lengths up to it; beside them ctxeval's contiguous
+    effective length (every length up to it >= threshold), which a failing shorter length stops."""
     wide = needle_summary(df, order, threshold)
     lengths = [c for c in wide.columns if c != "effective length"]
     rows = []
     for label in wide.index:
-        ctx = wide.loc[label, "effective length"]
-        upto = [c for c in lengths if ctx is not None and not pd.isna(ctx) and c <= ctx]
+        ctx = yarn_passkey_context(wide.loc[label, lengths], threshold)
+        upto = [c for c in lengths if ctx is not None and c <= ctx and not pd.isna(wide.loc[label, c])]
         mean = float(wide.loc[label, upto].mean()) if upto else float("nan")
-        rows.append({"method": label, "passkey context": ctx, "mean accuracy up to it": mean})
+        rows.append({"method": label, "passkey context": ctx, "passkey accuracy": mean,
+                     "effective length": wide.loc[label, "effective length"]})
     return pd.DataFrame(rows)
 
 
