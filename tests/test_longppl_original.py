@@ -104,6 +104,31 @@ def test_key_tokens_and_per_document_longppl_equal_the_original(ctxeval_run, ori
     assert total_keys >= 40  # the comparison has key tokens to compare (31 per method)
 
 
+def test_key_token_positions_equal_the_originals(ctxeval_run):
+    """find_key_token's character intervals, mapped onto the evaluated model's tokens by the package's cal_overlap
+    (which returns each key token's loss index, token - 1), equal the positions in ctxeval's key-tokens.json."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ctxeval.tiny import MODEL_DIR
+
+    out, _ = ctxeval_run
+    tok = AutoTokenizer.from_pretrained(MODEL_DIR)
+    cache = json.loads((out / K.CACHE_FILE).read_text())["documents"]
+    docs = {d.doc_id: d for d in select_long_documents("pydoc", tok, len(cache), LENGTH)}
+    evaluator = AutoModelForCausalLM.from_pretrained(MODEL_DIR).eval()
+    spec = expand_specs([EVALUATOR])[0]
+    found = 0
+    with apply_method(evaluator, spec.name, **spec.params), torch.no_grad():
+        for doc_id, entry in cache.items():
+            text = tok.decode(docs[doc_id].ids[:LENGTH].tolist())
+            intervals = longppl.find_key_token(text, evaluator, tok, CONTEXT, WINDOW)
+            offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            want = [i + 1 for i in longppl.cal_overlap(offsets, intervals.tolist())]
+            assert entry["positions"] == want, doc_id
+            found += len(want)
+    assert found >= 20
+
+
 def test_aggregate_equals_the_original(ctxeval_run, original_outputs):
     out, _ = ctxeval_run
     lines = (out / "longppl.csv").read_text().splitlines()
