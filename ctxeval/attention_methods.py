@@ -3,8 +3,10 @@ receives (already rotated by RoPE at their true positions).
 
 Every method here keeps RoPE's true relative distance d = i - j for near pairs and gives far pairs another one:
   self-extend   Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning" (datamllab/LongLM,
-                self_extend_patch/Llama.py): d < W (neighbor window) keeps its positions; farther pairs use grouped
-                positions, queries i // G + W - W // G and keys j // G (group size G), one softmax over both.
+                self_extend_patch/Llama_4_40.py): d < W (neighbor window) keeps its positions; farther pairs use
+                grouped positions, queries i // G + W - W // G and keys j // G (group size G), one softmax over both.
+                (The repository's older self_extend_patch/Llama.py shifts queries by W - W / G, a float that differs
+                when G does not divide W; its fix, commit 715c1e3, reached Llama_4_40.py only.)
   rerope        Su 2023, "ReRoPE" (kexue.fm/archives/9708; bojone/rerope rerope_patch.py): d < w keeps RoPE; d >= w is
                 scored at distance w (q rotated to position w, k unrotated).
   leaky-rerope  the same patch family (leaky_rerope_patch.py): d >= w at distance w + (d - w) / k.
