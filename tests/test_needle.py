@@ -574,7 +574,7 @@ BASE_PRESET = {"instruction": "Remember.", "needle": "The {key} is {value}.", "q
     ({"values_per_key": 0}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
     ({"distractors": -1}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
     ({"distractors": 1638}, "needle preset 'p': keys + distractors is 1639, more than the 1638 distinct keys; use fewer"),
-    ({"value": "digits:0"}, "needle preset 'p': value digits:N needs N >= 1, got 'digits:0'"),
+    ({"value": "digits:0"}, "needle preset 'p': value digits:N needs 1 <= N <= 18, got 'digits:0'"),
     ({"value": "int:5:3"}, "needle preset 'p': value int:LO:HI needs LO <= HI, got 'int:5:3'"),
     ({"value": "int:1:4", "keys": 2, "values_per_key": 2, "distractors": 1},
      "needle preset 'p': value 'int:1:4' has 4 distinct values for 5 needles (keys x values_per_key + distractors); "
@@ -672,6 +672,32 @@ def test_distractors_get_one_value_each_and_no_value_repeats_across_needles():
         assert len(pairs) == 5 and sorted(v for _, v in pairs) == ["1", "2", "3", "4", "5"], sample.needles
         assert pairs[0][0] == pairs[1][0] and len({k for k, _ in pairs[1:]}) == 4  # the queried key twice, then 3 others
         assert sample.answers == (pairs[0][1], pairs[1][1]) and sample.n_queried == 2
+
+
+def test_the_value_redraw_is_bounded_and_then_picks_a_free_value(monkeypatch):
+    """After MAX_REDRAWS collisions the loop takes a value the sample does not hold yet (seeded), so it cannot spin;
+    with a bound of 1 every collision goes there, and the five values are still the five distinct ones."""
+    from dataclasses import replace
+
+    small = replace(preset("magic-number-multivalue"), values_per_key=2, distractors=3, value="int:1:5")
+    monkeypatch.setattr(N, "MAX_REDRAWS", 1)
+    for seed in range(40):
+        sample = N.make_sample(small, np.random.default_rng(seed))
+        values = sorted(n.split(": ")[1].rstrip(".") for n in sample.needles)
+        assert values == ["1", "2", "3", "4", "5"], sample.needles
+    wide = replace(small, value="int:1:2000000")  # a range too wide to list: never reached in practice, refused here
+    used = {str(v) for v in range(1, 6)}
+    with pytest.raises(CtxevalError, match="widen its range"):
+        N._unused_value(wide, used, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("digits:99999", "1 <= N <= 18"), ("digits:19", "1 <= N <= 18"), ("digits:0", "1 <= N <= 18"),
+    ("int:1:" + "9" * 5000, "more than 18 digits"),
+])
+def test_value_specs_past_64_bit_integers_are_refused(value, fragment):
+    with pytest.raises(CtxevalError, match=fragment):
+        N.NeedlePreset.from_dict("x", {**load_task("needle-magic-number", "needle"), "value": value})
 
 
 def test_a_fixed_value_may_repeat_across_needles():

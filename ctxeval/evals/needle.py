@@ -29,6 +29,9 @@ from .sweep import WorkItem, forward_cost, run_items
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 SCORINGS = ("generate", "forced")
+MAX_DIGITS = 18  # digits:N draws 64-bit integers
+MAX_REDRAWS = 1000  # a value that repeats one of its sample's is redrawn at most this often, then picked among the free
+MAX_ENUMERATED = 1_000_000  # ranges small enough to list their free values
 # RULER draws keys from a word list; ours is a fixed list in code so that keys are reproducible from the seed
 KEY_ADJECTIVES = ("ancient amber bitter brave calm clever cold curious daring eager fancy fierce gentle giant glossy golden "
         "hollow humble icy jolly lively lucky mellow misty noble odd plain quiet rapid rustic shiny silent smooth "
@@ -77,8 +80,12 @@ class NeedlePreset:
         if self.keys + self.distractors > len(KEY_ADJECTIVES) * len(KEY_NOUNS):
             raise CtxevalError(f"needle preset '{self.name}': keys + distractors is {self.keys + self.distractors}, "
                                f"more than the {len(KEY_ADJECTIVES) * len(KEY_NOUNS)} distinct keys; use fewer")
-        if self.value.startswith("digits:") and int(self.value.partition(":")[2]) < 1:
-            raise CtxevalError(f"needle preset '{self.name}': value digits:N needs N >= 1, got '{self.value}'")
+        if not self.value.startswith("fixed:") and any(len(part) > 18 for part in self.value.split(":")[1:]):
+            raise CtxevalError(f"needle preset '{self.name}': value '{self.value[:60]}' has a number of more than 18 "
+                               "digits; values are 64-bit integers")
+        if self.value.startswith("digits:") and not 1 <= int(self.value.partition(":")[2]) <= MAX_DIGITS:
+            raise CtxevalError(f"needle preset '{self.name}': value digits:N needs 1 <= N <= {MAX_DIGITS}, "
+                               f"got '{self.value}'")
         bounds = _value_range(self.value)
         if bounds is not None and bounds[0] > bounds[1]:
             raise CtxevalError(f"needle preset '{self.name}': value int:LO:HI needs LO <= HI, got '{self.value}'")
@@ -126,6 +133,18 @@ def _value_range(spec: str) -> tuple[int, int] | None:
     return None
 
 
+def _unused_value(preset: NeedlePreset, used: set[str], rng: np.random.Generator) -> str:
+    """A value the sample does not hold yet, drawn among the range's free values: after MAX_REDRAWS collisions the
+    redraw loop stops here (only a range about as small as the needle count gets this far; check() guarantees a
+    free value exists)."""
+    lo, hi = _value_range(preset.value) or (0, -1)
+    if hi - lo >= MAX_ENUMERATED:
+        raise CtxevalError(f"needle preset '{preset.name}': {MAX_REDRAWS} draws from '{preset.value}' all repeated a "
+                           "value of the sample; widen its range")
+    free = [str(v) for v in range(lo, hi + 1) if str(v) not in used]
+    return free[int(rng.integers(len(free)))]
+
+
 def _value(spec: str, rng: np.random.Generator) -> str:
     bounds = _value_range(spec)
     return spec.partition(":")[2] if bounds is None else str(rng.integers(bounds[0], bounds[1] + 1))
@@ -141,8 +160,10 @@ def make_sample(preset: NeedlePreset, rng: np.random.Generator) -> Sample:
     for i, key in enumerate(keys):
         for _ in range(preset.values_per_key if i < preset.keys else 1):
             value = _value(preset.value, rng)
+            redraws = 0
             while value in used and not preset.value.startswith("fixed:"):
-                value = _value(preset.value, rng)
+                redraws += 1
+                value = _value(preset.value, rng) if redraws < MAX_REDRAWS else _unused_value(preset, used, rng)
             used.add(value)
             needles.append(preset.needle.format(key=key, value=value))
             if i < preset.keys:
