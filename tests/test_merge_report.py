@@ -71,7 +71,7 @@ def ppl_run(root, name, *, model="m1", ppl=None, docs=("d1",), bos=True, aggrega
 
 def needle_run(root, name, *, task="needle", model="m1", acc=None, depths=(0.0, 50.0, 100.0), samples=1,
                haystack="austen", scoring="generate", started="2026-01-01T00:00:00+00:00", original=128,
-               dtype="float32"):
+               dtype="float32", extra_spec=None):
     """acc: {label: {length: correct (0/1) for every depth and sample, or a list per sample}}."""
     acc = acc or {"none": {64: 1, 128: 1}}
     lengths = sorted({L for v in acc.values() for L in v})
@@ -80,7 +80,7 @@ def needle_run(root, name, *, task="needle", model="m1", acc=None, depths=(0.0, 
     spec = {"preset": preset, "haystack": haystack, "text_field": "text", "lengths": lengths,
             "depths": [] if task == "passkey" else list(depths), "random_depth": task == "passkey",
             "samples": samples, "scoring": scoring, "max_new_tokens": None, "snap": False, "chat_template": False,
-            "methods": list(acc), "seed": 0}
+            "methods": list(acc), "seed": 0, **(extra_spec or {})}
     record = _record(task, spec, model, started, "success", original, dtype,
                      haystack={"haystack": haystack}, scoring={"name": scoring, "rule": "all", "llm_judge": False})
     rows = []
@@ -273,6 +273,17 @@ def test_same_model_in_two_dtypes_is_two_rows(tmp_path):
     table = main_table(merged.build_report([a, b]), "ppl-1")
     assert {r[0] for r in table.rows} == {"m1 (float32)", "m1 (bfloat16)"}
     assert row_of(table, "m1 (bfloat16)", "none")["64"] == pytest.approx(10.5)
+
+
+def test_passkey_runs_of_two_protocols_never_share_a_table(tmp_path):
+    """A --protocol yarn run, a --protocol ctxeval run and one made before --protocol existed (ctxeval's layout,
+    BOS): the first gets its own table, the other two share one."""
+    yarn = needle_run(tmp_path, "y", task="passkey", extra_spec={"protocol": "yarn", "bos": False})
+    ctx = needle_run(tmp_path, "c", task="passkey", model="m2", extra_spec={"protocol": "ctxeval", "bos": True})
+    old = needle_run(tmp_path, "o", task="passkey", model="m3")
+    rep = merged.build_report([yarn, ctx, old])
+    assert [g.id for g in rep.groups] == ["passkey-1", "passkey-2"]
+    assert sorted(len(g.runs) for g in rep.groups) == [1, 2]
 
 
 def test_ppl_needle_and_passkey_together(tmp_path):

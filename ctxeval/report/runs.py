@@ -6,7 +6,7 @@ protocol, data, status). Runs are grouped by protocol: runs whose protocol or da
 - **Group key** (what must agree for two runs to share a table):
   ppl: data spec, documents, text field, protocol, stride, BOS, aggregate;
   needle / passkey: the needle preset (every field), haystack, text field, depths, samples, seed, scoring,
-  generation budget, chat template, snap;
+  generation budget, chat template, snap; passkey also its protocol (yarn or ctxeval) and BOS;
   entropy: data spec, documents, text field, BOS, layers, heads.
   Lengths, models and methods are not part of it: they are the table's columns and rows, and a length a run did
   not measure is a missing cell ("—"), never zero.
@@ -31,13 +31,18 @@ import pandas as pd
 
 from ..errors import CtxevalError
 from ..geometry import trained_length_of_record
-from ..rows import KINDS, MISSING, POINT_FIELDS, REQUIRED, REQUIRED_OK, RULER_THRESHOLD, point_key
-from ..store import ROWS_FILE, RUN_FILE, read_rows
+from ..numbers import finite_number
+from ..rows import AGGREGATES, KINDS, MISSING, POINT_FIELDS, RULER_THRESHOLD, point_key
+from ..store import ROWS_FILE, RUN_FILE, load_rows
+from ..textfiles import read_json
 from .tables import Table
 
 KIND_TITLES = {"ppl": "Perplexity", "needle": "Needle in a haystack", "passkey": "Passkey retrieval",
                "entropy": "Attention entropy", "ruler": "RULER", "lm-eval": "lm-evaluation-harness"}
 WRITERS = "ctxeval ppl, needle, passkey, entropy, ruler or lm-eval"
+# run.json fields a report reads as objects: another shape means the file is not a ctxeval run.json
+RECORD_OBJECTS = ("spec", "model", "data", "protocol", "key_tokens", "lm_eval", "environment", "distributed",
+                  "methods", "positions")
 
 
 
@@ -51,6 +56,7 @@ class Run:
     record: dict[str, Any]
     rows: list[dict[str, Any]]
     order: int  # position on the command line
+    skipped: str | None = None  # a note on the rows.jsonl lines left out (rows.row_problem), if any
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -107,28 +113,54 @@ def load_run(path: Path | str, order: int = 0) -> Run:
         raise CtxevalError(f"{given} is not a ctxeval run directory (no run.json); pass directories written by "
                            f"{WRITERS}")
     try:
-        record = json.loads(run_json.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CtxevalError(f"{run_json} cannot be read ({type(exc).__name__}); it is not a ctxeval run.json, "
-                           "leave this directory out") from None
+        record = read_json(run_json, "", finite=False)
+    except CtxevalError as exc:
+        detail = str(exc).replace(str(run_json), "it").split("; ")[0]
+        raise CtxevalError(f"{run_json} cannot be read as a ctxeval run.json ({detail}); leave this directory "
+                           "out") from None
     if not isinstance(record, dict):
         raise CtxevalError(f"{run_json} is not a ctxeval run.json (not a JSON object); leave this directory out")
-    rows = read_rows(p / ROWS_FILE)
-    spec = record.get("spec") if isinstance(record.get("spec"), dict) else {}
-    task = spec.get("task") or (rows[0].get("task") if rows else None)
-    if task not in KINDS:
-        raise CtxevalError(f"{given}: unknown task '{task}' in run.json; ctxeval report merges ppl, needle, "
+    for name in RECORD_OBJECTS:
+        if record.get(name) is not None and not isinstance(record[name], dict):
+            raise CtxevalError(f"{run_json}: '{name}' is not a JSON object, as ctxeval writes it; not a ctxeval "
+                               "run.json: leave this directory out")
+    for where, value in (("history", record.get("history")), ("spec.methods", (record.get("spec") or {}).get("methods")),
+                         ("spec.lengths", (record.get("spec") or {}).get("lengths")),
+                         ("spec.tasks", (record.get("spec") or {}).get("tasks")),
+                         ("data.documents", (record.get("data") or {}).get("documents"))):
+        if value is not None and not isinstance(value, list):
+            raise CtxevalError(f"{run_json}: '{where}' is not a JSON list, as ctxeval writes it; not a ctxeval "
+                               "run.json: leave this directory out")
+    aggregate = (record.get("protocol") or {}).get("aggregate")
+    if aggregate is not None and aggregate not in AGGREGATES:
+        raise CtxevalError(f"{run_json}: protocol aggregate {str(aggregate)[:40]!r} is not one of "
+                           f"{', '.join(AGGREGATES)}; not a ctxeval run.json: leave this directory out")
+    threshold = (record.get("protocol") or {}).get("threshold")
+    if threshold is not None and not (finite_number(threshold) is not None and 0 < threshold <= 100):
+        raise CtxevalError(f"{run_json}: protocol threshold {threshold!r} is not a number in (0, 100]; not a ctxeval "
+                           "run.json: leave this directory out")
+    found = load_rows(p / ROWS_FILE)
+    spec = record.get("spec") or {}
+    task = spec.get("task") or (found.rows[0].get("task") if found.rows else None)
+    if not isinstance(task, str) or task not in KINDS:
+        raise CtxevalError(f"{given}: unknown task {str(task)[:40]!r} in run.json; ctxeval report merges ppl, needle, "
                            "passkey, entropy, ruler and lm-eval runs")
-    if not rows:
+    tasks = spec.get("tasks")
+    if task == "ruler" and not (isinstance(tasks, list) and tasks and all(isinstance(t, str) for t in tasks)):
+        raise CtxevalError(f"{run_json}: a RULER run's spec.tasks is not a list of task names; not a ctxeval run.json: "
+                           "leave this directory out")
+    found = found.checked(task)
+    if not found.rows and found.skipped:
+        why = "; ".join(f"line {n}: {w}" for n, w in found.skipped[:2])
+        raise CtxevalError(f"{given}/{ROWS_FILE} holds no usable rows ({why}; ctxeval writes one UTF-8 JSON object per "
+                           "line); resume the run with its original command, or leave it out")
+    if not found.rows:
         raise CtxevalError(f"{given} has no measured rows ({ROWS_FILE} missing or empty); resume the run with "
                            "its original command, or leave it out")
-    for i, row in enumerate(rows, 1):
-        need = REQUIRED[task] + (REQUIRED_OK[task] if row.get("status") == "ok" else ())
-        lacking = [f for f in need if f not in row]
-        if lacking:
-            raise CtxevalError(f"{given}/{ROWS_FILE} line {i} lacks {', '.join(lacking)}: not a ctxeval {task} row; "
-                               "leave this directory out")
-    return Run(p, given, task, record, rows, order)
+    rows = found.rows
+    run = Run(p, given, task, record, rows, order)
+    run.skipped = found.note()
+    return run
 
 
 def is_report_dir(path: Path) -> bool:
@@ -136,8 +168,8 @@ def is_report_dir(path: Path) -> bool:
     if (path / RUN_FILE).exists() or not (path / "report.json").is_file():
         return False
     try:
-        data = json.loads((path / "report.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = read_json(path / "report.json", "", finite=False)
+    except CtxevalError:
         return False
     return isinstance(data, dict) and {"settings", "runs", "groups"} <= set(data)
 
@@ -164,6 +196,8 @@ def load_runs(paths: Sequence[Path | str]) -> tuple[list[Run], list[str]]:
         seen[resolved] = run.name
         runs.append(run)
     for run in runs:
+        if run.skipped:
+            notes.append(f"{run.name}: {run.skipped}")
         if run.status != "success":
             notes.append(f"{run.name} is incomplete (status {run.status}): cells it did not reach show as {MISSING}")
     return runs, notes
@@ -219,6 +253,8 @@ def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
         "chat_template": spec.get("chat_template"),
         "snap": spec.get("snap"),
     })
+    if run.task == "passkey":  # runs made before --protocol existed used ctxeval's layout with BOS
+        key.update({"protocol": spec.get("protocol", "ctxeval"), "bos": spec.get("bos", True)})
     return key
 
 
