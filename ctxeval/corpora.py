@@ -24,6 +24,7 @@ from .errors import CtxevalError
 from .hub import hub_reachable, offline_unless_reachable
 from .offline_corpora import NAMED_CORPORA, held_out_documents, load_named_corpus
 from .paths import cache_dir
+from .textfiles import decode, read_bytes
 
 TEXT_SUFFIXES = {".txt", ".md", ".text", ".rst"}
 # corpora every install has: CPython's bundled docs, the part held out from the bundled tiny model's training
@@ -57,13 +58,10 @@ def _local_files(spec: str) -> list[Path]:
 
 
 def _read_text_file(path: Path) -> str:
-    raw = path.read_bytes()
+    raw = read_bytes(path, "--data file")
     if b"\x00" in raw[:8192]:
         raise CtxevalError(f"'{path}' is not a text file (binary content); give .txt, .jsonl, .json, .parquet or .csv")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CtxevalError(f"'{path}' is not UTF-8 text; convert it or give .jsonl/.parquet records") from None
+    return decode(raw, f"--data file {path}")
 
 
 def _records(path: Path, text_field: str) -> Iterator[Document]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from .errors import CtxevalError
 from .methods import Geometry
+from .numbers import MAX_TOKENS, finite_number, whole_number
 
 # model_type values of popular architectures that use no RoPE (learned absolute positions or ALiBi)
 NON_ROPE_MODEL_TYPES = {"gpt2", "bloom", "opt", "gpt_bigcode", "mpt", "xglm", "biogpt", "bert", "roberta", "ctrl"}
@@ -56,12 +57,28 @@ def rope_info_from_config(config: Any) -> RopeInfo:
     return _rope_info(cfg, params)
 
 
+def _config_number(name: str, value: Any, whole: bool = False) -> Any:
+    """A config value a geometry is computed from, as a number (a checkpoint's config written by hand may hold
+    text, NaN or 1e30 there): one line naming the field otherwise."""
+    number = whole_number(value, minimum=1, maximum=MAX_TOKENS) if whole else finite_number(value)
+    if number is None:
+        kind = "a whole number >= 1" if whole else "a finite number"
+        raise CtxevalError(f"the model's config holds {name} = {value!r}, not {kind}; check that it is a causal LM "
+                           "checkpoint's config.json")
+    return number
+
+
 def _rope_info(cfg: Any, params: dict[str, Any]) -> RopeInfo:
     base = params.get("rope_theta") or getattr(cfg, "rope_theta", None) or getattr(cfg, "rotary_emb_base", None)
     if base is None:
         return RopeInfo(None, reason=f"config of model_type '{getattr(cfg, 'model_type', '?')}' has no rope_theta")
     heads = getattr(cfg, "num_attention_heads", None)
-    head_dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads if heads else None)
+    heads = _config_number("num_attention_heads", heads, whole=True) if heads is not None else None
+    head_dim = getattr(cfg, "head_dim", None)
+    if head_dim:
+        head_dim = _config_number("head_dim", head_dim, whole=True)
+    elif heads:
+        head_dim = _config_number("hidden_size", getattr(cfg, "hidden_size", None), whole=True) // heads
     if not head_dim:
         return RopeInfo(None, reason="config has neither head_dim nor hidden_size/num_attention_heads")
     partial = (
@@ -70,7 +87,7 @@ def _rope_info(cfg: Any, params: dict[str, Any]) -> RopeInfo:
         or getattr(cfg, "rotary_pct", None)
         or 1.0
     )
-    rotary_dim = int(head_dim * partial)
+    rotary_dim = int(head_dim * _config_number("partial_rotary_factor", partial))
     rope_type = params.get("rope_type", params.get("type", "default"))
     max_pos = getattr(cfg, "max_position_embeddings", None)
     original = params.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", None)
@@ -80,7 +97,9 @@ def _rope_info(cfg: Any, params: dict[str, Any]) -> RopeInfo:
         return RopeInfo(None, reason="config has no max_position_embeddings: cannot tell the trained length")
     shipped = {k: v for k, v in params.items() if k != "type"}
     shipped.setdefault("rope_type", rope_type)
-    return RopeInfo(Geometry(rotary_dim, float(base), int(original)), shipped)
+    return RopeInfo(Geometry(rotary_dim, float(_config_number("rope_theta", base)),
+                             _config_number("the trained length (max_position_embeddings)", original, whole=True)),
+                    shipped)
 
 
 def trained_length(config: Any) -> int | None:
@@ -104,6 +123,6 @@ def require_trained_length(config: Any, name: str) -> int:
 
 def trained_length_of_record(model_record: dict[str, Any]) -> int | None:
     """The same rule applied to the `model` entry a run.json holds (LoadedModel.record())."""
-    rope = model_record.get("rope") or {}
+    rope = model_record.get("rope") if isinstance(model_record.get("rope"), dict) else {}
     length = rope.get("original_length") or model_record.get("max_position_embeddings")
-    return int(length) if length else None
+    return whole_number(length, minimum=1, maximum=MAX_TOKENS) if length else None  # None for a hand-edited value

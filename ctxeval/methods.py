@@ -23,9 +23,7 @@ References:
 
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -33,6 +31,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import CtxevalError
+from .numbers import MAX_WHOLE
+from .textfiles import read_json, read_toml
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class Geometry:
     def __post_init__(self) -> None:
         if self.rotary_dim < 2 or self.rotary_dim % 2:
             raise CtxevalError(f"rotary dim must be an even number >= 2, got {self.rotary_dim}")
-        if not self.base > 1:
-            raise CtxevalError(f"RoPE base must be > 1, got {self.base}")
+        if not (self.base > 1 and math.isfinite(self.base)):
+            raise CtxevalError(f"RoPE base must be a finite number > 1, got {self.base}")
         if self.original_length < 1:
             raise CtxevalError(f"original length must be >= 1, got {self.original_length}")
 
@@ -383,14 +383,10 @@ def _factor_list(where: str, name: str, value: Any) -> tuple[float, ...]:
     `name` directly or under rope_parameters / rope_scaling, as checkpoints' config.json do)."""
     if isinstance(value, str) and value.startswith("@"):
         path = Path(value[1:]).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-        except OSError as exc:
-            raise CtxevalError(f"{where}: cannot read {path} ({exc.strerror})") from None
-        except ValueError as exc:
-            raise CtxevalError(f"{where}: {path} is not valid {'TOML' if path.suffix == '.toml' else 'JSON'} "
-                               f"({str(exc).splitlines()[0][:120]})") from None
+        try:  # UTF-8, size, nesting and finite numbers checked in one place
+            data = read_toml(path) if path.suffix == ".toml" else read_json(path)
+        except CtxevalError as exc:
+            raise CtxevalError(f"{where}: {exc}") from None
         if isinstance(data, dict):
             found = [d[name] for d in (data, data.get("rope_parameters") or {}, data.get("rope_scaling") or {})
                      if isinstance(d, dict) and name in d]
@@ -429,13 +425,17 @@ def coerce_param(owner: str, p: Param, value: Any) -> Any:
             raise CtxevalError(f"{where} must be one of {', '.join(p.choices)}, got '{value}'")
         return value
     try:
-        number = p.kind(float(value)) if p.kind is int else float(value)
-        if p.kind is int and float(value) != number:
-            raise ValueError
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
         raise CtxevalError(f"{where} must be a{'n integer' if p.kind is int else ' number'}, got '{value}'") from None
     if not math.isfinite(number):
         raise CtxevalError(f"{where} must be finite, got '{value}'")
+    if p.kind is int:
+        if not number.is_integer():
+            raise CtxevalError(f"{where} must be an integer, got '{value}'")
+        if abs(number) > MAX_WHOLE:
+            raise CtxevalError(f"{where} must be at most {MAX_WHOLE:,}, got '{value}'")
+        number = int(number)
     if p.minimum is not None and number < p.minimum:
         hint = " (factor < 1 would shrink the context; use 1 for no scaling)" if p.name in ("factor", "alpha") else ""
         raise CtxevalError(f"{where} must be >= {p.minimum:g}, got {number:g}{hint}")
@@ -497,9 +497,17 @@ def compute(
     full = resolve_params(m, params or {})
     if length is not None and length < 1:
         raise CtxevalError(f"sequence length must be >= 1, got {length}")
-    freqs = m.fn(geom, full, length)
+    try:
+        with np.errstate(all="ignore"):  # an overflow shows as a non-finite frequency, checked below
+            freqs = m.fn(geom, full, length)
+    except (ValueError, OverflowError, ZeroDivisionError) as exc:  # e.g. log(0) from beta_fast=1e308
+        raise CtxevalError(f"{m.name} with {params} cannot be computed for {geom} ({exc}); use parameter values "
+                           "of the size the method's papers use") from None
     if not np.all(np.isfinite(freqs.inv_freq)) or not np.all(freqs.inv_freq > 0):
         raise CtxevalError(f"{m.name} with {params} gives non-finite or non-positive frequencies for {geom}")
+    if not (math.isfinite(freqs.attention_factor) and freqs.attention_factor > 0):
+        raise CtxevalError(f"{m.name} with {params} gives the attention factor {freqs.attention_factor} for {geom}; "
+                           "use parameter values of the size the method's papers use")
     return freqs
 
 

@@ -16,6 +16,7 @@ from .errors import CtxevalError
 from .geometry import RopeInfo, rope_info_from_config, trained_length
 from .hub import hub_reachable, offline_unless_reachable
 from .paths import TINY_MODEL_DIR, cache_dir
+from .textfiles import read_json
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
@@ -191,6 +192,7 @@ def _resolve(name: str, revision: str | None) -> tuple[dict[str, Any], str, dict
         _require_gguf()
         return {"kind": "gguf", "path": str(path.resolve())}, str(path.resolve().parent), {"gguf_file": path.name}
     if path.is_dir():
+        _check_local_config(path, name)
         return {"kind": "dir", "path": str(path.resolve())}, str(path), {}
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise CtxevalError(
@@ -199,6 +201,21 @@ def _resolve(name: str, revision: str | None) -> tuple[dict[str, Any], str, dict
         )
     offline_unless_reachable()
     return {"kind": "hub", "id": name, "revision": revision}, name, ({"revision": revision} if revision else {})
+
+
+def _check_local_config(path: Path, name: str) -> None:
+    """A model directory's config.json as ctxeval's own readers check a file (UTF-8, size, nesting, an object), so
+    that one written by another tool or by hand is one line, never a parser's traceback."""
+    config = path / "config.json"
+    if not config.exists():
+        return  # transformers says what is missing
+    try:
+        data = read_json(config, "", finite=False)
+    except CtxevalError as exc:
+        raise CtxevalError(f"could not load model '{name}': {exc}") from None
+    if not isinstance(data, dict):
+        raise CtxevalError(f"could not load model '{name}': {config} is not a JSON object (check that it holds a "
+                           "causal LM checkpoint)")
 
 
 def _load_error(name: str, source: dict[str, Any], exc: Exception) -> CtxevalError:
@@ -225,7 +242,11 @@ def load_hf_config(name: str, *, trust_remote_code: bool = False, revision: str 
     source, load_from, extra = _resolve(name, revision)
     try:
         return AutoConfig.from_pretrained(load_from, trust_remote_code=trust_remote_code, **extra)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
+        raise _load_error(name, source, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - transformers' own validation of a config's fields (its types vary)
+        if source["kind"] != "dir":
+            raise
         raise _load_error(name, source, exc) from exc
 
 
@@ -285,7 +306,11 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(
                 load_from, dtype=getattr(torch, dtype), attn_implementation=attn_implementation, **kwargs
             )
-    except (OSError, ValueError) as exc:  # hub unreachable, bad id, unsupported architecture, remote code refused
+    except (OSError, ValueError, RecursionError) as exc:  # hub unreachable, bad id, unsupported architecture, ...
+        raise _load_error(name, source, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - a local checkpoint whose config builds no model (0 heads, ...)
+        if source["kind"] != "dir":
+            raise
         raise _load_error(name, source, exc) from exc
     if device_map:
         device = str(model.get_input_embeddings().weight.device)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from .errors import CtxevalError
 from .paths import cache_dir
+from .textfiles import read_json, write_text
 
 NAMED_CORPORA: dict[str, str] = {
     "austen": "Jane Austen's six novels, 6 documents of 0.43-0.88M characters "
@@ -240,14 +241,14 @@ def _strip_gutenberg(text: str) -> str:
 
 def _read_cache(folder: Path, stamp: dict[str, object]) -> list[tuple[str, str]] | None:
     try:
-        index = json.loads((folder / "index.json").read_text(encoding="utf-8"))
+        index = read_json(folder / "index.json", "corpus cache index")
         if index.get("format") != _CACHE_FORMAT or any(index.get(k) != v for k, v in stamp.items()):
             return None
         return [
             (str(title), (folder / file).read_bytes().decode("utf-8"))
             for title, file in zip(index["titles"], index["files"], strict=True)
         ]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, CtxevalError):
         return None  # no cache, a stale one or a damaged one: read the package again
 
 
@@ -260,14 +261,12 @@ def _write_cache(folder: Path, stamp: dict[str, object], docs: list[tuple[str, s
         titles, files = [d[0] for d in docs], [d[1] for d in docs]
         index = {"format": _CACHE_FORMAT, **stamp, "titles": titles, "files": files}
         _atomic_write(folder / "index.json", json.dumps(index, indent=2) + "\n")
-    except OSError:
+    except (OSError, CtxevalError):
         pass  # an unwritable cache costs only speed: the next call reads the package again
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(text.encode("utf-8"))
-    os.replace(tmp, path)
+    write_text(path, text, "corpus cache file")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,13 +7,13 @@ checkout that was never installed reads the folder itself.
 
 from __future__ import annotations
 
-import tomllib
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 from .errors import CtxevalError
+from .textfiles import MAX_SMALL_BYTES, parse_toml, read_text
 
 _CHECKOUT_TASKS = Path(__file__).resolve().parent.parent / "tasks"
 
@@ -39,18 +39,17 @@ def load_task(name_or_path: str, kind: str) -> dict[str, Any]:
     """A preset by name (tasks/NAME.toml) or a TOML file path; its `kind` must match the command."""
     path = Path(name_or_path).expanduser()
     if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
+        if not path.exists():
             raise CtxevalError(f"task file not found: {name_or_path}")
-        text = path.read_text()
+        text = read_text(path, "task file", MAX_SMALL_BYTES)
     else:
         entry = tasks_folder() / f"{name_or_path}.toml"
         if not entry.is_file():
             raise CtxevalError(f"unknown task '{name_or_path}'; presets: {', '.join(preset_names(kind))}, or a .toml path")
-        text = entry.read_text()
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise CtxevalError(f"task '{name_or_path}' is not valid TOML: {exc}") from None
+        text = entry.read_text(encoding="utf-8")  # a preset shipped with ctxeval
+    data = parse_toml(text, f"task '{name_or_path}'")
+    if not isinstance(data.get("kind", kind), str):
+        raise CtxevalError(f"task '{name_or_path}': kind must be text such as \"{kind}\"")
     if data.get("kind", kind) != kind:
         raise CtxevalError(f"task '{name_or_path}' is a '{data['kind']}' task, not '{kind}'")
     data.pop("kind", None)

@@ -148,7 +148,7 @@ def _read_info(fd: int) -> dict | None:
     """The holder's JSON from the lock file, or None if it is empty or garbled (e.g. read mid-write)."""
     try:
         info = json.loads(os.pread(fd, _MAX_INFO_BYTES, 0).decode())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: a file another tool filled with brackets
         return None
     return info if isinstance(info, dict) else None
 

@@ -21,12 +21,14 @@ import platform
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import textfiles
 from .errors import CtxevalError
-from .rows import point_key
+from .rows import KINDS, point_key, row_problem
 from .runlock import LOCK_NAME, RunLock
 
 RUN_FILE, ROWS_FILE = "run.json", "rows.jsonl"
@@ -96,7 +98,11 @@ class RunStore:
             raise CtxevalError(f"{self.dir} exists and is not a ctxeval run directory; use another --out or --overwrite")
         self.lock = RunLock(self.dir) if self.writer else None
         if self.lock is not None:
-            self.lock.acquire()  # before reading or replacing anything: one measuring process per directory
+            try:
+                self.lock.acquire()  # before reading or replacing anything: one measuring process per directory
+            except OSError as exc:  # the directory cannot be made there (a path through a file, a full disk)
+                raise CtxevalError(f"cannot create the run directory {self.dir} ({exc.strerror or type(exc).__name__})"
+                                   "; choose another --out") from None
         try:
             self._open(overwrite)
         except BaseException:
@@ -106,15 +112,26 @@ class RunStore:
     def _open(self, overwrite: bool) -> None:
         if not self.run_path.exists():
             return
-        old = json.loads(self.run_path.read_text())
+        try:
+            old = textfiles.read_json(self.run_path, "", finite=False)
+            if not isinstance(old, dict):
+                raise CtxevalError(f"{self.run_path} is not a JSON object")
+        except CtxevalError as exc:
+            if not (overwrite and self.writer):
+                raise CtxevalError(f"{self.dir}: run.json cannot be read as a ctxeval run ({exc}); use another --out, "
+                                   "or --overwrite to replace the directory") from None
+            old = {}
         if old.get("spec") == self.spec:
-            self.record = old
+            # a resumed record keeps its history and methods only when they have the shapes ctxeval writes
+            self.record = {**old, "history": [h for h in old.get("history") or [] if isinstance(h, dict)]
+                           if isinstance(old.get("history"), list) else [],
+                           "methods": old["methods"] if isinstance(old.get("methods"), dict) else {}}
             return
         if not self.writer:
             raise CtxevalError(f"{self.dir}: run.json holds another spec than this rank's; all ranks must run one command")
         if not overwrite:
-            changed = sorted(k for k in set(old.get("spec", {})) | set(self.spec)
-                             if old.get("spec", {}).get(k) != self.spec.get(k))
+            before = old.get("spec") if isinstance(old.get("spec"), dict) else {}
+            changed = sorted(k for k in set(before) | set(self.spec) if before.get(k) != self.spec.get(k))
             raise CtxevalError(
                 f"{self.dir} holds a run with a different spec (differs in: {', '.join(changed)}); "
                 "use another --out, or --overwrite to replace it"
@@ -140,11 +157,17 @@ class RunStore:
 
     # -- rows ------------------------------------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
-        """rows.jsonl, then every rank file (a distributed run in progress or one that crashed)."""
-        rows = read_rows(self.rows_path)
-        for path in self._rank_files():
-            rows.extend(read_rows(path))
-        return rows
+        """rows.jsonl, then every rank file (a distributed run in progress or one that crashed): the rows a report
+        or a resume can use (rows.row_problem); the others are counted by `skipped_notes`."""
+        return [r for f in self._row_files() for r in f.rows]
+
+    def _row_files(self) -> list["RowsFile"]:
+        kind = self.spec.get("task") if self.spec.get("task") in KINDS else None
+        return [load_rows(self.rows_path, kind)] + [load_rows(p, kind) for p in self._rank_files()]
+
+    def skipped_notes(self) -> list[str]:
+        """One note per rows file with lines a report or a resume cannot use (their points are measured again)."""
+        return [note for note in (f.note() for f in self._row_files()) if note]
 
     def _rank_files(self) -> list[Path]:
         def rank(p: Path) -> int:
@@ -156,7 +179,7 @@ class RunStore:
     def merge_rank_files(self) -> None:
         """Append the rows of every rows.rank<r>.jsonl to rows.jsonl (rank order), then remove the rank files."""
         for path in self._rank_files():
-            rows = read_rows(path)
+            rows = textfiles.read_jsonl(path, "rows file").objects()
             if rows:
                 self._append_to(self.rows_path, rows)
             path.unlink()
@@ -172,15 +195,19 @@ class RunStore:
 
     @staticmethod
     def _append_to(path: Path, rows: list[dict[str, Any]]) -> None:
-        with open(path, "a+", encoding="utf-8") as fh:
-            if fh.tell() > 0:  # a torn last line (crash mid-write) must not swallow the next row
-                fh.seek(fh.tell() - 1)
-                if fh.read(1) != "\n":
-                    fh.write("\n")
-            for row in rows:
-                fh.write(json.dumps(row, default=float) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with open(path, "a+", encoding="utf-8") as fh:
+                if fh.tell() > 0:  # a torn last line (crash mid-write) must not swallow the next row
+                    fh.seek(fh.tell() - 1)
+                    if fh.read(1) != "\n":
+                        fh.write("\n")
+                for row in rows:
+                    fh.write(json.dumps(row, default=float) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:  # a disk that filled up: the rows before this point are kept, a torn line is skipped
+            raise CtxevalError(f"cannot append to {path} ({exc.strerror or type(exc).__name__}); the points measured "
+                               "so far are kept: free some space and rerun the same command to resume") from None
 
     # -- run.json -------------------------------------------------------------------------------------------------
     def start(self, provenance: dict[str, Any]) -> None:
@@ -209,26 +236,53 @@ class RunStore:
     def _write(self) -> None:
         if not self.writer:
             return
-        tmp = self.run_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.record, indent=2, default=str))
-        tmp.replace(self.run_path)
+        textfiles.write_text(self.run_path, json.dumps(self.record, indent=2, default=str))
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows of a rows.jsonl; a torn last line (crash mid-write) is ignored."""
-    if not Path(path).exists():
-        return []
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
+@dataclass
+class RowsFile:
+    """A rows file as read: the rows a `kind` run can use, and (line, why) for every line it cannot (not UTF-8, not
+    JSON, not an object, nested too deep, or a row rows.row_problem refuses; a line torn by a crash is one of them)."""
+
+    path: Path
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)  # the line number of each row
+
+    def checked(self, kind: str) -> "RowsFile":
+        """The same file with every row also checked as a `kind` row (rows.row_problem)."""
+        out = RowsFile(self.path, skipped=list(self.skipped))
+        for number, row in zip(self.lines, self.rows):
+            why = row_problem(row, kind)
+            if why is None:
+                out.rows.append(row)
+                out.lines.append(number)
+            else:
+                out.skipped.append((number, why))
+        out.skipped.sort()
+        return out
+
+    def note(self) -> str | None:
+        """'skipped 2 of 40 lines of DIR/rows.jsonl (line 3: not JSON; line 9: length nan ...)', or None."""
+        if not self.skipped:
+            return None
+        shown = "; ".join(f"line {n}: {why}" for n, why in self.skipped[:3])
+        more = f" (+{len(self.skipped) - 3} more)" if len(self.skipped) > 3 else ""
+        return (f"skipped {len(self.skipped)} of {len(self.skipped) + len(self.rows)} lines of {self.path} that are "
+                f"not usable rows ({shown}{more}); their points count as not measured")
+
+
+def load_rows(path: Path, kind: str | None = None) -> RowsFile:
+    """A rows file read line by line (a missing file has no rows); with `kind`, every row is also checked with
+    rows.row_problem."""
+    lines = textfiles.read_jsonl(path, "rows file")
+    out = RowsFile(Path(path), [row for _, row in lines.records], list(lines.problems), [n for n, _ in lines.records])
+    return out.checked(kind) if kind else out
+
+
+def read_rows(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The usable rows of a rows.jsonl (load_rows); a torn last line (crash mid-write) is skipped."""
+    return load_rows(path, kind).rows
 
 
 class run_status:

@@ -307,7 +307,8 @@ def test_plan_rows_for_ntk_pi_and_a_dynamic_method():
 @pytest.mark.parametrize("args, message", [
     ((63, 1e4, 64), "rotary dim must be an even number >= 2, got 63"),
     ((0, 1e4, 64), "rotary dim must be an even number >= 2, got 0"),
-    ((64, 1.0, 64), "RoPE base must be > 1, got 1.0"),
+    ((64, 1.0, 64), "RoPE base must be a finite number > 1, got 1.0"),
+    ((64, float("inf"), 64), "RoPE base must be a finite number > 1, got inf"),
     ((64, 1e4, 0), "original length must be >= 1, got 0"),
 ])
 def test_impossible_geometries_are_refused(args, message):
@@ -400,8 +401,8 @@ def test_factor_lists_from_files_that_are_not_right(tmp_path):
     bad_json.write_text("{not json")
     bad_toml.write_text("short_factor = [1, ")
     cases = [
-        (f"@{bad_json}", f"longrope: short_factor: {bad_json} is not valid JSON (Expecting property name enclosed in "
-                         "double quotes: line 1 column 2 (char 1))"),
+        (f"@{bad_json}", f"longrope: short_factor: {bad_json} is not JSON (Expecting property name enclosed in "
+                         "double quotes at line 1 column 2)"),
         (f"@{bad_toml}", f"longrope: short_factor: {bad_toml} is not valid TOML ("),
         (f"@{tmp_path / 'none.json'}", f"longrope: short_factor: cannot read {tmp_path / 'none.json'} (No such file or "
                                        "directory)"),

@@ -17,10 +17,11 @@ from ..distributed import current, shutdown
 from ..errors import CtxevalError
 from .options import check_options
 
-out = Console(highlight=False, soft_wrap=True)
+# emoji=False: text such as '0:100:11' is printed as it is, not with rich's ':100:' emoji
+out = Console(highlight=False, soft_wrap=True, emoji=False)
 if not out.is_terminal:  # logs and files: print tables at their full width instead of the 80-column default
-    out = Console(highlight=False, soft_wrap=True, width=240)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+    out = Console(highlight=False, soft_wrap=True, width=240, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 state = {"debug": False}  # set by the root --debug option
 
 

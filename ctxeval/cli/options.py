@@ -5,6 +5,7 @@ to preset values too) or its parser (lists, ranges, formats)."""
 from __future__ import annotations
 
 import functools
+import math
 import typing
 from dataclasses import dataclass
 from enum import Enum
@@ -16,7 +17,7 @@ import typer
 
 from ..attention import check_temperature
 from ..errors import CtxevalError
-from ..rows import parse_token_count
+from ..numbers import MAX_TOKENS, parse_number, parse_token_count, parse_whole
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class Check:
     def __call__(self, value: Any) -> Any:
         if value is None:
             return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):  # a preset's value may be text
+            raise CtxevalError(f"{self.flag} must be a number {self.allowed}, got '{value}'")
+        if not math.isfinite(value):
+            raise CtxevalError(f"{self.flag} must be a finite number {self.allowed}, got {value}")
         ok = ((self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
               and (self.maximum is None or value <= self.maximum))
         if not ok:
@@ -88,9 +93,9 @@ def parse_numbers(text: str | None, flag: str, example: str) -> list[float] | No
     if text is None:
         return None
     try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise CtxevalError(f"{flag} takes numbers separated by commas (e.g. {example}), got '{text}'") from None
+        values = [parse_number(v, flag, example) for v in str(text).split(",") if v.strip()]
+    except CtxevalError:
+        raise CtxevalError(f"{flag} takes finite numbers separated by commas (e.g. {example}), got '{text}'") from None
     if not values:
         raise CtxevalError(f"{flag} is empty")
     return values
@@ -108,15 +113,20 @@ def parse_temperatures(text: str | None) -> list[float] | None:
 
 
 # -- lengths and depths ----------------------------------------------------------------------------------------------
+MAX_LENGTHS = 10_000  # lengths (or depths) one option may list: a range that would give more is a typo
+
+
 def parse_lengths(text: str) -> list[int]:
     """'2k,4k,8k' | '1024:8192:1024' (linear) | '1k:16k:x2' (geometric); k = 1024."""
 
     def one(tok: str) -> int:
         try:
             value = parse_token_count(tok, "--lengths")
-        except CtxevalError:
-            raise CtxevalError(f"bad length '{tok.strip()}' in --lengths '{text}'; write e.g. 2k,4k,8k or 1k:16k:x2 "
-                               "(whole numbers of tokens >= 2)") from None
+        except CtxevalError as exc:
+            why = " (more than a model can read)" if "more than" in str(exc) else (
+                " (not a finite number)" if "finite" in str(exc) else "")
+            raise CtxevalError(f"bad length '{tok.strip()}'{why} in --lengths '{text}'; write e.g. 2k,4k,8k or "
+                               "1k:16k:x2 (whole numbers of tokens >= 2)") from None
         if value < 2:
             raise CtxevalError(f"length '{tok.strip()}' must be a whole number of tokens >= 2")
         return value
@@ -129,9 +139,17 @@ def parse_lengths(text: str) -> list[int]:
                 raise CtxevalError(f"a length range is START:STOP:STEP or START:STOP:xFACTOR, got '{part}'")
             start, stop, step = one(pieces[0]), one(pieces[1]), pieces[2].strip().lower()
             if step.startswith("x"):
-                factor = float(step[1:]) if step[1:] else 0
+                try:
+                    factor = parse_number(step[1:], "a geometric step", "x2") if step[1:] else 0
+                except CtxevalError:
+                    raise CtxevalError(f"geometric step must be xFACTOR with a finite number > 1 (e.g. x2), got "
+                                       f"'{step}' in --lengths '{text}'") from None
                 if factor <= 1:
                     raise CtxevalError(f"geometric step must be > 1, got '{step}'")
+                count = math.floor(math.log(max(stop, 1) / start, factor) + 1e-9) + 1 if stop >= start else 0
+                if len(values) + count > MAX_LENGTHS:
+                    raise CtxevalError(f"--lengths '{text}' gives {count:,} lengths, more than {MAX_LENGTHS:,}; use a "
+                                       "larger step")
                 v = float(start)
                 while v <= stop + 1e-9:
                     values.append(int(round(v)))
@@ -140,9 +158,14 @@ def parse_lengths(text: str) -> list[int]:
                 inc = one(step) if step not in ("0", "1") else int(step)
                 if inc < 1:
                     raise CtxevalError(f"length step must be >= 1, got '{step}'")
+                if len(values) + max(0, (stop - start) // inc + 1) > MAX_LENGTHS:
+                    raise CtxevalError(f"--lengths '{text}' gives {(stop - start) // inc + 1:,} lengths, more than "
+                                       f"{MAX_LENGTHS:,}; use a larger step")
                 values.extend(range(start, stop + 1, inc))
         else:
             values.append(one(part))
+        if len(values) > MAX_LENGTHS:
+            raise CtxevalError(f"--lengths gives more than {MAX_LENGTHS:,} lengths; measure fewer at a time")
     if not values:
         raise CtxevalError("--lengths is empty; write e.g. 2k,4k,8k")
     return sorted(set(values))
@@ -165,7 +188,7 @@ def parse_depths(text: str, spacing: str) -> list[float]:
         if ":" in text:
             start, stop, count = text.split(":")
             start, stop, n = float(start), float(stop), int(count)
-            if n < 1:
+            if n < 1 or n > MAX_LENGTHS:
                 raise ValueError
             if spacing == "sigmoid":
                 values = [start + (stop - start) * d / 100 for d in sigmoid_depths(n)]
@@ -173,14 +196,16 @@ def parse_depths(text: str, spacing: str) -> list[float]:
                 values = [start + (stop - start) * i / max(n - 1, 1) for i in range(n)] if n > 1 else [start]
         else:
             values = [float(v) for v in text.split(",") if v.strip()]
+            if len(values) > MAX_LENGTHS:
+                raise ValueError
             if spacing == "sigmoid":
                 raise CtxevalError("--depth-spacing sigmoid needs a START:STOP:COUNT range in --depths")
     except ValueError:
         raise CtxevalError(f"bad --depths '{text}'; write 0,50,100 or 0:100:11") from None
-    values = sorted({round(v, 2) for v in values})
-    bad = [v for v in values if not 0 <= v <= 100]
+    bad = [v for v in values if not 0 <= v <= 100]  # NaN and infinities too
     if bad:
         raise CtxevalError(f"depths are percentages in 0..100, got {bad[0]:g}")
+    values = sorted({round(v, 2) for v in values})
     if not values:
         raise CtxevalError("--depths is empty")
     return values
@@ -191,8 +216,8 @@ def parse_indices(text: str | None, flag: str) -> tuple[int, ...] | None:
     if text is None or text.strip().lower() == "all":
         return None
     try:
-        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
-    except ValueError:
+        values = tuple(sorted({parse_whole(v, flag, maximum=MAX_TOKENS) for v in text.split(",") if v.strip()}))
+    except CtxevalError:
         raise CtxevalError(f"{flag} takes 'all' or indices separated by commas (e.g. 0,3,7), got '{text}'") from None
     if not values or min(values) < 0:
         raise CtxevalError(f"{flag} takes 'all' or indices >= 0, got '{text}'")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Annotated, Optional
@@ -17,6 +16,7 @@ from ..models import DEFAULT_MODEL
 from ..paths import cache_dir
 from ..rows import RULER_THRESHOLD
 from ..specs import expand_specs
+from ..textfiles import MAX_TEXT_BYTES, read_bytes, read_json, read_text
 from .console import err, print_outputs, user_errors
 from .options import (AttnOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, MaxMemoryOpt, OutOpt, OverwriteOpt,
                       PlainModelOpt, RemoteOpt, TemperatureOpt, parse_factors, parse_lengths, parse_temperatures)
@@ -31,28 +31,31 @@ OFFLINE = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1",
 def essay_text(essays: Path | None, substitute: str) -> tuple[str, str]:
     """RULER's essay haystack: PaulGrahamEssays.json ({"text": ...}) or .txt files (concatenated in sorted order, as
     RULER's download script builds the JSON); without --essays, the documents of an offline corpus."""
-    if essays is None:
+    path = Path(essays).expanduser() if essays is not None else None
+    if path is None:
         text = "\n\n".join(doc.text for doc in corpora.iter_documents(substitute))
-        return text, f"{substitute} (substitute for RULER's Paul Graham essays)"
-    path = Path(essays).expanduser()
-    if path.is_file() and path.suffix == ".json":
-        try:
-            text = json.loads(path.read_text(encoding="utf-8"))["text"]
-        except (OSError, ValueError, KeyError, TypeError):
-            raise CtxevalError(f"--essays {essays}: not RULER's PaulGrahamEssays.json (a JSON object with 'text')") from None
-        return str(text), path.name
-    files = sorted(Path(p) for p in glob.glob(str(path / "*.txt"))) if path.is_dir() else ([path] if path.is_file() else [])
-    if not files:
-        raise CtxevalError(f"--essays {essays}: give RULER's PaulGrahamEssays.json, a .txt file or a folder of .txt files")
-    return "".join(f.read_text(encoding="utf-8") for f in files), f"{path.name} ({len(files)} .txt file(s))"
+        source = f"{substitute} (substitute for RULER's Paul Graham essays)"
+    elif path.is_file() and path.suffix == ".json":
+        data = read_json(path, "--essays", max_bytes=MAX_TEXT_BYTES, finite=False)
+        if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+            raise CtxevalError(f"--essays {essays}: not RULER's PaulGrahamEssays.json (a JSON object with 'text')")
+        text, source = data["text"], path.name
+    else:
+        files = sorted(Path(p) for p in glob.glob(str(path / "*.txt"))) if path.is_dir() else (
+            [path] if path.is_file() else [])
+        if not files:
+            raise CtxevalError(f"--essays {essays}: give RULER's PaulGrahamEssays.json, a .txt file or a folder of .txt "
+                               "files")
+        text = "".join(read_text(f, "--essays", binary_ok=False) for f in files)
+        source = f"{path.name} ({len(files)} .txt file(s))"
+    if not text.strip():
+        given = f"--essays {essays}" if essays is not None else f"--essay-substitute {substitute}"
+        raise CtxevalError(f"{given} holds no text; the essay haystack needs words to fill the lengths")
+    return text, source
 
 
 def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
+    return hashlib.sha256(read_bytes(path, "--qa-data file", max_bytes=MAX_TEXT_BYTES)).hexdigest()[:16]
 
 
 @user_errors

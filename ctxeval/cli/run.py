@@ -87,6 +87,8 @@ def measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, provena
     try:
         if dist.is_main:
             err.print(message + (f"; {dist.world} ranks (torchrun)" if dist.active else ""))
+            for note in store.skipped_notes():  # lines a resume cannot use: those points are measured again
+                err.print(f"note: {note}", markup=False)
         with run_status(store), (RichProgress() if dist.is_main else QuietProgress()) as progress:
             failed = None
             try:

@@ -35,7 +35,9 @@ import torch
 from ..corpora import TokenDoc
 from ..distributed import current
 from ..errors import CtxevalError
+from ..numbers import whole_number
 from ..specs import MethodSpec
+from ..textfiles import MAX_TEXT_BYTES, read_json, write_text
 from .common import Progress, SilentProgress, oom_guard
 from .perplexity import token_nll
 from .sweep import applying, length_dependent
@@ -150,17 +152,28 @@ def evaluator_keys(model: torch.nn.Module, device: str, evaluated: list[int], bo
 
 
 def read_cache(path: Path, settings: KeyTokenSettings, expected: dict[str, int]) -> dict[str, np.ndarray] | None:
-    """The cached key tokens, if the file holds these settings and these documents at these sequence lengths."""
+    """The cached key tokens, if the file holds these settings and these documents at these sequence lengths, each
+    document's positions whole numbers increasing inside its sequence (1 .. tokens - 1); None for anything else (a
+    file another tool or an edit left: the key tokens are found again and the file replaced)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json(path, "key-tokens file", max_bytes=MAX_TEXT_BYTES, finite=False)
+    except CtxevalError:
         return None
-    if data.get("settings") != json.loads(json.dumps(settings.record())):
+    if not isinstance(data, dict) or data.get("settings") != json.loads(json.dumps(settings.record())):
         return None
-    docs = data.get("documents", {})
-    if any(docs.get(doc, {}).get("sequence_tokens") != n for doc, n in expected.items()):
+    docs = data.get("documents")
+    if not isinstance(docs, dict):
         return None
-    return {doc: np.asarray(docs[doc]["positions"], dtype=np.int64) for doc in expected}
+    found = {}
+    for doc, n in expected.items():
+        entry = docs.get(doc)
+        if not isinstance(entry, dict) or entry.get("sequence_tokens") != n or not isinstance(entry.get("positions"), list):
+            return None
+        positions = [whole_number(p, minimum=1, maximum=n - 1) for p in entry["positions"]]
+        if None in positions or any(b <= a for a, b in zip(positions, positions[1:])):
+            return None
+        found[doc] = np.asarray(positions, dtype=np.int64)
+    return found
 
 
 def summary(settings: KeyTokenSettings, found: dict[str, np.ndarray], expected: dict[str, int]) -> dict[str, Any]:
@@ -201,9 +214,7 @@ def find_key_tokens(store: Any, settings: KeyTokenSettings, load_evaluator: Call
         data = {"settings": settings.record(),
                 "documents": {doc: {"sequence_tokens": expected[doc], "positions": found[doc].tolist()}
                               for doc in found}}
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data) + "\n")
-        tmp.replace(path)
+        write_text(path, json.dumps(data) + "\n", "key-tokens file")
     if dist.is_main:
         store.update(key_tokens=summary(settings, found, expected))
     dist.barrier()

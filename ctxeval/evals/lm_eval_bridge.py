@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CtxevalError
+from ..numbers import finite_number
 from ..hub import hub_reachable, offline_unless_reachable
 from ..paths import safe_name
 from ..rows import point_key
 from ..specs import MethodSpec
+from ..textfiles import atomic_path, make_dirs, parse_json, write_text
 from .common import Progress, SilentProgress, point_row
 from .sweep import applied
 
@@ -62,9 +64,9 @@ def parse_metadata(text: str | None, tokenizer_name: str | None) -> dict[str, An
     if text is None:
         return {"tokenizer": tokenizer_name} if tokenizer_name else None
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CtxevalError(f"--metadata is not JSON ({exc.msg}); write e.g. '{{\"max_seq_lengths\": [4096, 8192]}}'") from None
+        value = parse_json(text, "--metadata")
+    except CtxevalError as exc:
+        raise CtxevalError(f"{exc}; write e.g. '{{\"max_seq_lengths\": [4096, 8192]}}'") from None
     if not isinstance(value, dict):
         raise CtxevalError("--metadata must be a JSON object, e.g. '{\"max_seq_lengths\": [4096, 8192]}'")
     if tokenizer_name and not any(k in value for k in ("tokenizer", "pretrained", "model")):
@@ -100,13 +102,14 @@ def result_rows(model_name: str, spec: MethodSpec, requested: str, results: dict
     for task, entries in results.items():
         n_samples = entries.get("sample_len") if isinstance(entries.get("sample_len"), int) else None
         for key, value in entries.items():
-            if "," not in key or "_stderr," in key or not isinstance(value, (int, float)) or isinstance(value, bool):
+            if ("," not in key or "_stderr," in key or not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or finite_number(value) is None):  # lm-eval's NaN for a metric it could not compute
                 continue
             metric, _, filt = key.partition(",")
             stderr = entries.get(f"{metric}_stderr,{filt}")
             rows.append(point_row(model_name, spec, "lm-eval", lm_eval_task=requested, subtask=task, metric=metric,
                                   filter=filt, value=float(value),
-                                  stderr=float(stderr) if isinstance(stderr, (int, float)) else None,
+                                  stderr=finite_number(stderr),
                                   samples=n_samples, length=cfg.max_length, limit=cfg.limit,
                                   num_fewshot=cfg.num_fewshot, status="ok", seconds=round(seconds, 3)))
     return rows
@@ -121,14 +124,16 @@ def save_results(store: Any, spec: MethodSpec, requested: str, result: dict[str,
     """lm-eval's own output for one (method, task): results, configs, versions, n-shot, n-samples, its config, and
     the samples (one JSON line each) when asked."""
     folder = Path(store.dir) / RESULTS_DIR / safe_name(spec.label)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_dirs(folder, "lm-eval results folder")
     kept = {k: v for k, v in result.items() if k != "samples"}
-    (folder / f"{safe_name(requested)}.json").write_text(json.dumps(kept, indent=2, default=str) + "\n")
+    write_text(folder / f"{safe_name(requested)}.json", json.dumps(kept, indent=2, default=str) + "\n",
+               "lm-eval results file")
     if log_samples and result.get("samples"):
-        with open(folder / f"{safe_name(requested)}.samples.jsonl", "w", encoding="utf-8") as fh:
-            for task, samples in result["samples"].items():
-                for sample in samples:
-                    fh.write(json.dumps({"task": task, **sample}, default=str) + "\n")
+        with atomic_path(folder / f"{safe_name(requested)}.samples.jsonl", "lm-eval samples file") as tmp:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                for task, samples in result["samples"].items():
+                    for sample in samples:
+                        fh.write(json.dumps({"task": task, **sample}, default=str) + "\n")
 
 
 def evaluate(lm: Any, specs: list[MethodSpec], cfg: LmEvalConfig, store: Any, progress: Progress | None = None) -> None:

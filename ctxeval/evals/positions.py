@@ -15,9 +15,10 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import CtxevalError
-from ..rows import parse_token_count
+from ..numbers import parse_token_count, parse_whole
 
 
+MAX_BUCKETS = 1024  # more buckets than a table or a plot can show; a larger count is a typo
 FIRST_EDGE = 32  # the first bucket holds positions 1..31: octaves below it hold a handful of tokens per document
 
 
@@ -51,12 +52,17 @@ def parse_position_buckets(text: str | None, max_length: int, trained_length: in
     text = str(text).strip()
     if "," not in text:
         try:
-            n = int(text)
-        except ValueError:
+            n = parse_whole(text, "--position-buckets", maximum=MAX_BUCKETS)
+        except CtxevalError as exc:
+            if "must be <=" in str(exc) or "must be >=" in str(exc):
+                raise CtxevalError(f"--position-buckets must be a bucket count in 1..{MAX_BUCKETS}, got '{text}'") from None
             raise CtxevalError(f"--position-buckets takes a bucket count (e.g. 16) or edges (e.g. 1,1k,4k,8k,16k), "
                                f"got '{text}'") from None
         return log_edges(n, max_length)
-    edges = [parse_token_count(part, "--position-buckets") for part in text.split(",") if part.strip()]
+    parts = [part for part in text.split(",") if part.strip()]
+    if len(parts) > MAX_BUCKETS + 1:
+        raise CtxevalError(f"--position-buckets takes at most {MAX_BUCKETS + 1} edges, got {len(parts)}")
+    edges = [parse_token_count(part, "--position-buckets") for part in parts]
     if len(edges) < 2:
         raise CtxevalError(f"--position-buckets needs at least two edges, got '{text}'")
     bad = [f"{a} then {b}" for a, b in zip(edges, edges[1:]) if b <= a]

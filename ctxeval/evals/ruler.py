@@ -21,7 +21,6 @@ answer prefix, as prepare.py does; its tokens count toward the length.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import random
 import re
@@ -35,6 +34,7 @@ import numpy as np
 
 from ..errors import CtxevalError
 from ..hub import download
+from ..textfiles import FileError, parse_json, read_json, read_text
 
 RULER_SEED = 42  # prepare.py's --random_seed default
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -208,18 +208,16 @@ def english_words(path: Path | None = None) -> tuple[list[str], str] | None:
         path = DEFAULT_ENGLISH_WORDS
     path = Path(path).expanduser()
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CtxevalError(f"--cwe-words {path}: cannot read it ({exc.strerror}); give RULER's english_words.json or "
+        text = read_text(path, "--cwe-words")
+    except FileError as exc:
+        raise CtxevalError(f"--cwe-words {path}: cannot read it ({exc.reason}); give RULER's english_words.json or "
                            "a word-per-line list (Debian wamerican: /usr/share/dict/american-english)") from None
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-            words = [str(w) for w in (data.values() if isinstance(data, dict) else data)]
-        except (ValueError, TypeError, AttributeError):
-            raise CtxevalError(f"--cwe-words {path}: not a JSON object or list of words (RULER's english_words.json)"
-                               ) from None
+        data = parse_json(text, f"--cwe-words {path}", finite=False)
+        if not isinstance(data, (dict, list)):
+            raise CtxevalError(f"--cwe-words {path}: not a JSON object or list of words (RULER's english_words.json)")
+        words = [str(w) for w in (data.values() if isinstance(data, dict) else data) if isinstance(w, str) and w]
     else:
         words = list(dict.fromkeys(w for w in (line.strip() for line in text.splitlines()) if re.fullmatch("[a-z]+", w)))
     if not words:
@@ -480,11 +478,14 @@ class FreqWords:
         vocab[0] = "..."  # the most frequent word is noise
         return vocab
 
+    def counts(self, num_words: int, size: int | None = None) -> list[int]:
+        """How often the k-th word of the vocabulary occurs: int(num_words x k^-alpha / zeta(alpha))."""
+        ranks = np.arange(1, (self.vocab_size if size is None else size) + 1)
+        return [int(n) for n in (num_words * (ranks ** -self.alpha) / _zeta(self.alpha)).astype(int)]
+
     def text(self, vocab: list[str], num_words: int) -> tuple[str, list[str]]:
         """The prompt with num_words x k^-alpha / zeta(alpha) copies of the k-th word (no draws from the stream)."""
-        ranks = np.arange(1, len(vocab) + 1)
-        counts = num_words * (ranks ** -self.alpha) / _zeta(self.alpha)
-        coded = [w for w, n in zip(vocab, counts.astype(int)) for _ in range(n)]
+        coded = [w for w, n in zip(vocab, self.counts(num_words, len(vocab))) for _ in range(n)]
         random.Random(self.stream.seed).shuffle(coded)
         return self.template.format(context=" ".join(coded), query=""), vocab[1:4]
 
@@ -523,11 +524,14 @@ class QA:
             raise CtxevalError(f"{task.name} reads {self.FILES[dataset]} (RULER's download_qa_dataset.sh: SQuAD 2.0 dev "
                                "as squad.json, HotpotQA dev distractor as hotpotqa.json); pass --qa-data DIR")
         path = Path(sources.qa_dir) / self.FILES[dataset]
+        data = read_json(path, f"{task.name}'s", max_bytes=1 << 30, finite=False)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
             self.qas, self.docs = self._squad(data) if dataset == "squad" else self._hotpotqa(data)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CtxevalError(f"{path} is not the {dataset} file RULER reads ({type(exc).__name__}: {exc})") from None
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise CtxevalError(f"{path} is not the {dataset} file RULER reads ({type(exc).__name__}: "
+                               f"{str(exc)[:100]})") from None
+        if not self.qas or not self.docs:
+            raise CtxevalError(f"{path} holds no answerable questions; give the {dataset} file RULER reads")
         self.stream, self.template, self.index = stream, _template(task, model_template), 0
 
     @staticmethod
@@ -589,8 +593,13 @@ def _zeta(alpha: float) -> float:
 # sizing and samples
 
 
-def _search(make: Callable[[int], tuple[str, list[str]]], fits: Callable[[str], bool], start: int, upper: int) -> int:
-    """RULER's binary search: the largest haystack size in [start, upper] whose prompt fits (start if none does)."""
+def _search(make: Callable[[int], tuple[str, list[str]]], fits: Callable[[str], bool], start: int, upper: int,
+            unfilled: Callable[[], str] | None = None) -> int:
+    """RULER's binary search: the largest haystack size in [start, upper] whose prompt fits (start if none does).
+
+    upper is three times the size the length needs (_upper), so a prompt that still fits there has a haystack that
+    does not grow it (an empty essay file): with `unfilled` (the error's text), that is refused instead of measured
+    short."""
     low, high, best = start, upper, None
     while low <= high:
         mid = (low + high) // 2
@@ -599,6 +608,8 @@ def _search(make: Callable[[int], tuple[str, list[str]]], fits: Callable[[str], 
             best, low = mid, mid + 1
         else:
             high = mid - 1
+    if unfilled is not None and best == upper:
+        raise CtxevalError(unfilled())
     return best if best is not None else start
 
 
@@ -625,30 +636,37 @@ def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sour
     check_template(model_template)
     stream = Stream(seed)
     ttg = family.tokens_to_generate
+
+    def unfilled() -> str:
+        what = (f"the essay haystack ({sources.essay_source or 'essays'})"
+                if task.args.get("type_haystack") == "essay" else "the haystack")
+        return (f"{task_name}: {what} cannot fill {length} tokens (the prompt stops growing at "
+                f"{count(make(upper)[0]) + ttg} tokens); give longer essays (--essays) or shorter --lengths")
+
     if task.family == "freq_words_extraction":
         return _fwe_samples(task, length, num_samples, count, FreqWords(task, sources, stream, length, model_template))
     if task.family == "niah":
         make: Any = Niah(task, sources, stream, model_template)
         step = make.increment(length)
         upper = _upper(make, count, length, step, step, task.family)
-        size = _search(make, lambda text: count(text) + ttg <= length, step, upper)
+        size = _search(make, lambda text: count(text) + ttg <= length, step, upper, unfilled)
     elif task.family == "variable_tracking":
         make = VariableTracking(task, sources, stream, model_template)
         make.example = _vt_example(make, count)
         step = make.increment(length)
         example_tokens = count(make.example)
         upper = _upper(make.generate, count, length, step, step, task.family)
-        size = _search(make.generate, lambda text: count(text) + example_tokens + ttg <= length, step, upper)
+        size = _search(make.generate, lambda text: count(text) + example_tokens + ttg <= length, step, upper, unfilled)
     elif task.family == "qa":
         make = QA(task, sources, stream, model_template)
         step = make.increment(length)
         upper = _upper(make, count, length, step, step, task.family)  # the search uses question 0
-        size = _search(make, lambda text: count(text) + ttg <= length, step, upper)
+        size = _search(make, lambda text: count(text) + ttg <= length, step, upper, unfilled)
     else:
         make = CommonWords(task, sources, stream, length, model_template)
         step = make.increment(length)
         upper = _upper(make, count, length, 4096, step, task.family)
-        size = _search(make, lambda text: count(text) + ttg <= length, step, upper)
+        size = _search(make, lambda text: count(text) + ttg <= length, step, upper, unfilled)
     samples = []
     for index in range(num_samples):
         used = size
@@ -692,23 +710,45 @@ def _vt_example(vt: VariableTracking, count: Callable[[str], int]) -> str:
 def _fwe_samples(task: RulerTask, length: int, num_samples: int, count: Callable[[str], int],
                  fwe: FreqWords) -> list[RulerSample]:
     """freq_words_extraction.py: the word count grows until the prompt reaches the budget, then one step back; each
-    sample draws a fresh vocabulary and backs off while it is too long."""
+    sample draws a fresh vocabulary and backs off while it is too long. A length too short for the task (a coded
+    vocabulary of fewer than 4 words, a prompt that does not fit with no words, answers that would not occur) is
+    refused in one line; so is a prompt that stops growing (never measured short)."""
     budget, step = fwe.budget, fwe.budget // 32
+    family = FAMILIES[task.family]
+    smallest = count(fwe.template.format(context="", query="")) + family.tokens_to_generate
+    if fwe.vocab_size < 4 or smallest > length:
+        need = max(4 * 50 + family.tokens_to_generate, smallest)
+        raise CtxevalError(f"{task.name}: length {length} is shorter than the task's smallest prompt (RULER's coded "
+                           f"vocabulary of (length - {family.tokens_to_generate}) // 50 words needs 4, and the "
+                           f"template alone is {smallest} tokens with this tokenizer); use --lengths of at least "
+                           f"{need}")
     vocab = fwe.vocab()
     num_words = budget // fwe.coded_wordlen
     text, _ = fwe.text(vocab, num_words)
+    # far past any prompt that fits: 39% of the words are coded words of a token or more (the rest the '...' noise),
+    # so `budget` tokens hold fewer than 2.6 x budget words; at most 128 steps of budget // 32
+    ceiling = num_words + 4 * budget
     while count(text) < budget:
         num_words += step
+        if num_words > ceiling:
+            raise CtxevalError(f"{task.name}: the prompt stops growing at {count(text)} tokens, short of the "
+                               f"{length}-token length; this tokenizer cannot fill it")
         text, _ = fwe.text(vocab, num_words)
     num_words -= step
-    family = FAMILIES[task.family]
     samples = []
     for index in range(num_samples):
         vocab, words = fwe.vocab(), num_words
         text, answer = fwe.text(vocab, words)
         while count(text) > budget:
+            if words <= step:
+                raise CtxevalError(f"{task.name}: length {length} is shorter than the task's smallest prompt "
+                                   f"({count(text) + family.tokens_to_generate} tokens with this tokenizer); use longer "
+                                   "--lengths")
             words -= step
             text, answer = fwe.text(vocab, words)
+        if min(fwe.counts(words)[1:4], default=0) < 1:
+            raise CtxevalError(f"{task.name}: at length {length} the prompt holds {words} coded words, too few for its "
+                               "three answers to occur; use longer --lengths")
         prompt, prefix = _split_prefix(text, family)
         samples.append(RulerSample(index, prompt, list(answer), count(text) + family.tokens_to_generate, prefix))
     return samples

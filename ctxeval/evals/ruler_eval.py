@@ -12,7 +12,6 @@ the new tokens decoded without special tokens; RULER's post-processing; string_m
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,10 @@ from typing import Any, Callable
 import torch
 
 from ..errors import CtxevalError
+from ..numbers import MAX_TOKENS, whole_number
 from ..rows import RESUME_FIELDS, point_key
 from ..specs import MethodSpec
+from ..textfiles import make_dirs, read_jsonl, write_text
 from .common import PointOOM, Progress, SilentProgress, oom_guard, point_row
 from .needle import greedy_config
 from .ruler import FAMILIES, TASKS, RulerSample, Sources, check_template, generate, postprocess, score
@@ -41,6 +42,8 @@ class RulerConfig:
 
     def __post_init__(self) -> None:
         check_template(self.template)
+        if not self.tasks:
+            raise CtxevalError(f"--tasks names no RULER task; tasks: {', '.join(TASKS)}")
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown:
             raise CtxevalError(f"unknown RULER task '{unknown[0]}'; tasks: {', '.join(TASKS)}")
@@ -59,30 +62,54 @@ def read_samples(path: Path, task: str, length: int) -> list[RulerSample]:
     if not path.is_file():
         raise CtxevalError(f"no RULER samples for {task} at length {length}: {path} is missing (RULER's prepare.py "
                            "writes DIR/<length>/<task>/validation.jsonl)")
+    lines = read_jsonl(path, "RULER samples file", objects=False)
+    if lines.problems:
+        number, why = lines.problems[0]
+        raise CtxevalError(f"{path} line {number} is not a RULER sample ({why}); it needs a JSON object with input, "
+                           "outputs and answer_prefix, in UTF-8")
     samples = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            # the sample's position is its identity: RULER's niah.py overwrites `index` with a character offset
-            position = record.get("token_position_answer")  # niah's; kept in the run's copy of the samples
-            samples.append(RulerSample(len(samples), str(record["input"]), [str(x) for x in record["outputs"]],
-                                       int(record.get("length", -1)), str(record.get("answer_prefix", "")),
-                                       None if position is None else int(position)))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CtxevalError(f"{path} line {number} is not a RULER sample ({type(exc).__name__}: {exc}); it needs "
-                               "input, outputs and answer_prefix") from None
+    for number, record in lines.records:
+        # the sample's position is its identity: RULER's niah.py overwrites `index` with a character offset
+        problem = sample_problem(record)
+        if problem:
+            raise CtxevalError(f"{path} line {number} is not a RULER sample ({problem}); it needs input, outputs and "
+                               "answer_prefix")
+        position = record.get("token_position_answer")  # niah's; kept in the run's copy of the samples
+        samples.append(RulerSample(len(samples), record["input"], [str(x) for x in record["outputs"]],
+                                   whole_number(record.get("length", -1), minimum=-1, maximum=MAX_TOKENS),
+                                   str(record.get("answer_prefix", "")),
+                                   None if position is None else whole_number(position)))
     if not samples:
         raise CtxevalError(f"{path} holds no samples")
     return samples
 
 
+def sample_problem(record: Any) -> str | None:
+    """Why a JSON value is not a RULER sample ctxeval can run, or None."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    missing = [k for k in ("input", "outputs") if k not in record]
+    if missing:
+        return f"KeyError: {missing[0]!r}"
+    if not isinstance(record["input"], str):
+        return "input is not text"
+    if not isinstance(record["outputs"], list) or not record["outputs"] or not all(
+            isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in record["outputs"]):
+        return "outputs is not a non-empty list of answers"
+    if not isinstance(record.get("answer_prefix", ""), str):
+        return "answer_prefix is not text"
+    if "length" in record and whole_number(record["length"], minimum=-1, maximum=MAX_TOKENS) is None:
+        return "length is not a whole number of tokens"
+    position = record.get("token_position_answer")
+    if position is not None and whole_number(position) is None:
+        return "token_position_answer is not a whole number"
+    return None
+
+
 def write_samples(path: Path, samples: list[RulerSample]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".jsonl.{os.getpid()}.tmp")  # torchrun ranks write the same file: one temp file each
-    tmp.write_text("".join(json.dumps(s.record()) + "\n" for s in samples), encoding="utf-8")
-    tmp.replace(path)
+    make_dirs(path.parent, "RULER samples folder")
+    # atomic (torchrun ranks write the same file: each through its own temporary file)
+    write_text(path, "".join(json.dumps(s.record()) + "\n" for s in samples), "RULER samples file")
 
 
 def prepare(cfg: RulerConfig, tokenizer: Any, sources: Sources, run_dir: Path,

@@ -20,6 +20,7 @@ from typing import Any, Iterable
 from ..errors import CtxevalError
 from ..rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
 from ..store import RUN_FILE, now_utc
+from ..textfiles import write_text
 from .merged import Report
 from .render import write_plots
 from .runs import Group, Run
@@ -173,6 +174,11 @@ def sci(value: Any) -> str:
     return "—" if value is None else f"{value:.2e}"
 
 
+def _listed(value: Any) -> list[Any]:
+    """A run.json value that ctxeval writes as a list; anything else (a hand-edited file) as an empty list."""
+    return value if isinstance(value, list) else []
+
+
 def methods_html(methods: dict[str, Any], table_id: str) -> str:
     """run.json's methods: parameters, the RoPE read-back check (methods[label].effective: the worst max_rel_diff
     over the lengths it was checked at, the attention factor set / read back) and the attention check of attention
@@ -188,7 +194,7 @@ def methods_html(methods: dict[str, Any], table_id: str) -> str:
                "attention factor (set / read back)", "attention methods", "attention check (max abs diff)", *varying]
     raw, shown, status = [], [], []
     for label, m in records.items():
-        eff = [e for e in m.get("effective") or [] if isinstance(e, dict)]
+        eff = [e for e in _listed(m.get("effective")) if isinstance(e, dict)]
         diffs = [d for d in (number(e.get("max_rel_diff")) for e in eff) if d is not None]
         worst = max(diffs) if diffs else None
         lengths = [int(e["length"]) for e in eff if number(e.get("length")) is not None]
@@ -199,7 +205,7 @@ def methods_html(methods: dict[str, Any], table_id: str) -> str:
                           and number(e.get("attention_factor_readback")) is not None})
         factor = "; ".join(f"{a:.4g} / {b:.4g}" for a, b in factors) if factors else "—"
         attn = "; ".join(call(a.get("name"), a.get("params")) if isinstance(a, dict) else str(a)
-                         for a in m.get("attention_methods") or [])
+                         for a in _listed(m.get("attention_methods")))
         check = m.get("attention_check")
         check_diff = number(check.get("max_abs_diff_vs_reference")) if isinstance(check, dict) else None
         check_text = (f"{sci(check_diff)} ({check.get('layers_running_it')} layers, "
@@ -259,7 +265,7 @@ def run_details(run: Run, anchor: str, group: Group | None) -> str:
             continue
         parts.append(f'<div class="label">{esc(key)}</div>'
                      + (kv_table(flat(value)) if isinstance(value, dict) else kv_table([(key, value)])))
-    history = [h for h in record.get("history") or [] if isinstance(h, dict)]
+    history = [h for h in _listed(record.get("history")) if isinstance(h, dict)]
     if history:
         rows = []
         for i, h in enumerate(history, 1):
@@ -516,5 +522,4 @@ def write_html(rep: Report, path: Path | str) -> Path:
     with tempfile.TemporaryDirectory(prefix="ctxeval-html-") as tmp:
         names = write_plots(rep, Path(tmp))
         page = to_html(rep, {key: Path(tmp) / name for key, name in names.items()}, generated)
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_text(path, page, "--html")

@@ -22,7 +22,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
+from ..errors import CtxevalError  # noqa: E402
 from ..rows import fmt_length, status_label  # noqa: E402
+from ..textfiles import atomic_path  # noqa: E402
 
 # one colour per method family, the same in every figure; unknown families take the remaining colours in order
 FAMILY_COLORS = {"none": "tab:blue", "native": "tab:brown", "pi": "tab:orange", "linear": "tab:orange",
@@ -71,11 +73,22 @@ def wrap_title(title: str, width: int = 110) -> str:
 
 def save(fig: Any, path: Path, tight: bool = True) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if tight:
-        fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    kind = path.suffix.lstrip(".").lower() or "png"
+    if kind not in fig.canvas.get_supported_filetypes():
+        plt.close(fig)
+        raise CtxevalError(f"cannot write figure {path}: '.{kind}' is not an image format matplotlib writes; use .png, "
+                           ".svg or .pdf")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if tight:
+            fig.tight_layout()
+        with atomic_path(path, "figure") as tmp:  # a crash leaves the old figure or the new one, never half of one
+            fig.savefig(tmp, dpi=120, bbox_inches="tight", format=kind)
+    except OSError as exc:
+        raise CtxevalError(f"cannot write figure {path} ({exc.strerror or type(exc).__name__}); choose another "
+                           "path") from None
+    finally:
+        plt.close(fig)
     return path
 
 

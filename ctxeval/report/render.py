@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import CtxevalError
 from ..rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
 from ..store import RUN_FILE, environment, now_utc
+from ..textfiles import finite_json, write_text
 from .merged import Report
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
 from .runs import Group
@@ -80,7 +81,7 @@ def to_json(rep: Report, images: dict[str, str] | None = None) -> dict[str, Any]
                 "status": [{c: s for c, s in zip(t.columns, sts) if s is not None} for sts in t.status],
                 "footnotes": t.footnotes}
 
-    return {
+    return finite_json({  # a value copied from a run.json written by hand may be NaN: null in strict JSON
         "settings": {"threshold": rep.threshold, "valid_tolerance": rep.tolerance, "aggregate": rep.aggregate},
         "runs": [{"path": r.name, "task": r.task, "models": r.models, "status": r.status,
                   "started": r.record.get("started"), "rows": len(r.rows),
@@ -91,7 +92,7 @@ def to_json(rep: Report, images: dict[str, str] | None = None) -> dict[str, Any]
                     "plot": (images or {}).get(g.id),
                     "positions_plot": (images or {}).get(f"{g.id}-positions")} for g in rep.groups],
         "notes": rep.notes,
-    }
+    })
 
 
 def _curve_label(group: Group, model: str, label: str) -> str:
@@ -192,7 +193,11 @@ def write_report(rep: Report, out_dir: Path) -> list[Path]:
         raise CtxevalError(f"--out {out_dir} is a file, not a directory; choose a directory path")
     if (out_dir / RUN_FILE).exists():
         raise CtxevalError(f"--out {out_dir} is a run directory (it holds run.json); choose another directory for the report")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CtxevalError(f"--out {out_dir}: cannot create the directory ({exc.strerror or type(exc).__name__}); "
+                           "choose another path") from None
     images = write_plots(rep, out_dir)
     written = [out_dir / name for name in images.values()]
     record = {**to_json(rep, images), "generated": {  # how this report was made, as run.json says for a run
@@ -201,6 +206,5 @@ def write_report(rep: Report, out_dir: Path) -> list[Path]:
              "report.json": json.dumps(record, indent=2, allow_nan=False, default=str) + "\n"}
     files.update({f"{t.id}.csv": table_csv(t) for t in rep.tables})
     for name, text in files.items():
-        (out_dir / name).write_text(text, encoding="utf-8")
-        written.append(out_dir / name)
+        written.append(write_text(out_dir / name, text, "report file"))
     return written

@@ -13,11 +13,23 @@ import pandas as pd
 from ..paths import safe_name
 from ..rows import MISSING, UNIFORM_LABEL, fmt_length
 from ..specs import MethodSpec
+from ..textfiles import atomic_path, write_text
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
 from .tables import (accuracy_grid, bucket_center, bucket_label, entropy_tables, fmt_acc, fmt_ppl, fmt_score,
                      longppl_long, markdown, needle_long, needle_summary, passkey_summary, positions_long, ppl_cells,
                      ppl_long, ppl_wide, ruler_effective_length, ruler_means, ruler_task_scores, status_wide,
                      valid_cells, valid_lengths)
+
+
+def save_text(path: Any, text: str) -> None:
+    """A run's own table file, written atomically (a full disk is one line, the old file stays whole)."""
+    write_text(path, text, "run table")
+
+
+def save_csv(frame: pd.DataFrame, path: Any, **options: Any) -> None:
+    """A run's own CSV, written atomically."""
+    with atomic_path(path, "run table") as tmp:
+        frame.to_csv(tmp, **options)
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,7 @@ def render_positions(store: Any, original_length: int, title: str) -> tuple[list
     pos = positions_long(store.rows())
     if pos.empty:
         return [], ""
-    pos.rename(columns={"label": "method"}).to_csv(store.dir / "positions.csv", index=False, float_format="%.6g")
+    save_csv(pos.rename(columns={"label": "method"}), store.dir / "positions.csv", index=False, float_format="%.6g")
     curves, edges = position_curves(pos)
     at = f" (forwards of {fmt_length(int(pos['length'].iloc[0]))} tokens)" if pos["length"].nunique() == 1 else ""
     plot_curves(curves, store.dir / "positions.png", title=f"Loss by position: {title}{at}",
@@ -116,7 +128,7 @@ def render_longppl(store: Any, specs: Sequence[MethodSpec]) -> tuple[list[Printe
     lp = longppl_long(store.rows())
     if lp.empty:
         return [], ""
-    lp.rename(columns={"label": "method"}).to_csv(store.dir / "longppl.csv", index=False, float_format="%.6g")
+    save_csv(lp.rename(columns={"label": "method"}), store.dir / "longppl.csv", index=False, float_format="%.6g")
     lengths = sorted(lp["length"].unique())
     order = [s.label for s in specs if s.label in set(lp["label"])]
     cell = {(r.label, int(r.length)): (r.longppl, r.status) for r in lp.itertuples()}
@@ -145,15 +157,15 @@ def render_ppl(store: Any, specs: Sequence[MethodSpec], original_length: int, ag
     caption = f"Perplexity ({aggregate}-weighted over {n_docs} document(s)); original length {original_length}."
     position_printed, position_md = render_positions(store, original_length, title)
     longppl_printed, longppl_md = render_longppl(store, specs)
-    (store.dir / "table.md").write_text(
+    save_text(store.dir / "table.md",
         f"# {title}\n\n{caption}\n\n" + markdown(headers, rows) + longppl_md
         + f"\n## Valid length (ppl within {tolerance:.0%})\n\n{VALID_CAPTION}\n\n" + markdown(vheaders, vrows)
         + position_md
     )
     export = wide.copy()
     export.index.name = "method"
-    export.to_csv(store.dir / "table.csv", float_format="%.6g")
-    valid.to_csv(store.dir / "valid.csv", index=False, float_format="%.6g")
+    save_csv(export, store.dir / "table.csv", float_format="%.6g")
+    save_csv(valid, store.dir / "valid.csv", index=False, float_format="%.6g")
     plot_curves(_curves(wide), store.dir / "ppl.png", title=title, xlabel="evaluation length (tokens)",
                 ylabel="perplexity", originals={original_length: f"original length {fmt_length(original_length)}"},
                 log_y=True)
@@ -189,7 +201,7 @@ def render_retrieval(store: Any, task: str, specs: Sequence[MethodSpec], origina
                "the mean accuracy over the evaluated lengths up to it (YaRN, Table 5). The effective length above "
                "also requires every shorter length to pass.\n\n",
                markdown(["method", "passkey context", "passkey accuracy"], prow)]
-        pk.to_csv(store.dir / "passkey.csv", index=False)
+        save_csv(pk, store.dir / "passkey.csv", index=False)
     for label in summary.index:
         grid, status = accuracy_grid(df, label)
         if task != "passkey":
@@ -200,10 +212,10 @@ def render_retrieval(store: Any, task: str, specs: Sequence[MethodSpec], origina
                     if original and max(grid.columns) > original else "")
             plot_heatmaps([HeatmapPanel("", grid, status, original)],
                           store.dir / f"heatmap-{safe_name(label)}.png", f"{label}: {title}{past}")
-    (store.dir / "table.md").write_text("".join(md))
+    save_text(store.dir / "table.md", "".join(md))
     export = summary.copy()
     export.index.name = "method"
-    export.to_csv(store.dir / "summary.csv")
+    save_csv(export, store.dir / "summary.csv")
     caption = f"mean accuracy; effective length = longest length with every shorter length >= {threshold:.0%}"
     return RunOutputs([Printed(title, caption, headers, rows)],
                       f"wrote {store.dir}/table.md, summary.csv" + (", heatmap-*.png" if task != "passkey"
@@ -225,10 +237,10 @@ def render_entropy(store: Any, specs: Sequence[MethodSpec], original_length: int
     lrows = [[str(i[0]), str(i[1]), *[cell(v) for v in series]] for i, series in layers.iterrows()]
     caption = (f"Mean attention entropy in nats (over layers, heads, query positions and documents); original length "
                f"{original_length}. 'uniform' = mean ln(i+1), the entropy if every query attended evenly.")
-    (store.dir / "table.md").write_text(
+    save_text(store.dir / "table.md",
         f"# {title}\n\n{caption}\n\n" + markdown(headers, rows) + "\n## Per layer\n\n" + markdown(lheaders, lrows))
-    wide.rename_axis("method").to_csv(store.dir / "entropy.csv", float_format="%.6g")
-    layers.to_csv(store.dir / "entropy-layers.csv", float_format="%.6g")
+    save_csv(wide.rename_axis("method"), store.dir / "entropy.csv", float_format="%.6g")
+    save_csv(layers, store.dir / "entropy-layers.csv", float_format="%.6g")
     plot_curves(_curves(wide), store.dir / "entropy.png", title=title, xlabel="context length (tokens)",
                 ylabel="mean attention entropy (nats)",
                 originals={original_length: f"original length {fmt_length(original_length)}"})
@@ -267,9 +279,9 @@ def render_ruler(store: Any, specs: Sequence[MethodSpec], tasks: list[str], orig
                                                      at[at["label"] == label]["status"])}
             trows.append([label, *[fmt_score(*cells.get(t, (float("nan"), "missing"))) for t in tasks]])
         md += [f"\n## {fmt_length(L)}: score by task\n\n", markdown(theaders, trows)]
-    (store.dir / "table.md").write_text("".join(md))
-    scores.to_csv(store.dir / "ruler.csv", index=False, float_format="%.6g")
-    pd.DataFrame(summary).to_csv(store.dir / "summary.csv", index=False)
+    save_text(store.dir / "table.md", "".join(md))
+    save_csv(scores, store.dir / "ruler.csv", index=False, float_format="%.6g")
+    save_csv(pd.DataFrame(summary), store.dir / "summary.csv", index=False)
     for label in order:
         mine = scores[scores["label"] == label]
         if mine.empty:
@@ -294,6 +306,6 @@ def render_lm_eval(store: Any, title: str) -> RunOutputs:
 
     table = build_report([store.dir], single=True).tables[0]
     headers, rows = table.headers[1:], [r[1:] for r in table.cells]
-    (store.dir / "table.md").write_text(f"# {title}\n\n{table.caption}\n\n" + markdown(headers, rows))
-    (store.dir / "table.csv").write_text(table_csv(table))
+    save_text(store.dir / "table.md", f"# {title}\n\n{table.caption}\n\n" + markdown(headers, rows))
+    save_text(store.dir / "table.csv", table_csv(table))
     return RunOutputs([Printed(title, table.caption, headers, rows)], f"wrote {store.dir}/table.md, table.csv")

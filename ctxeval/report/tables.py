@@ -297,7 +297,7 @@ def fmt_entropy(value: Any, status: str | None = None) -> str:
 
 
 def number(value: Any) -> float | int | None:
-    """JSON/CSV-safe number: NaN and None -> None, integer types -> int, numpy scalars -> Python."""
+    """JSON/CSV-safe number: NaN, infinities and None -> None, integer types -> int, numpy scalars -> Python."""
     if value is None:
         return None
     if isinstance(value, (bool, np.bool_)):
@@ -305,7 +305,7 @@ def number(value: Any) -> float | int | None:
     if isinstance(value, (int, np.integer)):
         return int(value)
     value = float(value)
-    return None if math.isnan(value) else value
+    return value if math.isfinite(value) else None
 
 
 def int_or_none(value: Any) -> int | None:
@@ -354,9 +354,9 @@ def entropy_tables(rows: list[dict[str, Any]], order: list[str]) -> tuple[Any, A
         return pd.DataFrame(), pd.DataFrame()
     df = pd.DataFrame(ok).drop_duplicates(subset=["label", "length", "doc"], keep="last")
     wide = df.pivot_table(index="label", columns="length", values="entropy", aggfunc="mean")
-    uniform = df.groupby("length")["uniform_entropy"].first()
     wide = wide.reindex([l for l in order if l in wide.index])
-    wide.loc[UNIFORM_LABEL] = uniform
+    if "uniform_entropy" in df:  # every row ctxeval writes has it; a row file edited by hand may not
+        wide.loc[UNIFORM_LABEL] = df.groupby("length")["uniform_entropy"].first()
     per_layer = []
     for r in df.itertuples():
         for layer, value in zip(r.layers, r.entropy_per_layer):

@@ -50,12 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.head_dim:
         cfg.head_dim = args.head_dim
     for item in args.set:
-        import json
+        from ..errors import CtxevalError
+        from ..textfiles import parse_json
 
         name, _, value = item.partition("=")
         if not hasattr(cfg, name):
             parser.error(f"--set: TinyConfig has no field '{name}'")
-        setattr(cfg, name, json.loads(value))
+        try:
+            setattr(cfg, name, parse_json(value, f"--set {name}: '{value}'"))
+        except CtxevalError as exc:
+            parser.error(f"{exc}; write a JSON value, e.g. --set lr=0.003")
     train(args.out, cfg, minutes=args.minutes, log=lambda m: print(m, flush=True))
     return 0
 

@@ -31,6 +31,7 @@ import numpy as np
 from ..evals.needle import NeedlePreset, make_sample
 from ..offline_corpora import HELD_OUT_TITLES, held_out_documents, pydoc_topics, remove_held_out_lines
 from ..presets import load_task
+from ..textfiles import write_text
 
 # standard-library folders that are not prose or ordinary code (tests, generated tables, other installs)
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "pydoc_data", "__pycache__",
@@ -139,6 +140,5 @@ def write_held_out(directory: str | Path) -> list[Path]:
     paths = []
     for i, (title, text) in enumerate(held_out_documents()):
         path = directory / f"{i:02d}-{title}.txt"
-        path.write_text(text, encoding="utf-8")
-        paths.append(path)
+        paths.append(write_text(path, text, "held-out document"))
     return paths
