@@ -283,7 +283,8 @@ def passkey_cmd(
                                                                "answer tokens + 8 under ctxeval)."),
                               Check("--max-new-tokens", minimum=1)] = None,
     batch_size: BatchOpt = 4,
-    threshold: Annotated[float, typer.Option(help="Accuracy that counts for the passkey context."), THRESHOLD] = 0.8,
+    threshold: Annotated[float, typer.Option(help="Accuracy that counts for the passkey context and the effective "
+                                                  "length."), THRESHOLD] = 0.8,
     method: RetrievalMethodOpt = None,
     factor: FactorOpt = None,
     attention_temperature: TemperatureOpt = None,
@@ -297,9 +298,9 @@ def passkey_cmd(
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
 ) -> None:
-    """Passkey retrieval: accuracy per length (--protocol yarn: YaRN's eval/passkey.py test), the passkey context
-    (ctxeval's rule: the longest length with accuracy >= --threshold at every length up to it) and the mean accuracy
-    up to it."""
+    """Passkey retrieval: accuracy per length (--protocol yarn: YaRN's eval/passkey.py test), the YaRN paper's passkey
+    context (the longest length with accuracy >= --threshold) and passkey accuracy (the mean up to it), and the
+    effective length (every length up to it passes)."""
     run_retrieval("passkey", Retrieval(
         model, lengths, samples, haystack, text_field, chat_template, scoring, max_new_tokens, batch_size, threshold,
         method, factor, attention_temperature, seed, out, overwrite, dtype, device, attn, trust_remote_code,
