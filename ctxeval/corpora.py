@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import numpy as np
 
 from .errors import CtxevalError
 from .hub import hub_reachable, offline_unless_reachable
-from .offline_corpora import NAMED_CORPORA, held_out_documents, load_named_corpus
+from .offline_corpora import NAMED_CORPORA, check_named_corpus, held_out_documents, load_named_corpus
 from .paths import cache_dir
 from .textfiles import decode, read_bytes
 
@@ -39,22 +40,22 @@ class Document:
     text: str
 
 
-def _local_files(spec: str) -> list[Path]:
+def _local_files(spec: str, what: str = "--data") -> list[Path]:
     path = Path(spec).expanduser()
     if any(ch in spec for ch in "*?["):
         files = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True) if Path(p).is_file())
         if not files:
-            raise CtxevalError(f"--data '{spec}' matches no files")
+            raise CtxevalError(f"{what} '{spec}' matches no files")
         return files
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES | set(RECORD_SUFFIXES))
         if not files:
-            raise CtxevalError(f"directory '{spec}' holds no .txt/.md/.jsonl/.json/.parquet/.csv files")
+            raise CtxevalError(f"{what} directory '{spec}' holds no .txt/.md/.jsonl/.json/.parquet/.csv files")
         return files
     if path.is_file():
         return [path]
     named = ", ".join(ALL_CORPORA)
-    raise CtxevalError(f"--data '{spec}': no such file or directory (named corpora: {named}; or hf:NAME[:CONFIG][@SPLIT])")
+    raise CtxevalError(f"{what} '{spec}': no such file or directory (named corpora: {named}; or hf:NAME[:CONFIG][@SPLIT])")
 
 
 def _read_text_file(path: Path) -> str:
@@ -91,14 +92,19 @@ def _records(path: Path, text_field: str) -> Iterator[Document]:
             yield Document(f"{path.name}#{i}", text)
 
 
+def _hf_parts(spec: str, what: str = "--data") -> tuple[str, str, str]:
+    """NAME, CONFIG, SPLIT of hf:NAME[:CONFIG][@SPLIT] (empty when not given); a CtxevalError when NAME is missing."""
+    body, _, split = spec[3:].partition("@")
+    name, _, config = body.partition(":")
+    if not name.strip():
+        raise CtxevalError(f"{what} '{spec}': write hf:NAME[:CONFIG][@SPLIT], e.g. hf:emozilla/pg19-test@test")
+    return name, config, split
+
+
 def _hf(spec: str, text_field: str) -> Iterator[Document]:
     import datasets
 
-    body = spec[3:]
-    body, _, split = body.partition("@")
-    name, _, config = body.partition(":")
-    if not name:
-        raise CtxevalError("write hf:NAME[:CONFIG][@SPLIT], e.g. hf:emozilla/pg19-test@test")
+    name, config, split = _hf_parts(spec)
     offline_unless_reachable()
     try:
         ds = datasets.load_dataset(name, config or None, split=split or "test", streaming=True)
@@ -116,6 +122,39 @@ def _hf(spec: str, text_field: str) -> Iterator[Document]:
             f"could not load {spec} from the Hugging Face Hub ({first}); check the name and your network, or use a "
             f"local file or an offline corpus ({', '.join(ALL_CORPORA)})"
         ) from None
+
+
+def check_data_spec(spec: str, what: str = "--data", text_field: str = "text") -> None:
+    """Fail now, with one line, when the data spec cannot be read: an offline corpus that is not installed, local
+    paths that do not exist or hold no readable file type, an hf: spec that is not hf:NAME[:CONFIG][@SPLIT], a
+    reader (`datasets`) that is not installed. Cheap (a look at names and file types; nothing is read, the network
+    is not asked): the commands call it before loading a model, so that a wrong --data fails in a second, not after
+    the model's conversion. `what` names the option in the message."""
+    if spec == "pydoc":
+        return
+    if spec in NAMED_CORPORA:
+        check_named_corpus(spec)
+        return
+    if spec.startswith("hf:"):
+        _hf_parts(spec, what)
+        _need_datasets(spec, what)
+        return
+    for path in _local_files(spec, what):
+        suffix = path.suffix.lower()
+        if suffix in RECORD_SUFFIXES:
+            _need_datasets(str(path), what)
+            if path.stat().st_size == 0:
+                raise CtxevalError(f"{what} '{path}' is empty; give {RECORD_SUFFIXES[suffix]} records with a "
+                                   f"'{text_field}' field")
+        elif suffix and suffix not in TEXT_SUFFIXES:
+            raise CtxevalError(f"'{path}': unsupported file type '{suffix}'; give .txt/.md, .jsonl/.json, .parquet or "
+                               ".csv")
+
+
+def _need_datasets(spec: str, what: str) -> None:
+    if importlib.util.find_spec("datasets") is None:
+        raise CtxevalError(f"{what} '{spec}' is read with the datasets package, which is not installed: pip install "
+                           f"datasets, or give .txt files or an offline corpus ({', '.join(ALL_CORPORA)})")
 
 
 def iter_documents(spec: str, text_field: str = "text") -> Iterator[Document]:

@@ -103,6 +103,15 @@ def load_named_corpus(name: str) -> list[tuple[str, str]]:
     return docs
 
 
+def check_named_corpus(name: str) -> None:
+    """Fail now, with load_named_corpus's line, when the corpus ``name`` cannot be read (unknown name, or its Debian
+    package not installed): a look for two files, nothing is read (commands call it before loading a model)."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise CtxevalError(f"unknown corpus {name!r}: use one of {', '.join(sorted(NAMED_CORPORA))}")
+    _find_package_data(name, source)
+
+
 def read_rdata_objects(pkg_data_dir: Path, names: list[str] | None = None) -> dict[str, object]:
     """Read objects (all, or those in ``names``) from the R lazy-load database in ``pkg_data_dir``.
 

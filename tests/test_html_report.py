@@ -271,6 +271,37 @@ def test_cli_bad_html_path_is_one_line_exit_2(tmp_path, case, fragment):
     assert not list(tmp_path.rglob("*.html"))
 
 
+def test_cli_html_alone_writes_only_the_page(tmp_path):
+    a = ppl_run(tmp_path / "runs", "a")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    result = cli(a, "--html", tmp_path / "page.html", "--format", "csv")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == sorted(before + [Path("page.html")])
+    assert result.stderr.splitlines()[0] == f"wrote {tmp_path / 'page.html'}"
+
+
+def test_cli_html_error_names_the_real_cause(tmp_path, monkeypatch):
+    a = ppl_run(tmp_path, "a")
+    (tmp_path / "file").write_text("x")
+    deep = cli(a, "--html", tmp_path / "file" / "sub" / "r.html")  # a file where a folder should be, two levels up
+    assert deep.exit_code == 2, deep.output
+    assert deep.stderr.strip() == (f"error: --html {tmp_path / 'file' / 'sub' / 'r.html'}: {tmp_path / 'file'} is a "
+                                   "file, not a directory; choose another path")
+
+    import ctxeval.report.html as page_module
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(page_module.tempfile, "mkstemp", refused)  # a folder this user cannot write (tests run as root)
+    monkeypatch.setattr(page_module, "write_plots", lambda *a, **k: pytest.fail("the report was built first"))
+    locked = cli(a, "--html", tmp_path / "r.html")
+    assert locked.exit_code == 2, locked.output
+    assert locked.stderr.strip() == (f"error: --html {tmp_path / 'r.html'}: cannot write in {tmp_path} (Permission "
+                                     "denied); choose another path")
+    assert not (tmp_path / "r.html").exists()
+
+
 # -- in a browser ------------------------------------------------------------------------------------------------
 
 

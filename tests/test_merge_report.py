@@ -501,6 +501,7 @@ def _bad_inputs(tmp_path):
     (norows / "rows.jsonl").write_text("")
     holder = tmp_path / "holder"
     ppl_run(holder, "inner")
+    (holder / "README.md").write_text("# runs\n")
     good = ppl_run(tmp_path, "good")
     broken = ppl_run(tmp_path, "broken")
     (broken / "run.json").write_text("{not json")
@@ -508,7 +509,8 @@ def _bad_inputs(tmp_path):
         "missing": ([tmp_path / "nope"], "does not exist"),
         "not a run": ([empty], "no run.json"),
         "no rows": ([norows], "no measured rows"),
-        "parent of runs": ([holder], "pass them one by one"),
+        "only a file": ([holder / "README.md"], "is a file, not a run directory"),
+        "nothing is a run": ([holder / "README.md", empty], "is a file, not a run directory"),
         "broken run.json": ([broken], "cannot be read"),
         "bad format": ([good, "--format", "xml"], "--format must be md, csv or json"),
         "out is a run": ([good, "--out", good], "is a run directory"),
@@ -516,7 +518,8 @@ def _bad_inputs(tmp_path):
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "not a run", "no rows", "parent of runs", "broken run.json",
+@pytest.mark.parametrize("case", ["missing", "not a run", "no rows", "only a file", "nothing is a run",
+                                  "broken run.json",
                                   "bad format", "out is a run", "single"])
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, case):
     args, fragment = _bad_inputs(tmp_path)[case]
@@ -525,3 +528,29 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, case):
     assert fragment in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
+
+
+def test_report_arguments_a_folder_of_runs_is_expanded_and_what_is_not_a_run_is_skipped(tmp_path):
+    """Issue 26: `ctxeval report results/*` (README.md among the runs) and `ctxeval report results/`."""
+    results = tmp_path / "results"
+    b, a = ppl_run(results, "b"), ppl_run(results, "a", started="2026-01-02T00:00:00+00:00")
+    (results / "README.md").write_text("# runs\n")
+    render.write_report(merged.build_report([a]), results / "report-all")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    folder = cli(f"{results}/", "--format", "json")
+    assert folder.exit_code == 0, folder.output
+    assert [r["path"] for r in json.loads(folder.stdout)["runs"]] == [str(a), str(b)]  # in name order
+    notes = [line for line in folder.stderr.splitlines() if "is a folder of run directories" in line]
+    assert notes == [f"note: {results} is a folder of run directories: using the 2 directly inside it, in name "
+                     "order (2 other entries in it not run directories)"]
+
+    mixed = cli(*sorted(results.iterdir()), empty)  # what the shell makes of results/* empty
+    assert mixed.exit_code == 0, mixed.output
+    skipped = [line for line in mixed.stderr.splitlines() if line.endswith("; skipped")]
+    assert skipped == [f"note: {results / 'README.md'} is a file, not a run directory; skipped",
+                       f"note: {results / 'report-all'} holds a report written by ctxeval report --out, not a run; "
+                       "skipped",
+                       f"note: {empty} is not a ctxeval run directory (no run.json); skipped"]
+    assert "| m1" in mixed.stdout and "Traceback" not in mixed.output

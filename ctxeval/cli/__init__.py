@@ -29,8 +29,24 @@ app = typer.Typer(
 )
 
 
+def print_version(value: bool) -> None:
+    """--version: 'ctxeval <version>' (the installed distribution's, from its metadata) and exit 0."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("ctxeval")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = "unknown (not installed: pip install -e .)"
+    typer.echo(f"ctxeval {installed}")
+    raise typer.Exit(0)
+
+
 @app.callback()
-def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors.")] = False) -> None:
+def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors.")] = False,
+          version: Annotated[bool, typer.Option("--version", help="Print ctxeval's version and exit.",
+                                                callback=print_version, is_eager=True)] = False) -> None:
     state["debug"] = debug
 
 

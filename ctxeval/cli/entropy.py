@@ -59,6 +59,7 @@ def entropy_cmd(
     if with_attention:
         raise CtxevalError(f"entropy reads the q.k scores of plain attention; {with_attention[0]} computes other scores "
                            "(drop its attention method here)")
+    corpora.check_data_spec(data, "--data", text_field)  # a missing corpus fails now, not after the model loads
     lm = load_for(model_name, specs, dtype, device, "sdpa", trust_remote_code, device_map, max_memory)
     if lm.attn_implementation != "sdpa":
         raise CtxevalError(f"entropy reads q and k through transformers' sdpa attention, which transformers does not "

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import numpy as np
 import typer
 
+from .. import corpora
 from ..errors import CtxevalError
 from ..models import DEFAULT_MODEL
 from ..presets import load_task, preset_names
@@ -142,6 +143,8 @@ def run_retrieval(task: str, opt: Retrieval) -> None:
     if yarn:
         check_yarn_options(opt)
     bos = opt.bos if opt.bos is not None else not yarn
+    if not yarn and opt.haystack != "filler":  # a missing corpus fails now, not after the model loads
+        corpora.check_data_spec(opt.haystack, "--haystack", opt.text_field)
 
     lm = load_for(opt.model, specs, opt.dtype, opt.device, opt.attn, opt.trust_remote_code, opt.device_map,
                   opt.max_memory)

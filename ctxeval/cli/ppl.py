@@ -142,7 +142,7 @@ def ppl_cmd(
     if dry_run:
         print_dry_run(settings.model, lengths_given or (), dtype, device, attn, chunk_size, trust_remote_code)
         return
-
+    corpora.check_data_spec(settings.data, "--data", settings.text_field)  # fails now, not after the model loads
     lm = load_for(settings.model, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
     if cfg is None:
         cfg = PplConfig(tuple(default_lengths(lm, (0.5, 1, 2))), settings.protocol, settings.stride, settings.bos,

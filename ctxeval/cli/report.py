@@ -20,8 +20,9 @@ FORMATS = ("md", "csv", "json")
 @user_errors
 def report_cmd(
     runs: Annotated[list[Path], typer.Argument(help="Run directories written by ctxeval ppl, needle, passkey, "
-                                                    "entropy or ruler (any mix of tasks and models; a report directory "
-                                                    "among them is skipped).", show_default=False)],
+                                                    "entropy or ruler (any mix of tasks and models), or a folder of "
+                                                    "them (results/); anything else among them is skipped with a "
+                                                    "note.", show_default=False)],
     format: Annotated[str, typer.Option("--format", "-f", help="What stdout gets: md (default) | csv (one tidy "
                                                                "table) | json.")] = "md",
     out: Annotated[Optional[Path], typer.Option(help="Also write table.md, report.csv, report.json, one CSV per "
@@ -52,6 +53,11 @@ def report_cmd(
         from ..report.html import check_html_path, write_html
 
         check_html_path(html, out)  # before any work: a bad path fails fast
+    from ..report.runs import expand_run_args
+
+    runs, arg_notes = expand_run_args(runs)  # folders of runs expanded, what is not a run skipped (or refused)
+    for note in arg_notes:
+        err.print(f"note: {note}", markup=False)
     rep = build_report(runs, threshold=threshold, tolerance=valid_tolerance, aggregate=aggregate, single=single)
     if out is not None:
         written = write_report(rep, out)

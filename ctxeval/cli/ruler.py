@@ -123,19 +123,20 @@ def ruler_cmd(
         raise CtxevalError(f"--samples-from {samples_from}: not a directory of RULER's <length>/<task>/validation.jsonl")
     qa_tasks = [t for t in cfg.tasks if TASKS[t].family == "qa"]
     qa_dir = qa_folder(qa_tasks, qa_data, qa_cache) if qa_tasks and samples_from is None else None
-    lm = load_for(model_name, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
-    if given is None:
-        cfg = RulerConfig(chosen, tuple(default_lengths(lm, (1, 2, 4))), samples, seed, template)
-    note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
     sources = Sources(qa_dir=qa_dir)
     if word_list is not None:
         sources.extra_words, sources.extra_words_source = word_list
+    # the essays are read before the model loads: a missing file or corpus fails in a second, not after the load
     if samples_from is None and any(TASKS[t].args.get("type_haystack") == "essay" for t in cfg.tasks):
         text, sources.essay_source = essay_text(essays, essay_substitute)
         sources.essay_words = re.sub(r"\s+", " ", text).split(" ")
         essay_digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     else:
         essay_digest = None
+    lm = load_for(model_name, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
+    if given is None:
+        cfg = RulerConfig(chosen, tuple(default_lengths(lm, (1, 2, 4))), samples, seed, template)
+    note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
     run_dir = default_out("ruler", model_name, out)
     spec_record = {
         "task": "ruler", "model": model_name, "tasks": list(cfg.tasks), "lengths": list(cfg.lengths),

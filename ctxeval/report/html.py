@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -501,13 +502,22 @@ def check_html_path(path: Path | str, out: Path | str | None = None) -> Path:
         raise CtxevalError(f"--html {path} is the --out directory; give a file, e.g. {path / 'report.html'}")
     parent = path.parent
     creates = out is not None and parent.resolve() == Path(out).resolve()
-    if parent.exists() and not parent.is_dir():
-        raise CtxevalError(f"--html {path}: {parent} is a file, not a directory; choose another path")
+    blocker = next((p for p in [parent, *parent.parents] if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # parent, or a folder above it, is a file: the real reason the folder cannot exist
+        raise CtxevalError(f"--html {path}: {blocker} is a file, not a directory; choose another path")
     if not parent.exists() and not creates:
         raise CtxevalError(f"--html {path}: directory {parent} does not exist; create it or choose another path")
     if (parent / RUN_FILE).exists():
         raise CtxevalError(f"--html {path} is inside a run directory ({parent} holds run.json); write the report "
                            "elsewhere")
+    if parent.exists():  # a file written and removed: what the system says (permission, read-only, full disk)
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise CtxevalError(f"--html {path}: cannot write in {parent} ({exc.strerror or type(exc).__name__}); "
+                               "choose another path") from None
     return path
 
 

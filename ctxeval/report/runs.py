@@ -14,8 +14,10 @@ protocol, data, status). Runs are grouped by protocol: runs whose protocol or da
   one row). A point measured by more than one run is taken from the run started later, except that a measured
   value is never replaced by a failure (oom / skipped); every such overlap is listed in the group's notes.
 - **Same model name with different dtypes** in one group: rows are labelled `model (dtype)` so they never merge.
-- **A report directory** (written by `ctxeval report --out`: report.json, no run.json) among the paths, as in
-  `results/*/`, is skipped with a note; given alone it is an error.
+- **Arguments** (expand_run_args): a folder that holds run directories (`results/`) stands for the run directories
+  directly inside it, in name order; a path that is not a run directory (a file such as `results/README.md`, a
+  folder without run.json, a report directory written by `ctxeval report --out`) is skipped with a note when a run
+  directory remains, and is an error when none does.
 """
 
 from __future__ import annotations
@@ -163,6 +165,60 @@ def load_run(path: Path | str, order: int = 0) -> Run:
     return run
 
 
+def not_a_run(path: Path | str) -> str | None:
+    """Why an existing path is not a run directory, as a note ("X is a file, not a run directory"); None for a run
+    directory, its run.json, a folder that holds run directories, and a path that does not exist (load_run tells
+    those)."""
+    given = str(path).rstrip("/") or str(path)
+    p = Path(path)
+    if p.is_file():
+        return None if p.name == RUN_FILE else f"{given} is a file, not a run directory"
+    if not p.is_dir() or (p / RUN_FILE).exists() or runs_inside(p):
+        return None
+    if is_report_dir(p):
+        return f"{given} holds a report written by ctxeval report --out, not a run"
+    return f"{given} is not a ctxeval run directory (no run.json)"
+
+
+def runs_inside(path: Path) -> list[Path]:
+    """The run directories (folders with run.json) directly inside `path`, in name order; [] if it is not a folder."""
+    try:
+        return sorted(d for d in path.iterdir() if d.is_dir() and (d / RUN_FILE).is_file()) if path.is_dir() else []
+    except OSError:
+        return []
+
+
+def expand_run_args(paths: Sequence[Path | str]) -> tuple[list[Path | str], list[str]]:
+    """The run directories a report's arguments name, and notes on what was done to them: a folder that holds run
+    directories (as `results/`) is replaced by the run directories directly inside it, in name order; an argument
+    that is not a run directory (a file such as results/README.md, a folder without run.json, a report directory)
+    is left out, as long as one run directory remains (else load_run's one-line error for the first of them).
+    Paths that do not exist and run directories that cannot be read are kept: load_run refuses them."""
+    kept: list[Path | str] = []
+    notes: list[str] = []
+    left_out: list[tuple[Path | str, str]] = []
+    for path in paths:
+        p = Path(path)
+        why = not_a_run(p)
+        if why is not None:
+            left_out.append((path, why))
+            continue
+        inner = [] if (p / RUN_FILE).exists() else runs_inside(p)
+        if inner:
+            given = str(path).rstrip("/") or str(path)
+            others = sum(1 for _ in p.iterdir()) - len(inner)
+            notes.append(f"{given} is a folder of run directories: using the {len(inner)} directly inside it, in "
+                         "name order" + (f" ({others} other entr{'y' if others == 1 else 'ies'} in it not run "
+                                         "directories)" if others else ""))
+            kept += inner
+        else:
+            kept.append(path)
+    if left_out and not kept:
+        load_run(left_out[0][0])  # raises its one-line error
+    notes[:0] = [f"{why}; skipped" for _, why in left_out]
+    return kept, notes
+
+
 def is_report_dir(path: Path) -> bool:
     """A directory written by `ctxeval report --out` (its report.json; no run.json): not a run."""
     if (path / RUN_FILE).exists() or not (path / "report.json").is_file():
@@ -181,13 +237,8 @@ def load_runs(paths: Sequence[Path | str]) -> tuple[list[Run], list[str]]:
         raise CtxevalError(f"no run directories given; pass one or more directories written by {WRITERS}")
     runs: list[Run] = []
     seen: dict[Path, str] = {}
-    notes: list[str] = []
-    reports = [p for p in paths if Path(p).is_dir() and is_report_dir(Path(p))]
+    paths, notes = expand_run_args(paths)
     for path in paths:
-        if path in reports and len(reports) < len(paths):
-            notes.append(f"{str(path).rstrip('/') or path} holds a report written by ctxeval report --out, not a run; "
-                         "skipped")
-            continue
         run = load_run(path, order=len(runs))
         resolved = run.path.resolve()
         if resolved in seen:
