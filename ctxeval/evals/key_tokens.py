@@ -138,16 +138,15 @@ def document_sequence(doc: TokenDoc, length: int, bos: int | None) -> list[int]:
     return ([bos] if bos is not None else []) + doc.ids[:n_doc].tolist()
 
 
-def evaluator_keys(model: torch.nn.Module, device: str, evaluated: list[int], bos: bool,
-                   settings: KeyTokenSettings, chunk_size: int) -> np.ndarray:
-    """Key tokens of one evaluated sequence (BOS first when `bos`) as positions in it: the evaluator reads the same
-    document tokens behind its own tokenizer's default prefix, as LongPPL's find_key_token; a key token at the
-    evaluator's position e is the document's token e - len(prefix)."""
-    text = evaluated[1:] if bos else evaluated
+def evaluator_keys(model: torch.nn.Module, device: str, document: list[int], settings: KeyTokenSettings,
+                   chunk_size: int) -> np.ndarray:
+    """Key tokens of the document tokens the evaluated model reads, as positions in its sequence (BOS first when
+    settings.bos): the evaluator reads the same tokens behind its own tokenizer's default prefix, as LongPPL's
+    find_key_token, so its key token at position e is the document's token e - len(prefix)."""
     prefix = list(settings.evaluator_prefix)
-    found = key_positions(model, device, prefix + text, settings.context, settings.window, settings.alpha,
+    found = key_positions(model, device, prefix + document, settings.context, settings.window, settings.alpha,
                           settings.beta, chunk_size)
-    positions = found - len(prefix) + (1 if bos else 0)
+    positions = found - len(prefix) + (1 if settings.bos else 0)
     return positions[positions >= 1]  # position 0 has no loss (never the case while context > len(prefix))
 
 
@@ -192,6 +191,8 @@ def find_key_tokens(store: Any, settings: KeyTokenSettings, load_evaluator: Call
                     progress: Progress | None = None) -> dict[str, np.ndarray]:
     """doc id -> key-token positions, computed once per run directory (key-tokens.json) by the main rank under the
     evaluator's method, then read by every rank; run.json's `key_tokens` records the counts."""
+    if settings.bos != (bos is not None):
+        raise ValueError(f"KeyTokenSettings.bos is {settings.bos} but the sequences' BOS id is {bos}")
     progress = progress or SilentProgress()
     dist = current()
     path = Path(store.dir) / CACHE_FILE
@@ -207,8 +208,8 @@ def find_key_tokens(store: Any, settings: KeyTokenSettings, load_evaluator: Call
             with applying(lm, spec, (max_length,)):
                 for doc in docs:
                     progress.note(f"key tokens: {settings.evaluator} under {spec.label} on {doc.doc_id}")
-                    found[doc.doc_id] = evaluator_keys(lm.model, lm.device, document_sequence(doc, max_length, bos),
-                                                       bos is not None, settings, chunk_size)
+                    document = document_sequence(doc, max_length, bos)[1 if bos is not None else 0:]
+                    found[doc.doc_id] = evaluator_keys(lm.model, lm.device, document, settings, chunk_size)
         finally:
             release()
         data = {"settings": settings.record(),
