@@ -43,22 +43,17 @@ YARN_GARBAGE = FILLER  # "The grass is green. The sky is blue. The sun is yellow
 YARN_INFORMATION = "The pass key is {key}. Remember it. {key} is the pass key."
 YARN_QUESTION = "What is the pass key? The pass key is"
 YARN_KEYS = (1, 50000)  # random.randint(1, 50000): both ends included
-YARN_REPEATS = 10000  # garbage_inf = " ".join([garbage] * 10000); longer prompts continue the same text here
 YARN_LENGTH_STEP = 128  # --length-step: characters of filler per step of the length search
 YARN_MAX_NEW_TOKENS = 10  # pipe(prompt_text, num_return_sequences=1, max_new_tokens=10)
 YARN_SAMPLES = 20  # --iterations
 SEARCH_STREAM = 0x9A55  # seeds the length search's draws apart from the samples' (seed, length, 0, sample)
 
 _DIGITS = re.compile(r"\d+")
-_garbage_inf = " ".join([YARN_GARBAGE] * YARN_REPEATS)
-
-
 def garbage(n_chars: int) -> str:
-    """garbage_inf[:n_chars]: the filler repeated, joined by single spaces, cut at a character count."""
-    global _garbage_inf
-    if n_chars > len(_garbage_inf):  # past the repo's 10000 repetitions (~890k characters): the same text, longer
-        _garbage_inf = " ".join([YARN_GARBAGE] * math.ceil((n_chars + 1) / (len(YARN_GARBAGE) + 1)))
-    return _garbage_inf[:n_chars]
+    """garbage_inf[:n_chars]: the filler repeated, joined by single spaces, cut at a character count (past the repo's
+    10000 repetitions, ~890k characters, the same text continues)."""
+    unit = YARN_GARBAGE + " "
+    return (unit * (n_chars // len(unit) + 1))[:n_chars]
 
 
 def information_line(key: int) -> str:
