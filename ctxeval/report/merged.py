@@ -19,7 +19,7 @@ from .runs import Group, Run, display_models, field_label, group_runs, load_runs
 from .tables import (Table, accuracy_grid, effective_length, fmt_acc, fmt_entropy, fmt_ppl, fmt_score, int_or_none,
                      length_or, needle_long, number, ppl_long, ruler_effective_length, ruler_means, ruler_task_scores,
                      valid_lengths, own_valid_column, base_valid_column, base_label, bucket_label, longppl_long,
-                     yarn_passkey_context,
+                     yarn_passkey_figures,
                      positions_long)
 
 def _ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> list[Table]:
@@ -193,9 +193,8 @@ def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float)
         row_shown = [model, label, *(fmt_acc(v if v is not None else float("nan"), s) for v, s in zip(vals, sts)),
                      ctx_text]
         if passkey:  # the YaRN paper's figures (Table 5): no contiguity required
-            yarn_ctx = yarn_passkey_context(pd.Series(evaluated, dtype=float), threshold) if evaluated else None
-            upto = [v for L, v in evaluated.items() if yarn_ctx is not None and L <= yarn_ctx and not math.isnan(v)]
-            mean = sum(upto) / len(upto) if upto else None
+            yarn_ctx, yarn_mean = yarn_passkey_figures(pd.Series(evaluated, dtype=float), threshold)
+            mean = None if math.isnan(yarn_mean) else yarn_mean
             row_raw += [yarn_ctx, mean]
             row_st += [None if yarn_ctx is not None else "none", None if mean is not None else "missing"]
             row_shown += [fmt_length(yarn_ctx) if yarn_ctx is not None else "none",

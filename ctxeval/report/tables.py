@@ -261,24 +261,27 @@ def needle_summary(df: pd.DataFrame, order: list[str], threshold: float) -> pd.D
     return wide
 
 
-def yarn_passkey_context(acc_by_length: pd.Series, threshold: float) -> int | None:
-    """The YaRN paper's passkey context (Table 5's caption): the longest evaluated length whose accuracy is
-    >= threshold, whatever the shorter lengths scored (None if no length reaches it)."""
-    passing = [int(L) for L, acc in acc_by_length.items() if acc is not None and not math.isnan(acc) and acc >= threshold]
-    return max(passing) if passing else None
+def yarn_passkey_figures(acc_by_length: pd.Series, threshold: float) -> tuple[int | None, float]:
+    """The YaRN paper's two passkey figures (Table 5's caption): the passkey context, the longest evaluated length
+    whose accuracy is >= threshold whatever the shorter lengths scored (None if no length reaches it), and the
+    passkey accuracy, the mean accuracy over the evaluated lengths up to it (NaN without a context)."""
+    measured = {int(L): float(acc) for L, acc in acc_by_length.items() if acc is not None and not math.isnan(acc)}
+    passing = [L for L, acc in measured.items() if acc >= threshold]
+    if not passing:
+        return None, float("nan")
+    context = max(passing)
+    upto = [acc for L, acc in measured.items() if L <= context]
+    return context, sum(upto) / len(upto)
 
 
 def passkey_summary(df: pd.DataFrame, order: list[str], threshold: float) -> pd.DataFrame:
-    """The YaRN paper's two passkey figures (Table 5's caption): the passkey context (yarn_passkey_context) and the
-    passkey accuracy, the mean accuracy over the evaluated lengths up to it; beside them ctxeval's contiguous
+    """Per method the YaRN paper's passkey context and accuracy (yarn_passkey_figures), beside ctxeval's contiguous
     effective length (every length up to it >= threshold), which a failing shorter length stops."""
     wide = needle_summary(df, order, threshold)
     lengths = [c for c in wide.columns if c != "effective length"]
     rows = []
     for label in wide.index:
-        ctx = yarn_passkey_context(wide.loc[label, lengths], threshold)
-        upto = [c for c in lengths if ctx is not None and c <= ctx and not pd.isna(wide.loc[label, c])]
-        mean = float(wide.loc[label, upto].mean()) if upto else float("nan")
+        ctx, mean = yarn_passkey_figures(wide.loc[label, lengths], threshold)
         rows.append({"method": label, "passkey context": ctx, "passkey accuracy": mean,
                      "effective length": wide.loc[label, "effective length"]})
     return pd.DataFrame(rows)
