@@ -15,8 +15,10 @@ import statistics
 import time
 from pathlib import Path
 
-from ctxeval.evals.ruler import FAMILIES, TASKS, Sources, generate
+from ctxeval.evals.ruler import generate
 from ctxeval.evals.ruler_eval import RulerRunner
+from ctxeval.evals.ruler_sources import Sources
+from ctxeval.evals.ruler_tasks import FAMILIES, TASKS
 from ctxeval.models import load_model
 
 

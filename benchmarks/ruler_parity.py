@@ -30,7 +30,9 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from ctxeval.evals.ruler import FAMILIES, OFFLINE_TASKS, TASKS, Sources, english_words, generate
+from ctxeval.evals.ruler import generate
+from ctxeval.evals.ruler_sources import Sources, english_words
+from ctxeval.evals.ruler_tasks import FAMILIES, OFFLINE_TASKS, TASKS
 from ctxeval.offline_corpora import held_out_documents
 from ctxeval.paths import TINY_MODEL_DIR
 

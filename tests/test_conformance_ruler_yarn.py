@@ -32,7 +32,8 @@ import pytest
 import torch
 
 from ctxeval.evals.common import point_row
-from ctxeval.evals.ruler import FAMILIES, TASKS, postprocess, score
+from ctxeval.evals.ruler import postprocess, score
+from ctxeval.evals.ruler_tasks import FAMILIES, TASKS
 from ctxeval.methods import Geometry, compute
 from ctxeval.report.tables import ruler_task_scores
 from ctxeval.specs import expand_specs

@@ -176,7 +176,8 @@ def test_ruler_samples_from_files_that_are_not_right(tmp_path, content, fragment
 
 def test_fwe_at_the_shortest_length_it_accepts_fills_it(tmp_path):
     """fwe's smallest length (250 tokens here) is measured, and its prompt reaches the length, not 93 tokens."""
-    from ctxeval.evals.ruler import Sources, generate
+    from ctxeval.evals.ruler import generate
+    from ctxeval.evals.ruler_sources import Sources
     from ctxeval.models import load_model
 
     tok = load_model("tiny", device="cpu").tokenizer
@@ -188,7 +189,8 @@ def test_fwe_at_the_shortest_length_it_accepts_fills_it(tmp_path):
 
 
 def test_an_essay_that_cannot_grow_the_prompt_is_refused_not_measured_short():
-    from ctxeval.evals.ruler import Sources, generate
+    from ctxeval.evals.ruler import generate
+    from ctxeval.evals.ruler_sources import Sources
     from ctxeval.models import load_model
 
     tok = load_model("tiny", device="cpu").tokenizer

@@ -103,8 +103,10 @@ def ruler_cmd(
     max_memory: MaxMemoryOpt = None,
 ) -> None:
     """RULER's synthetic tasks (NIAH x8, variable tracking, common/frequent words): mean score per length, effective length."""
-    from ..evals.ruler import QA, QA_URLS, TASKS, Sources, english_words, qa_folder
     from ..evals.ruler_eval import RulerConfig, RulerRunner, prepare, sweep
+    from ..evals.ruler_qa import QA, QA_URLS, qa_folder
+    from ..evals.ruler_sources import Sources, english_words
+    from ..evals.ruler_tasks import TASKS
     from ..report.single import render_ruler
 
     model_name = model or DEFAULT_MODEL

@@ -26,7 +26,9 @@ from ..specs import MethodSpec
 from ..textfiles import make_dirs, read_jsonl, write_text
 from .common import PointOOM, Progress, SilentProgress, oom_guard, point_row
 from .needle import greedy_config
-from .ruler import FAMILIES, TASKS, RulerSample, Sources, check_template, generate, postprocess, score
+from .ruler import generate, postprocess, score
+from .ruler_sources import Sources
+from .ruler_tasks import FAMILIES, TASKS, RulerSample, check_template
 from .sweep import WorkItem, forward_cost, run_items
 
 SAMPLES_DIR = "samples"
