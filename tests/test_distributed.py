@@ -120,7 +120,7 @@ def test_default_run_directory_is_rank_0s_and_a_failing_rank_fails_the_run(tmp_p
     args = ["ppl", "--model", str(tiny_model_dir), "--data", str(text_dir), "--docs", "2", "--lengths", "32,64",
             "-m", "none", "-m", "pi:factor=2", "--device", "cpu"]
     _torchrun(args, tmp_path)
-    runs = list((tmp_path / "results").iterdir())
+    runs = list((tmp_path / "runs").iterdir())
     assert len(runs) == 1 and len(_rows(runs[0] / "rows.jsonl")) == 8
 
     script = tmp_path / "crash.py"  # rank 1 fails inside its share of the work

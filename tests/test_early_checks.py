@@ -58,7 +58,7 @@ def test_a_data_spec_that_cannot_be_read_fails_before_the_model_loads(no_model, 
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr and result.stderr.startswith("error:")
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
-    assert not (no_model / "results").exists()
+    assert not (no_model / "runs").exists()
 
 
 def test_check_data_spec_accepts_what_can_be_read_and_reads_nothing(no_model, monkeypatch):

@@ -318,7 +318,7 @@ def test_other_commands_refuse_in_one_line(tmp_path, f, args, fragment, monkeypa
     monkeypatch.chdir(tmp_path)
     args = [f(a[1:a.index("}")]) + a[a.index("}") + 1:] if a.startswith("{") else a for a in args]
     refused(invoke(args), fragment)
-    assert not (tmp_path / "results").exists()
+    assert not (tmp_path / "runs").exists()
 
 
 # -- run directories written by someone else: `report` -------------------------------------------------------------

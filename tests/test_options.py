@@ -40,7 +40,7 @@ def test_bad_values_are_one_line_and_exit_2(args, message, tmp_path, monkeypatch
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [f"error: {message}"]
-    assert not (tmp_path / "results").exists()  # refused before a run directory was made
+    assert not (tmp_path / "runs").exists()  # refused before a run directory was made
 
 
 def test_a_preset_value_passes_the_same_check(tmp_path):

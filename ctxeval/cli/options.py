@@ -255,7 +255,7 @@ BatchOpt = Annotated[int, typer.Option(help="Prompts of one length per forward (
                      Check("--batch-size", minimum=1)]
 SeedOpt = Annotated[int, typer.Option(help="Seed of every random choice (values, keys, depths, offsets)."),
                     Check("--seed", minimum=0)]
-OutOpt = Annotated[Optional[Path], typer.Option(help="Run directory (default results/<command>-<model>-<time>).")]
+OutOpt = Annotated[Optional[Path], typer.Option(help="Run directory (default runs/<command>-<model>-<time>).")]
 OverwriteOpt = Annotated[bool, typer.Option(help="Replace a run directory that holds a different spec.")]
 NEEDLE_HELP = ("Preset: magic-number, magic-number-multikey, magic-number-multivalue, magic-number-multiquery, passkey, "
                "gkamradt, or a .toml file (RULER itself: ctxeval ruler).")

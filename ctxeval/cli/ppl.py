@@ -102,7 +102,7 @@ def ppl_cmd(
     valid_tolerance: Annotated[float, typer.Option(help="Valid-length table: allowed ppl rise over the original length."),
                                VALID_TOLERANCE] = 0.10,
     task: Annotated[Optional[str], typer.Option(help="Preset name (ppl-austen, ppl-yarn-proofpile, ppl-yarn-govreport, ppl-yarn-pg19, ppl-pg19) or .toml path.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Run directory (default results/ppl-<model>-<time>).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/ppl-<model>-<time>).")] = None,
     overwrite: OverwriteOpt = False,
     seed: Annotated[int, typer.Option(help="Seed recorded in the run (the protocols draw nothing at random)."),
                     Check("--seed", minimum=0)] = 0,

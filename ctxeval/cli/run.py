@@ -108,8 +108,12 @@ def default_lengths(lm: Any, multiples: tuple[float, ...]) -> list[int]:
     return sorted({max(2, int(length * m)) for m in multiples})
 
 
+RUNS_DIR = "runs"  # default parent of run directories: not results/, which a checkout keeps for committed runs
+
+
 def default_out(task: str, model: str, out: Path | None) -> Path:
-    return out or Path("results") / f"{task}-{safe_name(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """--out, or runs/<task>-<model>-<time> under the working directory."""
+    return out or Path(RUNS_DIR) / f"{task}-{safe_name(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def quickstart(task: str, factor_given: bool = False) -> dict[str, Any]:
