@@ -5,15 +5,19 @@ uses for the method."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .attention_methods import ATTENTION_METHODS, AttentionSpec, check_combination, resolve_attention
 from .errors import CtxevalError
-from .methods import get_method, resolve_params
+from .methods import METHODS, Geometry, compute, get_method, resolve_params
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -56,6 +60,21 @@ def format_param(value: Any) -> str:
     return str(value)
 
 
+def method_names() -> tuple[list[str], list[str]]:
+    """Every name --method accepts: frequency methods (aliases included) and attention methods."""
+    frequency = [alias for m in METHODS.values() for alias in (m.name, *m.aliases)]
+    return frequency, list(ATTENTION_METHODS)
+
+
+def unknown_method(name: str, spec: str) -> CtxevalError:
+    """The error for a name that is no method: both kinds listed, the nearest name suggested."""
+    frequency, attention = method_names()
+    nearest = difflib.get_close_matches(name.lower(), frequency + attention, n=1, cutoff=0.6)
+    hint = f"did you mean '{nearest[0]}'? " if nearest else ""
+    return CtxevalError(f"unknown method '{name}' in '{spec}'; {hint}frequency methods: {', '.join(frequency)}; "
+                        f"attention methods (alone or after '+'): {', '.join(attention)} (see 'ctxeval methods')")
+
+
 def _is_frequency_method(name: str) -> bool:
     try:
         get_method(name)
@@ -80,6 +99,10 @@ def parse_spec(spec: str) -> MethodSpec:
     'ntk:factor=2+logn' adds attention methods (validated here); an attention method alone runs on plain RoPE."""
     pieces = [_parts(text, spec) for text in re.split(r"\+(?=[A-Za-z])", spec.strip())]  # not 1e+5
     first, first_params = pieces[0]
+    frequency, _ = method_names()
+    for name, _params in pieces:
+        if name not in frequency and name not in ATTENTION_METHODS:
+            raise unknown_method(name, spec)
     if first in ATTENTION_METHODS:
         pieces.insert(0, ("none", {}))
         first, first_params = "none", {}
@@ -94,6 +117,14 @@ def parse_spec(spec: str) -> MethodSpec:
     return MethodSpec(method.name, first_params, attention=tuple(attention))
 
 
+def factor_open(name: str, given: dict[str, Any]) -> bool:
+    """Whether method `name` with the parameters `given` leaves its factor to --factor (or to the default factor):
+    it takes one and was given neither it nor what replaces it (ntk's alpha/base, dynamic-ntk's rule=paper)."""
+    method = get_method(name)
+    return (method.takes_factor and "factor" not in given
+            and not any(given.get(k) is not None for k in ("alpha", "base")) and given.get("rule") != "paper")
+
+
 def expand_specs(specs: list[str], factors: list[float] | None = None,
                  temperatures: list[float] | None = None) -> list[MethodSpec]:
     """Parse --method values and sweep --factor over every method that takes a factor and did not set one; every
@@ -106,9 +137,7 @@ def expand_specs(specs: list[str], factors: list[float] | None = None,
         method = get_method(spec.name)
         typed = resolve_params(method, spec.params)
         given = {method.param_aliases.get(k, k): typed[method.param_aliases.get(k, k)] for k in spec.params}
-        sweep = factors if (factors and method.takes_factor and "factor" not in given
-                            and not any(given.get(k) is not None for k in ("alpha", "base"))
-                            and given.get("rule") != "paper") else [None]
+        sweep = factors if (factors and factor_open(method.name, given)) else [None]
         for factor in sweep:
             params = dict(given) if factor is None else {**given, "factor": float(factor)}
             resolve_params(method, params)  # validate the combination
@@ -120,3 +149,69 @@ def expand_specs(specs: list[str], factors: list[float] | None = None,
             seen.add(s.label)
             unique.append(s)
     return unique
+
+
+def default_factor(longest: int, trained: int) -> float:
+    """The factor that stretches `trained` over `longest` (how YaRN users pick s: target / trained length), rounded up
+    to 2 decimals so that it covers `longest`; at least 1."""
+    return max(1.0, math.ceil(round(longest / trained * 100, 9)) / 100)
+
+
+def with_default_factors(specs: list[MethodSpec], longest: int | None, geometry: Geometry | None
+                         ) -> tuple[list[MethodSpec], list[str]]:
+    """Give every static method that takes a factor, and was named without one (`-m yarn`, no --factor), the factor
+    that covers the longest asked length: longest / trained length (the method's original_max_position_embeddings
+    when given). Methods whose default factor is not 1 (llama3's 8, Llama 3.1's own) and length-dependent ones
+    (dynamic-ntk scales past L at factor 1) keep their defaults. Returns the specs (labels now show the factor,
+    duplicates dropped) and one note per factor chosen."""
+    if geometry is None or not longest:
+        return specs, []
+    chosen: dict[tuple[float, int], list[str]] = {}
+    out: list[MethodSpec] = []
+    for spec in specs:
+        method = get_method(spec.name)
+        if (factor_open(spec.name, spec.params) and not method.length_dependent
+                and method.param("factor").default == 1.0):
+            trained = spec.params.get("original_max_position_embeddings") or geometry.original_length
+            factor = default_factor(longest, trained)
+            chosen.setdefault((factor, trained), []).append(spec.label)
+            params = {**spec.params, "factor": factor}
+            resolve_params(method, params)
+            spec = MethodSpec(spec.name, params, spec.temperature, spec.attention)
+        if spec.label not in {s.label for s in out}:
+            out.append(spec)
+    notes = [(f"{', '.join(labels)}: factor {format_param(f)} = the longest length {longest:,} / the trained length "
+              f"{trained:,}{'' if f * trained == longest else ' (rounded up)'}" if f > 1 else
+              f"{', '.join(labels)}: factor 1, as the longest length {longest:,} is within the trained length {trained:,}")
+             + "; give --factor or NAME:factor=S to choose" for (f, trained), labels in chosen.items()]
+    return out, notes
+
+
+def plain_rope_notes(specs: list[MethodSpec], lengths: list[int], geometry: Geometry | None) -> list[str]:
+    """One note per method that is plain RoPE at every length asked (its frequencies and attention factor equal
+    method none's, no attention temperature, no attention method): measuring it only repeats `none`."""
+    if geometry is None or not lengths:
+        return []
+    plain = compute("none", geometry)
+    notes = []
+    for spec in specs:
+        if spec.name in ("none", "native") or spec.attention or spec.temperature != 1.0:
+            continue
+        method = get_method(spec.name)
+        at = sorted(set(lengths)) if method.length_dependent else [None]
+        try:
+            same = all(_same_freqs(compute(method, geometry, spec.params, length), plain) for length in at)
+        except CtxevalError:
+            continue  # a method that cannot be computed here fails with its own error when applied
+        if same and method.length_dependent:
+            notes.append(f"{spec.label} is plain RoPE at every length asked (up to {max(lengths):,}; trained "
+                         f"{geometry.original_length:,}): its rows will equal none's; it rescales only longer sequences")
+        elif same:
+            notes.append(f"{spec.label} is plain RoPE at this factor: its rows will equal none's; give a factor > 1 "
+                         "(--factor or NAME:factor=S)")
+    return notes
+
+
+def _same_freqs(a: Any, b: Any) -> bool:
+    return bool(np.allclose(a.inv_freq, b.inv_freq, rtol=1e-12, atol=0)
+                and math.isclose(a.attention_factor, b.attention_factor, rel_tol=1e-12))

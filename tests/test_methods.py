@@ -337,8 +337,16 @@ def test_compute_refuses_a_length_below_one_and_frequencies_that_are_not_positiv
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("warp", "unknown method 'warp'; choose one of: " + ", ".join(
-        list(METHODS) + list(__import__("ctxeval.methods", fromlist=["x"])._ALIASES)) + " (see 'ctxeval methods')"),
+    ("warp", "unknown method 'warp' in 'warp'; frequency methods: none, native, pi, linear, ntk, dynamic-ntk, "
+             "ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after '+'): self-extend, "
+             "rerope, leaky-rerope, logn (see 'ctxeval methods')"),
+    ("yarm", "unknown method 'yarm' in 'yarm'; did you mean 'yarn'? frequency methods: none, native, pi, linear, ntk, "
+             "dynamic-ntk, ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after "
+             "'+'): self-extend, rerope, leaky-rerope, logn (see 'ctxeval methods')"),
+    ("ntk:factor=2+self_extend", "unknown method 'self_extend' in 'ntk:factor=2+self_extend'; did you mean "
+                                 "'self-extend'? frequency methods: none, native, pi, linear, ntk, dynamic-ntk, "
+                                 "ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after "
+                                 "'+'): self-extend, rerope, leaky-rerope, logn (see 'ctxeval methods')"),
     ("native", "native is the checkpoint's own RoPE as shipped (e.g. Llama 3.1's llama3 scaling): it has no formula "
                "here; ctxeval reads it back from the model instead"),
     ("yarn:beta_fast=4,beta_slow=4", "yarn: beta_slow (alpha) must be smaller than beta_fast (beta), got beta_slow=4 "

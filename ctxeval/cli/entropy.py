@@ -15,6 +15,7 @@ from .console import print_outputs, user_errors
 from .options import (DOCS, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, MaxMemoryOpt, OutOpt, OverwriteOpt,
                       PlainModelOpt, RemoteOpt, TemperatureOpt, TextFieldOpt, parse_factors, parse_indices,
                       parse_lengths, parse_temperatures)
+from .factors import settle_factors
 from .run import default_lengths, default_out, load_for, measure
 
 # torch, transformers, pandas and matplotlib load only when a command needs them (`ctxeval --help` starts in
@@ -67,6 +68,7 @@ def entropy_cmd(
     check_layers(lm.model.config.get_text_config().num_hidden_layers, cfg.layers)
     if given is None:
         cfg = replace(cfg, lengths=tuple(default_lengths(lm, (0.5, 1, 2, 4, 8))))
+    specs = settle_factors(specs, list(cfg.lengths), lm)
     if cfg.bos and getattr(lm.tokenizer, "bos_token_id", None) is None:
         cfg = replace(cfg, bos=False)
     need = max(cfg.lengths) - (1 if cfg.bos else 0)

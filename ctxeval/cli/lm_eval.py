@@ -14,6 +14,7 @@ from ..specs import MethodSpec, expand_specs
 from .console import err, print_outputs, user_errors
 from .options import (Check, DeviceOpt, DtypeOpt, FactorOpt, OutOpt, OverwriteOpt, PlainModelOpt, RemoteOpt,
                       parse_factors)
+from .factors import settle_factors
 from .run import default_out, load_for, measure
 
 
@@ -68,6 +69,7 @@ def lm_eval_cmd(
     task_manager(cfg)  # unknown tasks and bad metadata fail before the model loads
     lm = load_for(model_name, specs, dtype, device, "sdpa", trust_remote_code)
     trained = lm.trained_length or 2048
+    specs = settle_factors(specs, [max_length or extended_length(specs, trained)], lm)  # --max-length sets the factor
     cfg = replace(cfg, max_length=max_length or extended_length(specs, trained),
                   metadata=parse_metadata(metadata, getattr(lm.tokenizer, "name_or_path", None)))
     if lm_eval.__version__ != TESTED_VERSION:

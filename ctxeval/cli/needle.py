@@ -19,6 +19,7 @@ from .options import (NEEDLE_HELP, SAMPLES, THRESHOLD, AttnOpt, BatchOpt, Check,
                       FactorOpt, MaxMemoryOpt, MaxNewOpt, ModelOpt, OutOpt, OverwriteOpt, RemoteOpt, ScoringOpt,
                       SeedOpt, TemperatureOpt, TextFieldOpt, parse_depths, parse_factors, parse_lengths,
                       parse_temperatures)
+from .factors import settle_factors
 from .run import (QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, note_attention_noops,
                   quickstart)
 
@@ -150,6 +151,7 @@ def run_retrieval(task: str, opt: Retrieval) -> None:
                   opt.max_memory)
     if lengths_given is None:
         cfg = replace(cfg, lengths=tuple(default_lengths(lm, (0.25, 0.5, 1, 2))))
+    specs = settle_factors(specs, list(cfg.lengths), lm)
     note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
     if yarn:
         yarn_builder = YarnPasskeyBuilder(lm.tokenizer, preset, seed=opt.seed, bos=bos)

@@ -19,6 +19,7 @@ from .console import err, print_outputs, print_table, user_errors
 from .options import (DOCS, VALID_TOLERANCE, AttnOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt,
                       MaxMemoryOpt, ModelOpt, OverwriteOpt, RemoteOpt, TemperatureOpt, parse_factors, parse_lengths,
                       parse_temperatures)
+from .factors import settle_factors
 from .run import (QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, note_attention_noops,
                   quickstart)
 
@@ -163,6 +164,7 @@ def ppl_cmd(
         if not cfg.bos and bos is None:
             err.print("note: --key-tokens: the evaluated model reads the documents without BOS and the evaluator with "
                       "its tokenizer's defaults, as LongPPL (--bos gives the evaluated model BOS)")
+    specs = settle_factors(specs, list(cfg.lengths), lm)
     note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
     check_chunked_head(lm.model, lm.device, lm.model.config.get_text_config().vocab_size)
     if settings.min_doc_tokens and task and str(task).startswith("ppl-yarn"):

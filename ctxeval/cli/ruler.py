@@ -20,6 +20,7 @@ from ..textfiles import MAX_TEXT_BYTES, read_bytes, read_json, read_text
 from .console import err, print_outputs, user_errors
 from .options import (AttnOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, MaxMemoryOpt, OutOpt, OverwriteOpt,
                       PlainModelOpt, RemoteOpt, TemperatureOpt, parse_factors, parse_lengths, parse_temperatures)
+from .factors import settle_factors
 from .run import default_lengths, default_out, load_for, measure, note_attention_noops
 
 # torch, transformers, pandas and matplotlib load only when a command needs them: the evaluation and report modules
@@ -138,6 +139,7 @@ def ruler_cmd(
     lm = load_for(model_name, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
     if given is None:
         cfg = RulerConfig(chosen, tuple(default_lengths(lm, (1, 2, 4))), samples, seed, template)
+    specs = settle_factors(specs, list(cfg.lengths), lm)
     note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
     run_dir = default_out("ruler", model_name, out)
     spec_record = {
