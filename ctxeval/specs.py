@@ -157,6 +157,12 @@ def default_factor(longest: int, trained: int) -> float:
     return max(1.0, math.ceil(round(longest / trained * 100, 9)) / 100)
 
 
+def takes_default_factor(name: str) -> bool:
+    """Whether method `name` named without a factor gets default_factor (static, and its own default is 1)."""
+    method = get_method(name)
+    return method.takes_factor and not method.length_dependent and method.param("factor").default == 1.0
+
+
 def with_default_factors(specs: list[MethodSpec], longest: int | None, geometry: Geometry | None
                          ) -> tuple[list[MethodSpec], list[str]]:
     """Give every static method that takes a factor, and was named without one (`-m yarn`, no --factor), the factor
@@ -170,8 +176,7 @@ def with_default_factors(specs: list[MethodSpec], longest: int | None, geometry:
     out: list[MethodSpec] = []
     for spec in specs:
         method = get_method(spec.name)
-        if (factor_open(spec.name, spec.params) and not method.length_dependent
-                and method.param("factor").default == 1.0):
+        if factor_open(spec.name, spec.params) and takes_default_factor(spec.name):
             trained = spec.params.get("original_max_position_embeddings") or geometry.original_length
             factor = default_factor(longest, trained)
             chosen.setdefault((factor, trained), []).append(spec.label)

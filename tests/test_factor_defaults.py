@@ -117,3 +117,10 @@ def test_an_unknown_name_suggests_the_nearest_of_both_kinds(tmp_path):
     assert result.exit_code == 2
     assert "unknown method 'log-n' in 'yarn+log-n'; did you mean 'logn'?" in result.stderr
     assert "self-extend, rerope, leaky-rerope, logn" in result.stderr
+
+
+def test_methods_lists_which_factors_default_to_the_longest_length(tmp_path):
+    result = run_cli(tmp_path, "methods", "--format", "json")
+    factors = {m["name"]: p for m in json.loads(result.stdout) for p in m["params"] if p["name"] == "factor"}
+    with_rule = sorted(name for name, p in factors.items() if "measuring_default" in p)
+    assert with_rule == ["ntk", "ntk-by-parts", "pi", "yarn"]

@@ -16,7 +16,7 @@ from ..attention_methods import ATTENTION_METHODS, logn_length, relative_positio
 from ..errors import CtxevalError
 from ..methods import METHODS, Geometry, get_method, plan, resolve_params
 from ..models import load_config
-from ..specs import expand_specs
+from ..specs import expand_specs, takes_default_factor
 from .console import err, out, user_errors
 from .options import Check, FactorOpt, Fmt, MethodOpt, parse_factors
 
@@ -33,7 +33,9 @@ def methods_cmd(
             "length_dependent": m.length_dependent,
             "summary": m.summary,
             "params": [
-                {"name": p.name, "default": p.default, "choices": list(p.choices) if p.choices else None, "help": p.help}
+                {"name": p.name, "default": p.default, "choices": list(p.choices) if p.choices else None, "help": p.help,
+                 **({"measuring_default": "longest length / trained length"}
+                    if p.name == "factor" and takes_default_factor(m.name) else {})}
                 for p in m.params
             ],
             "param_aliases": m.param_aliases,
@@ -55,7 +57,9 @@ def methods_cmd(
     for col in ("method", "kind", "depends on length", "parameters (default)", "what it does"):
         table.add_column(col, overflow="fold")
     for d in data:
-        params = ", ".join(f"{p['name']}={p['default']}" for p in d["params"]) or "-"
+        params = ", ".join(f"{p['name']}={p['default']}" + (" (measuring: longest length / trained)"
+                                                             if "measuring_default" in p else "")
+                           for p in d["params"]) or "-"
         if d["param_aliases"]:
             params += "  [dim](" + ", ".join(f"{a}={b}" for a, b in d["param_aliases"].items()) + ")[/dim]"
         name = d["name"] + (f" ({', '.join(d['aliases'])})" if d["aliases"] else "")
