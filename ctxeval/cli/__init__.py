@@ -26,6 +26,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    # click's own help layout: rich's option table cuts long option names to fit 80 columns and reads '[@SPLIT]' in
+    # a help text as markup; click's writes every name in full and wraps only the help text
+    rich_markup_mode=None,
 )
 
 
@@ -50,10 +53,22 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks f
     state["debug"] = debug
 
 
+def short_help(doc: str | None, limit: int = 66) -> str:
+    """A command's line in `ctxeval --help`: the first sentence of its docstring (only a period before a capital
+    ends one: 'vs. length', 'et al. 2024' do not), cut at a word to `limit` characters (80 columns with the names)."""
+    words = (doc or "").split("\n\n")[0].split()
+    for i, word in enumerate(words):
+        if word.endswith(".") and (i == len(words) - 1 or words[i + 1][0].isupper()):
+            words = words[:i + 1]
+            break
+    text = " ".join(words)
+    return text if len(text) <= limit else text[:limit - 3].rsplit(" ", 1)[0] + "..."
+
+
 for name, command in (("methods", methods_cmd), ("plan", plan_cmd), ("ppl", ppl_cmd), ("needle", needle_cmd),
                       ("passkey", passkey_cmd), ("report", report_cmd), ("entropy", entropy_cmd),
                       ("bound", bound_cmd), ("ruler", ruler_cmd), ("lm-eval", lm_eval_cmd)):
-    app.command(name)(command)
+    app.command(name, short_help=short_help(command.__doc__))(command)
 
 
 def main() -> None:

@@ -10,8 +10,9 @@ from typing import Any, Callable
 import typer
 from rich.console import Console
 from rich.markup import escape as rich_escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ..distributed import current, shutdown
 from ..errors import CtxevalError
@@ -22,7 +23,7 @@ out = Console(highlight=False, soft_wrap=True, emoji=False)
 if not out.is_terminal:  # logs and files: print tables at their full width instead of the 80-column default
     out = Console(highlight=False, soft_wrap=True, width=240, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
-state = {"debug": False}  # set by the root --debug option
+state: dict[str, Any] = {"debug": False, "started": time.perf_counter()}  # --debug; when the command started
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -32,6 +33,7 @@ def user_errors(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         finished = False
+        state["started"] = time.perf_counter()
         try:
             check_options(fn, kwargs)
             result = fn(*args, **kwargs)
@@ -53,6 +55,45 @@ def user_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+def remaining_seconds(elapsed: float, done: float, total: float) -> float | None:
+    """Seconds left at the rate so far (`done` of `total` units in `elapsed` seconds); None before any is done."""
+    if done <= 0 or total <= 0:
+        return None
+    return elapsed * max(total - done, 0.0) / done
+
+
+def fmt_duration(seconds: float) -> str:
+    """'26.1 s' under two minutes, then '12m05s', '2h07m'."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    s = int(round(seconds))
+    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def fmt_eta(seconds: float | None) -> str:
+    """'ETA ?' (nothing done yet), 'ETA 42s', 'ETA 3m05s', 'ETA 2h07m'."""
+    if seconds is None:
+        return "ETA ?"
+    s = int(round(seconds))
+    if s < 60:
+        return f"ETA {s}s"
+    if s < 3600:
+        return f"ETA {s // 60}m{s % 60:02d}s"
+    return f"ETA {s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class EtaColumn(ProgressColumn):
+    """The live bar's ETA: the estimate at the last finished point, counted down since (the same number the plain
+    lines print)."""
+
+    def __init__(self, progress: "RichProgress") -> None:
+        super().__init__()
+        self.progress = progress
+
+    def render(self, task: Task) -> Text:
+        return Text(fmt_eta(self.progress.eta(since_last=True)))
+
+
 class RichProgress:
     """The Progress interface drawn with rich: bar, ETA, current point, running ppl."""
 
@@ -60,8 +101,11 @@ class RichProgress:
         self.t0 = time.perf_counter()
         self.live = err.is_terminal  # redirected stderr (logs, CI) gets one plain line per point instead
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=False)
-        self.task = None
+                            TimeElapsedColumn(), EtaColumn(self), console=err, transient=False)
+        self.task: Any = None
+        # the rate counts from start(), when the total is known (prompts generated, key tokens found, ...)
+        self.started = self.last = self.t0
+        self.done, self.total = 0.0, 0.0
 
     def __enter__(self) -> "RichProgress":
         if self.live:
@@ -73,13 +117,26 @@ class RichProgress:
             self.bar.stop()
 
     def start(self, total: int) -> None:
-        self.task = self.bar.add_task("starting", total=max(total, 1))
+        if self.task is not None:
+            self.bar.remove_task(self.task)
+        self.total, self.done = float(max(total, 1)), 0.0
+        self.started = self.last = time.perf_counter()
+        self.task = self.bar.add_task("starting", total=self.total)
+
+    def eta(self, since_last: bool = False) -> float | None:
+        """Seconds left at the rate so far; `since_last`: less the time since the last point finished."""
+        left = remaining_seconds(self.last - self.started, self.done, self.total)
+        if left is None or not since_last:
+            return left
+        return max(0.0, left - (time.perf_counter() - self.last))
 
     def advance(self, amount: int, description: str) -> None:
+        self.done += amount
+        self.last = time.perf_counter()
         self.bar.update(self.task, advance=amount, description=description)
         if not self.live:
-            task = self.bar.tasks[0]
-            err.print(f"[{time.perf_counter() - self.t0:7.1f}s {task.completed / task.total:4.0%}] {description}")
+            share = min(self.done / self.total, 1.0)
+            err.print(f"[{self.last - self.t0:7.1f}s {share:4.0%} {fmt_eta(self.eta()):<10}] {description}", markup=False)
 
     def note(self, message: str) -> None:
         self.bar.console.print(f"[yellow]{message}[/yellow]")
@@ -99,15 +156,26 @@ class QuietProgress:
         err.print(f"[yellow]rank {current().rank}: {message}[/yellow]")
 
 
+METHOD_WIDTH = 20  # the narrowest a folded method column gets: wide enough to read 'yarn(factor=4)' whole
+
+
 def print_table(title: str, caption: str | None, headers: list[str], rows: list[list[str]]) -> None:
-    """A rich table on stdout: numbers right-aligned and never cut; a narrow terminal folds the method column."""
+    """A rich table on stdout: cells never cut, numbers right-aligned. When the table is wider than the terminal, the
+    other headers wrap to their longest word (or their widest cell) and the method column folds, down to
+    METHOD_WIDTH."""
+    cells = [max([len(str(r[i])) for r in rows if i < len(r)] + [1]) for i in range(len(headers))]
+    natural = sum(max(len(h), c) + 3 for h, c in zip(headers, cells)) + 1  # + padding and borders
+    narrow = natural > out.width
+    fixed = [max([c] + [len(word) for word in h.split()]) for h, c in zip(headers, cells)]
+    # what the other columns leave the method column (many columns: less than METHOD_WIDTH, never under 4)
+    left = out.width - sum(f + 3 for h, f in zip(headers, fixed) if h != "method") - 4
     table = Table(title=title, caption=caption)
-    for i, h in enumerate(headers):
+    for h, width, wrapped in zip(headers, cells, fixed):
         if h == "method":
-            table.add_column(h, justify="left", overflow="fold")
+            table.add_column(h, justify="left", overflow="fold", min_width=max(4, min(width, METHOD_WIDTH, left)))
         else:
-            width = max([len(str(r[i])) for r in rows if i < len(r)] + [1])
-            table.add_column(h, justify="right", no_wrap=True, min_width=width)
+            table.add_column(h, justify="left" if h == "task" else "right", overflow="fold", min_width=width,
+                             width=wrapped if narrow else None)
     for r in rows:
         table.add_row(*[str(c) for c in r])
     out.print(table)

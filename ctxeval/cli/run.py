@@ -5,7 +5,10 @@ and render the run's outputs while the lock is held."""
 
 from __future__ import annotations
 
+import json
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,10 +19,11 @@ from ..geometry import require_trained_length
 from ..memory import sliding_window_of
 from ..models import load_model, parse_max_memory
 from ..paths import safe_name
+from ..rows import OK, RESUME_FIELDS, point_key
 from ..specs import MethodSpec
 from ..store import RunStore, run_status
 from ..tiny import QUICKSTART
-from .console import QuietProgress, RichProgress, err
+from .console import QuietProgress, RichProgress, err, fmt_duration, state
 
 QUICKSTART_SETTINGS = "quickstart (ctxeval/tiny/__init__.py)"  # what a run's spec records when they applied
 
@@ -84,22 +88,84 @@ def measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, provena
     dist = current()
     run_dir = dist.agree(run_dir)  # the default name comes from rank 0's clock
     store = open_store(RunStore, run_dir, spec_record, overwrite, provenance)
+    kind = str(spec_record.get("task"))
     try:
+        before = store.rows() if dist.is_main else []
         if dist.is_main:
             err.print(message + (f"; {dist.world} ranks (torchrun)" if dist.active else ""))
             for note in store.skipped_notes():  # lines a resume cannot use: those points are measured again
                 err.print(f"note: {note}", markup=False)
-        with run_status(store), (RichProgress() if dist.is_main else QuietProgress()) as progress:
-            failed = None
-            try:
-                work(store, progress)
-            except BaseException as exc:  # noqa: BLE001 - every rank must reach conclude(), failed or not
-                failed = exc
-            conclude(store, failed)
+        try:
+            with run_status(store), (RichProgress() if dist.is_main else QuietProgress()) as progress:
+                failed = None
+                try:
+                    work(store, progress)
+                except BaseException as exc:  # noqa: BLE001 - every rank must reach conclude(), failed or not
+                    failed = exc
+                conclude(store, failed)
+        except BaseException:
+            if dist.is_main:  # what the rows hold now; the error or interruption itself is the line after
+                try:
+                    counts = tally(before, store.rows(), kind)
+                except Exception:  # noqa: BLE001 - the original error matters more than this line
+                    counts = None
+                if counts is not None:
+                    err.print(f"stopped after {fmt_duration(time.perf_counter() - state['started'])}: {counts}; "
+                              f"kept in {store.dir}", markup=False)
+            raise
         if dist.is_main:
             render(store)
+            table = store.dir / "table.md"
+            err.print(f"done in {fmt_duration(time.perf_counter() - state['started'])}: "
+                      f"{tally(before, store.rows(), kind)}; {table if table.is_file() else store.dir}", markup=False)
     finally:
         store.close()
+
+
+FAILED_AS = {"oom": "out of memory"}  # how a failed row's status reads in the summary line
+
+
+@dataclass
+class Tally:
+    """The points of one command: measured now, reused from an earlier run of the directory, failed now (by
+    status)."""
+
+    measured: int = 0
+    reused: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        failed = sum(self.failed.values())
+        why = ", ".join(f"{n} {FAILED_AS.get(status, status)}" for status, n in sorted(self.failed.items()))
+        return (f"{self.measured} point{'s' * (self.measured != 1)} measured, {self.reused} reused from an earlier "
+                f"run, {failed} failed" + (f" ({why})" if failed else ""))
+
+
+def tally(before: list[dict[str, Any]], after: list[dict[str, Any]], kind: str) -> Tally:
+    """Count points (rows.RESUME_FIELDS of `kind`) from the rows of a run directory before and after a command: a
+    row present after but not before was written by this command (rows are compared whole, so a rank file folded
+    into rows.jsonl is no new row); a point's newest such row says measured (ok) or failed (oom, skipped, error).
+    Reused: a point with an ok row from before that this command did not measure again."""
+    fields = RESUME_FIELDS.get(kind, ("label", "length"))
+
+    def whole(row: dict[str, Any]) -> str:
+        return json.dumps(row, sort_keys=True, default=str)
+
+    old = Counter(whole(r) for r in before)
+    newest: dict[tuple, str] = {}
+    for row in after:
+        text = whole(row)
+        if old[text] > 0:
+            old[text] -= 1
+            continue
+        newest[point_key(row, fields)] = str(row.get("status"))
+    out = Tally(reused=len({point_key(r, fields) for r in before if r.get("status") == OK} - set(newest)))
+    for status in newest.values():
+        if status == OK:
+            out.measured += 1
+        else:
+            out.failed[status] = out.failed.get(status, 0) + 1
+    return out
 
 
 def default_lengths(lm: Any, multiples: tuple[float, ...]) -> list[int]:

@@ -30,6 +30,17 @@ class SilentProgress:
     def note(self, message: str) -> None: ...
 
 
+def numbered(noun: str, ordinals: list[int], total: int) -> str:
+    """Which of `total` items a progress line is about (1-based): 'sample 3/25', 'samples 1-4/25' (consecutive),
+    'samples 2,5,9/25'; two different batches never read alike."""
+    got = sorted(set(ordinals))
+    if len(got) == 1:
+        return f"{noun} {got[0]}/{total}"
+    if got == list(range(got[0], got[-1] + 1)):
+        return f"{noun}s {got[0]}-{got[-1]}/{total}"
+    return f"{noun}s {','.join(map(str, got))}/{total}"
+
+
 class PointOOM(Exception):
     """Out of memory while measuring one point (the message is the first line of the original error)."""
 

@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import CtxevalError
 from ..numbers import finite_number
 from ..hub import hub_reachable, offline_unless_reachable
+from ..models import drop_messages
 from ..paths import safe_name
 from ..rows import point_key
 from ..specs import MethodSpec
@@ -29,6 +30,10 @@ from .sweep import applied
 INSTALL = "pip install 'ctxeval[lm-eval]'"
 TESTED_VERSION = "0.4.13"
 RESULTS_DIR = "lm-eval"  # lm-eval's own JSON per (method, task), inside the run directory
+# HFLM's warnings for a model passed already loaded, which is how the bridge works (in one process, refused under
+# torchrun): 'do not launch via accelerate or use parallelize=True' and 'assuming single-process call'
+LOADED_MODEL_WARNINGS = ("lm_eval.models.huggingface", "`pretrained` model kwarg is not of type `str`",
+                         "Passed an already-initialized model through `pretrained`")
 
 
 def require_lm_eval() -> Any:
@@ -151,6 +156,7 @@ def evaluate(lm: Any, specs: list[MethodSpec], cfg: LmEvalConfig, store: Any, pr
     if not todo:
         return
     offline = offline_unless_reachable()  # no network: datasets fail at once instead of retrying for a minute
+    drop_messages(*LOADED_MODEL_WARNINGS)
     wrapper = HFLM(pretrained=lm.model, tokenizer=lm.tokenizer, device=str(lm.device), batch_size=cfg.batch_size,
                    max_length=cfg.max_length)
     effective = dict(store.record.get("methods", {}))

@@ -24,7 +24,7 @@ from .. import corpora
 from ..errors import CtxevalError
 from ..rows import RESUME_FIELDS, point_key
 from ..specs import MethodSpec
-from .common import PointOOM, Progress, SilentProgress, head_parts, oom_guard, point_row
+from .common import PointOOM, Progress, SilentProgress, head_parts, numbered, oom_guard, point_row
 from .sweep import WorkItem, forward_cost, run_items
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -459,6 +459,22 @@ class NeedleRunner:
         prompts of one shape, so a subclass whose prompt lengths vary sorts them to batch more)."""
         return items
 
+    def describe(self, spec: MethodSpec, chunk: list[NeedleItem], results: list[dict[str, Any]]) -> str:
+        """The progress line of one scored batch, naming its prompts: 'none L=600 depth 50% sample 2/5 ok', or
+        'none L=600 prompts 3-6/10 (depth 25-50%) 3/4 ok' (prompts numbered depth by depth within the length)."""
+        samples = self.cfg.samples
+        depth_count = 1 if self.cfg.random_depth else len(self.cfg.depths)
+        hits = sum(bool(r["correct"]) for r in results)
+        if len(chunk) == 1:
+            it = chunk[0]
+            return (f"{spec.label} L={it.length} depth {it.depth:g}% "
+                    f"{numbered('sample', [it.sample_index + 1], samples)} {'ok' if hits else 'miss'}")
+        noun = "sample" if depth_count == 1 else "prompt"
+        which = numbered(noun, [it.depth_index * samples + it.sample_index + 1 for it in chunk], depth_count * samples)
+        low, high = min(it.depth for it in chunk), max(it.depth for it in chunk)
+        depth = f"{low:g}%" if low == high else f"{low:g}-{high:g}%"
+        return f"{spec.label} L={chunk[0].length} {which} (depth {depth}) {hits}/{len(chunk)} ok"
+
     def _row(self, spec: MethodSpec, it: NeedleItem, **fields: Any) -> dict[str, Any]:
         return point_row(self.model_name, spec, self.task, value=fields.get("correct"),
                          preset=self.builder.preset.name, scoring=self.cfg.scoring, length=it.length, depth=it.depth,
@@ -562,8 +578,7 @@ class NeedleRunner:
                     break
                 seconds = (time.perf_counter() - t0) / len(chunk)
                 emit([self._row(spec, it, status="ok", seconds=round(seconds, 3), **res) for it, res in zip(chunk, results)])
-                self.progress.advance(length * len(chunk), f"{spec.label} L={length} depth {chunk[-1].depth:g}% "
-                                      f"{'ok' if results[-1]['correct'] else 'miss'}")
+                self.progress.advance(length * len(chunk), self.describe(spec, chunk, results))
                 start += len(chunk)
 
 

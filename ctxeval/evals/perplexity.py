@@ -340,7 +340,8 @@ class PplRunner:
                 rows = [r for d, row in zip(docs, nll) for r in self._rows_from_nll(spec, d, group, row, seconds, speed)]
                 emit(rows)
                 done += group
-                self.progress.advance(top * len(docs), f"{spec.label} {len(docs)} docs ppl@{top}")
+                self.progress.advance(top * len(docs), f"{spec.label} {docs[0].doc_id} (+{len(docs) - 1} docs) "
+                                                       f"ppl@{top}")
         except PointOOM:
             rest = [L for L in lengths if L not in done]
             half = len(docs) // 2

@@ -24,7 +24,7 @@ from ..numbers import MAX_TOKENS, whole_number
 from ..rows import RESUME_FIELDS, point_key
 from ..specs import MethodSpec
 from ..textfiles import make_dirs, read_jsonl, write_text
-from .common import PointOOM, Progress, SilentProgress, oom_guard, point_row
+from .common import PointOOM, Progress, SilentProgress, numbered, oom_guard, point_row
 from .needle import greedy_config
 from .ruler import generate, postprocess, score
 from .ruler_sources import Sources
@@ -177,8 +177,10 @@ class RulerRunner:
         return texts, [int(n) for n in enc["attention_mask"].sum(dim=1)]
 
     def measure(self, spec: MethodSpec, task: str, length: int, samples: list[RulerSample],
-                emit: Callable[[list[dict]], None], handle: Any = None) -> None:
+                emit: Callable[[list[dict]], None], handle: Any = None, of: int | None = None) -> None:
+        """Score `samples` (some of the `of` samples of this task and length), emitting their rows batch by batch."""
         family = FAMILIES[TASKS[task].family]
+        of = of or max((s.index + 1 for s in samples), default=0)
         for start in range(0, len(samples), self.batch_size):
             chunk = samples[start:start + self.batch_size]
             t0 = time.perf_counter()
@@ -203,6 +205,7 @@ class RulerRunner:
                                       seconds=round(seconds, 3), status="ok"))
             emit(rows)
             self.progress.advance(length * len(chunk), f"{spec.label} {task} L={length} "
+                                  f"{numbered('sample', [s.index + 1 for s in chunk], of)} "
                                   f"{sum(r['score'] for r in rows) / len(rows):.0%}")
 
 
@@ -217,7 +220,7 @@ def sweep(lm: Any, specs: list[MethodSpec], prompts: dict[tuple[str, int], list[
                                                      "sample": s.index}, RulerRunner.KEY) not in done]
             for i in range(0, len(todo), runner.batch_size):
                 batch = todo[i:i + runner.batch_size]
-                items.append(WorkItem(index, (task, length, batch), forward_cost(length) * len(batch),
+                items.append(WorkItem(index, (task, length, batch, len(samples)), forward_cost(length) * len(batch),
                                       length * len(batch), length))
     run_items(lm, specs, items, cfg.lengths, store, runner.progress,
-              lambda spec, item, handle: runner.measure(spec, item[0], item[1], item[2], store.append, handle))
+              lambda spec, item, handle: runner.measure(spec, *item[:3], store.append, handle, of=item[3]))

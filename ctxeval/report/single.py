@@ -192,15 +192,18 @@ def render_retrieval(store: Any, task: str, specs: Sequence[MethodSpec], origina
     md = [f"# {title}\n\n",
           f"Mean accuracy over depths and samples; scoring without an LLM judge. Original length {original}.\n\n",
           markdown(headers, rows)]
+    printed: list[Printed] = []
     if task == "passkey":
         pk = passkey_summary(df, order, threshold)
+        pheaders = ["method", "passkey context", "passkey accuracy"]
         prow = [[r["method"], fmt_length(int(r["passkey context"])) if not _isna(r["passkey context"]) else "none",
                  fmt_acc(r["passkey accuracy"])] for _, r in pk.iterrows()]
-        md += [f"\n## Passkey context and accuracy (the YaRN paper's figures)\n\n"
-               f"Passkey context: the longest evaluated length with accuracy >= {threshold:.0%}; passkey accuracy: "
-               "the mean accuracy over the evaluated lengths up to it (YaRN, Table 5). The effective length above "
-               "also requires every shorter length to pass.\n\n",
-               markdown(["method", "passkey context", "passkey accuracy"], prow)]
+        pcaption = (f"Passkey context: the longest evaluated length with accuracy >= {threshold:.0%}; passkey "
+                    "accuracy: the mean accuracy over the evaluated lengths up to it (YaRN, Table 5). The effective "
+                    "length above also requires every shorter length to pass.")
+        md += [f"\n## Passkey context and accuracy (the YaRN paper's figures)\n\n{pcaption}\n\n",
+               markdown(pheaders, prow)]
+        printed.append(Printed("passkey context and accuracy (the YaRN paper's figures)", pcaption, pheaders, prow))
         save_csv(pk, store.dir / "passkey.csv", index=False)
     for label in summary.index:
         grid, status = accuracy_grid(df, label)
@@ -217,7 +220,7 @@ def render_retrieval(store: Any, task: str, specs: Sequence[MethodSpec], origina
     export.index.name = "method"
     save_csv(export, store.dir / "summary.csv")
     caption = f"mean accuracy; effective length = longest length with every shorter length >= {threshold:.0%}"
-    return RunOutputs([Printed(title, caption, headers, rows)],
+    return RunOutputs([Printed(title, caption, headers, rows), *printed],
                       f"wrote {store.dir}/table.md, summary.csv" + (", heatmap-*.png" if task != "passkey"
                                                                     else ", passkey.csv"))
 
@@ -270,6 +273,7 @@ def render_ruler(store: Any, specs: Sequence[MethodSpec], tasks: list[str], orig
                f"(RULER's Llama-2-7B reference at 4k is 85.6). Original length {original}.")
     md = [f"# {title}\n\n{caption}\n\n", markdown(headers, rows)]
     md += [f"\n- {note}\n" for note in notes]
+    by_task: dict[tuple[str, str, int], str] = {}  # the same cells for the terminal, by (method, task, length)
     for L in lengths:
         at = scores[scores["length"] == L]
         theaders = ["method", *tasks]
@@ -279,6 +283,7 @@ def render_ruler(store: Any, specs: Sequence[MethodSpec], tasks: list[str], orig
                                                      at[at["label"] == label]["status"])}
             trows.append([label, *[fmt_score(*cells.get(t, (float("nan"), "missing"))) for t in tasks]])
         md += [f"\n## {fmt_length(L)}: score by task\n\n", markdown(theaders, trows)]
+        by_task.update({(row[0], t, L): text for row in trows for t, text in zip(tasks, row[1:])})
     save_text(store.dir / "table.md", "".join(md))
     save_csv(scores, store.dir / "ruler.csv", index=False, float_format="%.6g")
     save_csv(pd.DataFrame(summary), store.dir / "summary.csv", index=False)
@@ -295,7 +300,11 @@ def render_ruler(store: Any, specs: Sequence[MethodSpec], tasks: list[str], orig
         plot_heatmaps([HeatmapPanel("", grid, status, original, row_labels=present)],
                       store.dir / f"heatmap-{safe_name(label)}.png", f"{label}: {title}{past}", row_title="task",
                       scale_label="score")
-    return RunOutputs([Printed(title, caption, headers, rows)],
+    # in the terminal one row per (method, task) and a column per length: 80 columns hold it, 11 task columns not
+    task_rows = [[label, t, *[by_task[(label, t, L)] for L in lengths]] for label in order for t in tasks]
+    return RunOutputs([Printed(title, caption, headers, rows),
+                       Printed("RULER score by task and length", None,
+                               ["method", "task", *[fmt_length(L) for L in lengths]], task_rows)],
                       f"wrote {store.dir}/table.md, ruler.csv, summary.csv, heatmap-*.png")
 
 
