@@ -360,7 +360,7 @@ window.addEventListener('load', function () {
   var method = heads[1]; method.click();
   seen.push('method:' + order());
   document.body.setAttribute('data-test-sorts', JSON.stringify(seen));
-  document.body.setAttribute('data-test-images', Array.prototype.map.call(document.images,
+  document.body.setAttribute('data-test-images', Array.prototype.map.call(document.querySelectorAll('figure img'),
     function (img) { return img.naturalWidth; }).join(','));
 });
 </script></body>"""
@@ -384,3 +384,42 @@ def test_clicking_a_header_sorts_numerically_missing_last(page, tmp_path):
     assert by_method.startswith("method:m1/none=—|m2/none=30.00|m1/" + SELF_EXTEND)
     widths = re.search(r'data-test-images="([^"]*)"', dom).group(1).split(",")
     assert len(widths) == 5 and all(int(w) > 300 for w in widths)  # every embedded PNG decoded
+
+
+ENLARGE = """<script>
+window.addEventListener('load', function () {
+  var img = document.querySelector('figure img'), box = document.getElementById('lightbox'), seen = {};
+  seen.natural = img.naturalWidth; seen.shown = img.offsetWidth;
+  seen.figureScrolls = img.parentNode.scrollWidth > img.parentNode.clientWidth;
+  img.click();
+  var big = box.querySelector('img');
+  seen.open = !box.hidden && getComputedStyle(box).display !== 'none' && getComputedStyle(box).position === 'fixed';
+  seen.sameImage = big.src === img.src; seen.bigWidth = big.clientWidth;
+  seen.caption = box.querySelector('p').textContent === img.parentNode.querySelector('figcaption').textContent;
+  document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape'}));
+  seen.closedByEscape = box.hidden && getComputedStyle(box).display === 'none';
+  img.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'}));
+  seen.openedByEnter = !box.hidden;
+  box.click();
+  seen.closedByClick = box.hidden;
+  document.body.setAttribute('data-test-enlarge', JSON.stringify(seen));
+});
+</script></body>"""
+
+
+def test_a_figure_never_shrinks_unreadably_and_a_click_enlarges_it(page, tmp_path):
+    """Issue 26: wide heatmap grids shrank with the page until unreadable. In a window far narrower than the figure
+    it keeps 3/4 of its size (the figure scrolls sideways); a click shows it at full size over the page."""
+    binary = chromium()
+    _, path, text = page
+    clicked = tmp_path / "enlarge.html"
+    clicked.write_text(text.replace("</body>", ENLARGE), encoding="utf-8")
+    dom = headless(binary, tmp_path / "profile", "--window-size=500,900", "--virtual-time-budget=5000", "--dump-dom",
+                   clicked.as_uri())
+    match = re.search(r'data-test-enlarge="([^"]*)"', dom)
+    assert match, "the injected clicks did not run"
+    seen = json.loads(unescape(match.group(1)))
+    assert seen["natural"] > 700 and seen["shown"] >= 0.75 * seen["natural"] - 1 and seen["figureScrolls"], seen
+    assert seen["open"] and seen["sameImage"] and seen["caption"], seen
+    assert seen["bigWidth"] == seen["natural"], seen  # full size, not fitted to the 500-pixel window
+    assert seen["closedByEscape"] and seen["openedByEnter"] and seen["closedByClick"], seen

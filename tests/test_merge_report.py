@@ -4,6 +4,7 @@ import csv
 import io
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -307,7 +308,7 @@ def test_ppl_needle_and_passkey_together(tmp_path):
     written = render.write_report(rep, tmp_path / "out")
     names = {w.name for w in written}
     assert {"table.md", "report.csv", "report.json", "ppl-1.csv", "ppl-1-valid.csv", "needle-1.csv",
-            "passkey-1.csv", "ppl-1.png", "needle-1.png", "passkey-1.png"} <= names
+            "passkey-1.csv", "ppl-m1.png", "needle-m2.png", "passkey-m1.png"} <= names
     assert "![" in (tmp_path / "out" / "table.md").read_text()
     json.loads((tmp_path / "out" / "report.json").read_text())
 
@@ -363,8 +364,8 @@ def test_two_models_entropy_runs_share_one_table_missing_cells_stay_missing(tmp_
     md = render.to_markdown(rep)
     assert "## Attention entropy\n" in md and "| any model | uniform (ln of visible keys) |" in md
     written = {w.name for w in render.write_report(rep, tmp_path / "out")}
-    assert {"entropy-1.csv", "entropy-1.png", "table.md", "report.csv", "report.json"} <= written
-    assert "![Attention entropy](entropy-1.png)" in (tmp_path / "out" / "table.md").read_text()
+    assert {"entropy-1.csv", "entropy-m1-m2.png", "table.md", "report.csv", "report.json"} <= written
+    assert "![Attention entropy](entropy-m1-m2.png)" in (tmp_path / "out" / "table.md").read_text()
 
 
 def test_entropy_failures_show_their_status_and_partial_documents_are_noted(tmp_path):
@@ -429,7 +430,7 @@ def test_ppl_and_entropy_together(tmp_path):
     assert md.index("## Perplexity") < md.index("## Attention entropy")
     assert any(line.startswith(f"| `{e}`") and "| entropy | m2 " in line for line in md.splitlines())
     written = {w.name for w in render.write_report(rep, tmp_path / "out")}
-    assert {"ppl-1.png", "ppl-1.csv", "ppl-1-valid.csv", "entropy-1.png", "entropy-1.csv"} <= written
+    assert {"ppl-m1.png", "ppl-1.csv", "ppl-1-valid.csv", "entropy-m2.png", "entropy-1.csv"} <= written
     tidy = list(csv.DictReader(io.StringIO((tmp_path / "out" / "report.csv").read_text())))
     assert {r["table"] for r in tidy} == {"ppl-1", "ppl-1-valid", "entropy-1"}
     result = cli(p, e, "--format", "json")
@@ -484,14 +485,71 @@ def test_cli_markdown_csv_json_and_out(tmp_path):
     out = cli(a, b, "--out", tmp_path / "rep")
     assert out.exit_code == 0 and "wrote" in out.stderr
     rep = tmp_path / "rep"
-    assert sorted(p.name for p in rep.iterdir()) == ["needle-1.csv", "needle-1.png", "ppl-1-valid.csv", "ppl-1.csv",
-                                                     "ppl-1.png", "report.csv", "report.json", "table.md"]
-    assert all((rep / f"{g}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for g in ("ppl-1", "needle-1"))
-    assert header in (rep / "table.md").read_text() and "](ppl-1.png)" in (rep / "table.md").read_text()
+    assert sorted(p.name for p in rep.iterdir()) == ["needle-1.csv", "needle-m1.png", "ppl-1-valid.csv", "ppl-1.csv",
+                                                     "ppl-m1.png", "report.csv", "report.json", "table.md"]
+    assert all((rep / f"{g}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for g in ("ppl-m1", "needle-m1"))
+    assert header in (rep / "table.md").read_text() and "](ppl-m1.png)" in (rep / "table.md").read_text()
     assert list(csv.DictReader((rep / "report.csv").open())) == rows  # the file holds what --format csv printed
     written = json.loads((rep / "report.json").read_text())
     assert [g["id"] for g in written["groups"]] == ["ppl-1", "needle-1"] and "environment" in written["generated"]
     assert not list(tmp_path.glob("a/table.md"))  # the runs themselves are never written to
+
+
+def with_positions(run_dir):
+    """Loss-by-position sums on every measured row, as ctxeval ppl writes them: the group gets a positions figure."""
+    rows = [json.loads(line) for line in (run_dir / "rows.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.update(position_edges=[0, 8, r["length"]], position_tokens=[8, r["length"] - 9],
+                 position_nll_sum=[8 * 2.0, (r["length"] - 9) * 1.5])
+    (run_dir / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def test_report_figures_are_named_by_what_sets_their_group_apart(tmp_path):
+    """Issue 26: figures were ppl-1.png .. ppl-5.png; each is named by its models and the fields that tell its group
+    from the others (the fewest that do), consistently in table.md and report.json."""
+    runs = [ppl_run(tmp_path, "a", model="smollm2", docs=("Emma",)),
+            ppl_run(tmp_path, "b", model="smollm2", docs=("Emma",), bos=False),
+            with_positions(ppl_run(tmp_path, "c", model="org/Tiny", data="pydoc", docs=("d1", "d2", "d3", "d4"))),
+            ppl_run(tmp_path, "d", model="smollm2", docs=("Emma!",), data="AUSTEN"),  # the same name as a's, lowercased
+            ppl_run(tmp_path, "e", model="smollm2", docs=("Emma?",), data="AUSTEN"),
+            needle_run(tmp_path, "n")]
+    rep = merged.build_report(runs)
+    assert [g.distinguishing for g in rep.groups][0] == ["data", "documents", "bos"]
+    # documents tell no group from another that data and bos do not (Emma! and Emma? are both emma): left out
+    assert render.figure_stems(rep.groups) == {
+        "ppl-1": "ppl-smollm2-austen-bos-on", "ppl-2": "ppl-smollm2-austen-bos-off", "ppl-3": "ppl-tiny-pydoc-bos-on",
+        "ppl-4": "ppl-smollm2-austen-bos-on-2", "ppl-5": "ppl-smollm2-austen-bos-on-3", "needle-1": "needle-m1"}
+    out = tmp_path / "out"
+    written = {w.name for w in render.write_report(rep, out)}
+    pngs = {p.name for p in out.glob("*.png")}
+    assert pngs <= written and pngs == {"ppl-smollm2-austen-bos-on.png", "ppl-smollm2-austen-bos-off.png",
+                                        "ppl-tiny-pydoc-bos-on.png", "ppl-tiny-pydoc-bos-on-positions.png",
+                                        "ppl-smollm2-austen-bos-on-2.png", "ppl-smollm2-austen-bos-on-3.png",
+                                        "needle-m1.png"}
+    md = (out / "table.md").read_text()
+    assert set(re.findall(r"!\[[^]]*\]\(([^)]+)\)", md)) == pngs  # every figure referenced, each by its file
+    record = json.loads((out / "report.json").read_text())
+    assert {g["plot"] for g in record["groups"]} | {g["positions_plot"] for g in record["groups"]} - {None} == pngs
+    assert next(g for g in record["groups"] if g["id"] == "ppl-3")["positions_plot"] == "ppl-tiny-pydoc-bos-on-positions.png"
+    assert [render.name_part(*p) for p in (("documents", ["Emma", "Mansfield Park"]), ("documents", list("abcd")),
+                                           ("bos", False), ("stride", 256), ("tasks", ["niah_single_2"]),
+                                           ("essays", "austen (substitute for RULER's Paul Graham essays)"))] == [
+        "emma-mansfield-park", "4-documents", "bos-off", "stride-256", "niah_single_2", "austen"]
+
+    # the same directory again with fewer groups: the earlier report's figures it no longer draws go; others stay
+    (out / "mine.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    render.write_report(merged.build_report([runs[0], runs[5]]), out)
+    assert {p.name for p in out.glob("*.png")} == {"ppl-smollm2.png", "needle-m1.png", "mine.png"}
+
+
+def test_a_long_protocol_value_is_shortened_at_a_word_end():
+    """Issue 26: headings and figure titles read `Paul Graham es...`."""
+    from ctxeval.report.runs import fmt_value
+
+    assert fmt_value("austen (substitute for RULER's Paul Graham essays)") == "austen (substitute for RULER's Paul Graham..."
+    assert fmt_value("x" * 60) == "x" * 45 + "..."  # no word end near: cut where the room ends
+    assert fmt_value("short enough to stay whole") == "short enough to stay whole"
 
 
 def _bad_inputs(tmp_path):

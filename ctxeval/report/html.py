@@ -1,6 +1,7 @@
 """`ctxeval report --html FILE`: the report as one self-contained HTML page. Every table of every group, sortable by
 clicking a column header (a few lines of inline JavaScript, numeric columns sorted by their raw values, missing
-cells last either way); every figure `write_plots` draws, embedded as a base64 PNG; the captions, footnotes and
+cells last either way); every figure `write_plots` draws, embedded as a base64 PNG, never shrunk below 3/4 of its
+size (it scrolls sideways instead) and shown at full size over the page on a click; the captions, footnotes and
 notes; and each run's provenance from its run.json (command, spec, model, methods with their read-back checks,
 environment, sessions). Nothing is loaded from anywhere: no external CSS, scripts, fonts or images, so the file can be
 mailed, archived or opened offline. Every string from a run or a table is escaped."""
@@ -329,12 +330,19 @@ html.js table.sortable thead th::after { content: "\\2195"; position: absolute; 
 html.js table.sortable thead th[aria-sort="ascending"]::after { content: "\\25B2"; opacity: .85; }
 html.js table.sortable thead th[aria-sort="descending"]::after { content: "\\25BC"; opacity: .85; }
 table.sortable thead th:focus-visible { outline: 2px solid var(--accent); outline-offset: -2px; }
-figure { margin: 14px 0 6px; }
+figure { margin: 14px 0 6px; overflow-x: auto; }
 figure img { display: block; max-width: 100%; height: auto; border: 1px solid var(--line); }
-figcaption { font-size: 12.5px; margin-top: 3px; }
-figure.zoomable img { cursor: zoom-in; }
-figure.full { overflow-x: auto; }
-figure.full img { max-width: none; cursor: zoom-out; }
+html.js figure img { cursor: zoom-in; }
+figure img:focus-visible { outline: 2px solid var(--accent); outline-offset: 2px; }
+figcaption { font-size: 12.5px; margin-top: 3px; position: sticky; left: 0; }
+.lightbox { position: fixed; inset: 0; z-index: 10; overflow: auto; padding: 34px 16px 16px; cursor: zoom-out;
+            background: rgba(18, 20, 24, .88); }
+.lightbox[hidden] { display: none; }
+.lightbox img { display: block; margin: 0 auto; max-width: none; height: auto; background: #fff; }
+.lightbox p { margin: 0 auto 8px; color: #f1f3f6; font-size: 13px; text-align: center; max-width: 110ch; }
+.lightbox button { position: fixed; top: 4px; right: 14px; border: 0; background: none; color: #fff; font-size: 28px;
+                   line-height: 1; cursor: pointer; }
+body.lightbox-open { overflow: hidden; }
 details.run { border: 1px solid var(--line); border-radius: 4px; margin: 6px 0; padding: 4px 10px; }
 details.run[open] { padding-bottom: 10px; }
 details.run summary { cursor: pointer; padding: 2px 0; }
@@ -394,19 +402,46 @@ JS = """
       });
     });
   });
-  // a figure wider than the page is shown scaled down; a click shows it at its own size (scrolling sideways)
+  // Figures: one wider than the page shrinks to it, but never below MIN_SCALE of its own size (a grid of heatmaps
+  // would become unreadable; the figure scrolls sideways instead). A click, or Enter, shows it at its own size over
+  // the page (the same data URI: nothing is loaded); a click anywhere or Escape closes it.
+  var MIN_SCALE = 0.75;
+  var box = document.createElement('div'), shut = document.createElement('button');
+  var note = document.createElement('p'), big = document.createElement('img'), opener = null;
+  box.id = 'lightbox'; box.className = 'lightbox'; box.hidden = true;
+  box.setAttribute('role', 'dialog'); box.setAttribute('aria-modal', 'true');
+  box.setAttribute('aria-label', 'figure at full size');
+  shut.type = 'button'; shut.textContent = '\\u00d7'; shut.setAttribute('aria-label', 'close');
+  box.appendChild(shut); box.appendChild(note); box.appendChild(big);
+  document.body.appendChild(box);
+  function close() {
+    if (box.hidden) return;
+    box.hidden = true;
+    big.removeAttribute('src');
+    document.body.classList.remove('lightbox-open');
+    if (opener) opener.focus();
+  }
+  function enlarge(img) {
+    var caption = img.parentNode.querySelector('figcaption');
+    opener = img;
+    big.src = img.src; big.alt = img.alt;
+    note.textContent = caption ? caption.textContent : '';
+    box.hidden = false;
+    document.body.classList.add('lightbox-open');
+    shut.focus();
+  }
+  box.addEventListener('click', close);
+  document.addEventListener('keydown', function (e) { if (e.key === 'Escape') close(); });
   Array.prototype.forEach.call(document.querySelectorAll('figure img'), function (img) {
-    function check() {
-      var fig = img.parentNode;
-      if (img.naturalWidth > img.clientWidth + 1 || fig.classList.contains('full')) {
-        fig.classList.add('zoomable');
-        img.title = 'click to switch between full size and the page width';
-      }
-    }
-    img.addEventListener('click', function () {
-      if (img.parentNode.classList.contains('zoomable')) img.parentNode.classList.toggle('full');
+    img.tabIndex = 0;
+    img.setAttribute('role', 'button');
+    img.title = 'click to enlarge (Esc closes)';
+    img.addEventListener('click', function () { enlarge(img); });
+    img.addEventListener('keydown', function (e) {
+      if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); enlarge(img); }
     });
-    if (img.complete) check(); else img.addEventListener('load', check);
+    function floor() { if (img.naturalWidth) img.style.minWidth = Math.round(img.naturalWidth * MIN_SCALE) + 'px'; }
+    if (img.complete) floor(); else img.addEventListener('load', floor);
   });
   document.documentElement.className += ' js';
   document.body.setAttribute('data-sortable-tables', String(tables.length));
@@ -434,7 +469,8 @@ def to_html(rep: Report, images: dict[str, Path] | None = None, generated: dict[
     legend = "".join(f'<span><span class="cell missing st-{st}">{esc(text)}</span> {esc(STATUS_TITLES[st])}</span>'
                      for st, text in (("missing", "—"), ("oom", "OOM"), ("skipped", "skip")))
     out.append('<p class="legend meta">Click a column header to sort (again: descending; a third time: the '
-               f"report's order); cells without a value sort last. {legend}</p>\n")
+               f"report's order); cells without a value sort last. Click a figure to see it at full size. {legend}"
+               "</p>\n")
     toc = [f'<a href="#group-{esc(g.id)}"><b>{esc(g.short_title)}</b>{esc(g.title[len(g.short_title):])}</a>'
            if g.title.startswith(g.short_title) else f'<a href="#group-{esc(g.id)}">{esc(g.title)}</a>'
            for g in rep.groups]

@@ -3,14 +3,18 @@ context length (perplexity, attention entropy, passkey accuracy), needle heatmap
 
 Readability rules, applied in one place: length axes are log2 with a labelled tick at every evaluated length; a
 log y axis carries numbers at readable values (1-2-5 steps, finer when the data span less than a decade); every
-series differs from every other (colour by method family, line style and marker by parameters or model); the legend
-moves outside the axes past four entries; original lengths are marked with black vertical lines.
+series differs from every other (hue by method family; shade, line style and marker by parameters or model); a
+series identical to another is drawn once and its legend entry names both; titles wrap between words or list items,
+never inside a word; the legend moves outside the axes past four entries; original lengths are marked with black
+vertical lines.
 """
 
 from __future__ import annotations
 
+import colorsys
 import math
-import textwrap
+import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,6 +24,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib import colors as mcolors  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from ..errors import CtxevalError  # noqa: E402
@@ -33,10 +38,13 @@ FAMILY_COLORS = {"none": "tab:blue", "native": "tab:brown", "pi": "tab:orange", 
                  # attention methods (on plain RoPE; on a frequency method they take its colour and another style)
                  "self-extend": "#e7298a", "rerope": "black", "leaky-rerope": "#000080", "logn": "#666666"}
 SPARE_COLORS = ["tab:gray", "#7570b3", "#e7298a", "#66a61e", "#d95f02", "#1a1a80"]
-# the variants of one family (other factors or parameters, other models): line style x marker
+# the variants of one family (other factors or parameters, other models): a shade of its hue, and line style x marker
+SHADE_LIGHTNESS = (0.27, 0.70)  # HLS lightness of the darkest and the lightest variant of a family
+SHADE_STEP = 0.16  # lightness between neighbouring shades when few variants leave room
 VARIANT_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ("-", "v"), ("--", "P"), (":", "X"),
                   ("-.", "*"), ("-", "h"), ("--", "<")]
 LEGEND_INSIDE_MAX = 4  # legend entries (curves and marker lines) that fit inside the axes
+LEGEND_WIDTH = 56  # characters of a legend entry's line (a longer one wraps, as titles do, not widening the figure)
 
 
 @dataclass(frozen=True)
@@ -66,9 +74,35 @@ def method_family(label: str) -> str:
     return str(label).split("(", 1)[0].strip()
 
 
+def _title_pieces(line: str, width: int) -> list[tuple[str, str]]:
+    """(separator, text) pieces a title line may break between: words, the items of a comma list, and in a word
+    longer than a whole line also the parts of an identifier (after `_`, `-`, `/`, `.`)."""
+    pieces: list[tuple[str, str]] = []
+    for word in line.split(" "):
+        sep = " "
+        for item in re.split(r"(?<=,)(?=.)", word):
+            parts = re.split(r"(?<=[_\-/.])(?=.)", item) if len(item) > width else [item]
+            for part in parts:
+                pieces.append((sep, part))
+                sep = ""
+    return pieces
+
+
 def wrap_title(title: str, width: int = 110) -> str:
-    """Each line of a title folded at `width` characters, so that a long protocol line cannot widen the figure."""
-    return "\n".join(textwrap.fill(line, width) for line in title.split("\n"))
+    """Each line of a title folded at `width` characters, so that a long protocol line cannot widen the figure:
+    between words, after a comma of a list, or (in a word longer than a line) after `_`, `-`, `/` or `.`; never
+    inside a word. A word with none of these longer than `width` keeps its own line."""
+    out = []
+    for line in title.split("\n"):
+        current = ""
+        for sep, text in _title_pieces(line, width):
+            if current and len(current) + len(sep) + len(text) > width:
+                out.append(current.rstrip())
+                current = text
+            else:
+                current += (sep if current else "") + text
+        out.append(current.rstrip())
+    return "\n".join(out)
 
 
 def save(fig: Any, path: Path, tight: bool = True) -> Path:
@@ -92,24 +126,64 @@ def save(fig: Any, path: Path, tight: bool = True) -> Path:
     return path
 
 
+def family_shades(color: Any, n: int) -> list[str]:
+    """n shades of one hue, dark to light (the colour itself for n = 1): the variants of one method family."""
+    if n <= 1:
+        return [mcolors.to_hex(color)]
+    hue, _, saturation = colorsys.rgb_to_hls(*mcolors.to_rgb(color))
+    low, high = SHADE_LIGHTNESS
+    step = min(SHADE_STEP, (high - low) / (n - 1))
+    middle = (low + high) / 2
+    return [mcolors.to_hex(colorsys.hls_to_rgb(hue, middle + (i - (n - 1) / 2) * step, saturation)) for i in range(n)]
+
+
 def curve_styles(curves: Sequence[Curve]) -> list[dict[str, Any]]:
-    """Matplotlib styles: colour by family, the family's n-th variant gets the n-th (line style, marker); no two
-    measured curves share a (colour, line style, marker)."""
-    spare = iter(SPARE_COLORS * 4)
-    colors: dict[str, str] = {}
-    variants: dict[str, int] = {}
+    """Matplotlib styles: the hue says the family (FAMILY_COLORS, the same in every figure); the family's n-th
+    variant gets the n-th shade of it and the n-th (line style, marker). No two measured curves share a
+    (colour, line style, marker)."""
+    counts = Counter(c.family for c in curves if not c.reference)
+    colors = {family: FAMILY_COLORS[family] for family in counts if family in FAMILY_COLORS}
+    spare = iter([c for c in SPARE_COLORS if c not in colors.values()] * 4)
+    for family in counts:
+        colors.setdefault(family, next(spare))
+    shades = {family: family_shades(colors[family], n) for family, n in counts.items()}
+    variants: Counter[str] = Counter()
+    seen: set[tuple[str, str, str]] = set()
     styles = []
     for curve in curves:
         if curve.reference:
             styles.append({"color": "grey", "ls": "--", "lw": 1.2, "marker": None})
             continue
-        if curve.family not in colors:
-            colors[curve.family] = FAMILY_COLORS.get(curve.family) or next(spare)
-        n = variants.get(curve.family, 0)
-        variants[curve.family] = n + 1
-        ls, marker = VARIANT_STYLES[n % len(VARIANT_STYLES)]
-        styles.append({"color": colors[curve.family], "ls": ls, "marker": marker, "ms": 4.5, "lw": 1.5})
+        n = variants[curve.family]
+        variants[curve.family] += 1
+        color = shades[curve.family][n]
+        free = (k for k in range(n, n + len(VARIANT_STYLES))  # another family may have the same colour (greys)
+                if (color, *VARIANT_STYLES[k % len(VARIANT_STYLES)]) not in seen)
+        ls, marker = VARIANT_STYLES[next(free, n) % len(VARIANT_STYLES)]
+        seen.add((color, ls, marker))
+        styles.append({"color": color, "ls": ls, "marker": marker, "ms": 4.5, "lw": 1.5})
     return styles
+
+
+def same_points(a: Curve, b: Curve) -> bool:
+    """Two curves with the same lengths and the same values (to float rounding): one would hide the other."""
+    return list(a.xs) == list(b.xs) and all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
+                                            for x, y in zip(a.ys, b.ys))
+
+
+def merge_identical(curves: Sequence[Curve]) -> list[tuple[int, str]]:
+    """(index, legend text) of the curves to draw: a curve identical to an earlier one is not drawn again; the earlier
+    one's legend says `label (= other, ...)` instead, so no series disappears under another unnoticed."""
+    twins: dict[int, list[str]] = {}
+    drawn: list[int] = []
+    for i, curve in enumerate(curves):
+        first = next((j for j in drawn if not curve.reference and not curves[j].reference
+                      and same_points(curves[j], curve)), None)
+        if first is None:
+            drawn.append(i)
+        else:
+            twins.setdefault(first, []).append(curve.label)
+    return [(i, curves[i].label + (f" (= {', '.join(twins[i])})" if i in twins else "")) for i in drawn]
 
 
 def length_axis(ax: Any, lengths: Sequence[int]) -> None:
@@ -158,10 +232,12 @@ def plot_curves(curves: Sequence[Curve], path: Path, *, title: str, xlabel: str,
     black vertical lines); `threshold`: a grey horizontal line (accuracy figures); `x_ticks`: the labelled x
     positions when the points do not sit on them (loss-by-position buckets, drawn at their centres)."""
     measured = [c for c in curves if c.xs]
-    legend_outside = len(measured) + len(originals or {}) + (threshold is not None) > LEGEND_INSIDE_MAX
+    styles = curve_styles(measured)
+    drawn = merge_identical(measured)
+    legend_outside = len(drawn) + len(originals or {}) + (threshold is not None) > LEGEND_INSIDE_MAX
     fig, ax = plt.subplots(figsize=(10.5 if legend_outside else 8, 5))
-    for curve, style in zip(measured, curve_styles(measured)):
-        ax.plot(curve.xs, curve.ys, label=curve.label, **style)
+    for i, label in drawn:
+        ax.plot(measured[i].xs, measured[i].ys, label=wrap_title(label, LEGEND_WIDTH), **styles[i])
     lengths = sorted({x for c in measured for x in c.xs})
     if x_ticks:
         lengths = sorted(set(x_ticks))

@@ -3,20 +3,23 @@ one figure per protocol group."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import CtxevalError
+from ..paths import safe_name
 from ..rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
 from ..store import RUN_FILE, environment, now_utc
-from ..textfiles import finite_json, write_text
+from ..textfiles import finite_json, read_json, write_text
 from .merged import Report
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
-from .runs import Group
+from .runs import Group, is_report_dir
 from .tables import Table, bucket_center, csv_value, markdown, number
 
 
@@ -135,12 +138,81 @@ def position_curves(group: Group, table: Table) -> list[Curve]:
     return curves
 
 
+# protocol fields whose values name themselves in a file name ("austen", "sliding"); the others read "bos-off"
+SELF_NAMING_FIELDS = {"data", "documents", "preset", "haystack", "protocol", "essays", "tasks", "scoring"}
+NAME_LIST_MAX = 3  # list items a file name spells out; a longer list is counted ("11-tasks")
+NAME_PART_MAX = 40
+NAME_MAX = 100
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text` shortened to `limit` characters at a '-' (not inside a word where one is near)."""
+    if len(text) <= limit:
+        return text
+    dash = text.rfind("-", 0, limit + 1)
+    return text[:dash] if dash > limit // 2 else text[:limit]
+
+
+def name_part(field: str, value: Any) -> str:
+    """A protocol field's value as part of a file name: `austen`, `emma-mansfield-park`, `bos-off`, `11-tasks`."""
+    label = field.replace("_", "-")
+    if isinstance(value, (list, tuple)):
+        text = "-".join(map(str, value)) if len(value) <= NAME_LIST_MAX else f"{len(value)}-{label}"
+        named = field in SELF_NAMING_FIELDS or len(value) > NAME_LIST_MAX
+    elif isinstance(value, bool):
+        text, named = "on" if value else "off", False
+    elif isinstance(value, float):
+        text, named = f"{value:g}", False
+    elif isinstance(value, dict):
+        text, named = json.dumps(value, sort_keys=True, default=str), False
+    else:
+        # "austen (substitute for RULER's Paul Graham essays)": the remark in brackets is not part of the name
+        text, named = re.sub(r"\s*\(.*\)\s*$", "", str(value)) or str(value), field in SELF_NAMING_FIELDS
+    return _cut(safe_name(text if named else f"{label} {text}").lower(), NAME_PART_MAX)
+
+
+def figure_stems(groups: Sequence[Group]) -> dict[str, str]:
+    """Group id -> the file name (without .png) of its figure: the kind, the group's models, and the values of the
+    fields that set it apart from the kind's other groups (the fewest of them, in order, that tell the groups
+    apart): `ppl-smollm2-austen-emma-bos-off`, `ruler-tiny-11-tasks-pydoc`, `entropy-tiny`. A suffix `-2`, `-3`
+    only where two names would still be the same."""
+    stems: dict[str, str] = {}
+    used: set[str] = set()
+    for kind in dict.fromkeys(g.kind for g in groups):
+        mine = [g for g in groups if g.kind == kind]
+        fields = list(dict.fromkeys(f for g in mine for f in g.distinguishing))
+        parts = {g.id: {f: name_part(f, g.key.get(f)) for f in fields} for g in mine}
+
+        def told_apart(names: list[str]) -> int:
+            return len({tuple(parts[g.id][f] for f in names) for g in mine})
+
+        chosen: list[str] = []
+        for f in fields:
+            if told_apart(chosen) == len(mine):
+                break
+            if told_apart([*chosen, f]) > told_apart(chosen):
+                chosen.append(f)
+        for g in mine:
+            models = list(dict.fromkeys(Path(m).name or m for run in g.runs for m in run.models))
+            who = ([safe_name(m).lower() for m in models] if len(models) <= NAME_LIST_MAX
+                   else [f"{len(models)}-models"])
+            stem = _cut("-".join([kind, *who, *(parts[g.id][f] for f in chosen)]), NAME_MAX)
+            unique, n = stem, 1
+            while unique in used:
+                n += 1
+                unique = f"{stem}-{n}"
+            used |= {unique, f"{unique}-positions"}
+            stems[g.id] = unique
+    return stems
+
+
 def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
-    """One PNG per group (ppl curves / needle heatmaps / passkey curves / entropy curves); returns group id -> file
-    name."""
+    """One PNG per group (ppl curves / needle heatmaps / passkey curves / entropy curves), named by figure_stems;
+    returns group id (and `<group id>-positions`) -> file name."""
     images: dict[str, str] = {}
+    stems = figure_stems(rep.groups)
     for group in rep.groups:
-        path = Path(out_dir) / f"{group.id}.png"
+        path = Path(out_dir) / f"{stems[group.id]}.png"
         title = f"{group.short_title}\n{group.description}"
         if group.kind == "needle":
             if not group.grids:
@@ -173,7 +245,7 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
                             originals=_originals(group), log_y=True)
                 positions = next((t for t in group.tables if t.kind == "positions"), None)
                 if positions is not None:
-                    pos_path = Path(out_dir) / f"{group.id}-positions.png"
+                    pos_path = Path(out_dir) / f"{stems[group.id]}-positions.png"
                     plot_curves(position_curves(group, positions), pos_path, title=f"Loss by position: {title}",
                                 xlabel="tokens of context the prediction had (bucket centres; ticks at bucket edges)",
                                 ylabel="perplexity of the bucket's tokens", originals=_originals(group), log_y=True,
@@ -184,6 +256,21 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
                             ylabel="mean attention entropy (nats)", originals=_originals(group))
         images[group.id] = path.name
     return images
+
+
+def earlier_figures(out_dir: Path) -> set[str]:
+    """The figures an earlier report in `out_dir` wrote, as its report.json names them (PNG files directly in the
+    directory; nothing else is ever removed)."""
+    if not is_report_dir(out_dir):
+        return set()
+    try:
+        record = read_json(out_dir / "report.json", "", finite=False)
+    except CtxevalError:
+        return set()
+    groups = record.get("groups") if isinstance(record.get("groups"), list) else []
+    names = {g.get(key) for g in groups if isinstance(g, dict) for key in ("plot", "positions_plot")}
+    return {n for n in names if isinstance(n, str) and n.endswith(".png") and Path(n).name == n
+            and (out_dir / n).is_file()}
 
 
 def write_report(rep: Report, out_dir: Path) -> list[Path]:
@@ -198,8 +285,12 @@ def write_report(rep: Report, out_dir: Path) -> list[Path]:
     except OSError as exc:
         raise CtxevalError(f"--out {out_dir}: cannot create the directory ({exc.strerror or type(exc).__name__}); "
                            "choose another path") from None
+    earlier = earlier_figures(out_dir)
     images = write_plots(rep, out_dir)
     written = [out_dir / name for name in images.values()]
+    for name in earlier - set(images.values()):  # an earlier report's figure this one no longer draws
+        with contextlib.suppress(OSError):
+            (out_dir / name).unlink()
     record = {**to_json(rep, images), "generated": {  # how this report was made, as run.json says for a run
         "command": "ctxeval " + " ".join(sys.argv[1:]), "time": now_utc(), "environment": environment()}}
     files = {"table.md": to_markdown(rep, images), "report.csv": to_csv(rep),

@@ -318,7 +318,7 @@ def field_label(name: str) -> str:
 
 
 def fmt_value(value: Any) -> str:
-    """A protocol field's value for headings: on/off, comma lists, long strings shortened."""
+    """A protocol field's value for headings: on/off, comma lists, long strings shortened at a space."""
     if isinstance(value, bool):
         return "on" if value else "off"
     if value is None:
@@ -330,7 +330,10 @@ def fmt_value(value: Any) -> str:
     if isinstance(value, dict):
         return canon(value)
     text = " ".join(str(value).split())
-    return text if len(text) <= 48 else text[:45] + "..."
+    if len(text) <= 48:
+        return text
+    space = text.rfind(" ", 0, 46)
+    return (text[:space] if space > 24 else text[:45]).rstrip(" ,;(") + "..."  # at a word's end where one is near
 
 
 @dataclass
