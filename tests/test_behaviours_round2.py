@@ -245,8 +245,10 @@ def test_longppl_with_a_failed_document_is_missing_as_ppl_is(tmp_path, failed_st
     _, section = render_longppl(store, [spec])
     row = next(line for line in section.splitlines() if line.startswith("| none"))
     assert [c.strip() for c in row.strip("|").split("|")] == ["none", f"{math.exp(9 / 6):.2f}", shown], row
+    counts = next(line for line in section.splitlines() if line.startswith("| key tokens"))
+    assert [c.strip() for c in counts.strip("|").split("|")] == ["key tokens (count)", "6", "—"]  # not counted, not 0
     csv = {int(r["length"]): r for r in _csv(tmp_path / "longppl.csv")}
-    assert csv[512]["longppl"] == "" and csv[512]["status"] == failed_status
+    assert csv[512]["longppl"] == "" and csv[512]["key_tokens"] == "" and csv[512]["status"] == failed_status
 
     # `ctxeval report`
     run = _write_run(tmp_path / "run", _record(
@@ -261,6 +263,8 @@ def test_longppl_with_a_failed_document_is_missing_as_ppl_is(tmp_path, failed_st
     longppl = _table(rep, "longppl")
     record = next(r for r in longppl.records() if r["method"] == "none")
     assert record["256"] == pytest.approx(math.exp(9 / 6)) and record["512"] is None
+    count = next(r for r in longppl.records() if r["method"] == "key tokens (count)")
+    assert count["256"] == 6 and count["512"] is None
 
 
 # -- 4. A key token at the last position of a length counts at that length ---------------------------------------

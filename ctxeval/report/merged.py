@@ -102,7 +102,7 @@ def _longppl_tables(group: Group, rows: list[dict[str, Any]], pairs: list[tuple[
                            "(LongPPL compares methods on one set of tokens); report them separately")
         return []
     lengths = sorted(int(x) for x in lp["length"].unique())
-    cell = {(str(r.model), str(r.label), int(r.length)): (number(r.longppl), r.status, int(r.key_tokens))
+    cell = {(str(r.model), str(r.label), int(r.length)): (number(r.longppl), r.status, number(r.key_tokens))
             for r in lp.itertuples()}
     raw, status, shown = [], [], []
     for model, label in pairs:
@@ -113,7 +113,8 @@ def _longppl_tables(group: Group, rows: list[dict[str, Any]], pairs: list[tuple[
         status.append([None, None, *(None if g[1] == "ok" else g[1] for g in got)])
         shown.append([model, label, *(fmt_ppl(g[0] if g[0] is not None else float("nan"), g[1]) for g in got)])
     for model in dict.fromkeys(m for m, _ in pairs):
-        counts = [max((c[2] for k, c in cell.items() if k[0] == model and k[2] == L), default=None) for L in lengths]
+        counts = [max((int(c[2]) for k, c in cell.items() if k[0] == model and k[2] == L and c[2] is not None),
+                      default=None) for L in lengths]
         if any(c is not None for c in counts):
             raw.append([model, "key tokens (count)", *counts])
             status.append([None, None, *(None if c is not None else "missing" for c in counts)])

@@ -136,7 +136,7 @@ def render_longppl(store: Any, specs: Sequence[MethodSpec]) -> tuple[list[Printe
     headers = ["method"] + [fmt_length(int(L)) for L in lengths]
     rows = [[label] + [fmt_ppl(*cell.get((label, int(L)), (float("nan"), "missing"))) for L in lengths]
             for label in order]
-    rows.append(["key tokens (count)"] + [f"{int(counts[L]):,}" for L in lengths])
+    rows.append(["key tokens (count)"] + [f"{int(counts[L]):,}" if counts[L] == counts[L] else MISSING for L in lengths])
     key = store.record.get("key_tokens") or {}
     caption = (LONGPPL_CAPTION + f" Evaluator: {key.get('evaluator')} under {key.get('method')}; short context "
                f"{key.get('context')} (stride {key.get('window')}); alpha {key.get('alpha')}, beta {key.get('beta')}.")

@@ -103,7 +103,7 @@ def longppl_long(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
         ok = g[(g["status"] == "ok") & g["key_tokens"].notna()]
         if len(ok) < len(g):
             out.append({"model": model, "label": label, "length": int(length), "longppl": float("nan"),
-                        "key_tokens": 0, "n_docs": len(ok),
+                        "key_tokens": float("nan"), "n_docs": len(ok),  # not counted: unknown, not zero
                         "status": next((s for s in g["status"] if s != "ok"), "missing")})
             continue
         n_key = int(ok["key_tokens"].astype(int).sum())
