@@ -210,9 +210,9 @@ def plain_rope_notes(specs: list[MethodSpec], lengths: list[int], geometry: Geom
             continue  # a method that cannot be computed here fails with its own error when applied
         if same and method.length_dependent:
             notes.append(f"{spec.label} is plain RoPE at every length asked (up to {max(lengths):,}; trained "
-                         f"{geometry.original_length:,}): its rows will equal none's; it rescales only longer sequences")
+                         f"{geometry.original_length:,}): it measures the same as none; it rescales only longer sequences")
         elif same:
-            notes.append(f"{spec.label} is plain RoPE at this factor: its rows will equal none's; give a factor > 1 "
+            notes.append(f"{spec.label} is plain RoPE at this factor: it measures the same as none; give a factor > 1 "
                          "(--factor or NAME:factor=S)")
     return notes
 

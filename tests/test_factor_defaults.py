@@ -101,7 +101,7 @@ def test_ppl_within_the_trained_length_warns_that_bare_methods_are_plain(tmp_pat
     result = run_cli(tmp_path, "ppl", "--model", "tiny", "--lengths", "64", "-m", "none", "-m", "yarn", "--docs",
                      "1", "--out", str(tmp_path / "run"))
     assert result.exit_code == 0, result.output
-    assert "note: yarn(factor=1) is plain RoPE at this factor: its rows will equal none's" in result.stderr
+    assert "note: yarn(factor=1) is plain RoPE at this factor: it measures the same as none" in result.stderr
 
 
 def test_passkey_labels_carry_the_default_factor(tmp_path):
@@ -124,3 +124,12 @@ def test_methods_lists_which_factors_default_to_the_longest_length(tmp_path):
     factors = {m["name"]: p for m in json.loads(result.stdout) for p in m["params"] if p["name"] == "factor"}
     with_rule = sorted(name for name, p in factors.items() if "measuring_default" in p)
     assert with_rule == ["ntk", "ntk-by-parts", "pi", "yarn"]
+
+
+def test_plan_takes_the_default_factor_from_length(tmp_path):
+    geometry = ["--head-dim", "64", "--base", "10000", "--original-length", "4096", "--format", "json"]
+    result = run_cli(tmp_path, "plan", "-m", "yarn", *geometry, "--length", "16384")
+    assert json.loads(result.stdout)["params"]["factor"] == 4
+    assert "factor 4 = the longest length 16,384 / the trained length 4,096" in result.stderr
+    bare = run_cli(tmp_path, "plan", "-m", "yarn", *geometry)
+    assert json.loads(bare.stdout)["params"]["factor"] == 1 and "yarn is plain RoPE at this factor" in bare.stderr

@@ -16,7 +16,7 @@ from ..attention_methods import ATTENTION_METHODS, logn_length, relative_positio
 from ..errors import CtxevalError
 from ..methods import METHODS, Geometry, get_method, plan, resolve_params
 from ..models import load_config
-from ..specs import expand_specs, takes_default_factor
+from ..specs import expand_specs, plain_rope_notes, takes_default_factor, with_default_factors
 from .console import err, out, user_errors
 from .options import Check, FactorOpt, Fmt, MethodOpt, parse_factors
 
@@ -88,10 +88,14 @@ def plan_cmd(
     specs = expand_specs(method, parse_factors(factor))
     if len(specs) != 1:
         raise CtxevalError(f"plan shows one method at a time; got {len(specs)}: {', '.join(s.label for s in specs)}")
+    specs, notes = with_default_factors(specs, length, geom)  # --length plays the longest length's part
+    notes += plain_rope_notes(specs, [length or geom.original_length], geom)
     spec = specs[0]
     m = get_method(spec.name)
-    if length is not None and not m.length_dependent:
-        err.print(f"note: {m.name} does not depend on the sequence length; --length is ignored")
+    if length is not None and not m.length_dependent and not notes:
+        notes.append(f"{m.name} does not depend on the sequence length; --length is ignored")
+    for note in notes:
+        err.print(f"note: {note}", markup=False)
     freqs, rows = plan(m, geom, spec.params, length)
     full = resolve_params(m, spec.params)
     header = {

@@ -79,7 +79,9 @@ MethodOpt = Annotated[
     typer.Option("--method", "-m", help="NAME or NAME:key=value,... (e.g. yarn:factor=4,beta_fast=32); repeatable."),
 ]
 FactorOpt = Annotated[
-    Optional[str], typer.Option("--factor", help="Scale s for every method that takes one; a list sweeps: 2,4,8.")
+    Optional[str], typer.Option("--factor", help="Scale s for every method that takes one; a list sweeps: 2,4,8 "
+                                                 "(default: pi, ntk, ntk-by-parts and yarn take the longest length "
+                                                 "/ the trained length).")
 ]
 TemperatureOpt = Annotated[
     Optional[str],
