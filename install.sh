@@ -29,7 +29,8 @@ case "$mode" in
     if python3 -m pip install -q --retries 0 --timeout 10 --index-url "$cpu_index" "torch==$torch_version"; then
       say "torch from $cpu_index (or a local wheel pip was pointed at): $(python3 -c 'import torch; print(torch.__version__)')"
     else
-      say "warning: $cpu_index could not be reached; installing torch $torch_version from the default index instead"
+      say "warning: torch could not be installed from $cpu_index (unreachable, or a dependency missing there: pip's"
+      say "         error above); installing torch $torch_version from the default index instead"
       say "         (on Linux x86-64, PyPI's torch is the CUDA build: several GB; a local wheel or mirror avoids it)"
       python3 -m pip install -q "torch==$torch_version"
     fi
