@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESUME = "tests/test_resume_and_rollback.py"
+ROUND2 = "tests/test_behaviours_round2.py"
 # the console script, not `python -m mutmut`: -m would put the scratch tree (the unmutated ctxeval) first on sys.path
 MUTMUT = str(Path(sys.executable).parent / "mutmut")
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
@@ -40,6 +41,21 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "perplexity": (["ctxeval/evals/perplexity.py"],
                    ["tests/test_ppl.py", "tests/test_gpu_readiness.py", "tests/test_positions_longppl.py", RESUME]),
     "needle": (["ctxeval/evals/needle.py"], ["tests/test_needle.py", "tests/test_gpu_readiness.py", RESUME]),
+    # issue 27: the modules added since
+    "ruler": ([f"ctxeval/evals/{m}.py" for m in ("ruler", "ruler_tasks", "ruler_sources", "ruler_niah", "ruler_vt",
+                                                 "ruler_words", "ruler_qa")],
+              ["tests/test_ruler.py", "tests/test_conformance_ruler_yarn.py", ROUND2]),
+    "ruler_eval": (["ctxeval/evals/ruler_eval.py"], ["tests/test_ruler_cli.py", "tests/test_ruler.py", ROUND2, RESUME]),
+    "attention": (["ctxeval/attention_methods.py"],
+                  ["tests/test_attention_methods.py", "tests/test_conformance_attention.py"]),
+    "key_tokens": (["ctxeval/evals/key_tokens.py"],
+                   ["tests/test_positions_longppl.py", "tests/test_longppl_original.py", ROUND2]),
+    "positions": (["ctxeval/evals/positions.py"], ["tests/test_positions_longppl.py", "tests/test_ppl.py", ROUND2]),
+    "entropy": (["ctxeval/evals/entropy.py"], ["tests/test_entropy.py"]),
+    "tables": (["ctxeval/report/tables.py"],
+               ["tests/test_report.py", "tests/test_merge_report.py", "tests/test_passkey_yarn.py", ROUND2]),
+    "runs": (["ctxeval/report/runs.py"], ["tests/test_merge_report.py", "tests/test_report.py", "tests/test_html_report.py"]),
+    "sweep": (["ctxeval/evals/sweep.py"], ["tests/test_ppl.py", "tests/test_needle.py", "tests/test_ruler_cli.py", RESUME]),
 }
 # groups measured on part of their module: the functions that turn a forward into the numbers a row holds (fnmatch
 # patterns over mutmut's mutant names; the sweep, scheduling and config code of perplexity.py is left out for time)
