@@ -27,7 +27,7 @@ def default_edges(max_length: int, trained_length: int | None = None) -> tuple[i
     an edge so that the curve's step past it is its own bucket."""
     edges = {1, max_length}
     power = FIRST_EDGE
-    while power < max_length:
+    while FIRST_EDGE <= power < max_length:  # bounded: a power that stops doubling ends the loop, never hangs
         edges.add(power)
         power *= 2
     if trained_length and 1 < trained_length < max_length:
