@@ -283,16 +283,18 @@ def test_valid_lengths_a_ppl_exactly_at_the_tolerance_is_valid_and_the_x_columns
 
     from ctxeval.report.tables import valid_lengths
 
-    # own reference 10.0 at 64: 11.0 is exactly 10% above (valid), 11.5 is not; the base (`none`) is 8.0 at 64
-    wide = pd.DataFrame({32: [9.0, 7.0], 64: [10.0, 8.0], 128: [11.0, 8.8], 256: [11.5, 9.0]},
+    # tolerance 25% (exact in binary): own reference 8.0 at 64, so 10.0 is exactly at the limit (valid), 10.5 is
+    # not; the base (`none`) is 4.0 at 64, its limit 5.0
+    wide = pd.DataFrame({32: [9.0, 3.0], 64: [8.0, 4.0], 128: [10.0, 5.0], 256: [10.5, 5.0], 512: [9.0, 6.0]},
                         index=["pi(factor=2)", "none"])
-    valid = valid_lengths(wide, 64, 0.10).set_index("method")
-    own, base = "longest within 10% of own ppl", "longest within 10% of none"
-    assert list(valid["reference length"]) == [64, 64] and list(valid["ppl at reference"]) == [10.0, 8.0]
+    assert 8.0 * (1 + 0.25) == 10.0 and 4.0 * (1 + 0.25) == 5.0
+    valid = valid_lengths(wide, 64, 0.25).set_index("method")
+    own, base = "longest within 25% of own ppl", "longest within 25% of none"
+    assert list(valid["reference length"]) == [64, 64] and list(valid["ppl at reference"]) == [8.0, 4.0]
     assert valid.loc["pi(factor=2)", own] == 128 and valid.loc["pi(factor=2)", "x original"] == 2.0
     assert pd.isna(valid.loc["pi(factor=2)", base]) and pd.isna(valid.loc["pi(factor=2)", "x original (vs base)"])
-    assert valid.loc["none", own] == 128 and valid.loc["none", base] == 128  # 8.8 is exactly 1.1 x 8.0
-    assert valid.loc["none", "x original (vs base)"] == 2.0
+    assert valid.loc["none", own] == 256 and valid.loc["none", base] == 256  # 5.0 is exactly 1.25 x 4.0
+    assert valid.loc["none", "x original"] == 4.0 and valid.loc["none", "x original (vs base)"] == 4.0
 
 
 def test_valid_lengths_the_reference_is_the_longest_length_up_to_the_original_else_the_shortest():
@@ -359,6 +361,8 @@ def test_yarn_passkey_figures_the_longest_passing_length_and_the_mean_up_to_it()
     assert context == 512 and isinstance(context, int) and mean == 0.5
     context, mean = yarn_passkey_figures(pd.Series({1: None, 2: 1.0}, dtype=object), 1.0)
     assert (context, mean) == (2, 1.0)
+    # a length without an accuracy (NaN) below the context is not evaluated: the mean is over the others
+    assert yarn_passkey_figures(pd.Series({1: float("nan"), 2: 0.5, 4: 1.0}), 1.0) == (4, 0.75)
 
 
 def test_ruler_effective_length_a_missing_mean_stops_it():
