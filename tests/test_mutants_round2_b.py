@@ -588,3 +588,119 @@ def test_row_order_models_as_they_first_appear_methods_in_each_runs_order_only_t
     assert row_order(group, rows) == [("m", "yarn"), ("m", "none"), ("m", "pi"), ("n", "none")]
     # only pairs that have rows: ntk (named, never measured) is left out, and so is everything without a row
     assert row_order(group, [r for r in rows if r["label"] != "yarn"]) == [("m", "none"), ("m", "pi"), ("n", "none")]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ruler
+
+
+def test_the_size_search_returns_the_largest_fitting_size_in_the_range_else_the_start():
+    from ctxeval.evals import ruler as R
+
+    probes = []
+
+    def make(n):
+        probes.append(n)
+        return "ab" * n, []
+
+    assert R._search(make, lambda text: len(text) <= 1000, 5, 10_000) == 500
+    assert len(probes) <= 14  # bisection: about log2(10_000) probes
+    assert R._search(make, lambda text: len(text) <= 1000, 5, 500) == 500  # the upper bound itself fits
+    assert R._search(make, lambda text: len(text) <= 1000, 500, 500) == 500
+    assert R._search(make, lambda text: len(text) <= 1000, 499, 499) == 499
+    assert R._search(make, lambda text: len(text) <= 1000, 501, 600) == 501  # none fits: the start
+    assert R._search(make, lambda text: len(text) <= 1000, 7, 8) == 8
+    assert R._search(make, lambda text: len(text) <= 14, 7, 8) == 7
+    assert R._search(make, lambda text: False, 7, 7) == 7
+
+
+def test_the_size_search_refuses_a_haystack_that_never_fills_the_prompt():
+    from ctxeval.errors import CtxevalError
+    from ctxeval.evals import ruler as R
+
+    make = lambda n: ("same text whatever the size", [])  # noqa: E731 (an empty essay file)
+    with pytest.raises(CtxevalError) as exc:
+        R._search(make, lambda text: True, 5, 400, unfilled=lambda: "the essays are empty")
+    assert str(exc.value) == "the essays are empty"
+    assert R._search(make, lambda text: True, 5, 400) == 400  # without `unfilled`, the upper bound
+    assert R._search(lambda n: ("ab" * n, []), lambda t: len(t) <= 10, 1, 400, unfilled=lambda: "x") == 5
+
+
+@pytest.mark.parametrize("family, expected", [("niah", 750), ("variable_tracking", 750),
+                                              ("common_words_extraction", 500)])
+def test_the_search_bound_is_three_times_the_size_the_length_needs_twice_for_cwe(family, expected):
+    from ctxeval.evals import ruler as R
+
+    calls = []
+
+    def make(n):
+        calls.append(n)
+        return "x" * (4 * n), []  # 4 tokens per unit
+
+    count = len
+    assert R._upper(make, count, 1000, 64, 10, family) == expected  # 1000 tokens need 250 units
+    assert calls == [64]
+    assert R._upper(make, count, 1000, 64, 600, family) == 1200  # never under two steps
+
+
+def test_the_search_bound_rounds_as_ruler_does():
+    from ctxeval.evals import ruler as R
+
+    make = lambda n: ("x" * (3 * n), [])  # noqa: E731 (3 tokens per unit: 1000 / 3 = 333.3 units)
+    assert R._upper(make, len, 1000, 10, 1, "niah") == 1000  # int(333.33 x 3)
+    assert R._upper(make, len, 1000, 10, 1, "common_words_extraction") == 666  # int(1000 // 3) x 2
+
+
+def test_postprocess_strips_and_turns_every_control_character_into_a_newline():
+    from ctxeval.evals.ruler import postprocess
+
+    assert postprocess(" \n a\x01b\x1fc d\x7f \t") == "a\nb\nc d\x7f"
+    assert postprocess("x\x00\x00y") == "x\n\ny"
+    assert postprocess("\x00 answer \x1f") == "answer"
+
+
+def test_score_all_is_the_share_found_and_part_is_any_found_case_insensitively():
+    from ctxeval.evals.ruler import score
+
+    refs = ["Alpha", "beta", "GAMMA", "delta"]
+    assert score("string_match_all", "ALPHA and Gamma", refs) == 0.5
+    assert score("string_match_all", "alpha beta gamma delta", refs) == 1.0
+    assert score("string_match_all", "nothing", refs) == 0.0
+    assert score("string_match_part", "only gamma here", refs) == 1.0
+    assert score("string_match_part", "nothing", refs) == 0.0
+    assert score("string_match_all", "beta", ["beta"]) == 1.0 and score("string_match_part", "b", ["beta"]) == 0.0
+
+
+def test_a_ruler_sample_record_is_rulers_jsonl_line():
+    from ctxeval.evals.ruler_tasks import RulerSample
+
+    sample = RulerSample(3, "the input", ["a", "b"], 120, " Answer:", 17)
+    assert sample.record() == {"index": 3, "input": "the input", "outputs": ["a", "b"], "length": 120,
+                               "length_w_model_temp": 120, "answer_prefix": " Answer:", "token_position_answer": 17}
+    plain = RulerSample(0, "in", ["x"], 5, "", None).record()
+    assert plain == {"index": 0, "input": "in", "outputs": ["x"], "length": 5, "length_w_model_temp": 5,
+                     "answer_prefix": ""}
+    assert RulerSample(0, "in", ["x"], 5, "", 0).record()["token_position_answer"] == 0  # position 0 is kept
+    assert sample.prompt == "the input Answer:"
+
+
+def test_templates_are_checked_by_name_and_wrap_the_task_template_before_the_answer_prefix():
+    from ctxeval.errors import CtxevalError
+    from ctxeval.evals.ruler_tasks import FAMILIES, MODEL_TEMPLATES, TASKS, check_template, split_prefix, task_template
+
+    assert check_template("meta-chat") == "meta-chat"
+    with pytest.raises(CtxevalError) as exc:
+        check_template("llama")
+    assert str(exc.value) == ("unknown RULER model template 'llama'; templates (RULER's template.py): "
+                              + ", ".join(MODEL_TEMPLATES))
+    vt = FAMILIES["variable_tracking"]
+    assert task_template(TASKS["vt"]) == vt.template + vt.answer_prefix
+    assert task_template(TASKS["vt"], "meta-chat") == f"[INST] {vt.template} [/INST]{vt.answer_prefix}"
+    # the answer prefix is found by its first 10 characters, the last occurrence
+    text = "a Answer: b Answer: c" + " Answer: the end"
+    qa = FAMILIES["qa"]
+    assert qa.answer_prefix == " Answer:"
+    assert split_prefix(text, qa) == ("a Answer: b Answer: c", " Answer: the end")
+    long = FAMILIES["niah"]
+    head = long.answer_prefix[:10]
+    assert split_prefix(f"x{head}y{head} and more", long) == (f"x{head}y", f"{head} and more")

@@ -53,7 +53,11 @@ def _search(make: Callable[[int], tuple[str, list[str]]], fits: Callable[[str], 
     does not grow it (an empty essay file): with `unfilled` (the error's text), that is refused instead of measured
     short."""
     low, high, best = start, upper, None
+    probes = 0
     while low <= high:
+        probes += 1
+        if probes > 64:  # bisection over any size range ends long before: a bug, never a longer search
+            raise RuntimeError(f"RULER's size search did not converge in [{start}, {upper}]")
         mid = (low + high) // 2
         text, _ = make(mid)
         if fits(text):
