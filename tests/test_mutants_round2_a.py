@@ -73,3 +73,734 @@ def test_key_sums_add_float32_losses_in_float64():
     nll = np.array([2.0**24, 1.0, 1.0, 1.0, 1.0, 5.0], dtype=np.float32)
     total, count = key_sums(nll, np.array([1, 2, 3, 4, 5, 6]), 6)
     assert (total, count) == (2.0**24 + 4.0, 5)
+
+
+# ----------------------------------------------------------------------------------------------- key_tokens.py
+
+class _Tokenizer:
+    """A tokenizer's surface as key_tokens reads it: vocabulary, BOS id, ids with and without default specials."""
+
+    def __init__(self, vocab_size=50, bos=1, prefix=(1,)):
+        self.vocab, self.bos_token_id, self.prefix = {f"t{i}": i for i in range(vocab_size)}, bos, list(prefix)
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": (self.prefix if add_special_tokens else []) + [ord(c) % 40 + 5 for c in text]}
+
+
+def test_a_tokenizer_is_the_same_as_itself_and_as_an_equal_copy():
+    from ctxeval.evals.key_tokens import same_tokenizer
+
+    tok = _Tokenizer()
+    assert same_tokenizer(tok, tok) is True
+    assert same_tokenizer(_Tokenizer(), _Tokenizer()) is True
+
+
+@pytest.mark.parametrize("other", [_Tokenizer(vocab_size=51), _Tokenizer(bos=2), _Tokenizer(bos=None),
+                                   _Tokenizer(prefix=()), _Tokenizer(prefix=(1, 2))],
+                         ids=["vocabulary", "bos", "no-bos", "no-prefix", "longer-prefix"])
+def test_tokenizers_differing_in_one_respect_are_not_the_same(other):
+    from ctxeval.evals.key_tokens import same_tokenizer
+
+    assert same_tokenizer(_Tokenizer(), other) is False
+    assert same_tokenizer(other, _Tokenizer()) is False
+
+
+@pytest.mark.parametrize("bos, prefix, candidates", [(False, (), 12), (False, (7, 8), 14), (True, (), 11),
+                                                     (True, (7, 8), 13)])
+def test_summary_counts_the_evaluators_candidate_tokens(bos, prefix, candidates):
+    """The evaluator reads its prefix + the document without the evaluated model's BOS: a 20-token sequence with
+    context 8 leaves 20 - bos + len(prefix) - 8 tokens that can be key tokens."""
+    from ctxeval.evals.key_tokens import CACHE_FILE, KeyTokenSettings, summary
+
+    settings = KeyTokenSettings("ev", "none", 8, 2, prefix, bos)
+    found = {"a": np.array([9, 12, 15]), "b": np.zeros(0, dtype=np.int64)}
+    out = summary(settings, found, {"a": 20, "b": 8 - len(prefix) + bos})
+    assert out["file"] == CACHE_FILE and out["evaluator"] == "ev" and out["context"] == 8
+    assert out["documents"] == [
+        {"doc": "a", "key_tokens": 3, "candidates": candidates, "fraction": round(3 / candidates, 6)},
+        {"doc": "b", "key_tokens": 0, "candidates": 0, "fraction": None}]
+
+
+def _settings(**kw):
+    from ctxeval.evals.key_tokens import KeyTokenSettings
+
+    return KeyTokenSettings(**{"evaluator": "ev", "method": "yarn(factor=2)", "context": 8, "window": 2,
+                               "evaluator_prefix": (1,), "bos": False, **kw})
+
+
+def _cache(path, settings, documents):
+    import json
+
+    path.write_text(json.dumps({"settings": settings.record(), "documents": documents}) + "\n")
+    return path
+
+
+def test_a_cache_of_these_settings_and_documents_is_read_back(tmp_path):
+    from ctxeval.evals.key_tokens import read_cache
+
+    path = _cache(tmp_path / "k.json", _settings(), {"a": {"sequence_tokens": 20, "positions": [1, 5, 19]},
+                                                     "b": {"sequence_tokens": 12, "positions": []},
+                                                     "c": {"sequence_tokens": 30, "positions": [3.0, 4]}})
+    got = read_cache(path, _settings(), {"a": 20, "b": 12, "c": 30})
+    assert {k: (v.tolist(), v.dtype) for k, v in got.items()} == {
+        "a": ([1, 5, 19], np.int64), "b": ([], np.int64), "c": ([3, 4], np.int64)}
+    assert list(read_cache(path, _settings(), {"b": 12})) == ["b"]  # documents the run does not read are left
+
+
+@pytest.mark.parametrize("entry", [
+    {"sequence_tokens": 21, "positions": [1, 5]},  # another length
+    {"positions": [1, 5]},
+    {"sequence_tokens": 20, "positions": "1,5"},
+    {"sequence_tokens": 20},
+    {"sequence_tokens": 20, "positions": [0, 5]},  # position 0 has no loss
+    {"sequence_tokens": 20, "positions": [5, 20]},  # past the sequence
+    {"sequence_tokens": 20, "positions": [5, 5]},  # not increasing
+    {"sequence_tokens": 20, "positions": [6, 5]},
+    {"sequence_tokens": 20, "positions": [1.5]},
+    {"sequence_tokens": 20, "positions": ["3"]},
+    {"sequence_tokens": 20, "positions": [True]},
+    [1, 5],
+], ids=lambda e: str(e))
+def test_a_cache_entry_that_does_not_fit_the_document_is_stale(tmp_path, entry):
+    from ctxeval.evals.key_tokens import read_cache
+
+    path = _cache(tmp_path / "k.json", _settings(), {"a": entry, "b": {"sequence_tokens": 12, "positions": [2]}})
+    assert read_cache(path, _settings(), {"a": 20, "b": 12}) is None
+    assert read_cache(path, _settings(), {"b": 12})["b"].tolist() == [2]  # the other document alone is fine
+
+
+@pytest.mark.parametrize("change", [dict(evaluator="other"), dict(context=9), dict(window=3), dict(bos=True),
+                                    dict(evaluator_prefix=()), dict(alpha=2.5), dict(beta=1.0)])
+def test_a_cache_of_other_settings_is_stale(tmp_path, change):
+    from ctxeval.evals.key_tokens import read_cache
+
+    path = _cache(tmp_path / "k.json", _settings(**change), {"a": {"sequence_tokens": 20, "positions": [3]}})
+    assert read_cache(path, _settings(), {"a": 20}) is None
+    assert read_cache(path, _settings(**change), {"a": 20})["a"].tolist() == [3]
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[1, 2]", '{"documents": {}}', "null"])
+def test_a_cache_file_that_is_not_a_key_token_file_is_stale(tmp_path, text):
+    import json
+
+    from ctxeval.evals.key_tokens import read_cache
+
+    path = tmp_path / "k.json"
+    path.write_text(text)
+    assert read_cache(path, _settings(), {"a": 20}) is None
+    assert read_cache(tmp_path / "missing.json", _settings(), {"a": 20}) is None
+    path.write_text(json.dumps({"settings": _settings().record(), "documents": [1]}))
+    assert read_cache(path, _settings(), {"a": 20}) is None
+
+
+def test_default_context_is_the_papers_4096_only_past_it():
+    from ctxeval.evals.key_tokens import default_context, default_window
+
+    assert default_context(2048, 8192) == 4096 and default_context(100, 4097) == 4096
+    assert default_context(8192, 4096) == 2048  # a longest length of exactly 4096: half of it
+    assert default_context(128, 1024) == 64 and default_context(4, 4) == 2 and default_context(2, 64) == 2
+    assert default_window(4096) == 1024 and default_window(64) == 16 and default_window(3) == 1
+
+
+def test_the_settings_record_is_what_run_json_and_the_cache_hold():
+    s = _settings(evaluator_prefix=(1, 5), bos=True, alpha=1.5)
+    assert s.record() == {"evaluator": "ev", "method": "yarn(factor=2)", "context": 8, "window": 2,
+                          "evaluator_prefix": [1, 5], "bos": True, "alpha": 1.5, "beta": 2.0,
+                          "rule": "LongPPL find_key_token: short loss - long loss > alpha and long loss < beta"}
+
+
+def test_the_truncate_sequence_is_bos_and_the_documents_first_tokens():
+    from ctxeval.corpora import TokenDoc
+    from ctxeval.evals.key_tokens import document_sequence
+
+    doc = TokenDoc("d", np.arange(100, 130))
+    assert document_sequence(doc, 10, 7) == [7] + list(range(100, 109))
+    assert document_sequence(doc, 10, 0) == [0] + list(range(100, 109))  # BOS id 0 is a BOS
+    assert document_sequence(doc, 10, None) == list(range(100, 110))
+    assert document_sequence(doc, 50, None) == list(range(100, 130))  # a shorter document: all of it
+
+
+class _Store:
+    def __init__(self, path):
+        self.dir, self.updates = path, []
+
+    def update(self, **fields):
+        self.updates.append(fields)
+
+
+def _find(tmp_path, monkeypatch, bos, spec="none", found=None, load=None):
+    """find_key_tokens with the evaluator's forward replaced: it records the document each call is given."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from ctxeval.corpora import TokenDoc
+    from ctxeval.evals import key_tokens as K
+    from ctxeval.specs import expand_specs
+
+    seen, events = [], []
+
+    @contextlib.contextmanager
+    def applying(lm, method, lengths):
+        events.append(("apply", method.label, lengths))
+        yield None, {}
+
+    def keys(model, device, document, settings, chunk_size):
+        seen.append((model, device, list(document), chunk_size))
+        return np.array([2, len(document) - 1], dtype=np.int64)
+
+    monkeypatch.setattr(K, "applying", applying)
+    monkeypatch.setattr(K, "evaluator_keys", keys)
+    lm = SimpleNamespace(model="evaluator-model", device="cpu", rope=None)
+
+    def load_evaluator():
+        events.append("load")
+        return lm, lambda: events.append("release")
+
+    docs = [TokenDoc("a", np.arange(100, 140)), TokenDoc("b", np.arange(200, 230))]
+    store = _Store(tmp_path)
+    settings = _settings(bos=bos is not None, context=4)
+    notes = SimpleNamespace(note=lambda text: events.append(("note", text)))
+    got = K.find_key_tokens(store, settings, load or load_evaluator, expand_specs([spec])[0], docs, 16, bos,
+                            chunk_size=8, progress=notes)
+    return got, seen, events, store, settings
+
+
+@pytest.mark.parametrize("bos", [None, 9])
+def test_the_evaluator_reads_each_document_without_the_evaluated_models_bos(tmp_path, monkeypatch, bos):
+    import json
+
+    from ctxeval.evals.key_tokens import CACHE_FILE, read_cache, summary
+
+    got, seen, events, store, settings = _find(tmp_path, monkeypatch, bos)
+    n = 15 if bos is not None else 16  # document tokens in a 16-token sequence
+    assert seen == [("evaluator-model", "cpu", list(range(100, 100 + n)), 8),
+                    ("evaluator-model", "cpu", list(range(200, 200 + n)), 8)]
+    assert events == ["load", ("apply", "none", (16,)), ("note", "key tokens: ev under none on a"),
+                      ("note", "key tokens: ev under none on b"), "release"]
+    assert {k: v.tolist() for k, v in got.items()} == {"a": [2, n - 1], "b": [2, n - 1]}
+    assert (tmp_path / CACHE_FILE).read_text().count("\n") == 1
+    cache = json.loads((tmp_path / CACHE_FILE).read_text())
+    assert cache["documents"] == {d: {"sequence_tokens": 16, "positions": [2, n - 1]} for d in ("a", "b")}
+    assert {k: v.tolist() for k, v in read_cache(tmp_path / CACHE_FILE, settings, {"a": 16, "b": 16}).items()} == \
+        {"a": [2, n - 1], "b": [2, n - 1]}
+    assert store.updates == [{"key_tokens": summary(settings, got, {"a": 16, "b": 16})}]
+    # a second run reads the file: no evaluator is loaded
+    again, seen2, events2, store2, _ = _find(tmp_path, monkeypatch, bos,
+                                             load=lambda: (_ for _ in ()).throw(AssertionError("loaded again")))
+    assert seen2 == [] and events2 == [] and {k: v.tolist() for k, v in again.items()} == \
+        {k: v.tolist() for k, v in got.items()}
+    assert store2.updates == store.updates
+
+
+def test_a_length_dependent_evaluator_method_is_refused_and_the_evaluator_released(tmp_path, monkeypatch):
+    from ctxeval.evals.key_tokens import CACHE_FILE
+
+    events = []
+    with pytest.raises(CtxevalError, match=r"^--key-tokens-method dynamic-ntk depends on the sequence length"):
+        _find(tmp_path, monkeypatch, None, spec="dynamic-ntk", load=lambda: (
+            events.append("load") or (__import__("types").SimpleNamespace(model=None, device="cpu", rope=None),
+                                      lambda: events.append("release"))))
+    assert events == ["load", "release"] and not (tmp_path / CACHE_FILE).exists()
+
+
+def test_settings_bos_must_match_the_sequences(tmp_path, monkeypatch):
+    from ctxeval.evals.key_tokens import find_key_tokens
+    from ctxeval.specs import expand_specs
+
+    with pytest.raises(ValueError, match="KeyTokenSettings.bos is True but the sequences' BOS id is None"):
+        find_key_tokens(_Store(tmp_path), _settings(bos=True), None, expand_specs(["none"])[0], [], 16, None, 8)
+    with pytest.raises(ValueError, match="KeyTokenSettings.bos is False but the sequences' BOS id is 0"):
+        find_key_tokens(_Store(tmp_path), _settings(bos=False), None, expand_specs(["none"])[0], [], 16, 0, 8)
+
+
+def test_another_rank_reads_the_main_ranks_file_and_refuses_a_missing_one(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from ctxeval.evals import key_tokens as K
+
+    got, *_ = _find(tmp_path, monkeypatch, None)  # the main rank writes key-tokens.json
+    barriers = []
+    monkeypatch.setattr(K, "current", lambda: SimpleNamespace(is_main=False, barrier=lambda: barriers.append(1)))
+    store = _Store(tmp_path)
+    settings = _settings(context=4)
+    docs = [K.TokenDoc("a", np.arange(100, 140)), K.TokenDoc("b", np.arange(200, 230))]
+    spec = __import__("ctxeval.specs", fromlist=["x"]).expand_specs(["none"])[0]
+    never = lambda: (_ for _ in ()).throw(AssertionError("another rank loads no evaluator"))  # noqa: E731
+    mine = K.find_key_tokens(store, settings, never, spec, docs, 16, None, 8)
+    assert {k: v.tolist() for k, v in mine.items()} == {k: v.tolist() for k, v in got.items()}
+    assert store.updates == [] and barriers == [1]
+    (tmp_path / K.CACHE_FILE).unlink()
+    with pytest.raises(CtxevalError, match=r"key-tokens\.json is missing or stale on this rank; run the command again"):
+        K.find_key_tokens(store, settings, never, spec, docs, 16, None, 8)
+
+
+def test_a_non_finite_value_in_a_document_the_run_does_not_read_leaves_the_cache_usable(tmp_path):
+    from ctxeval.evals.key_tokens import read_cache
+
+    path = _cache(tmp_path / "k.json", _settings(), {"a": {"sequence_tokens": 20, "positions": [3]},
+                                                     "other": {"sequence_tokens": 20, "positions": [float("nan")]}})
+    assert "NaN" in path.read_text()
+    assert read_cache(path, _settings(), {"a": 20})["a"].tolist() == [3]
+    assert read_cache(path, _settings(), {"a": 20, "other": 20}) is None
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (dict(protocol="sliding"), r"^--key-tokens \(LongPPL\) scores one long context per document: use --protocol truncate$"),
+    (dict(context=0), r"^--key-tokens-context must be at least 1 token \(its stride a quarter of it, at least 1\), got 0$"),
+    (dict(window=0), r"^--key-tokens-context must be at least 1 token .*, got 8$"),
+    (dict(context=64), r"^--key-tokens-context 64 is not shorter than the longest length 64: no token would have more "
+                       r"than the short context; use a smaller --key-tokens-context or longer --lengths$"),
+    (dict(context=100), r"^--key-tokens-context 100 is not shorter than the longest length 64"),
+])
+def test_key_token_settings_are_checked(change, fragment):
+    from ctxeval.evals.key_tokens import check_settings
+
+    protocol = change.pop("protocol", "truncate")
+    with pytest.raises(CtxevalError, match=fragment):
+        check_settings(_settings(**change), (32, 64, 16), protocol)
+
+
+def test_key_token_settings_at_the_limits_are_accepted():
+    from ctxeval.evals.key_tokens import check_settings
+
+    check_settings(_settings(context=63, window=1), (32, 64, 16), "truncate")
+    check_settings(_settings(context=1, window=1), (2,), "truncate")
+
+
+class _Wrapping(_Tokenizer):
+    """Adds `before` and `after` around a text's ids by default (BOS, EOS)."""
+
+    def __init__(self, before, after, merge=False):
+        super().__init__(prefix=before)
+        self.after, self.merge = list(after), merge
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = super().__call__(text, add_special_tokens)["input_ids"]
+        if add_special_tokens and self.merge:
+            ids = ids[:len(self.prefix)] + [99] + ids[len(self.prefix) + 2:]  # the first two text tokens as one
+        return {"input_ids": ids + (self.after if add_special_tokens else [])}
+
+
+@pytest.mark.parametrize("before, after", [((), ()), ((), (2,)), ((1,), ()), ((1,), (2,)), ((1, 3), (2, 2))])
+def test_special_prefix_is_what_comes_before_the_texts_own_tokens(before, after):
+    from ctxeval.evals.key_tokens import special_prefix
+
+    assert special_prefix(_Wrapping(before, after)) == tuple(before)
+
+
+@pytest.mark.parametrize("before, after", [((), ()), ((1,), (2,))])
+def test_a_tokenizer_that_changes_the_texts_tokens_is_refused(before, after):
+    from ctxeval.evals.key_tokens import special_prefix
+
+    with pytest.raises(CtxevalError, match=r"^the tokenizer's default special tokens change the text's own tokens; "
+                                           r"LongPPL's key tokens cannot be placed: use an evaluator whose tokenizer "
+                                           r"only adds tokens around the text$"):
+        special_prefix(_Wrapping(before, after, merge=True))
+
+
+# ------------------------------------------------------------------------------------------------- entropy.py
+
+def _reference_entropy(query, key, heads, scale, allowed=None, additive=None):
+    """Per query: mean over `heads` of -sum p ln p, p = causal softmax(q k^T * scale) (float64, one head at a time)."""
+    import torch
+
+    n_heads, n = query.shape[1], query.shape[2]
+    group = n_heads // key.shape[1]
+    out = torch.zeros(n, dtype=torch.float64)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    for h in heads:
+        z = query[0, h].double() @ key[0, h // group].double().T * scale
+        if additive is not None:
+            z = z + additive.double()
+        ok = causal & (allowed if allowed is not None else True)
+        p = torch.softmax(z.masked_fill(~ok, float("-inf")), -1)
+        out += -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)
+    return out / len(heads)
+
+
+def _qk(n=9, heads=4, kv=2, dim=8, seed=0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, heads, n, dim, generator=g), torch.randn(1, kv, n, dim, generator=g)
+
+
+def test_entropy_settings_are_checked():
+    from ctxeval.evals.entropy import EntropyConfig
+
+    for lengths in ((), (1,), (64, 1)):
+        with pytest.raises(CtxevalError, match=r"^--lengths must be >= 2 tokens$"):
+            EntropyConfig(lengths)
+    with pytest.raises(CtxevalError, match=r"^--query-chunk must be >= 1, got 0$"):
+        EntropyConfig((8,), query_chunk=0)
+    cfg = EntropyConfig((2,), query_chunk=1)
+    assert (cfg.layers, cfg.heads, cfg.chunk_bytes, cfg.bos) == (None, None, 2**31, True)
+    assert EntropyConfig((8,)).query_chunk == 512
+
+
+@pytest.mark.parametrize("heads, chunk", [(None, 4), ((1, 2), 3), ((3,), 100), ((0, 1, 2, 3), 1)])
+def test_observe_equals_the_per_head_formula_with_grouped_keys(heads, chunk):
+    from types import SimpleNamespace
+
+    from ctxeval.evals.entropy import EntropyCapture
+
+    q, k = _qk()
+    cap = EntropyCapture(None, heads, chunk)
+    cap.observe(SimpleNamespace(layer_idx=3), q, k, None, 0.5, {})
+    want = _reference_entropy(q, k, heads or range(4), 0.5)
+    assert list(cap.per_layer) == [3] and cap.per_layer[3].dtype == want.dtype
+    assert torch_close(cap.per_layer[3], want)
+
+
+def torch_close(a, b, tol=1e-5):
+    return float((a.double() - b.double()).abs().max()) < tol
+
+
+def test_observe_without_a_scaling_uses_one_over_the_root_of_the_head_dimension():
+    from types import SimpleNamespace
+
+    from ctxeval.evals.entropy import EntropyCapture
+
+    q, k = _qk(dim=16)
+    cap = EntropyCapture(None, None, 5)
+    cap.observe(SimpleNamespace(layer_idx=0), q, k, None, None, {})
+    assert torch_close(cap.per_layer[0], _reference_entropy(q, k, range(4), 0.25))
+    assert not torch_close(cap.per_layer[0], _reference_entropy(q, k, range(4), 1.0))
+
+
+@pytest.mark.parametrize("kind", ["bool4", "float4", "float3", "bool3"])
+def test_observe_applies_the_modules_mask(kind):
+    """A sliding window of 3 keys as the module's mask (bool, or additive -inf), 4-D or without the batch axis."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ctxeval.evals.entropy import EntropyCapture
+
+    n = 9
+    q, k = _qk(n=n)
+    i = torch.arange(n)
+    window = (i[None, :] > i[:, None] - 3)  # key j within 3 of query i (the causal part is the capture's own)
+    mask = window if kind.startswith("bool") else torch.zeros(n, n).masked_fill(~window, float("-inf"))
+    mask = mask[None, None] if kind.endswith("4") else mask[None]
+    cap = EntropyCapture(None, None, 4)
+    cap.observe(SimpleNamespace(layer_idx=0), q, k, mask, 0.5, {})
+    want = _reference_entropy(q, k, range(4), 0.5, allowed=window)
+    assert torch_close(cap.per_layer[0], want)
+    assert float(cap.per_layer[0][-1]) <= np.log(3) + 1e-6  # three keys at most
+
+
+def test_observe_counts_layers_without_an_index_and_keeps_only_the_sampled_ones():
+    from types import SimpleNamespace
+
+    from ctxeval.evals.entropy import EntropyCapture
+
+    q, k = _qk()
+    cap = EntropyCapture({1, 2}, None, 4)
+    for _ in range(4):
+        cap.observe(SimpleNamespace(), q, k, None, 0.5, {})  # no layer_idx: the call's order
+    assert sorted(cap.per_layer) == [1, 2] and cap.counter == 4
+    cap.reset()
+    assert cap.per_layer == {} and cap.counter == 0
+    cap.observe(SimpleNamespace(layer_idx=None), q, k, None, 0.5, {})
+    cap.observe(SimpleNamespace(layer_idx=2), q, k, None, 0.5, {})
+    assert list(cap.per_layer) == [2] and cap.counter == 2
+
+
+def test_observe_refuses_what_it_does_not_model():
+    from types import SimpleNamespace
+
+    import torch
+
+    from ctxeval.evals.entropy import EntropyCapture
+
+    q, k = _qk()
+    cap = EntropyCapture(None, None, 4)
+    for module, kwargs in ((SimpleNamespace(layer_idx=0), {"softcap": 50.0}), (SimpleNamespace(layer_idx=0, sinks=1), {})):
+        with pytest.raises(CtxevalError, match=r"^entropy: this model's attention uses logit soft-capping or sinks"):
+            cap.observe(module, q, k, None, 0.5, kwargs)
+    cap.observe(SimpleNamespace(layer_idx=0, sinks=None), q, k, None, 0.5, {"softcap": None})  # absent: fine
+    one = r"^entropy measures one full-sequence forward at a time \(batch 1, no cache\)$"
+    with pytest.raises(CtxevalError, match=one):
+        cap.observe(SimpleNamespace(layer_idx=0), torch.cat((q, q)), torch.cat((k, k)), None, 0.5, {})
+    with pytest.raises(CtxevalError, match=one):
+        cap.observe(SimpleNamespace(layer_idx=0), q[:, :, -1:], k, None, 0.5, {})
+    with pytest.raises(CtxevalError, match=r"^--heads 4 is out of range: the model has 4 query heads$"):
+        EntropyCapture(None, (0, 4), 4).observe(SimpleNamespace(layer_idx=0), q, k, None, 0.5, {})
+
+
+def _runner(bos=True, bos_id=1, progress=None, heads=None):
+    from conftest import tiny_llama
+
+    from ctxeval.evals.entropy import EntropyConfig, EntropyRunner
+
+    model = tiny_llama(num_hidden_layers=2, attn_implementation="sdpa")
+    cfg = EntropyConfig((8, 16), heads=heads, bos=bos)
+    return EntropyRunner(model, "cpu", cfg, bos_id, "tiny", progress), cfg
+
+
+def test_the_entropy_sequence_is_bos_and_the_documents_first_tokens():
+    from ctxeval.corpora import TokenDoc
+
+    doc = TokenDoc("d", np.arange(10, 40))
+    with_bos, _ = _runner()
+    assert with_bos._ids(doc, 8).tolist() == [[1, 10, 11, 12, 13, 14, 15, 16]]
+    assert _runner(bos_id=0)[0]._ids(doc, 4).tolist() == [[0, 10, 11, 12]]  # BOS id 0 is a BOS
+    assert _runner(bos_id=None)[0]._ids(doc, 4).tolist() == [[10, 11, 12, 13]]
+    assert _runner(bos=False)[0]._ids(doc, 4).tolist() == [[10, 11, 12, 13]]
+
+
+def test_an_entropy_row_holds_the_per_layer_means_over_its_length():
+    import torch
+
+    from ctxeval.corpora import TokenDoc
+    from ctxeval.rows import uniform_entropy
+    from ctxeval.specs import expand_specs
+
+    runner, _ = _runner(heads=(0, 3))
+    per_layer = {1: torch.arange(16, dtype=torch.float64), 0: torch.ones(16, dtype=torch.float64)}
+    spec = expand_specs(["yarn:factor=2"])[0]
+    row = runner._row(spec, TokenDoc("d", np.arange(20)), 8, per_layer, 1.25)
+    assert {k: row[k] for k in ("model", "label", "task", "metric", "length", "doc", "layers", "entropy_per_layer",
+                                "entropy", "value", "uniform_entropy", "heads", "seconds", "status")} == {
+        "model": "tiny", "label": "yarn(factor=2)", "task": "entropy", "metric": row["metric"], "length": 8,
+        "doc": "d", "layers": [0, 1], "entropy_per_layer": [1.0, 3.5], "entropy": 2.25, "value": 2.25,
+        "uniform_entropy": uniform_entropy(8), "heads": [0, 3], "seconds": 1.25, "status": "ok"}
+    assert _runner()[0]._row(spec, TokenDoc("d", np.arange(20)), 8, per_layer, 1.0)["heads"] == "all"
+
+
+class _Notes:
+    def __init__(self):
+        self.events = []
+
+    def note(self, text):
+        self.events.append(("note", text))
+
+    def advance(self, amount, text):
+        self.events.append(("advance", amount, text))
+
+    def start(self, total):
+        self.events.append(("start", total))
+
+
+def test_a_length_dependent_method_runs_one_forward_per_length_and_an_oom_ends_in_a_row():
+    from ctxeval.corpora import TokenDoc
+    from ctxeval.evals.common import PointOOM
+    from ctxeval.evals.entropy import capture
+    from ctxeval.specs import expand_specs
+
+    notes = _Notes()
+    runner, cfg = _runner(progress=notes)
+    calls, real = [], runner._forward
+
+    def forward(cap, doc, length):
+        calls.append(length)
+        if length == 16:
+            raise PointOOM("out of memory (injected)")
+        return real(cap, doc, length)
+
+    runner._forward = forward
+    rows, spec = [], expand_specs(["dynamic-ntk"])[0]
+    with capture(runner.model, cfg) as cap:
+        runner.measure(spec, TokenDoc("d", np.arange(5, 45)), [16, 8], cap, rows.extend, static=False)
+    assert calls == [8, 16]
+    assert [(r["length"], r["status"]) for r in rows] == [(8, "ok"), (16, "oom")]
+    assert rows[1]["note"] == "out of memory (injected)" and rows[1]["value"] is None
+    assert notes.events == [("advance", 8, "dynamic-ntk d L=8"), ("note", "dynamic-ntk: out of memory at 16 tokens")]
+
+
+def test_a_static_method_that_runs_out_of_memory_says_so_and_measures_length_by_length():
+    from ctxeval.corpora import TokenDoc
+    from ctxeval.evals.common import PointOOM
+    from ctxeval.evals.entropy import capture
+    from ctxeval.specs import expand_specs
+
+    notes = _Notes()
+    runner, cfg = _runner(progress=notes)
+    calls, real = [], runner._forward
+
+    def forward(cap, doc, length):
+        calls.append(length)
+        if length == 16:
+            raise PointOOM("out of memory (injected)")
+        return real(cap, doc, length)
+
+    runner._forward = forward
+    rows = []
+    with capture(runner.model, cfg) as cap:
+        runner.measure(expand_specs(["none"])[0], TokenDoc("d", np.arange(5, 45)), [16, 8], cap, rows.extend)
+    assert calls == [16, 8, 16]
+    assert [(r["length"], r["status"]) for r in rows] == [(8, "ok"), (16, "oom")]
+    assert notes.events == [("note", "none: out of memory at 16 tokens; measuring length by length"),
+                            ("advance", 8, "none d L=8"), ("note", "none: out of memory at 16 tokens")]
+
+
+def test_a_static_method_measures_every_length_in_one_forward():
+    from ctxeval.corpora import TokenDoc
+    from ctxeval.evals.entropy import capture
+    from ctxeval.specs import expand_specs
+
+    notes = _Notes()
+    runner, cfg = _runner(progress=notes)
+    calls, real = [], runner._forward
+    runner._forward = lambda cap, doc, length: calls.append(length) or real(cap, doc, length)
+    rows = []
+    with capture(runner.model, cfg) as cap:
+        runner.measure(expand_specs(["none"])[0], TokenDoc("d", np.arange(5, 45)), [16, 8], cap, rows.extend)
+    assert calls == [16] and [r["length"] for r in rows] == [8, 16]
+    assert rows[0]["seconds"] == rows[1]["seconds"] > 0
+    assert notes.events == [("advance", 16, "none d L=16")]
+
+
+def test_layers_are_checked_against_the_models():
+    from ctxeval.evals.entropy import check_layers
+
+    check_layers(2, None)
+    check_layers(2, (0, 1))
+    for layers in ((2,), (-1,), (0, 2)):
+        with pytest.raises(CtxevalError, match=rf"^--layers must be in 0\.\.1, got {','.join(map(str, layers))}$"):
+            check_layers(2, layers)
+
+
+# ------------------------------------------------------------------------------------------ attention_methods.py
+
+def _att(name, **given):
+    from ctxeval.attention_methods import resolve_attention
+
+    return resolve_attention(name, given)
+
+
+def test_an_unknown_attention_method_names_the_known_ones():
+    from ctxeval.attention_methods import ATTENTION_METHODS, get_attention_method
+
+    with pytest.raises(CtxevalError, match=r"^unknown attention method 'yarn'; choose one of: self-extend, rerope, "
+                                           r"leaky-rerope, logn$"):
+        get_attention_method("yarn")
+    assert get_attention_method("rerope") is ATTENTION_METHODS["rerope"]
+    assert [m.remaps for m in ATTENTION_METHODS.values()] == [True, True, True, False]
+
+
+def test_attention_parameters_are_typed_and_defaults_filled():
+    assert (_att("self-extend").params, _att("self-extend").given) == (
+        {"group_size": 8, "neighbor_window": 1024}, {})
+    assert _att("rerope").params == {"window": 512, "logn": True, "length": None}
+    assert _att("leaky-rerope").params == {"window": 512, "k": 16.0, "logn": True, "length": None}
+    assert _att("logn").params == {"length": None}
+    spec = _att("leaky-rerope", window="64", k="4", logn="false")
+    assert spec.params == {"window": 64, "k": 4.0, "logn": False, "length": None}
+    assert spec.given == {"window": 64, "k": 4.0, "logn": False}
+    assert type(spec.params["window"]) is int and type(spec.params["k"]) is float
+    assert _att("logn", length=None).params == {"length": None}  # None: the model's trained length
+    assert _att("self-extend", group_size=4, neighbor_window=4).params == {"group_size": 4, "neighbor_window": 4}
+
+
+def test_bad_attention_parameters_are_one_line_errors():
+    with pytest.raises(CtxevalError, match=r"^attention method 'rerope' does not take 'k'; it takes: window, logn, "
+                                           r"length$"):
+        _att("rerope", k=2)
+    with pytest.raises(CtxevalError, match=r"^self-extend: neighbor_window \(4\) must be >= group_size \(8\): the "
+                                           r"grouped query position i//G \+ W - W//G assumes W >= G$"):
+        _att("self-extend", neighbor_window=4)
+    with pytest.raises(CtxevalError, match=r"^self-extend: neighbor_window \(3\) must be >= group_size \(4\)"):
+        _att("self-extend", group_size=4, neighbor_window=3)
+    with pytest.raises(CtxevalError, match="leaky-rerope: k must be >= 1"):
+        _att("leaky-rerope", k=0.5)
+
+
+def test_attention_combinations():
+    from ctxeval.attention_methods import check_combination
+
+    check_combination((_att("self-extend"), _att("logn")))
+    check_combination((_att("rerope", logn=False), _att("logn")))
+    check_combination((_att("leaky-rerope"),))
+    with pytest.raises(CtxevalError, match=r"^rerope and self-extend both change far pairs' positions; combine at most "
+                                           r"one of self-extend, rerope, leaky-rerope \(with logn and a frequency "
+                                           r"method\)$"):
+        check_combination((_att("rerope"), _att("logn"), _att("self-extend")))
+    with pytest.raises(CtxevalError, match=r"^attention method given twice: logn\+logn$"):
+        check_combination((_att("logn"), _att("logn")))
+    with pytest.raises(CtxevalError, match=r"^leaky-rerope already applies logn \(its logn=true\); drop \+logn or set "
+                                           r"logn=false$"):
+        check_combination((_att("leaky-rerope", window=8), _att("logn")))
+
+
+def test_window_and_logn_length_of_each_method():
+    from ctxeval.attention_methods import logn_length, window_of
+
+    assert [window_of(s) for s in (_att("self-extend", neighbor_window=64), _att("rerope", window=32),
+                                   _att("leaky-rerope", window=16), _att("logn"))] == [64, 32, 16, None]
+    assert logn_length(_att("logn"), 4096) == 4096 and logn_length(_att("logn", length=100), 4096) == 100
+    assert logn_length(_att("rerope"), 4096) == 4096 and logn_length(_att("rerope", length=8), 4096) == 8
+    assert logn_length(_att("rerope", logn=False), 4096) is None
+    assert logn_length(_att("self-extend"), 4096) is None
+
+
+def test_noop_reason_says_why_the_methods_change_nothing():
+    from ctxeval.attention_methods import noop_reason
+
+    rerope = _att("rerope", window=512, logn=False)
+    assert noop_reason((rerope,), [128, 512], 64) == \
+        "rerope's window 512 >= the longest length 512: identical to the model without them"
+    assert noop_reason((rerope,), [513, 128], 64) is None
+    assert noop_reason((_att("logn"),), [32, 64], 64) == "logn is 1 up to L=64: identical to the model without them"
+    assert noop_reason((_att("logn"),), [65], 64) is None
+    assert noop_reason((_att("rerope", window=600), ), [512], 512) == \
+        "rerope's window 600 >= the longest length 512; logn is 1 up to L=512: identical to the model without them"
+    assert noop_reason((_att("rerope", window=600), ), [513], 512) is None  # logn scales past L
+    assert noop_reason((_att("self-extend", group_size=2, neighbor_window=8), _att("logn", length=8)), [8], 64) == \
+        "self-extend's window 8 >= the longest length 8; logn is 1 up to L=8: identical to the model without them"
+    assert noop_reason((_att("logn", length=8), _att("self-extend", group_size=2, neighbor_window=4)), [8], 64) is None
+
+
+def test_far_positions_as_the_papers_write_them():
+    from ctxeval.attention_methods import far_positions
+
+    q, k = np.array([20, 21, 40]), np.array([0, 3, 9])
+    got = far_positions(_att("self-extend", group_size=4, neighbor_window=10), q, k)
+    assert [g.tolist() for g in got] == [[5 + 10 - 2, 5 + 8, 10 + 8], [0, 0, 2]]
+    got = far_positions(_att("rerope", window=7), q, k)
+    assert [g.tolist() for g in got] == [[7, 7, 7], [0, 0, 0]]
+    got = far_positions(_att("leaky-rerope", window=8, k=4), q, k)
+    assert [g.tolist() for g in got] == [[11.0, 11.25, 16.0], [0.0, 0.75, 2.25]]
+    with pytest.raises(ValueError, match="^logn does not remap positions$"):
+        far_positions(_att("logn"), q, k)
+
+
+def test_relative_positions_of_each_method():
+    from ctxeval.attention_methods import relative_position
+
+    d = np.arange(0, 40, 3)  # 0, 3, ..., 39
+    assert relative_position(_att("logn"), d).tolist() == d.tolist()
+    se = relative_position(_att("self-extend", group_size=4, neighbor_window=10), d)
+    assert se.tolist() == [x if x < 10 else x // 4 + 10 - 2 for x in d]
+    assert relative_position(_att("rerope", window=9), d).tolist() == [min(x, 9) for x in d]
+    leaky = relative_position(_att("leaky-rerope", window=9, k=2), d)
+    assert leaky.tolist() == [x if x < 9 else 9 + (x - 9) / 2 for x in d]
+    assert relative_position(_att("rerope", window=9), [9]).tolist() == [9.0]
+
+
+def test_pair_positions_change_from_the_window_on():
+    import torch
+
+    from ctxeval.attention_methods import pair_positions
+
+    qi, kj = torch.tensor([10, 10, 10, 10]), torch.tensor([0, 1, 2, 10])  # distances 10, 9, 8, 0
+    q, k = pair_positions(_att("rerope", window=9), qi, kj)
+    assert q.dtype == torch.float64 and q.tolist() == [9, 9, 10, 10] and k.tolist() == [0, 0, 2, 10]
+    q, k = pair_positions(_att("logn"), qi, kj)
+    assert q.dtype == k.dtype == torch.float64 and q.tolist() == [10] * 4 and k.tolist() == [0, 1, 2, 10]
+
+
+def test_logn_scale_is_one_up_to_the_trained_length_and_log_ratio_past_it():
+    import math
+
+    import torch
+
+    from ctxeval.attention_methods import logn_scale
+
+    got = logn_scale(torch.tensor([[0, 14, 15, 16, 255]]), 16)
+    assert got.dtype == torch.float64
+    assert got.tolist() == [[1.0, 1.0, 1.0, pytest.approx(math.log(17) / math.log(16)), pytest.approx(2.0)]]

@@ -166,7 +166,11 @@ class EntropyRunner:
         """One forward at max(lengths) for a static method (falls back to one forward per length when it runs out
         of memory, so shorter lengths are still measured); one forward per length otherwise."""
         groups = [sorted(lengths)] if static else [[L] for L in sorted(lengths)]
+        forwards_left = len(lengths) + 1  # bound: the whole group, then each length alone; a loop past it is a bug
         while groups:
+            forwards_left -= 1
+            if forwards_left < 0:
+                raise RuntimeError(f"entropy: more forwards than {len(lengths)} lengths need (a bug)")
             group = groups.pop(0)
             top = max(group)
             t0 = time.perf_counter()
