@@ -416,6 +416,7 @@ def test_ruler_config_refuses_each_bad_field_in_one_line_naming_it():
     ({"input": "x", "outputs": ["a"], "length": 1.5}, "length is not a whole number of tokens"),
     ({"input": "x", "outputs": ["a"], "length": -2}, "length is not a whole number of tokens"),
     ({"input": "x", "outputs": ["a"], "length": None}, "length is not a whole number of tokens"),
+    ({"input": "x", "outputs": ["a"], "length": 2**31}, "length is not a whole number of tokens"),  # > MAX_TOKENS
     ({"input": "x", "outputs": ["a"], "token_position_answer": "7"}, "token_position_answer is not a whole number"),
     ({"input": "x", "outputs": ["a"], "token_position_answer": 2.5}, "token_position_answer is not a whole number"),
 ])
@@ -429,6 +430,8 @@ def test_a_record_that_is_not_a_ruler_sample_is_named_by_its_first_problem(recor
     {"input": "x", "outputs": ["a", 1, 2.5]},
     {"input": "", "outputs": [0], "answer_prefix": "", "length": -1},  # RULER's -1: length not recorded
     {"input": "x", "outputs": ["a"], "length": 128.0, "token_position_answer": 0},
+    {"input": "x", "outputs": ["a"], "length": 0},
+    {"input": "x", "outputs": ["a"], "length": 2**31 - 1},  # MAX_TOKENS
     {"input": "x", "outputs": ["a"], "token_position_answer": None, "index": "anything"},
 ])
 def test_a_ruler_sample_with_numbers_as_answers_and_optional_fields_is_accepted(record):
