@@ -474,7 +474,7 @@ def test_the_ruler_sweep_plans_pending_samples_in_batches_and_passes_each_to_mea
             work(specs_[item.spec_index], item.payload, "handle")
 
     monkeypatch.setattr(RE, "run_items", run_items)
-    monkeypatch.setattr(runner, "measure", lambda spec, task, length, samples, emit, handle, of: measured.append(
+    monkeypatch.setattr(runner, "measure", lambda spec, task, length, samples, emit, handle=None, of=None: measured.append(
         (spec.label, task, length, [s.index for s in samples], emit.__name__, handle, of)))
     RE.sweep(None, specs, prompts, cfg, runner, Store())
     s = prompts[("vt", 1024)], prompts[("fwe", 2048)]
