@@ -231,7 +231,7 @@ class _Store:
         self.updates.append(fields)
 
 
-def _find(tmp_path, monkeypatch, bos, spec="none", found=None, load=None):
+def _find(tmp_path, monkeypatch, bos, spec="none", found=None, load=None, shipped=None):
     """find_key_tokens with the evaluator's forward replaced: it records the document each call is given."""
     import contextlib
     from types import SimpleNamespace
@@ -253,7 +253,8 @@ def _find(tmp_path, monkeypatch, bos, spec="none", found=None, load=None):
 
     monkeypatch.setattr(K, "applying", applying)
     monkeypatch.setattr(K, "evaluator_keys", keys)
-    lm = SimpleNamespace(model="evaluator-model", device="cpu", rope=None)
+    lm = SimpleNamespace(model="evaluator-model", device="cpu",
+                         rope=None if shipped is None else SimpleNamespace(shipped={"rope_type": shipped}))
 
     def load_evaluator():
         events.append("load")
@@ -295,15 +296,27 @@ def test_the_evaluator_reads_each_document_without_the_evaluated_models_bos(tmp_
     assert store2.updates == store.updates
 
 
-def test_a_length_dependent_evaluator_method_is_refused_and_the_evaluator_released(tmp_path, monkeypatch):
+@pytest.mark.parametrize("spec, shipped", [("dynamic-ntk", None), ("native", "dynamic"), ("native", "longrope")])
+def test_a_length_dependent_evaluator_method_is_refused_and_the_evaluator_released(tmp_path, monkeypatch, spec,
+                                                                                    shipped):
+    from types import SimpleNamespace
+
     from ctxeval.evals.key_tokens import CACHE_FILE
 
     events = []
-    with pytest.raises(CtxevalError, match=r"^--key-tokens-method dynamic-ntk depends on the sequence length"):
-        _find(tmp_path, monkeypatch, None, spec="dynamic-ntk", load=lambda: (
-            events.append("load") or (__import__("types").SimpleNamespace(model=None, device="cpu", rope=None),
+    rope = None if shipped is None else SimpleNamespace(shipped={"rope_type": shipped})
+    with pytest.raises(CtxevalError, match=rf"^--key-tokens-method {spec} depends on the sequence length; key tokens "
+                                           r"are found once per document: give a static method \(e\.g\. "
+                                           r"yarn:factor=2\)$"):
+        _find(tmp_path, monkeypatch, None, spec=spec, load=lambda: (
+            events.append("load") or (SimpleNamespace(model=None, device="cpu", rope=rope),
                                       lambda: events.append("release"))))
     assert events == ["load", "release"] and not (tmp_path / CACHE_FILE).exists()
+
+
+def test_native_without_a_shipped_dynamic_rope_finds_key_tokens(tmp_path, monkeypatch):
+    got, seen, events, _, _ = _find(tmp_path, monkeypatch, None, spec="native", shipped="yarn")
+    assert len(seen) == 2 and events[1] == ("apply", "native", (16,))
 
 
 def test_settings_bos_must_match_the_sequences(tmp_path, monkeypatch):
@@ -471,9 +484,10 @@ def test_observe_without_a_scaling_uses_one_over_the_root_of_the_head_dimension(
     assert not torch_close(cap.per_layer[0], _reference_entropy(q, k, range(4), 1.0))
 
 
-@pytest.mark.parametrize("kind", ["bool4", "float4", "float3", "bool3"])
+@pytest.mark.parametrize("kind", ["bool4", "float4", "float3", "bool3", "bool4h", "float4h"])
 def test_observe_applies_the_modules_mask(kind):
-    """A sliding window of 3 keys as the module's mask (bool, or additive -inf), 4-D or without the batch axis."""
+    """A sliding window of 3 keys as the module's mask (bool, or additive -inf), 4-D or without the batch axis, one
+    for all heads or one per head of a key/value group (4h)."""
     from types import SimpleNamespace
 
     import torch
@@ -485,7 +499,8 @@ def test_observe_applies_the_modules_mask(kind):
     i = torch.arange(n)
     window = (i[None, :] > i[:, None] - 3)  # key j within 3 of query i (the causal part is the capture's own)
     mask = window if kind.startswith("bool") else torch.zeros(n, n).masked_fill(~window, float("-inf"))
-    mask = mask[None, None] if kind.endswith("4") else mask[None]
+    mask = mask[None, None] if kind.endswith("4") else mask[None, None].expand(1, 2, n, n) if kind.endswith("4h") \
+        else mask[None]
     cap = EntropyCapture(None, None, 4)
     cap.observe(SimpleNamespace(layer_idx=0), q, k, mask, 0.5, {})
     want = _reference_entropy(q, k, range(4), 0.5, allowed=window)
@@ -605,11 +620,14 @@ def test_a_length_dependent_method_runs_one_forward_per_length_and_an_oom_ends_i
     runner._forward = forward
     rows, spec = [], expand_specs(["dynamic-ntk"])[0]
     with capture(runner.model, cfg) as cap:
-        runner.measure(spec, TokenDoc("d", np.arange(5, 45)), [16, 8], cap, rows.extend, static=False)
-    assert calls == [8, 16]
-    assert [(r["length"], r["status"]) for r in rows] == [(8, "ok"), (16, "oom")]
-    assert rows[1]["note"] == "out of memory (injected)" and rows[1]["value"] is None
-    assert notes.events == [("advance", 8, "dynamic-ntk d L=8"), ("note", "dynamic-ntk: out of memory at 16 tokens")]
+        runner.measure(spec, TokenDoc("d", np.arange(5, 45)), [24, 16, 8], cap, rows.extend, static=False)
+    assert calls == [8, 16, 24]  # the length after the one that ran out of memory is still measured
+    assert [(r["length"], r["status"]) for r in rows] == [(8, "ok"), (16, "oom"), (24, "ok")]
+    assert {k: rows[1][k] for k in ("model", "label", "task", "doc", "note", "value")} == {
+        "model": "tiny", "label": "dynamic-ntk", "task": "entropy", "doc": "d", "note": "out of memory (injected)",
+        "value": None}
+    assert notes.events == [("advance", 8, "dynamic-ntk d L=8"), ("note", "dynamic-ntk: out of memory at 16 tokens"),
+                            ("advance", 24, "dynamic-ntk d L=24")]
 
 
 def test_a_static_method_that_runs_out_of_memory_says_so_and_measures_length_by_length():
@@ -651,7 +669,7 @@ def test_a_static_method_measures_every_length_in_one_forward():
     with capture(runner.model, cfg) as cap:
         runner.measure(expand_specs(["none"])[0], TokenDoc("d", np.arange(5, 45)), [16, 8], cap, rows.extend)
     assert calls == [16] and [r["length"] for r in rows] == [8, 16]
-    assert rows[0]["seconds"] == rows[1]["seconds"] > 0
+    assert 0 < rows[0]["seconds"] == rows[1]["seconds"] < 60
     assert notes.events == [("advance", 16, "none d L=16")]
 
 
@@ -804,3 +822,99 @@ def test_logn_scale_is_one_up_to_the_trained_length_and_log_ratio_past_it():
     got = logn_scale(torch.tensor([[0, 14, 15, 16, 255]]), 16)
     assert got.dtype == torch.float64
     assert got.tolist() == [[1.0, 1.0, 1.0, pytest.approx(math.log(17) / math.log(16)), pytest.approx(2.0)]]
+
+
+def test_a_model_whose_attention_is_not_seen_is_refused():
+    from ctxeval.corpora import TokenDoc
+    from ctxeval.evals.entropy import EntropyCapture
+
+    runner, _ = _runner()
+    with pytest.raises(CtxevalError, match=r"^entropy: no attention call was seen; this model does not use "
+                                           r"transformers' attention functions \(sdpa\)$"):
+        runner._forward(EntropyCapture(None, None, 8), TokenDoc("d", np.arange(5, 45)), 8)  # not watching sdpa
+
+
+def test_the_entropy_sweep_measures_what_the_runner_measures_with_bos_per_method(tmp_path):
+    """Each method's rows equal EntropyRunner's under that method (BOS first, as the tokenizer gives it); a
+    length-dependent method gets one forward per length, a static one one forward at the longest length."""
+    from ctxeval.corpora import TokenDoc
+    from ctxeval.evals.entropy import EntropyConfig, EntropyRunner, capture, sweep
+    from ctxeval.evals.sweep import applying
+    from ctxeval.models import load_model
+    from ctxeval.specs import expand_specs
+    from ctxeval.store import RunStore
+    from ctxeval.tiny import MODEL_DIR
+
+    lm = load_model(str(MODEL_DIR), device="cpu", dtype="float32")
+    assert lm.tokenizer.bos_token_id is not None
+    specs = expand_specs(["none", "dynamic-ntk"])
+    doc = TokenDoc("d", np.arange(5, 305) % 100 + 3)
+    cfg = EntropyConfig((64, 256), layers=(1,))  # the tiny model is trained on 128: dynamic NTK scales past it
+    store = RunStore(tmp_path / "run", {"t": 1})
+    store.start({})
+    notes = _Notes()
+    sweep(lm, specs, [doc], cfg, store, notes)
+    got = {(r["label"], r["length"]): r["entropy"] for r in store.rows()}
+    runner = EntropyRunner(lm.model, "cpu", cfg, lm.tokenizer.bos_token_id, lm.name)
+    want = {}
+    with capture(lm.model, cfg) as cap:
+        for spec, static in ((specs[0], True), (specs[1], False)):
+            rows = []
+            with applying(lm, spec, cfg.lengths):
+                runner.measure(spec, doc, [64, 256], cap, rows.extend, static=static)
+            want.update({(r["label"], r["length"]): r["entropy"] for r in rows})
+    assert got == pytest.approx(want, abs=1e-9)
+    assert got[("dynamic-ntk", 64)] == got[("none", 64)] != got[("dynamic-ntk", 256)]  # NTK only past 128
+    assert got[("dynamic-ntk", 256)] != pytest.approx(got[("none", 256)], abs=1e-6)
+    assert notes.events[0] == ("start", 256 + 64 + 256)  # the static method's longest length, the dynamic one's sum
+    assert [e for e in notes.events if e[0] == "advance"] == [
+        ("advance", 256, "none d L=256"), ("advance", 64, "dynamic-ntk d L=64"),
+        ("advance", 256, "dynamic-ntk d L=256")]
+
+
+def test_the_query_chunk_is_the_largest_the_byte_budget_allows(monkeypatch):
+    """Two float32 [2 heads, chunk, 9 keys] tensors per chunk: a budget of 8 * 2 * 9 * 3 bytes gives chunks of 3
+    queries, a budget below one query's gives chunks of 1."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ctxeval.evals.entropy import EntropyCapture
+
+    q, k = _qk(n=9)
+    real, chunks = torch.einsum, []
+
+    def recording(eq, *ops):
+        out = real(eq, *ops)
+        chunks.append(out.shape[1])
+        return out
+
+    monkeypatch.setattr(torch, "einsum", recording)
+    for budget, want in ((8 * 2 * 9 * 3, [3, 3, 3]), (8 * 2 * 9 * 3 - 1, [2, 2, 2, 2, 1]), (1, [1] * 9)):
+        chunks.clear()
+        cap = EntropyCapture(None, None, 100, chunk_bytes=budget)
+        cap.observe(SimpleNamespace(layer_idx=0), q, k, None, 0.5, {})
+        assert chunks == want * 2, budget  # two key/value heads
+        assert torch_close(cap.per_layer[0], _reference_entropy(q, k, range(4), 0.5))
+
+
+def test_native_with_a_shipped_dynamic_rope_is_measured_length_by_length(tmp_path):
+    import dataclasses
+
+    from ctxeval.corpora import TokenDoc
+    from ctxeval.evals.entropy import EntropyConfig, sweep
+    from ctxeval.models import load_model
+    from ctxeval.specs import expand_specs
+    from ctxeval.store import RunStore
+    from ctxeval.tiny import MODEL_DIR
+
+    lm = load_model(str(MODEL_DIR), device="cpu", dtype="float32")
+    lm.rope = dataclasses.replace(lm.rope, shipped={**lm.rope.shipped, "rope_type": "dynamic"})
+    store = RunStore(tmp_path / "run", {"t": 1})
+    store.start({})
+    notes = _Notes()
+    sweep(lm, expand_specs(["native"]), [TokenDoc("d", np.arange(5, 45))], EntropyConfig((16, 32), layers=(0,)),
+          store, notes)
+    assert notes.events[0] == ("start", 16 + 32)
+    assert [e for e in notes.events if e[0] == "advance"] == [("advance", 16, "native d L=16"),
+                                                               ("advance", 32, "native d L=32")]
