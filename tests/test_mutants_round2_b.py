@@ -707,3 +707,17 @@ def test_templates_are_checked_by_name_and_wrap_the_task_template_before_the_ans
     long = FAMILIES["niah"]
     head = long.answer_prefix[:10]
     assert split_prefix(f"x{head}y{head} and more", long) == (f"x{head}y", f"{head} and more")
+
+
+def test_the_samples_a_run_writes_read_back_as_the_same_prompts(tmp_path):
+    """A resumed run reads its prompts back from samples/<length>/<task>/validation.jsonl: every field survives."""
+    from ctxeval.evals.ruler_eval import read_samples, samples_path, write_samples
+    from ctxeval.evals.ruler_tasks import RulerSample
+
+    samples = [RulerSample(0, "first input", ["a", "b"], 120, " Answer:", 17),
+               RulerSample(1, "second input", ["c"], 119, " The code is", None)]
+    path = samples_path(tmp_path, "vt", 1024)
+    assert path == tmp_path / "1024" / "vt" / "validation.jsonl"
+    write_samples(path, samples)
+    again = read_samples(path, "vt", 1024)
+    assert again == samples and [s.prompt for s in again] == ["first input Answer:", "second input The code is"]
