@@ -918,3 +918,27 @@ def test_native_with_a_shipped_dynamic_rope_is_measured_length_by_length(tmp_pat
     assert notes.events[0] == ("start", 16 + 32)
     assert [e for e in notes.events if e[0] == "advance"] == [("advance", 16, "native d L=16"),
                                                                ("advance", 32, "native d L=32")]
+
+
+@pytest.mark.parametrize("text", ["logn", "rerope:window=6", "leaky-rerope:window=6,k=2,logn=false",
+                                  "self-extend:group_size=2,neighbor_window=4+logn:length=8"])
+def test_the_reference_probe_equals_attend_with_logn_past_its_length(text):
+    """reference_attention (the probe's per-pair float64 formula) and attend (the chunked kernel) agree, logn's
+    query scaling included: positions run past L = 8 (the trained length, logn's default), where the scale exceeds 1."""
+    import torch
+
+    from ctxeval.attention_methods import attend, reference_attention, rotate
+    from ctxeval.specs import expand_specs
+
+    specs = expand_specs([text])[0].attention
+    g = torch.Generator().manual_seed(2)
+    heads, t, dim = 2, 24, 8
+    q_raw, k_raw, v = (torch.randn(heads, t, dim, generator=g, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(t)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    ref = reference_attention(q_raw, k_raw, v, pos, pos, inv_freq, specs, dim ** -0.5, 8)
+    q, k = rotate(q_raw[None], pos[None], inv_freq), rotate(k_raw[None], pos[None], inv_freq)
+    got = attend(q, k, v[None], pos[None], pos[None], None, dim ** -0.5, inv_freq, specs, 8)[0]
+    assert float((ref - got).abs().max()) < 1e-5
+    plain = reference_attention(q_raw, k_raw, v, pos, pos, inv_freq, (), dim ** -0.5, 8)
+    assert float((ref[9:] - plain[9:]).abs().max()) > 1e-3 and float((ref[:4] - plain[:4]).abs().max()) < 1e-12
