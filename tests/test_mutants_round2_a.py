@@ -942,3 +942,68 @@ def test_the_reference_probe_equals_attend_with_logn_past_its_length(text):
     assert float((ref - got).abs().max()) < 1e-5
     plain = reference_attention(q_raw, k_raw, v, pos, pos, inv_freq, (), dim ** -0.5, 8)
     assert float((ref[9:] - plain[9:]).abs().max()) > 1e-3 and float((ref[:4] - plain[:4]).abs().max()) < 1e-12
+
+
+def _attend_inputs(batch=1, heads=4, kv=2, t=12, dim=8, dtype=None, seed=3):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, h, t, dim, generator=g) for h in (heads, kv, kv))
+    if dtype is not None:
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    pos = torch.arange(t)[None] + 5 * torch.arange(batch)[:, None]  # each sequence at its own positions
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    return q, k, v, pos, inv_freq
+
+
+@pytest.mark.parametrize("text", ["self-extend:group_size=2,neighbor_window=4", "leaky-rerope:window=4,k=2"])
+def test_attend_on_a_batch_equals_each_sequence_alone(text):
+    import torch
+
+    from ctxeval.attention_methods import attend
+    from ctxeval.specs import expand_specs
+
+    specs = expand_specs([text])[0].attention
+    q, k, v, pos, inv_freq = _attend_inputs(batch=2)
+    both = attend(q, k, v, pos, pos, None, 0.35, inv_freq, specs, 8)
+    for b in (0, 1):
+        alone = attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], pos[b:b + 1], pos[b:b + 1], None, 0.35, inv_freq, specs, 8)
+        torch.testing.assert_close(both[b:b + 1], alone, atol=1e-6, rtol=1e-6)
+
+
+def test_attend_returns_the_querys_dtype():
+    import torch
+
+    from ctxeval.attention_methods import attend
+    from ctxeval.specs import expand_specs
+
+    q, k, v, pos, inv_freq = _attend_inputs(dtype=torch.float64)
+    out = attend(q, k, v, pos, pos, None, 0.35, inv_freq, expand_specs(["rerope:window=4"])[0].attention, 8)
+    assert out.dtype == torch.float64 and out.shape == (1, 12, 4, 8)
+
+
+@pytest.mark.parametrize("text, maps", [("rerope:window=4", 2), ("logn:length=4", 1)])
+def test_attends_query_chunk_is_the_largest_the_score_budget_allows(monkeypatch, text, maps):
+    """float32 score maps (both maps of a remapping method, and the probabilities) of a chunk fit the budget: a budget
+    of exactly 3 queries' worth gives chunks of 3, a budget under one query's chunks of 1; the output is the same."""
+    import torch
+
+    from ctxeval import attention_methods as A
+    from ctxeval.specs import expand_specs
+
+    specs = expand_specs([text])[0].attention
+    q, k, v, pos, inv_freq = _attend_inputs()
+    full = A.attend(q, k, v, pos, pos, None, 0.35, inv_freq, specs, 8)
+    real, rows = torch.softmax, []
+
+    def recording(x, dim):
+        rows.append(x.shape[-2])
+        return real(x, dim=dim)
+
+    monkeypatch.setattr(torch, "softmax", recording)
+    for budget, want in ((1 * 4 * 12 * 4 * (maps + 1) * 3, [3, 3, 3, 3]), (100, [1] * 12)):
+        rows.clear()
+        monkeypatch.setattr(A, "SCORE_BUDGET_BYTES", budget)
+        out = A.attend(q, k, v, pos, pos, None, 0.35, inv_freq, specs, 8)
+        assert rows == want
+        torch.testing.assert_close(out, full, atol=1e-6, rtol=1e-6)
