@@ -1007,3 +1007,22 @@ def test_attends_query_chunk_is_the_largest_the_score_budget_allows(monkeypatch,
         out = A.attend(q, k, v, pos, pos, None, 0.35, inv_freq, specs, 8)
         assert rows == want
         torch.testing.assert_close(out, full, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("prefix, bos, want", [((), False, [1, 2, 5]), ((), True, [2, 3, 6]), ((7,), False, [1, 4]),
+                                               ((7,), True, [1, 2, 5])])
+def test_evaluator_key_tokens_map_to_the_evaluated_sequence_down_to_position_1(monkeypatch, prefix, bos, want):
+    """With a one-token short context the evaluator's key token can be its position 1; it maps to the evaluated
+    sequence's position 1 - len(prefix) + bos, and only position 0 (no loss) is dropped."""
+    from ctxeval.evals import key_tokens as K
+
+    calls = []
+
+    def found(model, device, sequence, context, window, alpha, beta, chunk_size):
+        calls.append((list(sequence), context, window, alpha, beta, chunk_size))
+        return np.array([1, 2, 5], dtype=np.int64)
+
+    monkeypatch.setattr(K, "key_positions", found)
+    settings = _settings(context=1, window=1, evaluator_prefix=prefix, bos=bos, alpha=0.5, beta=3.0)
+    assert K.evaluator_keys(None, "cpu", [10, 11, 12, 13, 14, 15], settings, chunk_size=7).tolist() == want
+    assert calls == [(list(prefix) + [10, 11, 12, 13, 14, 15], 1, 1, 0.5, 3.0, 7)]
