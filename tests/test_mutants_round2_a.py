@@ -96,6 +96,9 @@ def test_a_tokenizer_is_the_same_as_itself_and_as_an_equal_copy():
     tok = _Tokenizer()
     assert same_tokenizer(tok, tok) is True
     assert same_tokenizer(_Tokenizer(), _Tokenizer()) is True
+    a, b = _Tokenizer(), _Tokenizer()
+    del a.bos_token_id, b.bos_token_id  # a tokenizer without the attribute at all
+    assert same_tokenizer(a, b) is True and same_tokenizer(a, _Tokenizer(bos=None)) is True
 
 
 @pytest.mark.parametrize("other", [_Tokenizer(vocab_size=51), _Tokenizer(bos=2), _Tokenizer(bos=None),
@@ -535,7 +538,8 @@ def test_observe_refuses_what_it_does_not_model():
     q, k = _qk()
     cap = EntropyCapture(None, None, 4)
     for module, kwargs in ((SimpleNamespace(layer_idx=0), {"softcap": 50.0}), (SimpleNamespace(layer_idx=0, sinks=1), {})):
-        with pytest.raises(CtxevalError, match=r"^entropy: this model's attention uses logit soft-capping or sinks"):
+        with pytest.raises(CtxevalError, match=r"^entropy: this model's attention uses logit soft-capping or sinks, "
+                                               r"which the entropy measurement does not model$"):
             cap.observe(module, q, k, None, 0.5, kwargs)
     cap.observe(SimpleNamespace(layer_idx=0, sinks=None), q, k, None, 0.5, {"softcap": None})  # absent: fine
     one = r"^entropy measures one full-sequence forward at a time \(batch 1, no cache\)$"
