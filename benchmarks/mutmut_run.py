@@ -65,6 +65,24 @@ ONLY: dict[str, list[str]] = {
         "xǁPplRunnerǁ_by_position", "xǁPplRunnerǁ_truncate", "xǁPplRunnerǁ_rows_from_nll", "xǁPplRunnerǁ_sliding",
         "xǁPplRunnerǁ_window_nlls")],
 }
+# issue 27's tests written against each group's survivors join its selection
+for _group in ("positions", "key_tokens", "entropy", "attention"):
+    GROUPS[_group][1].append("tests/test_mutants_round2_a.py")
+for _group in ("sweep", "tables", "ruler_eval", "runs", "ruler"):
+    GROUPS[_group][1].append("tests/test_mutants_round2_b.py")
+# issue 27's groups measured on part of their modules (a run per group had to fit in about 15 minutes on one child)
+ONLY.update({
+    "tables": [f"ctxeval.report.tables.{name}__mutmut_*" for name in (
+        "x_latest_rows", "x_valid_lengths", "x_effective_length", "x_yarn_passkey_figures", "x_ruler_effective_length")],
+    "ruler_eval": [f"ctxeval.evals.ruler_eval.{name}__mutmut_*" for name in (
+        "xǁRulerConfigǁ__post_init__", "x_sample_problem", "x_sweep")],
+    "runs": [f"ctxeval.report.runs.{name}__mutmut_*" for name in ("x_merge_rows", "x_row_order", "x_display_models")],
+    "ruler": [f"ctxeval.evals.ruler.{name}__mutmut_*" for name in ("x__upper", "x_postprocess", "x_score")]
+             + [f"ctxeval.evals.ruler_tasks.{name}__mutmut_*" for name in (
+                 "xǁRulerSampleǁrecord", "x_check_template", "x_task_template", "x_split_prefix")],
+})
+if os.environ.get("RULER_SEARCH_ONLY"):  # the size search alone (its mutants hang without the bound)
+    ONLY["ruler"] = ["ctxeval.evals.ruler.x__search__mutmut_*"]
 SPINNER = re.compile(r"^\W*(Generating mutants|Running stats|Listing all tests|Running clean tests)")
 # mutmut's own reading of a worker's exit code (mutmut/stats.py), for the statuses it reports
 STATUS = {0: "survived", 1: "killed", 3: "killed", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
@@ -118,6 +136,9 @@ def main() -> int:
     parser.add_argument("--retest", action="store_true",
                         help="with --keep of an earlier run: take the tests of --commit and run only the mutants that "
                              "survived there (a mutant killed stays killed when tests are only added)")
+    parser.add_argument("--new-tests-only", action="store_true",
+                        help="with --retest, run the survivors against the group's round-2 test file only (they "
+                             "survived every other selected test, which did not change)")
     args = parser.parse_args()
     modules, tests = GROUPS[args.group]
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,11 +151,16 @@ def main() -> int:
         elif args.retest:
             if args.keep is None or not (tree / "mutants").is_dir():
                 parser.error("--retest needs --keep DIR of an earlier run")
-            survivors_before = [name for name, code in exit_codes(tree).items() if code == 0]
+            before_codes = exit_codes(tree)
+            only_ = ONLY.get(args.group, [])
+            survivors_before = [name for name, code in before_codes.items() if code in (0, 5, 33)
+                                and (not only_ or any(fnmatch.fnmatch(name, p) for p in only_))]
             for dest in (tree, tree / "mutants"):
                 shutil.rmtree(dest / "tests")
                 (short,) = scratch_tree(args.commit, dest, "tests")
             tests = [t for t in tests if (tree / t).exists()]
+            if args.new_tests_only:
+                tests = [t for t in tests if "test_mutants_round2" in t]
             write_config(tree, modules, tests)
             shutil.copy(tree / "setup.cfg", tree / "mutants" / "setup.cfg")
         else:
@@ -154,18 +180,25 @@ def main() -> int:
         (tree / "mutants").mkdir(exist_ok=True)
         only = ONLY.get(args.group, [])
         run = subprocess.CompletedProcess([], 0, "", "") if args.summarise else subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children),
-                              *(survivors_before if args.retest else only)],
+                              *(survivors_before if args.retest else only)] if not (args.retest and not survivors_before) else ["true"],
                              cwd=tree, env=env, capture_output=True, text=True)
-        if args.retest and not args.summarise:  # mutmut resets the results of mutants whose tests changed: check those again too
-            run = subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children), *only],
-                                 cwd=tree, env=env, capture_output=True, text=True)
+        # no second run: a changed test selection makes mutmut reset every verdict (a full rerun);
+        # with tests only added, a mutant killed before stays killed, so it keeps its earlier verdict here
+        kept = {}
+        if args.retest and not args.summarise:
+            after = exit_codes(tree)
+            kept = {n: c for n, c in before_codes.items() if n not in survivors_before and after.get(n) is None}
+            if args.new_tests_only:  # no new test calls it: it still survives the group's selection
+                kept.update({n: before_codes[n] for n in survivors_before if after.get(n) in (5, 33)})
         run_s = time.perf_counter() - start - clean_s
-        codes = {name: code for name, code in exit_codes(tree).items()
+        codes = {name: code for name, code in {**exit_codes(tree), **kept}.items()
                  if not only or any(fnmatch.fnmatch(name, pattern) for pattern in only)}
         statuses = {name: STATUS.get(code, "suspicious") for name, code in codes.items()}
         rechecked = {}
         for name, status in sorted(statuses.items()):
-            if status in ("timeout", "suspicious", "segfault"):
+            if status in ("timeout", "suspicious", "segfault") and name in kept:
+                rechecked[name] = "as before (kept verdict; see the before run's summary)"
+            elif status in ("timeout", "suspicious", "segfault"):
                 rechecked[name] = rerun_directly(tree, env, name, args.recheck_limit)
         survivors = {}
         for name, status in sorted(statuses.items()):
@@ -173,7 +206,7 @@ def main() -> int:
                 survivors[name] = subprocess.run([MUTMUT, "show", name], cwd=tree, env=env,
                                                  capture_output=True, text=True).stdout
         summary = {
-            "group": args.group, "commit": short, "retest_of_survivors": args.retest, "only": only, "modules": modules, "tests": tests,
+            "group": args.group, "commit": short, "retest_of_survivors": args.retest, "retested": sorted(survivors_before) if args.retest else [], "retest_tests": "the round-2 test file only" if args.new_tests_only else "the group's selection", "only": only, "modules": modules, "tests": tests,
             "mutmut": subprocess.run([MUTMUT, "--version"], capture_output=True,
                                      text=True).stdout.strip(),
             "clean_run_s": round(clean_s, 1), "mutmut_run_s": round(run_s, 1), "mutants": len(codes),
