@@ -156,8 +156,11 @@ class YarnPasskeyBuilder:
                 n = max(0, n + jump)
             while n > 0 and self.search_tokens(n) >= target:
                 n -= self.step
+            ceiling = n + 64 * target  # characters: far past any filler's tokens per character
             while self.search_tokens(n + self.step) < target:
                 n += self.step
+                if n > ceiling:  # a bound for a count that stops growing: fails fast instead of hanging
+                    raise RuntimeError(f"passkey: {n:,} characters of filler stay under {target:,} tokens")
         self._chars[target] = n
         return n
 

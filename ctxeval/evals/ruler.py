@@ -131,7 +131,7 @@ def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sour
                 raise CtxevalError(f"{task_name}: the file holds {len(make.qas)} answerable questions, fewer than "
                                    f"--samples {num_samples}")
             make.index = index  # sample i asks question i (prepare.py's pre_samples is 0)
-        while True:
+        for _ in range(used // max(step, 1) + 2):  # bounded: `used` shrinks by step until it fits or reaches step
             text, answer = make(used)
             total = count(text) + ttg
             if total <= length:
@@ -140,6 +140,8 @@ def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sour
                 raise CtxevalError(f"{task_name}: length {length} is shorter than the task's smallest prompt "
                                    f"({total} tokens with this tokenizer); use longer --lengths")
             used -= step
+        else:
+            raise RuntimeError(f"{task_name}: the sample's size search did not end (size {used}, step {step})")
         prompt, prefix = split_prefix(text, family)
         position = answer_token_position(prompt, answer, count) if task.family == "niah" else None
         samples.append(RulerSample(index, prompt, list(answer), total, prefix, position))
@@ -155,11 +157,13 @@ def _vt_example(vt: VariableTracking, count: Callable[[str], int]) -> str:
         return vt.generate(n, is_icl=True)
 
     size = _search(make, lambda text: count(text) <= budget, step, _upper(make, count, budget, step, step, "vt"))
-    while True:
+    for _ in range(size // step + 2):  # bounded: `size` shrinks by step until it fits or reaches step
         text, answer = make(size)
         if count(text) <= budget or size <= step:
             break
         size -= step
+    else:
+        raise RuntimeError(f"vt's few-shot example: the size search did not end (size {size})")
     return text + " " + " ".join(answer) + "\n"
 
 
@@ -195,13 +199,17 @@ def _fwe_samples(task: RulerTask, length: int, num_samples: int, count: Callable
     for index in range(num_samples):
         vocab, words = fwe.vocab(), num_words
         text, answer = fwe.text(vocab, words)
-        while count(text) > budget:
+        for _ in range(words // max(step, 1) + 2):  # bounded: `words` shrinks by step until it fits or reaches step
+            if count(text) <= budget:
+                break
             if words <= step:
                 raise CtxevalError(f"{task.name}: length {length} is shorter than the task's smallest prompt "
                                    f"({count(text) + family.tokens_to_generate} tokens with this tokenizer); use longer "
                                    "--lengths")
             words -= step
             text, answer = fwe.text(vocab, words)
+        else:
+            raise RuntimeError(f"{task.name}: the sample's word count search did not end ({words} words)")
         if min(fwe.counts(words)[1:4], default=0) < 1:
             raise CtxevalError(f"{task.name}: at length {length} the prompt holds {words} coded words, too few for its "
                                "three answers to occur; use longer --lengths")

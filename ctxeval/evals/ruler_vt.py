@@ -26,6 +26,8 @@ class VariableTracking:
         hops = min(10, self.hops) if is_icl else self.hops
         names = ["".join(r.choices(string.ascii_uppercase, k=k)).upper() for _ in range((hops + 1) * self.chains)]
         while len(set(names)) < self.chains * (hops + 1):
+            if len(names) > 100 * self.chains * (hops + 1) + 1000:  # a bound for a broken draw: never reached
+                raise RuntimeError(f"vt: {len(names)} draws gave fewer than {self.chains * (hops + 1)} distinct names")
             names.append("".join(r.choices(string.ascii_uppercase, k=k)).upper())
         variables, chains = [], []
         for i in range(0, len(names), hops + 1):

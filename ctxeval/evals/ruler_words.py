@@ -79,6 +79,8 @@ class FreqWords:
         r = self.stream.random
         vocab = ["".join(r.choices(string.ascii_lowercase, k=self.coded_wordlen)) for _ in range(self.vocab_size)]
         while len(set(vocab)) < self.vocab_size:
+            if len(vocab) > 100 * self.vocab_size + 1000:  # a bound for a broken draw: never reached
+                raise RuntimeError(f"fwe: {len(vocab)} draws gave fewer than {self.vocab_size} distinct words")
             vocab.append("".join(r.choices(string.ascii_lowercase, k=self.coded_wordlen)))
         vocab = sorted(set(vocab))
         random.Random(self.stream.seed).shuffle(vocab)

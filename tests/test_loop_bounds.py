@@ -1,0 +1,45 @@
+"""Issue 27: loops that a bug (or a mutant) could turn infinite end with an error instead of hanging. Each test
+forces the loop's way out shut (a draw that repeats itself, a count that never grows) and expects the bound's
+RuntimeError within a second; the correct loops never reach the bounds (the RULER and passkey tests pass)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctxeval.evals import passkey as P
+from ctxeval.evals.ruler_sources import Sources, Stream
+from ctxeval.evals.ruler_tasks import TASKS
+from ctxeval.evals.ruler_vt import VariableTracking
+from ctxeval.evals.ruler_words import FreqWords
+
+
+class Repeating:
+    """A random.Random stand-in whose choices always repeat the population's first item."""
+
+    def choices(self, population, k=1):
+        return [population[0]] * k
+
+
+def test_vt_names_that_never_become_distinct_stop_the_draw():
+    vt = VariableTracking(TASKS["vt"], Sources(), Stream(42))
+    vt.stream.random = Repeating()
+    with pytest.raises(RuntimeError, match="distinct names"):
+        vt.generate(10)
+
+
+def test_fwe_words_that_never_become_distinct_stop_the_draw():
+    fwe = FreqWords(TASKS["fwe"], Sources(), Stream(42), 4096)
+    fwe.stream.random = Repeating()
+    with pytest.raises(RuntimeError, match="distinct words"):
+        fwe.vocab()
+
+
+def test_a_passkey_filler_that_stops_growing_stops_the_length_search(monkeypatch):
+    from transformers import AutoTokenizer
+
+    from ctxeval.tiny import MODEL_DIR
+
+    builder = P.YarnPasskeyBuilder(AutoTokenizer.from_pretrained(MODEL_DIR))
+    monkeypatch.setattr(builder, "search_tokens", lambda chars: 10)  # never reaches the target
+    with pytest.raises(RuntimeError, match="stay under 1,000 tokens"):
+        builder.garbage_chars(1000)
