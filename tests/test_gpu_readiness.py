@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ctxeval.evals import perplexity as P
-from ctxeval.evals.needle import greedy_config, stop_ids
+from ctxeval.evals.generation import greedy_config, stop_ids
 from ctxeval.patching import apply_method
 from ctxeval.specs import expand_specs
 from ctxeval.store import RunStore

@@ -25,6 +25,7 @@ from ..errors import CtxevalError
 from ..rows import RESUME_FIELDS, point_key
 from ..specs import MethodSpec
 from .common import PointOOM, Progress, SilentProgress, head_parts, numbered, oom_guard, point_row
+from .generation import greedy_config, stop_ids
 from .sweep import WorkItem, forward_cost, run_items
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -342,29 +343,6 @@ def haystack_tokens(tokenizer: Any, spec: str, min_tokens: int, text_field: str 
 
 # ---------------------------------------------------------------------------------------------------------------
 # runner
-
-
-def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
-    """Every token that ends a reply: the tokenizer's EOS and each EOS id of the checkpoint's generation config
-    (Llama 3 lists <|end_of_text|>, <|eom_id|> and <|eot_id|>; stopping on the first alone lets an answer run on)."""
-    ids: list[int] = []
-    shipped = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (tokenizer.eos_token_id, shipped):
-        for i in (value if isinstance(value, (list, tuple)) else [value]):
-            if isinstance(i, int) and i not in ids:
-                ids.append(i)
-    return ids
-
-
-def greedy_config(tokenizer: Any, max_new_tokens: int, model: Any = None) -> Any:
-    """Plain greedy decoding: a fresh GenerationConfig, so that a checkpoint's own generation_config
-    (repetition_penalty, no_repeat_ngram_size, sampling) cannot change the answer; it stops on every stop id."""
-    from transformers import GenerationConfig
-
-    eos = stop_ids(tokenizer, model)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else None)
-    return GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, pad_token_id=pad,
-                            eos_token_id=eos or None)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from ..rows import RESUME_FIELDS, point_key
 from ..specs import MethodSpec
 from ..textfiles import make_dirs, read_jsonl, write_text
 from .common import PointOOM, Progress, SilentProgress, numbered, oom_guard, point_row
-from .needle import greedy_config
+from .generation import greedy_config
 from .ruler import generate, postprocess, score
 from .ruler_sources import Sources
 from .ruler_tasks import FAMILIES, TASKS, RulerSample, check_template
