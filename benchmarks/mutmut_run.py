@@ -131,6 +131,8 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, default=None, help="use this folder for the scratch tree and keep it")
     parser.add_argument("--recheck-limit", type=float, default=120.0,
                         help="seconds a mutant mutmut reports as timed out may run when rechecked directly")
+    parser.add_argument("--whole", action="store_true",
+                        help="mutate the group's whole modules, ignoring ONLY's narrowing")
     parser.add_argument("--summarise", action="store_true",
                         help="with --keep of an earlier run: only recheck its timeouts and write the summary")
     parser.add_argument("--retest", action="store_true",
@@ -141,6 +143,8 @@ def main() -> int:
                              "survived every other selected test, which did not change)")
     args = parser.parse_args()
     modules, tests = GROUPS[args.group]
+    if args.whole:
+        ONLY.pop(args.group, None)
     with tempfile.TemporaryDirectory() as tmp:
         tree = args.keep or Path(tmp) / "tree"
         if args.summarise:

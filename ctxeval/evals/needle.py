@@ -161,9 +161,9 @@ def make_sample(preset: NeedlePreset, rng: np.random.Generator) -> Sample:
     for i, key in enumerate(keys):
         for _ in range(preset.values_per_key if i < preset.keys else 1):
             value = _value(preset.value, rng)
-            redraws = 0
-            while value in used and not preset.value.startswith("fixed:"):
-                redraws += 1
+            for redraws in range(1, MAX_REDRAWS + 1):  # bounded: a value that keeps repeating ends in _unused_value
+                if value not in used or preset.value.startswith("fixed:"):
+                    break
                 value = _value(preset.value, rng) if redraws < MAX_REDRAWS else _unused_value(preset, used, rng)
             used.add(value)
             needles.append(preset.needle.format(key=key, value=value))

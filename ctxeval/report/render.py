@@ -197,10 +197,9 @@ def figure_stems(groups: Sequence[Group]) -> dict[str, str]:
             who = ([safe_name(m).lower() for m in models] if len(models) <= NAME_LIST_MAX
                    else [f"{len(models)}-models"])
             stem = _cut("-".join([kind, *who, *(parts[g.id][f] for f in chosen)]), NAME_MAX)
-            unique, n = stem, 1
-            while unique in used:
-                n += 1
-                unique = f"{stem}-{n}"
+            # the first free one of stem, stem-2, stem-3, ...: len(used) + 1 candidates always hold one
+            unique = next(name for name in (stem, *(f"{stem}-{n}" for n in range(2, len(used) + 3)))
+                          if name not in used)
             used |= {unique, f"{unique}-positions"}
             stems[g.id] = unique
     return stems
