@@ -70,6 +70,9 @@ for _group in ("positions", "key_tokens", "entropy", "attention"):
     GROUPS[_group][1].append("tests/test_mutants_round2_a.py")
 for _group in ("sweep", "tables", "ruler_eval", "runs", "ruler"):
     GROUPS[_group][1].append("tests/test_mutants_round2_b.py")
+# the second pass's tests (the rest of tables, runs, ruler_eval and RULER's generators)
+for _group in ("tables", "runs", "ruler_eval", "ruler"):
+    GROUPS[_group][1].append("tests/test_mutants_round2_c.py")
 # issue 27's groups measured on part of their modules (a run per group had to fit in about 15 minutes on one child)
 ONLY.update({
     "tables": [f"ctxeval.report.tables.{name}__mutmut_*" for name in (
@@ -81,6 +84,18 @@ ONLY.update({
              + [f"ctxeval.evals.ruler_tasks.{name}__mutmut_*" for name in (
                  "xǁRulerSampleǁrecord", "x_check_template", "x_task_template", "x_split_prefix")],
 })
+# the rest of issue 27's partial groups, measured after the first pass: RULER's generators and the rest of its runner
+GROUPS["ruler_gen"] = (GROUPS["ruler"][0], [*GROUPS["ruler"][1], "tests/test_loop_bounds.py"])
+ONLY["ruler_gen"] = ([f"ctxeval.evals.ruler.{name}__mutmut_*" for name in ("x_generate", "x__vt_example", "x__fwe_samples")]
+                     + [f"ctxeval.evals.ruler_{module}.*" for module in ("niah", "vt", "words", "qa", "sources")]
+                     + [f"ctxeval.evals.ruler_tasks.{name}__mutmut_*" for name in ("x__niah", "xǁRulerSampleǁprompt")])
+GROUPS["ruler_eval_rest"] = GROUPS["ruler_eval"]
+ONLY["ruler_eval_rest"] = [f"ctxeval.evals.ruler_eval.{name}__mutmut_*" for name in (
+    "x_samples_path", "x_read_samples", "x_write_samples", "x_prepare", "xǁRulerRunnerǁ__init__",
+    "xǁRulerRunnerǁpredict", "xǁRulerRunnerǁmeasure")]
+# report functions only the single-run report calls (the tables group's tests never reach them)
+GROUPS["tables_single"] = (GROUPS["tables"][0], ["tests/test_ppl.py", "tests/test_cli.py", "tests/test_entropy.py"])
+ONLY["tables_single"] = [f"ctxeval.report.tables.{name}__mutmut_*" for name in ("x_entropy_tables", "x_valid_cells")]
 if os.environ.get("RULER_SEARCH_ONLY"):  # the size search alone (its mutants hang without the bound)
     ONLY["ruler"] = ["ctxeval.evals.ruler.x__search__mutmut_*"]
 SPINNER = re.compile(r"^\W*(Generating mutants|Running stats|Listing all tests|Running clean tests)")

@@ -1,0 +1,431 @@
+"""Issue 27, round 2's second pass: tests for the mutants that survived in the rest of report/tables.py,
+report/runs.py, ruler_eval.py and RULER's generators (each test names the behaviour it pins down)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+# ---------------------------------------------------------------------------------------------------------------
+# runs: protocol keys, documents, report directories
+
+
+def _run(task, record, order=0, rows=None):
+    from ctxeval.report.runs import Run
+
+    rows = rows if rows is not None else [{"model": "m", "label": "none", "doc": "d", "preset": "p",
+                                           "scoring": "generate"}]
+    return Run(Path(f"run{order}"), f"run{order}", task, record, rows, order)
+
+
+def _groups(task, record_a, record_b, rows_a=None, rows_b=None, aggregate=None):
+    from ctxeval.report.runs import group_runs
+
+    runs = [_run(task, record_a, 0, rows_a), _run(task, record_b, 1, rows_b)]
+    return [g for g in group_runs(runs, aggregate) if g.kind == task]
+
+
+# (task, record of run A, record of run B, the field that must tell them apart, its value in run A as shown)
+DIFFERING = [
+    ("lm-eval", {"spec": {"max_length": 512}}, {"spec": {"max_length": 1024}}, "max_length", "512"),
+    ("lm-eval", {"spec": {"limit": 10}}, {"spec": {"limit": 20}}, "limit", "10"),
+    ("lm-eval", {"spec": {"num_fewshot": 0}}, {"spec": {"num_fewshot": 5}}, "num_fewshot", "0"),
+    ("lm-eval", {"lm_eval": {"version": "0.4.8"}}, {"lm_eval": {"version": "0.4.9"}}, "lm_eval", "0.4.8"),
+    ("ruler", {"spec": {"tasks": ["niah_single_1"]}}, {"spec": {"tasks": ["vt"]}}, "tasks", "niah_single_1"),
+    ("ruler", {"spec": {"samples": 4}}, {"spec": {"samples": 8}}, "samples", "4"),
+    ("ruler", {"spec": {"seed": 1}}, {"spec": {"seed": 2}}, "seed", "1"),
+    ("ruler", {"spec": {"essays": "a.json"}}, {"spec": {"essays": "b.json"}}, "essays", "a.json"),
+    ("ruler", {"spec": {"essay_sha256": "aa"}}, {"spec": {"essay_sha256": "bb"}}, "essay_sha256", "aa"),
+    ("ruler", {"spec": {"samples_from": "x"}}, {"spec": {"samples_from": "y"}}, "samples_from", "x"),
+    ("ruler", {"spec": {"template": "base"}}, {"spec": {"template": "chat"}}, "template", "base"),
+    ("ruler", {"protocol": {"threshold": 85.6}}, {"protocol": {"threshold": 50.0}}, "threshold", "85.6"),
+    ("ppl", {"spec": {"data": "pydoc"}}, {"spec": {"data": "austen"}}, "data", "pydoc"),
+    ("ppl", {"data": {"spec": "pydoc"}}, {"data": {"spec": "austen"}}, "data", "pydoc"),
+    ("ppl", {"data": {"documents": [{"doc": "a"}]}}, {"data": {"documents": [{"doc": "b"}]}}, "documents", "a"),
+    ("ppl", {"spec": {"text_field": "body"}}, {}, "text_field", "body"),
+    ("ppl", {"protocol": {"name": "sliding"}}, {"protocol": {"name": "truncate"}}, "protocol", "sliding"),
+    ("ppl", {"spec": {"protocol": "sliding"}}, {"spec": {"protocol": "truncate"}}, "protocol", "sliding"),
+    ("ppl", {"protocol": {"stride": 256}}, {"protocol": {"stride": 512}}, "stride", "256"),
+    ("ppl", {"spec": {"stride": 256}}, {"spec": {"stride": 512}}, "stride", "256"),
+    ("ppl", {"protocol": {"bos": True}}, {"protocol": {"bos": False}}, "bos", "on"),
+    ("ppl", {"spec": {"bos": True}}, {"spec": {"bos": False}}, "bos", "on"),
+    ("ppl", {"protocol": {"aggregate": "document"}}, {}, "aggregate", "document"),
+    ("entropy", {"spec": {"bos": True}}, {"spec": {"bos": False}}, "bos", "on"),
+    ("entropy", {"protocol": {"bos": True}}, {"protocol": {"bos": False}}, "bos", "on"),
+    ("entropy", {"spec": {"layers": "0,1"}}, {}, "layers", "0,1"),
+    ("entropy", {"spec": {"heads": "0"}}, {}, "heads", "0"),
+    ("entropy", {"spec": {"data": "pydoc"}}, {"spec": {"data": "austen"}}, "data", "pydoc"),
+    ("needle", {"spec": {"preset": "single"}}, {"spec": {"preset": "multikey"}}, "preset", "single"),
+    ("needle", {"spec": {"preset": {"name": "custom", "keys": 1}}}, {"spec": {"preset": {"name": "custom", "keys": 2}}},
+     "preset.keys", "1"),
+    ("needle", {"spec": {"haystack": "pg"}}, {"spec": {"haystack": "pydoc"}}, "haystack", "pg"),
+    ("needle", {"spec": {"text_field": "body"}}, {}, "text_field", "body"),
+    ("needle", {"spec": {"depths": [0, 50]}}, {"spec": {"depths": [0, 100]}}, "depths", "0,50"),
+    ("needle", {"spec": {"random_depth": True, "depths": [0]}}, {"spec": {"depths": [0]}}, "depths", "random"),
+    ("needle", {"spec": {"samples": 2}}, {"spec": {"samples": 3}}, "samples", "2"),
+    ("needle", {"spec": {"seed": 1}}, {"spec": {"seed": 2}}, "seed", "1"),
+    ("needle", {"seed": 1}, {"seed": 2}, "seed", "1"),
+    ("needle", {"spec": {"scoring": "forced"}}, {"spec": {"scoring": "generate"}}, "scoring", "forced"),
+    ("needle", {"spec": {"max_new_tokens": 8}}, {"spec": {"max_new_tokens": 16}}, "max_new_tokens", "8"),
+    ("needle", {"spec": {"chat_template": True}}, {"spec": {"chat_template": False}}, "chat_template", "on"),
+    ("needle", {"spec": {"snap": "sentence"}}, {"spec": {"snap": "token"}}, "snap", "sentence"),
+    ("passkey", {"spec": {"protocol": "yarn"}}, {}, "protocol", "yarn"),
+    ("passkey", {"spec": {"bos": False}}, {}, "bos", "off"),
+]
+
+
+@pytest.mark.parametrize("task, record_a, record_b, field, shown", DIFFERING,
+                         ids=[f"{t}-{f}-{i}" for i, (t, _, _, f, _) in enumerate(DIFFERING)])
+def test_runs_that_differ_in_one_protocol_field_get_two_tables_named_by_that_field(task, record_a, record_b, field,
+                                                                                   shown):
+    from ctxeval.report.runs import field_label
+
+    groups = _groups(task, record_a, record_b)
+    assert [len(g.runs) for g in groups] == [1, 1]
+    assert groups[0].distinguishing == [field]
+    assert groups[0].title.endswith(f": {field_label(field)} {shown}")
+
+
+# (task, record of run A, record of run B): each pair says the same thing two ways, so the runs share a table
+SAME = [
+    ("ppl", {"spec": {"text_field": "text"}}, {}),
+    ("ppl", {"protocol": {"aggregate": "token"}}, {}),
+    ("ppl", {"spec": {"data": "pydoc"}}, {"data": {"spec": "pydoc"}}),
+    ("ppl", {"protocol": {"name": "sliding", "stride": 64, "bos": True}},
+     {"spec": {"protocol": "sliding", "stride": 64, "bos": True}}),
+    ("entropy", {"spec": {"layers": "all", "heads": "all"}}, {}),
+    ("entropy", {"protocol": {"bos": True}}, {"spec": {"bos": True}}),
+    ("needle", {"spec": {"text_field": "text"}}, {}),
+    ("needle", {"spec": {"seed": 3}}, {"seed": 3}),
+    ("needle", {"spec": {"preset": "p"}}, {}),  # the rows' preset stands in for the spec's
+    ("needle", {"spec": {"scoring": "generate"}}, {}),  # and the rows' scoring
+    ("passkey", {"spec": {"protocol": "ctxeval", "bos": True}}, {}),
+    ("passkey", {"spec": {"depths": [0, 50]}}, {"spec": {"depths": [10]}}),  # passkey depths are random either way
+]
+
+
+@pytest.mark.parametrize("task, record_a, record_b", SAME, ids=[f"{t}-{i}" for i, (t, _, _) in enumerate(SAME)])
+def test_a_field_written_two_ways_or_left_at_its_default_keeps_runs_in_one_table(task, record_a, record_b):
+    groups = _groups(task, record_a, record_b)
+    assert len(groups) == 1 and len(groups[0].runs) == 2
+
+
+def test_the_report_aggregate_given_overrides_the_runs_own_for_the_ppl_key():
+    groups = _groups("ppl", {"protocol": {"aggregate": "document"}}, {}, aggregate="document")
+    assert len(groups) == 1 and groups[0].key["aggregate"] == "document"
+
+
+def test_a_run_without_a_preset_in_its_spec_is_keyed_by_its_rows_preset():
+    rows_b = [{"model": "m", "label": "none", "doc": "d", "preset": "q", "scoring": "generate"}]
+    groups = _groups("needle", {}, {}, rows_b=rows_b)
+    assert groups[0].distinguishing == ["preset"] and groups[0].key["preset"] == "p"
+
+
+def test_documents_come_from_run_json_in_its_order_else_from_the_rows_in_first_appearance_order():
+    from ctxeval.report.runs import documents
+
+    rows = [{"doc": d, "model": "m"} for d in ("a", "b", "a", 3)]
+    listed = _run("ppl", {"data": {"documents": [{"doc": "z"}, "not a dict", {"doc": 7}]}}, rows=rows)
+    assert documents(listed) == ["z", "7"]
+    assert documents(_run("ppl", {}, rows=rows)) == ["a", "b", "3"]
+    assert documents(_run("ppl", {"data": {"documents": []}}, rows=rows)) == ["a", "b", "3"]
+    assert documents(_run("ppl", {"data": None}, rows=rows)) == ["a", "b", "3"]
+
+
+def _report_dir(tmp_path, content, run_json=False):
+    folder = tmp_path / "rep"
+    folder.mkdir()
+    (folder / "report.json").write_text(content)
+    if run_json:
+        (folder / "run.json").write_text("{}")
+    return folder
+
+
+@pytest.mark.parametrize("content, run_json, expected", [
+    ('{"settings": {}, "runs": [], "groups": []}', False, True),
+    ('{"settings": {"x": NaN}, "runs": [], "groups": [], "more": 1}', False, True),  # a report may hold NaN
+    ('{"settings": {}, "runs": [], "groups": []}', True, False),  # run.json makes it a run
+    ('{"settings": {}, "runs": []}', False, False),
+    ('[1, 2]', False, False),
+    ('not json', False, False),
+])
+def test_a_report_directory_is_one_with_reports_three_sections_and_no_run_json(tmp_path, content, run_json, expected):
+    from ctxeval.report.runs import is_report_dir
+
+    assert is_report_dir(_report_dir(tmp_path, content, run_json)) is expected
+
+
+def test_a_folder_without_report_json_is_not_a_report_directory(tmp_path):
+    from ctxeval.report.runs import is_report_dir
+
+    assert is_report_dir(tmp_path) is False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tables: the long and wide tables every report is built from, and how cells are written
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from pandas.testing import assert_frame_equal  # noqa: E402
+
+from ctxeval.errors import CtxevalError  # noqa: E402
+
+
+def _pos(label, length, doc, edges, nll, tokens, status="ok", model="m"):
+    return {"model": model, "label": label, "length": length, "doc": doc, "status": status, "position_edges": edges,
+            "position_nll_sum": nll, "position_tokens": tokens}
+
+
+def _doc(label, length, doc, nll, tokens, status="ok", windows=None):
+    row = {"model": "m", "label": label, "length": length, "doc": doc, "status": status, "nll_sum": nll,
+           "n_tokens": tokens}
+    if windows is not None:
+        row.update({"window_nll_sum": windows[0], "n_windows": windows[1]})
+    return row
+
+
+def test_ppl_long_pools_tokens_or_windows_and_a_failed_document_makes_the_point_missing_in_row_order():
+    from ctxeval.report.tables import ppl_long
+
+    rows = [_doc("b", 64, "d1", 64.0, 32, windows=(3.0, 3)), _doc("b", 64, "d2", 0.0, 32, windows=(0.0, 1)),
+            _doc("b", 32, "d1", None, None, status="oom"), _doc("b", 32, "d2", None, None, status="skipped"),
+            _doc("a", 64, "d1", 10.0, 10, windows=(1.0, 1)), _doc("a", 64, "d2", None, None, status="oom")]
+    expected = pd.DataFrame([
+        {"model": "m", "label": "b", "length": 64, "ppl": math.exp(1.0), "n_tokens": 64, "n_docs": 2, "status": "ok"},
+        {"model": "m", "label": "b", "length": 32, "ppl": float("nan"), "n_tokens": 0, "n_docs": 0, "status": "oom"},
+        {"model": "m", "label": "a", "length": 64, "ppl": float("nan"), "n_tokens": 10, "n_docs": 1, "status": "oom"},
+    ])
+    assert_frame_equal(ppl_long(rows), expected)
+    assert ppl_long(rows, "window")["ppl"].iloc[0] == pytest.approx(math.exp(3.0 / 4), rel=1e-12)
+    assert list(ppl_long([]).columns) == list(expected.columns)
+    with pytest.raises(CtxevalError, match="--aggregate must be token or window, got 'mean'"):
+        ppl_long(rows, "mean")
+
+
+def test_positions_long_sums_buckets_over_documents_at_each_methods_longest_length():
+    from ctxeval.report.tables import positions_long
+
+    rows = [
+        _pos("b", 32, "d1", [0, 4, 32], [9.0, 9.0], [4, 28]),  # shorter: not used
+        _pos("b", 64, "d1", [0, 1, 8, 16, 64], [2.0, 0.0, 6.0, 40.0], [1, 0, 8, 48]),
+        _pos("b", 64, "d2", [0, 1, 8, 16, 64], [4.0, 0.0, 10.0, 56.0], [1, 0, 8, 48]),
+        _pos("b", 64, "d3", [0, 1, 8, 16, 64], [99.0, 0.0, 99.0, 99.0], [1, 0, 8, 48], status="oom"),
+        _pos("b", 64, "d4", [0, 32, 64], [1.0, 1.0], [32, 32]),  # other edges than the point's first row: left out
+        {"model": "m", "label": "b", "length": 64, "doc": "d5", "status": "ok"},  # an older row without positions
+        _pos("a", 128, "d1", [0, 128], [256.0], [128]),  # one bucket
+        _pos("c", 128, "d1", [5], [], []),  # edges without a bucket: left out
+    ]
+    got = positions_long(rows)
+    expected = pd.DataFrame([
+        {"model": "m", "label": "b", "length": 64, "start": 0, "stop": 1, "tokens": 2, "nll": 3.0,
+         "ppl": math.exp(3.0), "n_docs": 2},
+        {"model": "m", "label": "b", "length": 64, "start": 8, "stop": 16, "tokens": 16, "nll": 1.0,
+         "ppl": math.exp(1.0), "n_docs": 2},
+        {"model": "m", "label": "b", "length": 64, "start": 16, "stop": 64, "tokens": 96, "nll": 1.0,
+         "ppl": math.exp(1.0), "n_docs": 2},
+        {"model": "m", "label": "a", "length": 128, "start": 0, "stop": 128, "tokens": 128, "nll": 2.0,
+         "ppl": math.exp(2.0), "n_docs": 1},
+    ])
+    assert_frame_equal(got.reset_index(drop=True), expected)
+
+
+def test_positions_long_keeps_its_columns_when_nothing_has_positions():
+    from ctxeval.report.tables import positions_long
+
+    columns = ["model", "label", "length", "start", "stop", "tokens", "nll", "ppl", "n_docs"]
+    assert list(positions_long([]).columns) == columns
+    assert list(positions_long([{"model": "m", "label": "a", "length": 8, "doc": "d", "status": "ok"}]).columns) == columns
+    failed = [_pos("a", 8, "d", [0, 8], [1.0], [8], status="oom")]
+    assert list(positions_long(failed).columns) == columns
+
+
+def _key(label, length, doc, key_tokens, key_nll, status="ok"):
+    return {"model": "m", "label": label, "length": length, "doc": doc, "status": status, "key_tokens": key_tokens,
+            "key_nll_sum": key_nll}
+
+
+def test_longppl_long_pools_key_tokens_and_a_failed_or_uncounted_document_makes_the_point_missing():
+    from ctxeval.report.tables import longppl_long
+
+    rows = [
+        _key("b", 64, "d1", 3, 3.0), _key("b", 64, "d2", 1, 5.0, status="oom"),  # failed point first
+        _key("b", 128, "d1", 0, 0.0), _key("b", 128, "d2", 0, 0.0),  # no key tokens at all
+        _key("a", 64, "d1", 2, 1.0), _key("a", 64, "d2", 2, 3.0),
+        _key("a", 128, "d1", None, None),  # measured, but its key tokens were not counted
+    ]
+    got = longppl_long(rows)
+    nan = float("nan")
+    expected = pd.DataFrame([
+        {"model": "m", "label": "b", "length": 64, "longppl": nan, "key_tokens": nan, "n_docs": 1, "status": "oom"},
+        {"model": "m", "label": "b", "length": 128, "longppl": nan, "key_tokens": 0, "n_docs": 2,
+         "status": "no key tokens"},
+        {"model": "m", "label": "a", "length": 64, "longppl": math.exp(1.0), "key_tokens": 4, "n_docs": 2,
+         "status": "ok"},
+        {"model": "m", "label": "a", "length": 128, "longppl": nan, "key_tokens": nan, "n_docs": 0,
+         "status": "missing"},
+    ])
+    assert_frame_equal(got, expected, check_dtype=False)
+    assert list(longppl_long([]).columns) == list(expected.columns)
+
+
+def test_needle_long_makes_lengths_integers_and_keeps_the_last_row_of_a_sample():
+    from ctxeval.report.tables import needle_long
+
+    rows = [{"model": "m", "label": "a", "length": 64.0, "depth": 0, "sample": 0, "status": "oom", "correct": None},
+            {"model": "m", "label": "a", "length": 64.0, "depth": 0, "sample": 0, "status": "ok", "correct": 1.0}]
+    got = needle_long(rows)
+    assert got["length"].dtype == np.int64 and list(got["length"]) == [64] and list(got["status"]) == ["ok"]
+
+
+def _needle(label, length, depth, sample, correct, status="ok"):
+    return {"model": "m", "label": label, "length": length, "depth": depth, "sample": sample, "status": status,
+            "correct": correct}
+
+
+NEEDLE_ROWS = [
+    _needle("b", 128, 50, 0, 1.0), _needle("b", 128, 50, 1, 0.0), _needle("b", 128, 0, 0, 1.0),
+    _needle("b", 64, 50, 0, 1.0), _needle("b", 64, 0, 0, 1.0), _needle("b", 256, 0, 0, None, status="oom"),
+    _needle("a", 64, 0, 0, 0.0), _needle("a", 128, 0, 0, 1.0),
+]
+
+
+def test_accuracy_grid_is_mean_accuracy_by_depth_and_length_with_each_cells_status():
+    from ctxeval.report.tables import accuracy_grid
+
+    grid, status = accuracy_grid(pd.DataFrame(NEEDLE_ROWS), "b")
+    expected = pd.DataFrame({64: [1.0, 1.0], 128: [1.0, 0.5], 256: [np.nan, np.nan]}, index=[0, 50])
+    assert_frame_equal(grid, expected, check_names=False)
+    assert list(grid.index) == [0, 50] and list(grid.columns) == [64, 128, 256]
+    assert status.fillna("-").to_dict() == {64: {0: "ok", 50: "ok"}, 128: {0: "ok", 50: "ok"}, 256: {0: "oom", 50: "-"}}
+
+
+def test_needle_summary_is_mean_accuracy_per_method_in_the_given_order_with_every_length_and_the_effective_length():
+    from ctxeval.report.tables import needle_summary
+
+    got = needle_summary(pd.DataFrame(NEEDLE_ROWS), ["b", "zzz", "a"], threshold=0.75)
+    assert list(got.index) == ["b", "a"] and list(got.columns) == [64, 128, 256, "effective length"]
+    assert got.loc["b", 64] == 1.0 and got.loc["b", 128] == 2 / 3 and math.isnan(got.loc["b", 256])
+    assert got.loc["a", 64] == 0.0 and got.loc["a", 128] == 1.0 and math.isnan(got.loc["a", 256])
+    assert got["effective length"].iloc[0] == 64 and math.isnan(got["effective length"].iloc[1])
+
+
+def test_passkey_summary_has_the_yarn_figures_and_the_contiguous_effective_length_per_method():
+    from ctxeval.report.tables import passkey_summary
+
+    got = passkey_summary(pd.DataFrame(NEEDLE_ROWS), ["b", "a"], threshold=0.75)
+    assert list(got.columns) == ["method", "passkey context", "passkey accuracy", "effective length"]
+    assert got.to_dict("records")[0] == {"method": "b", "passkey context": 64, "passkey accuracy": 1.0,
+                                         "effective length": 64}
+    a = got.to_dict("records")[1]
+    assert (a["method"], a["passkey context"], a["passkey accuracy"]) == ("a", 128, 0.5)
+    assert math.isnan(a["effective length"])  # a's 64 fails: no contiguous length
+
+
+def _long(label, length, ppl, status="ok"):
+    return {"model": "m", "label": label, "length": length, "ppl": ppl, "status": status}
+
+
+def test_ppl_wide_orders_methods_as_given_and_keeps_a_length_every_method_failed_at():
+    from ctxeval.report.tables import ppl_wide, status_wide
+
+    long = pd.DataFrame([_long("a", 64, 3.0), _long("b", 64, 2.0), _long("a", 128, float("nan"), "oom"),
+                         _long("b", 128, float("nan"), "oom"), _long("c", 64, 9.0)])
+    wide = ppl_wide(long, ["c", "b", "a"])
+    assert list(wide.index) == ["c", "b", "a"] and list(wide.columns) == [64, 128]
+    assert wide.loc["b", 64] == 2.0 and math.isnan(wide.loc["a", 128])
+    status = status_wide(long, wide.loc[["b", "a"], [128]])
+    assert list(status.index) == ["b", "a"] and list(status.columns) == [128]
+    assert list(status[128]) == ["oom", "oom"]
+
+
+def test_ppl_cells_writes_the_method_column_lengths_values_and_failure_marks():
+    from ctxeval.report.tables import ppl_cells
+
+    wide = pd.DataFrame({64: [3.14159, np.nan], 2048: [1234.5, 2.0]}, index=["a", "b"])
+    status = pd.DataFrame({64: ["ok", "oom"], 2048: ["ok", "ok"]}, index=["a", "b"])
+    assert ppl_cells(wide, status) == (["method", "64", "2k"], [["a", "3.14", "1,234"], ["b", "OOM", "2.00"]])
+    assert ppl_cells(wide)[1][1] == ["b", "—", "2.00"]
+
+
+@pytest.mark.parametrize("value, status, text", [
+    (1000.0, None, "1,000"), (999.994, None, "999.99"), (float("nan"), "oom", "OOM"), (None, "skipped", "skip"),
+])
+def test_fmt_ppl_uses_thousands_from_1000(value, status, text):
+    from ctxeval.report.tables import fmt_ppl
+
+    assert fmt_ppl(value, status) == text
+
+
+def test_fmt_acc_shows_a_failed_cells_status():
+    from ctxeval.report.tables import fmt_acc
+
+    assert fmt_acc(float("nan"), "oom") == "OOM" and fmt_acc(0.5) == "50%"
+
+
+@pytest.mark.parametrize("start, stop, label, center", [
+    (5, 6, "5", 5.0), (0, 1, "0", 1.0), (0, 4, "0-4", math.sqrt(3)), (4, 8, "4-8", math.sqrt(28)),
+    (1024, 2048, "1k-2k", math.sqrt(1024 * 2047)), (2, 3, "2", 2.0),
+])
+def test_bucket_label_and_center(start, stop, label, center):
+    from ctxeval.report.tables import bucket_center, bucket_label
+
+    assert bucket_label(start, stop) == label
+    assert bucket_center(start, stop) == pytest.approx(center, rel=1e-12)
+
+
+@pytest.mark.parametrize("value, text", [
+    (None, ""), (float("nan"), ""), (float("inf"), ""), (3, "3"), (np.int64(4), "4"), (True, "1"), (2.5, "2.5"),
+    (1 / 3, "0.333333"), (1e-7, "1e-07"), (np.float32(0.5), "0.5"),
+])
+def test_csv_value(value, text):
+    from ctxeval.report.tables import csv_value
+
+    assert csv_value(value) == text
+
+
+@pytest.mark.parametrize("value, text", [(4096, "4k"), (100, "100"), (None, "—"), (float("nan"), "—"), (64.0, "64")])
+def test_length_or(value, text):
+    from ctxeval.report.tables import length_or
+
+    assert length_or(value, "—") == text
+
+
+def _sample(label, task, length, sample, score, status="ok"):
+    return {"model": "m", "label": label, "ruler_task": task, "length": length, "sample": sample, "score": score,
+            "status": status}
+
+
+def test_ruler_task_scores_round_the_mean_to_two_decimals_and_a_failed_sample_makes_the_task_missing():
+    from ctxeval.report.tables import ruler_task_scores
+
+    rows = [_sample("b", "vt", 64, 0, 1.0), _sample("b", "vt", 64, 1, 0.0), _sample("b", "vt", 64, 2, 0.0),
+            _sample("b", "cwe", 64, 0, 1.0), _sample("b", "cwe", 64, 1, None, status="oom"),
+            _sample("a", "vt", 64, 0, 1.0)]
+    got = ruler_task_scores(rows)
+    expected = pd.DataFrame([
+        {"model": "m", "label": "b", "ruler_task": "vt", "length": 64, "score": 33.33, "samples": 3, "status": "ok"},
+        {"model": "m", "label": "b", "ruler_task": "cwe", "length": 64, "score": float("nan"), "samples": 1,
+         "status": "oom"},
+        {"model": "m", "label": "a", "ruler_task": "vt", "length": 64, "score": 100.0, "samples": 1, "status": "ok"},
+    ])
+    assert_frame_equal(got, expected)
+    assert list(ruler_task_scores([]).columns) == list(expected.columns)
+
+
+def test_ruler_means_need_every_task_and_keep_the_rows_order():
+    from ctxeval.report.tables import ruler_means
+
+    scores = pd.DataFrame([
+        {"model": "m", "label": "b", "ruler_task": "vt", "length": 64, "score": 50.0},
+        {"model": "m", "label": "b", "ruler_task": "cwe", "length": 64, "score": 100.0},
+        {"model": "m", "label": "a", "ruler_task": "vt", "length": 64, "score": 10.0},
+        {"model": "m", "label": "a", "ruler_task": "cwe", "length": 64, "score": float("nan")},
+    ])
+    got = ruler_means(scores, ["vt", "cwe"])
+    assert list(got.columns) == ["model", "label", "length", "mean"]
+    assert list(got["label"]) == ["b", "a"] and got["mean"].iloc[0] == 75.0 and math.isnan(got["mean"].iloc[1])
+    empty = ruler_means(scores.iloc[:0], ["vt"])
+    assert list(empty.columns) == ["model", "label", "length", "mean"] and empty.empty
