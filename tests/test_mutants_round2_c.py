@@ -216,7 +216,8 @@ def test_positions_long_sums_buckets_over_documents_at_each_methods_longest_leng
         _pos("b", 64, "d4", [0, 32, 64], [1.0, 1.0], [32, 32]),  # other edges than the point's first row: left out
         {"model": "m", "label": "b", "length": 64, "doc": "d5", "status": "ok"},  # an older row without positions
         _pos("a", 128, "d1", [0, 128], [256.0], [128]),  # one bucket
-        _pos("c", 128, "d1", [5], [], []),  # edges without a bucket: left out
+        _pos("c", 128, "d1", [5], [], []),  # edges without a bucket: left out, so c's longest length is 64
+        _pos("c", 64, "d1", [0, 64], [64.0], [64]),
     ]
     got = positions_long(rows)
     expected = pd.DataFrame([
@@ -228,6 +229,8 @@ def test_positions_long_sums_buckets_over_documents_at_each_methods_longest_leng
          "ppl": math.exp(1.0), "n_docs": 2},
         {"model": "m", "label": "a", "length": 128, "start": 0, "stop": 128, "tokens": 128, "nll": 2.0,
          "ppl": math.exp(2.0), "n_docs": 1},
+        {"model": "m", "label": "c", "length": 64, "start": 0, "stop": 64, "tokens": 64, "nll": 1.0,
+         "ppl": math.exp(1.0), "n_docs": 1},
     ])
     assert_frame_equal(got.reset_index(drop=True), expected)
 
@@ -288,7 +291,7 @@ def _needle(label, length, depth, sample, correct, status="ok"):
 NEEDLE_ROWS = [
     _needle("b", 128, 50, 0, 1.0), _needle("b", 128, 50, 1, 0.0), _needle("b", 128, 0, 0, 1.0),
     _needle("b", 64, 50, 0, 1.0), _needle("b", 64, 0, 0, 1.0), _needle("b", 256, 0, 0, None, status="oom"),
-    _needle("a", 64, 0, 0, 0.0), _needle("a", 128, 0, 0, 1.0),
+    _needle("a", 64, 0, 0, 0.0), _needle("a", 128, 0, 0, 1.0), _needle("b", 64, 100, 0, None, status="oom"),
 ]
 
 
@@ -296,10 +299,13 @@ def test_accuracy_grid_is_mean_accuracy_by_depth_and_length_with_each_cells_stat
     from ctxeval.report.tables import accuracy_grid
 
     grid, status = accuracy_grid(pd.DataFrame(NEEDLE_ROWS), "b")
-    expected = pd.DataFrame({64: [1.0, 1.0], 128: [1.0, 0.5], 256: [np.nan, np.nan]}, index=[0, 50])
+    # depth 100 failed everywhere it was tried: its row stays, empty, beside its status
+    expected = pd.DataFrame({64: [1.0, 1.0, np.nan], 128: [1.0, 0.5, np.nan], 256: [np.nan, np.nan, np.nan]},
+                            index=[0, 50, 100])
     assert_frame_equal(grid, expected, check_names=False)
-    assert list(grid.index) == [0, 50] and list(grid.columns) == [64, 128, 256]
-    assert status.fillna("-").to_dict() == {64: {0: "ok", 50: "ok"}, 128: {0: "ok", 50: "ok"}, 256: {0: "oom", 50: "-"}}
+    assert list(grid.index) == [0, 50, 100] and list(grid.columns) == [64, 128, 256]
+    assert status.fillna("-").to_dict() == {64: {0: "ok", 50: "ok", 100: "oom"}, 128: {0: "ok", 50: "ok", 100: "-"},
+                                            256: {0: "oom", 50: "-", 100: "-"}}
 
 
 def test_needle_summary_is_mean_accuracy_per_method_in_the_given_order_with_every_length_and_the_effective_length():
@@ -378,7 +384,7 @@ def test_bucket_label_and_center(start, stop, label, center):
 
 @pytest.mark.parametrize("value, text", [
     (None, ""), (float("nan"), ""), (float("inf"), ""), (3, "3"), (np.int64(4), "4"), (True, "1"), (2.5, "2.5"),
-    (1 / 3, "0.333333"), (1e-7, "1e-07"), (np.float32(0.5), "0.5"),
+    (1 / 3, "0.333333"), (1e-7, "1e-07"), (np.float32(0.5), "0.5"), (1234567, "1234567"), (1234567.0, "1.23457e+06"),
 ])
 def test_csv_value(value, text):
     from ctxeval.report.tables import csv_value
@@ -391,6 +397,16 @@ def test_length_or(value, text):
     from ctxeval.report.tables import length_or
 
     assert length_or(value, "—") == text
+
+
+def test_markdown_pads_every_column_to_its_widest_cell_under_a_dash_rule_two_wider():
+    from ctxeval.report.tables import markdown
+
+    assert markdown(["method", "64"], [["a", "3.14"], ["yarn(factor=2)", "—"]]) == (
+        "| method         | 64   |\n"
+        "|----------------|------|\n"
+        "| a              | 3.14 |\n"
+        "| yarn(factor=2) | —    |\n")
 
 
 def _sample(label, task, length, sample, score, status="ok"):
@@ -429,3 +445,216 @@ def test_ruler_means_need_every_task_and_keep_the_rows_order():
     assert list(got["label"]) == ["b", "a"] and got["mean"].iloc[0] == 75.0 and math.isnan(got["mean"].iloc[1])
     empty = ruler_means(scores.iloc[:0], ["vt"])
     assert list(empty.columns) == ["model", "label", "length", "mean"] and empty.empty
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runs: loading run directories, the one-line refusals and the notes a report prints
+
+
+def _ppl_run(folder: Path, status="success", extra_rows="") -> Path:
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"spec": {"task": "ppl"}, "status": status}))
+    row = {"task": "ppl", "model": "m", "label": "none", "length": 8, "doc": "d", "status": "ok", "nll_sum": 1.0,
+           "n_tokens": 4}
+    (folder / "rows.jsonl").write_text(json.dumps(row) + "\n" + extra_rows)
+    return folder
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("bad", "{nope", "bad/run.json cannot be read as a ctxeval run.json (it is not JSON (Expecting property name "
+                     "enclosed in double quotes at line 1 column 2)); leave this directory out"),
+    ("lst", "[1]", "lst/run.json is not a ctxeval run.json (not a JSON object); leave this directory out"),
+    ("fld", '{"spec": [1]}', "fld/run.json: 'spec' is not a JSON object, as ctxeval writes it; not a ctxeval "
+                            "run.json: leave this directory out"),
+    ("hist", '{"history": {"a": 1}}', "hist/run.json: 'history' is not a JSON list, as ctxeval writes it; not a "
+                                     "ctxeval run.json: leave this directory out"),
+    ("meth", '{"spec": {"methods": "none"}}', "meth/run.json: 'spec.methods' is not a JSON list, as ctxeval writes "
+                                             "it; not a ctxeval run.json: leave this directory out"),
+])
+def test_a_run_json_that_is_not_ctxevals_is_refused_in_one_line_naming_what_is_wrong(tmp_path, monkeypatch, name,
+                                                                                    content, message):
+    from ctxeval.report.runs import load_run
+
+    monkeypatch.chdir(tmp_path)
+    Path(name).mkdir()
+    Path(name, "run.json").write_text(content)
+    with pytest.raises(CtxevalError) as err:
+        load_run(name)
+    assert str(err.value) == message
+
+
+def test_a_folder_of_runs_given_as_one_run_names_the_count_the_first_and_the_glob(tmp_path, monkeypatch):
+    from ctxeval.report.runs import load_run
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("b", "a"):
+        Path("outer", name).mkdir(parents=True)
+        Path("outer", name, "run.json").write_text("{}")
+    with pytest.raises(CtxevalError) as err:
+        load_run("outer/")
+    assert str(err.value) == "outer is not a run directory but holds 2 (e.g. a); pass them one by one, e.g. outer/*/"
+
+
+def test_a_run_json_may_hold_nan_and_a_run_is_loaded_with_its_rows(tmp_path):
+    from ctxeval.report.runs import load_run
+
+    folder = _ppl_run(tmp_path / "r")
+    (folder / "run.json").write_text('{"spec": {"task": "ppl", "x": NaN}, "status": "running"}')
+    run = load_run(folder)
+    assert run.task == "ppl" and len(run.rows) == 1 and math.isnan(run.spec["x"])
+
+
+def test_load_runs_notes_a_run_given_twice_keeps_going_and_notes_skipped_lines_and_incomplete_runs(tmp_path):
+    from ctxeval.report.runs import load_runs
+
+    a = _ppl_run(tmp_path / "a")
+    b = _ppl_run(tmp_path / "b", status="running", extra_rows="not json\n")
+    runs, notes = load_runs([a, str(a) + "/", b])
+    assert [r.name for r in runs] == [str(a), str(b)]
+    assert notes[0] == f"{a} was given twice (as {a}); used once"
+    assert notes[1].startswith(f"{b}: ") and "line 2" in notes[1]
+    assert notes[2] == f"{b} is incomplete (status running): cells it did not reach show as —"
+    assert len(notes) == 3  # a finished run gets no such note
+    with pytest.raises(CtxevalError) as err:
+        load_runs([])
+    assert str(err.value) == ("no run directories given; pass one or more directories written by ctxeval ppl, "
+                              "needle, passkey, entropy, ruler or lm-eval")
+
+
+def test_single_accepts_one_table_per_kind_and_refuses_two_naming_each_runs_differing_fields():
+    from ctxeval.report.runs import group_runs
+
+    one = [_run("ppl", {"spec": {"stride": 8}}, 0), _run("ppl", {"spec": {"stride": 8}}, 1)]
+    assert len(group_runs(one, single=True)) == 1
+    two = [_run("ppl", {"spec": {"stride": 8, "bos": True}}, 0), _run("ppl", {"spec": {"stride": 16, "bos": False}}, 1)]
+    with pytest.raises(CtxevalError) as err:
+        group_runs(two, single=True)
+    assert str(err.value) == ("--single: the ppl runs differ in stride, bos (run0: stride 8, bos on; run1: stride 16, "
+                              "bos off); drop --single to get one table per protocol, or leave runs out")
+
+
+def test_canon_is_key_order_free_json_with_other_values_as_text():
+    from ctxeval.report.runs import canon
+
+    assert canon({"b": 1, "a": Path("x")}) == '{"a": "x", "b": 1}'
+    groups = _groups("ppl", {"spec": {"data": {"name": "pydoc", "split": "x"}}},
+                     {"spec": {"data": {"split": "x", "name": "pydoc"}}})
+    assert len(groups) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ruler_eval: reading RULER's sample files and measuring in batches
+
+
+def _samples_file(tmp_path, *lines):
+    path = tmp_path / "validation.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_read_samples_fills_rulers_optional_fields_with_their_defaults(tmp_path):
+    from ctxeval.evals.ruler_eval import read_samples
+
+    path = _samples_file(tmp_path, json.dumps({"input": "a", "outputs": [7]}),
+                         json.dumps({"index": 99, "input": "b", "outputs": ["x"], "length": 12, "answer_prefix": " A:",
+                                     "token_position_answer": 3}))
+    first, second = read_samples(path, "vt", 64)
+    assert (first.index, first.input, first.outputs, first.length, first.answer_prefix, first.token_position_answer) \
+        == (0, "a", ["7"], -1, "", None)
+    assert (second.index, second.length, second.answer_prefix, second.token_position_answer) == (1, 12, " A:", 3)
+
+
+@pytest.mark.parametrize("lines, message", [
+    (("[1, 2]",), "{path} line 1 is not a RULER sample (not a JSON object); it needs input, outputs and answer_prefix"),
+    (('{"input": "a", "outputs": ["x"]}', "{nope"),
+     "{path} line 2 is not a RULER sample ({why}); it needs a JSON object with input, outputs and answer_prefix, in "
+     "UTF-8"),
+    ((), "{path} holds no samples"),
+])
+def test_read_samples_refuses_a_line_that_is_not_a_sample_naming_the_line(tmp_path, lines, message):
+    from ctxeval.evals.ruler_eval import read_samples
+    from ctxeval.textfiles import read_jsonl
+
+    path = _samples_file(tmp_path, *lines)
+    problems = read_jsonl(path, "RULER samples file", objects=False).problems
+    why = problems[0][1] if problems else ""
+    with pytest.raises(CtxevalError) as err:
+        read_samples(path, "vt", 64)
+    assert str(err.value) == message.format(path=path, why=why)
+
+
+def test_read_samples_names_the_missing_file_and_what_writes_it(tmp_path):
+    from ctxeval.evals.ruler_eval import read_samples
+
+    path = tmp_path / "64" / "vt" / "validation.jsonl"
+    with pytest.raises(CtxevalError) as err:
+        read_samples(path, "vt", 64)
+    assert str(err.value) == (f"no RULER samples for vt at length 64: {path} is missing (RULER's prepare.py writes "
+                              "DIR/<length>/<task>/validation.jsonl)")
+
+
+class _Progress:
+    def __init__(self):
+        self.lines, self.notes = [], []
+
+    def advance(self, amount, text):
+        self.lines.append((amount, text))
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+def _runner(batch_size, predict):
+    from ctxeval.evals.ruler_eval import RulerRunner
+
+    runner = RulerRunner(None, None, "cpu", "m", batch_size=batch_size, progress=_Progress())
+    runner.predict = predict
+    return runner
+
+
+def _ruler_samples(n, first=0):
+    from ctxeval.evals.ruler_tasks import RulerSample
+
+    return [RulerSample(first + i, f"prompt {i}", [f"v{i}"], 20, " Answer:") for i in range(n)]
+
+
+def test_measure_scores_every_sample_once_in_batches_and_counts_them_in_the_progress_line():
+    from ctxeval.specs import expand_specs
+
+    seen = []
+
+    def predict(prompts, max_new_tokens, handle, length):
+        seen.append(list(prompts))
+        return [f" v{p.split()[1].rstrip(' Answer:')}\n" if p.endswith(" Answer:") else "" for p in prompts], \
+            [11] * len(prompts)
+
+    runner = _runner(2, predict)
+    emitted = []
+    runner.measure(expand_specs(["none"])[0], "vt", 64, _ruler_samples(3), emitted.append, handle="h")
+    assert seen == [["prompt 0 Answer:", "prompt 1 Answer:"], ["prompt 2 Answer:"]]
+    assert [[r["sample"] for r in rows] for rows in emitted] == [[0, 1], [2]]
+    assert all(r["status"] == "ok" and r["prompt_tokens"] == 11 and r["ruler_task"] == "vt" and r["length"] == 64
+               for rows in emitted for r in rows)
+    assert [text for _, text in runner.progress.lines] == ["none vt L=64 samples 1-2/3 100%",
+                                                           "none vt L=64 sample 3/3 100%"]
+    assert [amount for amount, _ in runner.progress.lines] == [128, 64]
+    runner.progress.lines.clear()
+    runner.measure(expand_specs(["none"])[0], "vt", 64, _ruler_samples(1, first=4), lambda rows: None, of=9)
+    assert runner.progress.lines[0][1] == "none vt L=64 sample 5/9 100%"
+    runner.progress.lines.clear()
+    runner.measure(expand_specs(["none"])[0], "vt", 64, _ruler_samples(1, first=4), lambda rows: None)
+    assert runner.progress.lines[0][1] == "none vt L=64 sample 5/5 100%"
+
+
+def test_measure_marks_a_batch_that_runs_out_of_memory_and_stops_that_point():
+    from ctxeval.specs import expand_specs
+
+    def predict(prompts, max_new_tokens, handle, length):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB\nmore")
+
+    runner = _runner(2, predict)
+    emitted = []
+    runner.measure(expand_specs(["none"])[0], "vt", 64, _ruler_samples(3), emitted.append)
+    assert len(emitted) == 1 and [r["sample"] for r in emitted[0]] == [0, 1]
+    assert all(r["status"] == "oom" and r["note"] == "CUDA out of memory. Tried to allocate 2 GiB" for r in emitted[0])
+    assert runner.progress.notes == ["none: out of memory at vt 64 tokens"]
