@@ -658,3 +658,54 @@ def test_measure_marks_a_batch_that_runs_out_of_memory_and_stops_that_point():
     assert len(emitted) == 1 and [r["sample"] for r in emitted[0]] == [0, 1]
     assert all(r["status"] == "oom" and r["note"] == "CUDA out of memory. Tried to allocate 2 GiB" for r in emitted[0])
     assert runner.progress.notes == ["none: out of memory at vt 64 tokens"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tables that only a single run's report draws: valid lengths and attention entropy
+
+
+def test_valid_cells_write_lengths_ppl_and_ratios_with_missing_marks():
+    from ctxeval.report.tables import valid_cells, valid_lengths
+
+    wide = pd.DataFrame({64: [10.0, 12.0], 128: [10.5, 30.0], 2048: [10.9, float("nan")]}, index=["none", "yarn"])
+    valid = valid_lengths(wide, 64, 0.1)
+    headers, rows = valid_cells(valid)
+    assert headers == ["method", "reference length", "ppl at reference", "longest within 10% of own ppl", "x original",
+                       "longest within 10% of none", "x original (vs base)"]
+    assert rows == [["none", "64", "10.00", "2k", "32.00", "2k", "32.00"],
+                    ["yarn", "64", "12.00", "64", "1.00", "—", "—"]]
+
+
+def _entropy_row(label, length, doc, entropy, per_layer, uniform=None, status="ok"):
+    row = {"task": "entropy", "label": label, "length": length, "doc": doc, "entropy": entropy, "status": status,
+           "layers": [0, 1], "entropy_per_layer": per_layer}
+    if uniform is not None:
+        row["uniform_entropy"] = uniform
+    return row
+
+
+def test_entropy_tables_average_documents_per_method_and_layer_in_the_given_order_with_the_uniform_row():
+    from ctxeval.report.tables import entropy_tables
+    from ctxeval.rows import UNIFORM_LABEL
+
+    rows = [_entropy_row("b", 8, "d1", 9.0, [9.0, 9.0], 2.0),  # replaced by the later row of the same point
+            _entropy_row("b", 8, "d1", 1.0, [0.5, 1.5], 2.0), _entropy_row("b", 8, "d2", 2.0, [1.5, 2.5], 2.0),
+            _entropy_row("b", 16, "d1", 3.0, [3.0, 3.0], 2.5), _entropy_row("a", 8, "d1", 4.0, [4.0, 4.0], 2.0),
+            _entropy_row("a", 16, "d1", 9.0, [9.0, 9.0], 2.5, status="oom"),
+            {"task": "ppl", "label": "a", "length": 8, "doc": "d1", "status": "ok"}]
+    wide, layers = entropy_tables(rows, ["a", "b", "c"])
+    assert list(wide.index) == ["a", "b", UNIFORM_LABEL] and list(wide.columns) == [8, 16]
+    assert wide.loc["b", 8] == 1.5 and wide.loc["b", 16] == 3.0 and wide.loc["a", 8] == 4.0
+    assert math.isnan(wide.loc["a", 16]) and list(wide.loc[UNIFORM_LABEL]) == [2.0, 2.5]
+    assert list(layers.index) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)] and list(layers.columns) == [8, 16]
+    assert list(layers.loc[("b", 0)]) == [1.0, 3.0] and list(layers.loc[("b", 1)]) == [2.0, 3.0]
+    assert layers.loc[("a", 1), 8] == 4.0 and math.isnan(layers.loc[("a", 1), 16])
+
+
+def test_entropy_tables_without_uniform_entropies_or_ok_rows():
+    from ctxeval.report.tables import entropy_tables
+
+    wide, layers = entropy_tables([_entropy_row("a", 8, "d1", 4.0, [4.0, 4.0])], ["a"])
+    assert list(wide.index) == ["a"] and len(layers) == 2
+    wide, layers = entropy_tables([_entropy_row("a", 8, "d1", 4.0, [4.0, 4.0], status="oom")], ["a"])
+    assert wide.empty and layers.empty
