@@ -667,13 +667,16 @@ def test_measure_marks_a_batch_that_runs_out_of_memory_and_stops_that_point():
 def test_valid_cells_write_lengths_ppl_and_ratios_with_missing_marks():
     from ctxeval.report.tables import valid_cells, valid_lengths
 
-    wide = pd.DataFrame({64: [10.0, 12.0], 128: [10.5, 30.0], 2048: [10.9, float("nan")]}, index=["none", "yarn"])
+    nan = float("nan")
+    wide = pd.DataFrame({64: [10.0, 12.0, nan], 128: [10.5, 30.0, 9.0], 2048: [10.9, nan, 9.0]},
+                        index=["none", "yarn", "pi"])
     valid = valid_lengths(wide, 64, 0.1)
     headers, rows = valid_cells(valid)
     assert headers == ["method", "reference length", "ppl at reference", "longest within 10% of own ppl", "x original",
                        "longest within 10% of none", "x original (vs base)"]
     assert rows == [["none", "64", "10.00", "2k", "32.00", "2k", "32.00"],
-                    ["yarn", "64", "12.00", "64", "1.00", "—", "—"]]
+                    ["yarn", "64", "12.00", "64", "1.00", "—", "—"],
+                    ["pi", "64", "—", "—", "—", "—", "—"]]  # failed at the reference: no valid length either way
 
 
 def _entropy_row(label, length, doc, entropy, per_layer, uniform=None, status="ok"):
@@ -693,11 +696,11 @@ def test_entropy_tables_average_documents_per_method_and_layer_in_the_given_orde
             _entropy_row("b", 16, "d1", 3.0, [3.0, 3.0], 2.5), _entropy_row("a", 8, "d1", 4.0, [4.0, 4.0], 2.0),
             _entropy_row("a", 16, "d1", 9.0, [9.0, 9.0], 2.5, status="oom"),
             {"task": "ppl", "label": "a", "length": 8, "doc": "d1", "status": "ok"}]
-    wide, layers = entropy_tables(rows, ["a", "b", "c"])
-    assert list(wide.index) == ["a", "b", UNIFORM_LABEL] and list(wide.columns) == [8, 16]
+    wide, layers = entropy_tables(rows, ["b", "c", "a"])
+    assert list(wide.index) == ["b", "a", UNIFORM_LABEL] and list(wide.columns) == [8, 16]
     assert wide.loc["b", 8] == 1.5 and wide.loc["b", 16] == 3.0 and wide.loc["a", 8] == 4.0
     assert math.isnan(wide.loc["a", 16]) and list(wide.loc[UNIFORM_LABEL]) == [2.0, 2.5]
-    assert list(layers.index) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)] and list(layers.columns) == [8, 16]
+    assert list(layers.index) == [("b", 0), ("b", 1), ("a", 0), ("a", 1)] and list(layers.columns) == [8, 16]
     assert list(layers.loc[("b", 0)]) == [1.0, 3.0] and list(layers.loc[("b", 1)]) == [2.0, 3.0]
     assert layers.loc[("a", 1), 8] == 4.0 and math.isnan(layers.loc[("a", 1), 16])
 
@@ -709,3 +712,76 @@ def test_entropy_tables_without_uniform_entropies_or_ok_rows():
     assert list(wide.index) == ["a"] and len(layers) == 2
     wide, layers = entropy_tables([_entropy_row("a", 8, "d1", 4.0, [4.0, 4.0], status="oom")], ["a"])
     assert wide.empty and layers.empty
+
+
+def _write_rulers_files(root: Path, task: str, length: int, n: int) -> None:
+    path = root / str(length) / task / "validation.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps({"index": i, "input": f"{task} {length} {i}", "outputs": ["x"],
+                                        "answer_prefix": " A:"}) + "\n" for i in range(n)))
+
+
+def test_prepare_takes_samples_from_rulers_files_then_from_the_run_then_generates_and_keeps_a_copy(tmp_path,
+                                                                                                   monkeypatch):
+    import ctxeval.evals.ruler_eval as E
+    from ctxeval.evals.ruler_tasks import RulerSample
+
+    calls = []
+
+    def fake_generate(task, length, num_samples, tokenizer, sources, seed, model_template):
+        calls.append((task, length, num_samples, tokenizer, sources, seed, model_template))
+        return [RulerSample(i, f"gen {task} {length} {i}", ["y"], length, "") for i in range(num_samples)]
+
+    monkeypatch.setattr(E, "generate", fake_generate)
+    cfg = E.RulerConfig(("vt", "cwe"), (64, 128), samples=2, seed=7, template="meta-chat")
+    given = tmp_path / "ruler"
+    _write_rulers_files(given, "vt", 64, 3)
+    _write_rulers_files(given, "vt", 128, 1)
+    _write_rulers_files(given, "cwe", 64, 2)
+    with pytest.raises(CtxevalError, match="no RULER samples for cwe at length 128"):
+        E.prepare(cfg, "tok", "src", tmp_path / "run1", samples_from=given)
+    _write_rulers_files(given, "cwe", 128, 2)
+    out = E.prepare(cfg, "tok", "src", tmp_path / "run1", samples_from=given)
+    assert [s.input for s in out[("vt", 64)]] == ["vt 64 0", "vt 64 1"]  # --samples of them
+    assert [s.input for s in out[("vt", 128)]] == ["vt 128 0"] and calls == []
+    copy = E.read_samples(E.samples_path(tmp_path / "run1" / E.SAMPLES_DIR, "vt", 64), "vt", 64)
+    assert copy == out[("vt", 64)]
+
+    told = []
+    out = E.prepare(cfg, "tok", "src", tmp_path / "run2", progress=told.append)
+    assert calls == [("vt", 64, 2, "tok", "src", 7, "meta-chat"), ("vt", 128, 2, "tok", "src", 7, "meta-chat"),
+                     ("cwe", 64, 2, "tok", "src", 7, "meta-chat"), ("cwe", 128, 2, "tok", "src", 7, "meta-chat")]
+    assert told[0] == "generating 2 vt prompts at 64 tokens" and len(told) == 4
+    assert out[("cwe", 128)][1].input == "gen cwe 128 1"
+    written = tmp_path / "run2" / E.SAMPLES_DIR / "128" / "cwe" / "validation.jsonl"
+    assert E.read_samples(written, "cwe", 128) == out[("cwe", 128)]
+
+    calls.clear()
+    again = E.prepare(cfg, "tok", "src", tmp_path / "run2", progress=told.append)  # a resume reads its own copy
+    assert calls == [] and again == out and len(told) == 4
+
+
+def test_write_samples_names_the_folder_or_file_it_cannot_write(tmp_path):
+    from ctxeval.evals.ruler_eval import write_samples
+    from ctxeval.evals.ruler_tasks import RulerSample
+
+    sample = [RulerSample(0, "a", ["b"], -1, "")]
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(CtxevalError, match=r"^cannot create RULER samples folder .*afile/64 \(Not a directory\)"):
+        write_samples(tmp_path / "afile" / "64" / "validation.jsonl", sample)
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(CtxevalError, match=r"^cannot write RULER samples file .*adir: it is a directory"):
+        write_samples(tmp_path / "adir", sample)
+
+
+def test_a_ruler_runner_measures_one_sample_per_batch_silently_by_default():
+    from ctxeval.evals.common import SilentProgress
+    from ctxeval.evals.ruler_eval import RulerRunner
+    from ctxeval.specs import expand_specs
+
+    runner = RulerRunner(None, None, "cpu", "m")
+    assert runner.batch_size == 1 and isinstance(runner.progress, SilentProgress)
+    runner.predict = lambda prompts, max_new_tokens, handle, length: (["x"] * len(prompts), [5] * len(prompts))
+    emitted = []
+    runner.measure(expand_specs(["none"])[0], "vt", 64, _ruler_samples(2), emitted.append)
+    assert [[r["sample"] for r in rows] for rows in emitted] == [[0], [1]]
