@@ -658,6 +658,32 @@ def test_measure_marks_a_batch_that_runs_out_of_memory_and_stops_that_point():
     assert len(emitted) == 1 and [r["sample"] for r in emitted[0]] == [0, 1]
     assert all(r["status"] == "oom" and r["note"] == "CUDA out of memory. Tried to allocate 2 GiB" for r in emitted[0])
     assert runner.progress.notes == ["none: out of memory at vt 64 tokens"]
+    assert {k: emitted[0][0][k] for k in ("model", "label", "task", "ruler_task", "length", "sample", "value")} == {
+        "model": "m", "label": "none", "task": "ruler", "ruler_task": "vt", "length": 64, "sample": 0, "value": None}
+
+
+def test_measure_rows_hold_the_score_prediction_answers_metric_and_seconds_per_sample(monkeypatch):
+    from types import SimpleNamespace
+
+    import ctxeval.evals.ruler_eval as E
+    from ctxeval.evals.ruler_tasks import RulerSample
+    from ctxeval.specs import expand_specs
+
+    clock = iter([100.0, 101.23456])
+    monkeypatch.setattr(E, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    runner = _runner(2, lambda prompts, max_new_tokens, handle, length: ([" V1 and more\n", "nothing"], [17, 18]))
+    samples = [RulerSample(i, f"p{i}", ["v1", "v2"], 20, "") for i in range(2)]
+    emitted = []
+    runner.measure(expand_specs(["none"])[0], "vt", 64, samples, emitted.append)
+    first = emitted[0][0]
+    assert {k: first[k] for k in ("model", "label", "task", "ruler_task", "length", "sample", "value", "score",
+                                  "prediction", "outputs", "metric_fn", "prompt_tokens", "seconds", "status")} == {
+        "model": "m", "label": "none", "task": "ruler", "ruler_task": "vt", "length": 64, "sample": 0, "value": 0.5,
+        "score": 0.5, "prediction": "V1 and more", "outputs": ["v1", "v2"], "metric_fn": "string_match_all",
+        "prompt_tokens": 17, "seconds": 0.617, "status": "ok"}
+    assert emitted[0][1]["score"] == 0.0 and emitted[0][1]["prompt_tokens"] == 18
+    runner.measure(expand_specs(["none"])[0], "vt", 64, [], emitted.append)  # nothing to measure: nothing emitted
+    assert len(emitted) == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
