@@ -61,6 +61,8 @@ DIFFERING = [
     ("needle", {"spec": {"preset": "single"}}, {"spec": {"preset": "multikey"}}, "preset", "single"),
     ("needle", {"spec": {"preset": {"name": "custom", "keys": 1}}}, {"spec": {"preset": {"name": "custom", "keys": 2}}},
      "preset.keys", "1"),
+    ("needle", {"spec": {"preset": {"name": "a", "keys": 1}}}, {"spec": {"preset": {"name": "b", "keys": 1}}},
+     "preset", "a"),
     ("needle", {"spec": {"haystack": "pg"}}, {"spec": {"haystack": "pydoc"}}, "haystack", "pg"),
     ("needle", {"spec": {"text_field": "body"}}, {}, "text_field", "body"),
     ("needle", {"spec": {"depths": [0, 50]}}, {"spec": {"depths": [0, 100]}}, "depths", "0,50"),
@@ -85,6 +87,7 @@ def test_runs_that_differ_in_one_protocol_field_get_two_tables_named_by_that_fie
 
     groups = _groups(task, record_a, record_b)
     assert [len(g.runs) for g in groups] == [1, 1]
+    assert field_label(field) == field.replace("_", " ")
     assert groups[0].distinguishing == [field]
     assert groups[0].title.endswith(f": {field_label(field)} {shown}")
 
@@ -811,3 +814,132 @@ def test_a_ruler_runner_measures_one_sample_per_batch_silently_by_default():
     emitted = []
     runner.measure(expand_specs(["none"])[0], "vt", 64, _ruler_samples(2), emitted.append)
     assert [[r["sample"] for r in rows] for rows in emitted] == [[0], [1]]
+
+
+_ROW = json.dumps({"task": "ppl", "model": "m", "label": "none", "length": 8, "doc": "d", "status": "ok",
+                   "nll_sum": 1.0, "n_tokens": 4})
+_NOT_RUN_JSON = "not a ctxeval run.json: leave this directory out"
+
+
+@pytest.mark.parametrize("name, run_json, rows, message", [
+    ("lengths", '{"spec": {"task": "ppl", "lengths": 5}}', _ROW,
+     f"lengths/run.json: 'spec.lengths' is not a JSON list, as ctxeval writes it; {_NOT_RUN_JSON}"),
+    ("tasks", '{"spec": {"task": "ppl", "tasks": "vt"}}', _ROW,
+     f"tasks/run.json: 'spec.tasks' is not a JSON list, as ctxeval writes it; {_NOT_RUN_JSON}"),
+    ("docs", '{"spec": {"task": "ppl"}, "data": {"documents": {}}}', _ROW,
+     f"docs/run.json: 'data.documents' is not a JSON list, as ctxeval writes it; {_NOT_RUN_JSON}"),
+    ("agg", '{"spec": {"task": "ppl"}, "protocol": {"aggregate": "' + "m" * 50 + '"}}', _ROW,
+     f"agg/run.json: protocol aggregate '{'m' * 40}' is not one of token, window; {_NOT_RUN_JSON}"),
+    ("thr0", '{"spec": {"task": "ppl"}, "protocol": {"threshold": 0}}', _ROW,
+     f"thr0/run.json: protocol threshold 0 is not a number in (0, 100]; {_NOT_RUN_JSON}"),
+    ("thr1005", '{"spec": {"task": "ppl"}, "protocol": {"threshold": 100.5}}', _ROW,
+     f"thr1005/run.json: protocol threshold 100.5 is not a number in (0, 100]; {_NOT_RUN_JSON}"),
+    ("thrabc", '{"spec": {"task": "ppl"}, "protocol": {"threshold": "abc"}}', _ROW,
+     f"thrabc/run.json: protocol threshold 'abc' is not a number in (0, 100]; {_NOT_RUN_JSON}"),
+    ("task", '{"spec": {"task": "' + "b" * 50 + '"}}', _ROW,
+     f"task: unknown task '{'b' * 40}' in run.json; ctxeval report merges ppl, needle, passkey, entropy, ruler and "
+     "lm-eval runs"),
+    ("tasknum", '{"spec": {"task": 5}}', _ROW,
+     "tasknum: unknown task '5' in run.json; ctxeval report merges ppl, needle, passkey, entropy, ruler and lm-eval "
+     "runs"),
+    ("rulerempty", '{"spec": {"task": "ruler", "tasks": []}}', _ROW,
+     f"rulerempty/run.json: a RULER run's spec.tasks is not a list of task names; {_NOT_RUN_JSON}"),
+    ("rulerint", '{"spec": {"task": "ruler", "tasks": [1]}}', _ROW,
+     f"rulerint/run.json: a RULER run's spec.tasks is not a list of task names; {_NOT_RUN_JSON}"),
+    ("badrows", '{"spec": {"task": "ppl"}}', "not json\n[1]\n{bad\n",
+     "badrows/rows.jsonl holds no usable rows (line 1: not JSON; line 2: not a JSON object (a list); ctxeval writes "
+     "one UTF-8 JSON object per line); resume the run with its original command, or leave it out"),
+    ("norows", '{"spec": {"task": "ppl"}}', "",
+     "norows has no measured rows (rows.jsonl missing or empty); resume the run with its original command, or leave "
+     "it out"),
+    ("latin", b'{"spec": {"task": "ppl", "x": "\xe9"}}', _ROW,
+     "latin/run.json cannot be read as a ctxeval run.json (it is not UTF-8 text: byte 0xe9 at offset 31); leave this "
+     "directory out"),
+])
+def test_load_run_refuses_each_inconsistent_run_in_one_line(tmp_path, monkeypatch, name, run_json, rows, message):
+    from ctxeval.report.runs import load_run
+
+    monkeypatch.chdir(tmp_path)
+    Path(name).mkdir()
+    Path(name, "run.json").write_bytes(run_json if isinstance(run_json, bytes) else run_json.encode())
+    Path(name, "rows.jsonl").write_text(rows)
+    with pytest.raises(CtxevalError) as err:
+        load_run(name + "/")
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("run_json", ['{"spec": {"task": "ppl"}, "protocol": {"threshold": 1}}',
+                                      '{"spec": {"task": "ppl"}, "protocol": {"threshold": 100}}',
+                                      '{"spec": {}}',  # the task is read from the first row
+                                      '{"spec": {"task": "ruler", "tasks": ["vt"]}}'])
+def test_load_run_accepts_thresholds_up_to_100_and_takes_a_missing_task_from_the_rows(tmp_path, run_json):
+    from ctxeval.report.runs import load_run
+
+    (tmp_path / "run.json").write_text(run_json)
+    row = json.loads(_ROW)
+    if "ruler" in run_json:
+        row.update({"task": "ruler", "ruler_task": "vt", "sample": 0, "score": 1.0})
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    run = load_run(tmp_path)
+    assert run.task == row["task"] and len(run.rows) == 1 and run.order == 0
+
+
+def test_load_run_drops_rows_its_task_cannot_use_and_says_so(tmp_path):
+    from ctxeval.report.runs import load_run
+
+    (tmp_path / "run.json").write_text('{"spec": {"task": "ppl"}}')
+    half = json.dumps({"task": "ppl", "model": "m", "label": "none", "length": 16, "doc": "d", "status": "ok"})
+    (tmp_path / "rows.jsonl").write_text(_ROW + "\n" + half + "\n")
+    run = load_run(tmp_path)
+    assert len(run.rows) == 1 and "line 2: lacks nll_sum, n_tokens (not a ctxeval ppl row)" in run.skipped
+
+
+def test_the_root_folder_is_named_as_given():
+    from ctxeval.report.runs import load_run, not_a_run
+
+    assert not_a_run("/") == "/ is not a ctxeval run directory (no run.json)"
+    with pytest.raises(CtxevalError, match="^/ is not a ctxeval run directory"):
+        load_run("/")
+
+
+def test_expand_run_args_replaces_folders_of_runs_keeps_runs_and_notes_what_it_did(tmp_path):
+    from ctxeval.report.runs import expand_run_args
+
+    single = _ppl_run(tmp_path / "single")
+    _ppl_run(single / "nested")  # a run directory is used as itself, whatever it holds
+    folder = tmp_path / "folder"
+    for name in ("r2", "r1"):
+        _ppl_run(folder / name)
+    (folder / "README.md").write_text("x")
+    (tmp_path / "notes.txt").write_text("x")
+    kept, notes = expand_run_args([single, str(folder) + "/", tmp_path / "notes.txt"])
+    assert kept == [single, folder / "r1", folder / "r2"]
+    assert notes == [f"{tmp_path / 'notes.txt'} is a file, not a run directory; skipped",
+                     f"{folder} is a folder of run directories: using the 2 directly inside it, in name order (1 other "
+                     "entry in it not run directories)"]
+    (folder / "more.md").write_text("x")
+    assert expand_run_args([folder])[1] == [f"{folder} is a folder of run directories: using the 2 directly inside "
+                                            "it, in name order (2 other entries in it not run directories)"]
+    (folder / "README.md").unlink()
+    (folder / "more.md").unlink()
+    assert expand_run_args([folder])[1] == [f"{folder} is a folder of run directories: using the 2 directly inside "
+                                            "it, in name order"]
+    with pytest.raises(CtxevalError) as err:
+        expand_run_args([tmp_path / "notes.txt"])
+    assert str(err.value) == (f"{tmp_path / 'notes.txt'} is a file, not a run directory; pass the directory that "
+                              "holds run.json and rows.jsonl")
+
+
+@pytest.mark.parametrize("value, text", [
+    (True, "on"), (False, "off"), (None, "none"), (0.5, "0.5"), (1e-7, "1e-07"), ([], "none"), (["a", 1.5], "a,1.5"),
+    ({"b": 1, "a": 2}, '{"a": 2, "b": 1}'), ("  two   words ", "two words"),
+    ("x" * 48, "x" * 48), ("x" * 49, "x" * 45 + "..."),
+    ("a" * 30 + " " + "b" * 15 + " " + "c" * 10, "a" * 30 + "..."),  # the last space before 46, not the one at 46
+    ("a" * 24 + " " + "b" * 30, "a" * 24 + " " + "b" * 20 + "..."),  # a space at 24 is too early: cut at 45
+    ("a" * 25 + " " + "b" * 30, "a" * 25 + "..."),
+    ("X" * 29 + ", " + "y" * 20, "X" * 29 + "..."),  # no comma before the dots
+])
+def test_fmt_value_writes_protocol_fields_for_headings(value, text):
+    from ctxeval.report.runs import fmt_value
+
+    assert fmt_value(value) == text
