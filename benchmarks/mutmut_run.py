@@ -158,6 +158,11 @@ def main() -> int:
     parser.add_argument("--retest", action="store_true",
                         help="with --keep of an earlier run: take the tests of --commit and run only the mutants that "
                              "survived there (a mutant killed stays killed when tests are only added)")
+    parser.add_argument("--earlier", type=Path, action="append", default=[],
+                        help="with --retest: a summary of an earlier pass over the same tree; a mutant it does not list "
+                             "as a survivor was killed there and stays killed (a chain of retests)")
+    parser.add_argument("--also-test", action="append", default=[],
+                        help="with --new-tests-only: a test file of the group's selection that gained tests too")
     parser.add_argument("--new-tests-only", action="store_true",
                         help="with --retest, run the survivors against the group's round-2 test file only (they "
                              "survived every other selected test, which did not change)")
@@ -184,7 +189,7 @@ def main() -> int:
                 (short,) = scratch_tree(args.commit, dest, "tests")
             tests = [t for t in tests if (tree / t).exists()]
             if args.new_tests_only:
-                tests = [t for t in tests if "test_mutants_round2" in t]
+                tests = [t for t in tests if "test_mutants_round2" in t or t in args.also_test]
             write_config(tree, modules, tests)
             shutil.copy(tree / "setup.cfg", tree / "mutants" / "setup.cfg")
         else:
@@ -212,6 +217,10 @@ def main() -> int:
         if args.retest and not args.summarise:
             after = exit_codes(tree)
             kept = {n: c for n, c in before_codes.items() if n not in survivors_before and after.get(n) is None}
+            for summary_file in args.earlier:  # killed in an earlier pass, before this tree's last reset
+                earlier = json.loads(summary_file.read_text())
+                kept.update({n: 1 for n in after if after.get(n) is None and n not in earlier["survivors"]
+                             and before_codes.get(n) is None})
             if args.new_tests_only:  # no new test calls it: it still survives the group's selection
                 kept.update({n: before_codes[n] for n in survivors_before if after.get(n) in (5, 33)})
         run_s = time.perf_counter() - start - clean_s
@@ -230,7 +239,7 @@ def main() -> int:
                 survivors[name] = subprocess.run([MUTMUT, "show", name], cwd=tree, env=env,
                                                  capture_output=True, text=True).stdout
         summary = {
-            "group": args.group, "commit": short, "retest_of_survivors": args.retest, "retested": sorted(survivors_before) if args.retest else [], "retest_tests": "the round-2 test file only" if args.new_tests_only else "the group's selection", "only": only, "modules": modules, "tests": tests,
+            "group": args.group, "commit": short, "retest_of_survivors": args.retest, "retested": sorted(survivors_before) if args.retest else [], "retest_tests": "the round-2 test file only" if args.new_tests_only else "the group's selection", "earlier": [str(p.name) for p in args.earlier], "only": only, "modules": modules, "tests": tests,
             "mutmut": subprocess.run([MUTMUT, "--version"], capture_output=True,
                                      text=True).stdout.strip(),
             "clean_run_s": round(clean_s, 1), "mutmut_run_s": round(run_s, 1), "mutants": len(codes),

@@ -943,3 +943,25 @@ def test_fmt_value_writes_protocol_fields_for_headings(value, text):
     from ctxeval.report.runs import fmt_value
 
     assert fmt_value(value) == text
+
+
+def test_paths_are_named_as_given_less_trailing_slashes_whatever_their_last_letter(tmp_path, monkeypatch):
+    from ctxeval.report.runs import expand_run_args, load_run, not_a_run
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        _ppl_run(Path("outX", name))
+    with pytest.raises(CtxevalError, match=r"^outX is not a run directory but holds 2 \(e\.g\. a\)"):
+        load_run("outX/")
+    assert expand_run_args(["outX/"])[1][0].startswith("outX is a folder of run directories")
+    Path("notesX.txt").write_text("x")
+    assert not_a_run("notesX.txt/") == "notesX.txt is a file, not a run directory"
+
+
+def test_a_run_without_a_task_in_its_spec_or_any_row_is_refused(tmp_path):
+    from ctxeval.report.runs import load_run
+
+    (tmp_path / "run.json").write_text('{"spec": {}}')
+    (tmp_path / "rows.jsonl").write_text("")
+    with pytest.raises(CtxevalError, match=r": unknown task 'None' in run\.json; ctxeval report merges"):
+        load_run(tmp_path)

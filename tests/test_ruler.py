@@ -4,6 +4,7 @@ The golden samples below were written by RULER's scripts/data/synthetic/niah.py 
 tokenizer_type hf with the bundled tiny model's tokenizer, max_seq_length 1024), through benchmarks/ruler_parity.py,
 which compares every field of every sample for all 11 offline tasks."""
 
+import hashlib
 import json
 import re
 
@@ -39,6 +40,32 @@ def test_samples_equal_rulers_own_scripts(tok, sources):
     vt = R.generate("vt", 1024, 2, tok, sources)
     assert [(s.outputs, s.length) for s in vt] == [(["BIDZE", "LSOCY", "RDAJO", "LBJYZ", "BJRRJ"], 993),
                                                   (["JBMFX", "JVWFR", "KHBUJ", "NRVIA", "WGPZA"], 996)]
+
+
+# sha256 (first 32 hex digits) of json.dumps of the two samples' [{input, outputs, length, answer_prefix,
+# token_position_answer}] that generate(task, length, 2, tok, sources) writes; benchmarks/ruler_parity.py found these
+# exact samples identical to what RULER's own scripts (c3f5e3b) write for the same configuration, field by field
+# (benchmarks/results/ruler_parity-tiny-tokenizer-2-samples.txt). A change to any prompt, answer or length fails here.
+RULER_DIGESTS = [
+    ("niah_single_1", 1024, "fe3b4eb0415df4f44c64812801eda4d4"),
+    ("niah_multikey_2", 1024, "a093596c113ae206ef21f9916a42618a"),
+    ("niah_multikey_3", 1024, "b3289b89765c86663a7c4a376d6492f2"),
+    ("vt", 1024, "25d5bcd2308d34559f15d626e401e082"),
+    ("fwe", 1024, "c9777d979615105209fc16c4e5f851db"),
+    ("cwe", 2048, "2c0722a0a0ea9d9a82c7f35a9d963668"),
+    ("niah_single_2", 4096, "3d308b68265ed45295ebfc20b1c88ccd"),
+    ("niah_single_3", 4096, "7b360ae40993d275bcc0de9c81ee9d38"),
+    ("niah_multikey_1", 4096, "6e56499e3c2e42a499bccd93102e2e42"),
+    ("niah_multivalue", 4096, "e2666cae9b504f363c5b8969c0f0a038"),
+    ("niah_multiquery", 4096, "1f7338e724268625bc530f94b305e27f"),
+]
+
+
+@pytest.mark.parametrize("task, length, digest", RULER_DIGESTS, ids=[t for t, _, _ in RULER_DIGESTS])
+def test_every_offline_task_writes_the_samples_rulers_own_scripts_write(tok, sources, task, length, digest):
+    fields = ("input", "outputs", "length", "answer_prefix", "token_position_answer")
+    records = [{f: s.record().get(f) for f in fields} for s in R.generate(task, length, 2, tok, sources)]
+    assert hashlib.sha256(json.dumps(records).encode()).hexdigest()[:32] == digest
 
 
 def test_niah_samples_carry_rulers_token_position_answer(tok, sources):
