@@ -43,3 +43,22 @@ def test_a_passkey_filler_that_stops_growing_stops_the_length_search(monkeypatch
     monkeypatch.setattr(builder, "search_tokens", lambda chars: 10)  # never reaches the target
     with pytest.raises(RuntimeError, match="stay under 1,000 tokens"):
         builder.garbage_chars(1000)
+
+
+def test_an_fwe_prompt_that_stops_growing_is_refused_after_a_bounded_number_of_tries():
+    """The growth loop ends at its ceiling on the word count (and, were the count stuck, at its iteration bound):
+    the one-line refusal, never a hang."""
+    from ctxeval.errors import CtxevalError
+    from ctxeval.evals.ruler import _fwe_samples
+
+    fwe = FreqWords(TASKS["fwe"], Sources(), Stream(42), 4096)
+    calls = []
+
+    def text(vocab, num_words):
+        calls.append(num_words)
+        return "a b c", ["a", "b", "c"]  # never longer, whatever the word count
+
+    fwe.text = text
+    with pytest.raises(CtxevalError, match="the prompt stops growing at 3 tokens, short of the 4096-token length"):
+        _fwe_samples(TASKS["fwe"], 4096, 1, lambda s: len(s.split()), fwe)
+    assert len(calls) <= 4 * fwe.budget // max(fwe.budget // 32, 1) + 3
