@@ -954,8 +954,8 @@ def test_paths_are_named_as_given_less_trailing_slashes_whatever_their_last_lett
     with pytest.raises(CtxevalError, match=r"^outX is not a run directory but holds 2 \(e\.g\. a\)"):
         load_run("outX/")
     assert expand_run_args(["outX/"])[1][0].startswith("outX is a folder of run directories")
-    Path("notesX.txt").write_text("x")
-    assert not_a_run("notesX.txt/") == "notesX.txt is a file, not a run directory"
+    Path("notesX").write_text("x")
+    assert not_a_run("notesX/") == "notesX is a file, not a run directory"
 
 
 def test_a_run_without_a_task_in_its_spec_or_any_row_is_refused(tmp_path):
