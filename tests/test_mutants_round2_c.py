@@ -965,3 +965,44 @@ def test_a_run_without_a_task_in_its_spec_or_any_row_is_refused(tmp_path):
     (tmp_path / "rows.jsonl").write_text("")
     with pytest.raises(CtxevalError, match=r": unknown task 'None' in run\.json; ctxeval report merges"):
         load_run(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# RULER's generators: refusals and cwe's word lists (the prompts themselves: tests/test_ruler.py's digests)
+
+
+def test_fwe_too_short_for_four_coded_words_names_the_template_and_the_length_it_needs():
+    from transformers import AutoTokenizer
+
+    from ctxeval.evals import ruler as R
+    from ctxeval.paths import TINY_MODEL_DIR
+
+    tok = AutoTokenizer.from_pretrained(str(TINY_MODEL_DIR))
+    with pytest.raises(CtxevalError) as err:
+        R.generate("fwe", 240, 1, tok, R.Sources())
+    assert str(err.value) == ("fwe: length 240 is shorter than the task's smallest prompt (RULER's coded vocabulary of "
+                              "(length - 50) // 50 words needs 4, and the template alone is 158 tokens with this "
+                              "tokenizer); use --lengths of at least 250")
+    assert len(R.generate("fwe", 250, 1, tok, R.Sources())) == 1
+
+
+def test_cwe_takes_words_past_wonderwords_from_the_extra_list_while_it_is_long_enough():
+    from ctxeval.evals.ruler_sources import Sources, Stream
+    from ctxeval.evals.ruler_tasks import TASKS
+    from ctxeval.evals.ruler_words import CommonWords
+
+    sources = Sources()
+    cwe = CommonWords(TASKS["cwe"], sources, Stream(42), 4096)
+    n = len(cwe.words) + 1
+    sources.extra_words, sources.extra_words_source = [f"w{i}" for i in range(n)], "words.txt (its words)"
+    text, common = cwe._example(n, 1, 1, 2)
+    assert len(common) == 2 and set(common) <= set(sources.extra_words) and text.startswith("1. ")
+    assert text.split()[-2] == f"{n}."  # every word of the list, numbered from 1
+    sources.extra_words = sources.extra_words[:-1]
+    with pytest.raises(CtxevalError) as err:
+        cwe._example(n, 1, 1, 2)
+    assert str(err.value) == (f"cwe at this length needs {n:,} distinct words, more than words.txt (its words); give "
+                              "a longer list with --cwe-words (RULER's english_words.json, or Debian wamerican)")
+    sources.extra_words = []
+    with pytest.raises(CtxevalError, match=f"more than wonderwords' {len(cwe.words):,}; give a longer list"):
+        cwe._example(n, 1, 1, 2)

@@ -53,6 +53,7 @@ RULER_DIGESTS = [
     ("vt", 1024, "25d5bcd2308d34559f15d626e401e082"),
     ("fwe", 1024, "c9777d979615105209fc16c4e5f851db"),
     ("cwe", 2048, "2c0722a0a0ea9d9a82c7f35a9d963668"),
+    ("cwe", 4096, "aa5a874b33f079697ffa4dee245d0774"),  # from 4k on, cwe's other repeat counts
     ("niah_single_2", 4096, "3d308b68265ed45295ebfc20b1c88ccd"),
     ("niah_single_3", 4096, "7b360ae40993d275bcc0de9c81ee9d38"),
     ("niah_multikey_1", 4096, "6e56499e3c2e42a499bccd93102e2e42"),
@@ -61,7 +62,7 @@ RULER_DIGESTS = [
 ]
 
 
-@pytest.mark.parametrize("task, length, digest", RULER_DIGESTS, ids=[t for t, _, _ in RULER_DIGESTS])
+@pytest.mark.parametrize("task, length, digest", RULER_DIGESTS, ids=[f"{t}-{n}" for t, n, _ in RULER_DIGESTS])
 def test_every_offline_task_writes_the_samples_rulers_own_scripts_write(tok, sources, task, length, digest):
     fields = ("input", "outputs", "length", "answer_prefix", "token_position_answer")
     records = [{f: s.record().get(f) for f in fields} for s in R.generate(task, length, 2, tok, sources)]
