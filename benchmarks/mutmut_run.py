@@ -219,8 +219,13 @@ def main() -> int:
             kept = {n: c for n, c in before_codes.items() if n not in survivors_before and after.get(n) is None}
             for summary_file in args.earlier:  # killed in an earlier pass, before this tree's last reset
                 earlier = json.loads(summary_file.read_text())
-                kept.update({n: 1 for n in after if after.get(n) is None and n not in earlier["survivors"]
-                             and before_codes.get(n) is None})
+                if "statuses" in earlier:
+                    killed_there = {n for n, status in earlier["statuses"].items() if status == "killed"}
+                elif set(earlier["mutmut_counts"]) <= {"killed", "survived"}:  # then every non-survivor was killed
+                    killed_there = {n for n in after if n not in earlier["survivors"]}
+                else:
+                    parser.error(f"{summary_file} does not say which mutants it killed; leave it out")
+                kept.update({n: 1 for n in killed_there if after.get(n) is None and before_codes.get(n) is None})
             if args.new_tests_only:  # no new test calls it: it still survives the group's selection
                 kept.update({n: before_codes[n] for n in survivors_before if after.get(n) in (5, 33)})
         run_s = time.perf_counter() - start - clean_s
@@ -245,7 +250,7 @@ def main() -> int:
             "clean_run_s": round(clean_s, 1), "mutmut_run_s": round(run_s, 1), "mutants": len(codes),
             "mutmut_counts": dict(Counter(statuses.values())),
             "rechecked": rechecked, "rechecked_counts": dict(Counter(rechecked.values())),
-            "survivors": survivors,
+            "survivors": survivors, "statuses": dict(sorted(statuses.items())),
             "mutmut_output_tail": "\n".join(line for line in (run.stdout + run.stderr).splitlines()
                                              if line.strip() and not SPINNER.match(line))[-1500:],
         }

@@ -993,6 +993,7 @@ def test_cwe_takes_words_past_wonderwords_from_the_extra_list_while_it_is_long_e
 
     sources = Sources()
     cwe = CommonWords(TASKS["cwe"], sources, Stream(42), 4096)
+    assert len(cwe._example(len(cwe.words), 1, 1, 2)[1]) == 2  # every wonderword, no extra list needed
     n = len(cwe.words) + 1
     sources.extra_words, sources.extra_words_source = [f"w{i}" for i in range(n)], "words.txt (its words)"
     text, common = cwe._example(n, 1, 1, 2)
