@@ -188,16 +188,16 @@ def _fwe_samples(task: RulerTask, length: int, num_samples: int, count: Callable
     # far past any prompt that fits: 39% of the words are coded words of a token or more (the rest the '...' noise),
     # so `budget` tokens hold fewer than 2.6 x budget words; at most 128 steps of budget // 32
     ceiling = num_words + 4 * budget
+    have = count(text)
     for _ in range(4 * budget // max(step, 1) + 2):  # bounded: the ceiling ends a count that grows; this, one that does not
-        if count(text) >= budget:
+        if have >= budget or num_words + step > ceiling:
             break
         num_words += step
-        if num_words > ceiling:
-            break
         text, _ = fwe.text(vocab, num_words)
-    if count(text) < budget:
-        raise CtxevalError(f"{task.name}: the prompt stops growing at {count(text)} tokens, short of the "
-                           f"{length}-token length; this tokenizer cannot fill it")
+        have = count(text)
+    if have < budget:
+        raise CtxevalError(f"{task.name}: the prompt stops growing at {have} tokens, short of the {length}-token "
+                           "length; this tokenizer cannot fill it")
     num_words -= step
     samples = []
     for index in range(num_samples):
