@@ -605,23 +605,30 @@ class _Notes:
         self.events.append(("start", total))
 
 
+def _out_of_memory_at(runner, failing: int) -> list[int]:
+    """Make the runner's forward run out of memory at one length; returns the lengths it is called with."""
+    from ctxeval.evals.common import PointOOM
+
+    calls, real = [], runner._forward
+
+    def forward(cap, doc, length):
+        calls.append(length)
+        if length == failing:
+            raise PointOOM("out of memory (injected)")
+        return real(cap, doc, length)
+
+    runner._forward = forward
+    return calls
+
+
 def test_a_length_dependent_method_runs_one_forward_per_length_and_an_oom_ends_in_a_row():
     from ctxeval.corpora import TokenDoc
-    from ctxeval.evals.common import PointOOM
     from ctxeval.evals.entropy import capture
     from ctxeval.specs import expand_specs
 
     notes = _Notes()
     runner, cfg = _runner(progress=notes)
-    calls, real = [], runner._forward
-
-    def forward(cap, doc, length):
-        calls.append(length)
-        if length == 16:
-            raise PointOOM("out of memory (injected)")
-        return real(cap, doc, length)
-
-    runner._forward = forward
+    calls = _out_of_memory_at(runner, 16)
     rows, spec = [], expand_specs(["dynamic-ntk"])[0]
     with capture(runner.model, cfg) as cap:
         runner.measure(spec, TokenDoc("d", np.arange(5, 45)), [24, 16, 8], cap, rows.extend, static=False)
@@ -636,21 +643,12 @@ def test_a_length_dependent_method_runs_one_forward_per_length_and_an_oom_ends_i
 
 def test_a_static_method_that_runs_out_of_memory_says_so_and_measures_length_by_length():
     from ctxeval.corpora import TokenDoc
-    from ctxeval.evals.common import PointOOM
     from ctxeval.evals.entropy import capture
     from ctxeval.specs import expand_specs
 
     notes = _Notes()
     runner, cfg = _runner(progress=notes)
-    calls, real = [], runner._forward
-
-    def forward(cap, doc, length):
-        calls.append(length)
-        if length == 16:
-            raise PointOOM("out of memory (injected)")
-        return real(cap, doc, length)
-
-    runner._forward = forward
+    calls = _out_of_memory_at(runner, 16)
     rows = []
     with capture(runner.model, cfg) as cap:
         runner.measure(expand_specs(["none"])[0], TokenDoc("d", np.arange(5, 45)), [16, 8], cap, rows.extend)

@@ -7,7 +7,12 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
+from pandas.testing import assert_frame_equal
+
+from ctxeval.errors import CtxevalError
 
 # ---------------------------------------------------------------------------------------------------------------
 # runs: protocol keys, documents, report directories
@@ -169,12 +174,6 @@ def test_a_folder_without_report_json_is_not_a_report_directory(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------------------
 # tables: the long and wide tables every report is built from, and how cells are written
-
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from pandas.testing import assert_frame_equal  # noqa: E402
-
-from ctxeval.errors import CtxevalError  # noqa: E402
 
 
 def _pos(label, length, doc, edges, nll, tokens, status="ok", model="m"):
