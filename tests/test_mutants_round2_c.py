@@ -520,7 +520,7 @@ def test_load_runs_notes_a_run_given_twice_keeps_going_and_notes_skipped_lines_a
     with pytest.raises(CtxevalError) as err:
         load_runs([])
     assert str(err.value) == ("no run directories given; pass one or more directories written by ctxeval ppl, "
-                              "needle, passkey, entropy, ruler or lm-eval")
+                              "needle, passkey, entropy, ruler, lm-eval or tune")
 
 
 def test_single_accepts_one_table_per_kind_and_refuses_two_naming_each_runs_differing_fields():
@@ -836,11 +836,11 @@ _NOT_RUN_JSON = "not a ctxeval run.json: leave this directory out"
     ("thrabc", '{"spec": {"task": "ppl"}, "protocol": {"threshold": "abc"}}', _ROW,
      f"thrabc/run.json: protocol threshold 'abc' is not a number in (0, 100]; {_NOT_RUN_JSON}"),
     ("task", '{"spec": {"task": "' + "b" * 50 + '"}}', _ROW,
-     f"task: unknown task '{'b' * 40}' in run.json; ctxeval report merges ppl, needle, passkey, entropy, ruler and "
-     "lm-eval runs"),
+     f"task: unknown task '{'b' * 40}' in run.json; ctxeval report merges ppl, needle, passkey, entropy, ruler, "
+     "lm-eval and tune runs"),
     ("tasknum", '{"spec": {"task": 5}}', _ROW,
-     "tasknum: unknown task '5' in run.json; ctxeval report merges ppl, needle, passkey, entropy, ruler and lm-eval "
-     "runs"),
+     "tasknum: unknown task '5' in run.json; ctxeval report merges ppl, needle, passkey, entropy, ruler, lm-eval "
+     "and tune runs"),
     ("rulerempty", '{"spec": {"task": "ruler", "tasks": []}}', _ROW,
      f"rulerempty/run.json: a RULER run's spec.tasks is not a list of task names; {_NOT_RUN_JSON}"),
     ("rulerint", '{"spec": {"task": "ruler", "tasks": [1]}}', _ROW,

@@ -20,6 +20,7 @@ from .needle import needle_cmd, passkey_cmd
 from .ppl import ppl_cmd
 from .report import report_cmd
 from .ruler import ruler_cmd
+from .tune import tune_cmd
 
 app = typer.Typer(
     help="Measure how well RoPE context-extension methods work: perplexity vs. length, needle in a haystack.",
@@ -67,7 +68,7 @@ def short_help(doc: str | None, limit: int = 66) -> str:
 
 for name, command in (("methods", methods_cmd), ("plan", plan_cmd), ("ppl", ppl_cmd), ("needle", needle_cmd),
                       ("passkey", passkey_cmd), ("report", report_cmd), ("entropy", entropy_cmd),
-                      ("bound", bound_cmd), ("ruler", ruler_cmd), ("lm-eval", lm_eval_cmd)):
+                      ("bound", bound_cmd), ("ruler", ruler_cmd), ("lm-eval", lm_eval_cmd), ("tune", tune_cmd)):
     app.command(name, short_help=short_help(command.__doc__))(command)
 
 

@@ -20,9 +20,10 @@ FORMATS = ("md", "csv", "json")
 @user_errors
 def report_cmd(
     runs: Annotated[list[Path], typer.Argument(help="Run directories written by ctxeval ppl, needle, passkey, "
-                                                    "entropy or ruler (any mix of tasks and models), or a folder of "
-                                                    "them (results/); anything else among them is skipped with a "
-                                                    "note.", show_default=False)],
+                                                    "entropy, ruler, lm-eval or tune (any mix of tasks and models; a "
+                                                    "tune run brings its held-out ppl run), or a folder of them "
+                                                    "(results/); anything else among them is skipped with a note.",
+                                               show_default=False)],
     format: Annotated[str, typer.Option("--format", "-f", help="What stdout gets: md (default) | csv (one tidy "
                                                                "table) | json.")] = "md",
     out: Annotated[Optional[Path], typer.Option(help="Also write table.md, report.csv, report.json, one CSV per "
@@ -42,7 +43,8 @@ def report_cmd(
                                                           "one task differ in protocol or data.")] = False,
 ) -> None:
     """Merge run directories into comparison tables (ppl with valid length, loss by position and LongPPL; needle,
-    passkey, RULER, entropy, lm-eval); runs that differ in protocol get separate tables; --html: one page."""
+    passkey, RULER, entropy, lm-eval, tune searches); runs that differ in protocol get separate tables; --html: one
+    page."""
     from ..report.merged import build_report
     from ..report.render import to_csv, to_json, to_markdown, write_report
 

@@ -123,6 +123,7 @@ def measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, provena
 
 
 FAILED_AS = {"oom": "out of memory"}  # how a failed row's status reads in the summary line
+REFUSED = "invalid"  # evals.tune.INVALID (not imported: that would load torch for every command)
 
 
 @dataclass
@@ -135,10 +136,13 @@ class Tally:
     failed: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
-        failed = sum(self.failed.values())
-        why = ", ".join(f"{n} {FAILED_AS.get(status, status)}" for status, n in sorted(self.failed.items()))
+        refused = self.failed.get(REFUSED, 0)  # tune's points the method's own checks refused: no forward, no failure
+        failures = {status: n for status, n in self.failed.items() if status != REFUSED}
+        failed = sum(failures.values())
+        why = ", ".join(f"{n} {FAILED_AS.get(status, status)}" for status, n in sorted(failures.items()))
         return (f"{self.measured} point{'s' * (self.measured != 1)} measured, {self.reused} reused from an earlier "
-                f"run, {failed} failed" + (f" ({why})" if failed else ""))
+                f"run, {failed} failed" + (f" ({why})" if failed else "")
+                + (f", {refused} refused by the method's checks" if refused else ""))
 
 
 def tally(before: list[dict[str, Any]], after: list[dict[str, Any]], kind: str) -> Tally:
@@ -158,8 +162,11 @@ def tally(before: list[dict[str, Any]], after: list[dict[str, Any]], kind: str) 
         if old[text] > 0:
             old[text] -= 1
             continue
+        if row.get("synced"):  # tune: a trial another process (or an earlier session) measured, copied from the study
+            continue
         newest[point_key(row, fields)] = str(row.get("status"))
-    out = Tally(reused=len({point_key(r, fields) for r in before if r.get("status") == OK} - set(newest)))
+    out = Tally(reused=len({point_key(r, fields) for r in before + [r for r in after if r.get("synced")]
+                            if r.get("status") == OK} - set(newest)))
     for status in newest.values():
         if status == OK:
             out.measured += 1

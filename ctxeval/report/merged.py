@@ -21,6 +21,7 @@ from .tables import (Table, accuracy_grid, effective_length, fmt_acc, fmt_entrop
                      valid_lengths, own_valid_column, base_valid_column, base_label, bucket_label, longppl_long,
                      yarn_passkey_figures,
                      positions_long)
+from .tune_data import read_tune
 
 def _ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> list[Table]:
     aggregate = group.key.get("aggregate") or "token"
@@ -318,6 +319,54 @@ def _lm_eval_table(group: Group, rows: list[dict[str, Any]]) -> Table:
                  status, shown, caption=caption)
 
 
+TUNE_COLUMNS = [("target", "target"), ("trials", "trials"), ("guard", "guard"),
+                ("tuning ppl at target", "tuning ppl @ target"),
+                ("held-out tuned at short", "held-out @ trained"), ("held-out tuned at target", "held-out @ target"),
+                ("held-out none at target", "none @ target"), ("held-out yarn at target", "yarn defaults @ target"),
+                ("held-out best other at target", "best other @ target")]
+
+
+def tune_table(group: Group) -> Table:
+    """One row per tune run: its winner (the method column), the search's size and guard, the winner's ppl on the
+    tuning documents, and on the held-out documents beside plain RoPE, YaRN's defaults and the best other method
+    re-measured there (named in the group's notes)."""
+    names = display_models(group)
+    raw, status, shown = [], [], []
+    for run in sorted(group.runs, key=lambda r: r.order):
+        s = read_tune(run.path, run.record, run.rows)
+        model = names[(run.order, run.models[0])] if run.models else str(s.spec.get("model"))
+        winner, held = s.winner, s.heldout
+        label = winner["label"] if winner else f"{s.spec.get('method')} (no trial kept the guard)"
+        tolerance = number(s.spec.get("short_tolerance"))
+        other = held.best_other() if held else None
+        values: list[Any] = [s.target, s.counts()["counted"], tolerance, number(winner["ppl_target"]) if winner else None]
+        if held is not None:
+            values += [held.value(held.winner, held.short), held.value(held.winner, held.target),
+                       held.value(held.family_default("none"), held.target),
+                       held.value(held.family_default("yarn"), held.target), held.value(other, held.target)]
+            group.notes.append(f"{run.name}: held-out run {held.path.name} on {', '.join(held.docs)}; the best "
+                               f"other method at {fmt_length(held.target)}: {other or MISSING}")
+        else:
+            values += [None] * 5
+            if winner:
+                group.notes.append(f"{run.name}: the winner's held-out run is missing (the run stopped before it?)")
+        sts = [None if v is not None else ("no winner" if i >= 3 and not winner else "missing")
+               for i, v in enumerate(values)]
+        guard = f"{tolerance:.0%}" if tolerance is not None else MISSING
+        cells = [length_or(values[0], MISSING), str(values[1]), guard,
+                 *(fmt_ppl(v if v is not None else float("nan"), st) for v, st in zip(values[3:], sts[3:]))]
+        raw.append([model, label, *values])
+        status.append([None, None, *sts])
+        shown.append([model, label, *cells])
+    caption = ("One row per tune run. Method: the winner, the lowest perplexity at the target on the tuning documents "
+               "among the trials that kept the guard (the ppl at the trained length at most `guard` above plain "
+               "RoPE's). Held-out: token-weighted perplexity on documents the search never saw, the winner beside "
+               "plain RoPE (none), YaRN at the same factor with its default betas, and the best of the other "
+               "re-measured methods; every held-out row is in the ppl table.")
+    return Table(group.id, "tune", group.title, ["model", "method", *(c for c, _ in TUNE_COLUMNS)],
+                 ["model", "method (tuned winner)", *(h for _, h in TUNE_COLUMNS)], raw, status, shown, caption)
+
+
 @dataclass
 class Report:
     runs: list[Run]
@@ -349,6 +398,9 @@ def build_report(paths: Sequence[Path | str], *, threshold: float = 0.8, toleran
             for model in run.models:
                 if run.original_length and names[(run.order, model)] not in group.original_lengths:
                     group.original_lengths[names[(run.order, model)]] = run.original_length
+        if group.kind == "tune":  # one row per run: trials of different searches are never merged
+            group.tables = [tune_table(group)]
+            continue
         rows, group.notes = merge_rows(group)
         if group.kind == "ppl":
             group.tables = _ppl_tables(group, rows, tolerance)

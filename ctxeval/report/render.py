@@ -223,8 +223,8 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
             dashed = any(p.original_length and max(p.grid.columns) > p.original_length for p in panels)
             plot_heatmaps(panels, path, f"{group.short_title}{' (dashed: past the original length)' if dashed else ''}"
                                         f"\n{group.description}")
-        elif group.kind == "lm-eval":
-            continue  # a method x task table: nothing to draw against the context length
+        elif group.kind in ("lm-eval", "tune"):
+            continue  # a method x task table, one row per search: nothing to draw against the context length
         elif group.kind == "ruler":
             curves = group_curves(group, value_columns=len(group.tables[0].columns) - 3)
             threshold = group.ruler_threshold

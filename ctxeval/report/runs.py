@@ -7,7 +7,8 @@ protocol, data, status). Runs are grouped by protocol: runs whose protocol or da
   ppl: data spec, documents, text field, protocol, stride, BOS, aggregate;
   needle / passkey: the needle preset (every field), haystack, text field, depths, samples, seed, scoring,
   generation budget, chat template, snap; passkey also its protocol (yarn or ctxeval) and BOS;
-  entropy: data spec, documents, text field, BOS, layers, heads.
+  entropy: data spec, documents, text field, BOS, layers, heads;
+  tune: data spec, tuning and held-out documents, BOS (one row per tune run: the search's results are columns).
   Lengths, models and methods are not part of it: they are the table's columns and rows, and a length a run did
   not measure is a missing cell ("—"), never zero.
 - **Same (model, method) in several runs of one group**: merged point by point (a short run and a long run fill
@@ -17,7 +18,8 @@ protocol, data, status). Runs are grouped by protocol: runs whose protocol or da
 - **Arguments** (expand_run_args): a folder that holds run directories (`results/`) stands for the run directories
   directly inside it, in name order; a path that is not a run directory (a file such as `results/README.md`, a
   folder without run.json, a report directory written by `ctxeval report --out`) is skipped with a note when a run
-  directory remains, and is an error when none does.
+  directory remains, and is an error when none does. A tune run brings its winner's held-out ppl run (run.json
+  tune.heldout_dir, an ordinary ppl run inside it), so the held-out comparison joins the ppl tables.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ from ..textfiles import read_json
 from .tables import Table
 
 KIND_TITLES = {"ppl": "Perplexity", "needle": "Needle in a haystack", "passkey": "Passkey retrieval",
-               "entropy": "Attention entropy", "ruler": "RULER", "lm-eval": "lm-evaluation-harness"}
-WRITERS = "ctxeval ppl, needle, passkey, entropy, ruler or lm-eval"
+               "entropy": "Attention entropy", "ruler": "RULER", "lm-eval": "lm-evaluation-harness",
+               "tune": "Tuned methods (ctxeval tune)"}
+WRITERS = "ctxeval ppl, needle, passkey, entropy, ruler, lm-eval or tune"
 # run.json fields a report reads as objects: another shape means the file is not a ctxeval run.json
 RECORD_OBJECTS = ("spec", "model", "data", "protocol", "key_tokens", "lm_eval", "environment", "distributed",
                   "methods", "positions")
@@ -146,7 +149,7 @@ def load_run(path: Path | str, order: int = 0) -> Run:
     task = spec.get("task") or (found.rows[0].get("task") if found.rows else None)
     if not isinstance(task, str) or task not in KINDS:
         raise CtxevalError(f"{given}: unknown task {str(task)[:40]!r} in run.json; ctxeval report merges ppl, needle, "
-                           "passkey, entropy, ruler and lm-eval runs")
+                           "passkey, entropy, ruler, lm-eval and tune runs")
     tasks = spec.get("tasks")
     if task == "ruler" and not (isinstance(tasks, list) and tasks and all(isinstance(t, str) for t in tasks)):
         raise CtxevalError(f"{run_json}: a RULER run's spec.tasks is not a list of task names; not a ctxeval run.json: "
@@ -213,10 +216,40 @@ def expand_run_args(paths: Sequence[Path | str]) -> tuple[list[Path | str], list
             kept += inner
         else:
             kept.append(path)
+    given = {Path(p).resolve() for p in kept}
+    for path in list(kept):
+        held = tune_heldout(Path(path))
+        if held is not None and held.resolve() not in given:
+            given.add(held.resolve())
+            kept.insert(kept.index(path) + 1, held)
+            notes.append(f"{str(path).rstrip('/') or path} is a tune run: its winner's held-out ppl run {held.name} "
+                         "joins the ppl tables")
     if left_out and not kept:
         load_run(left_out[0][0])  # raises its one-line error
     notes[:0] = [f"{why}; skipped" for _, why in left_out]
     return kept, notes
+
+
+def tune_heldout(path: Path) -> Path | None:
+    """A tune run's held-out ppl run (run.json tune.heldout_dir, a directory inside it with a run.json); None for
+    any other directory, or one whose run.json cannot be read (load_run says why)."""
+    try:
+        record = read_json(path / RUN_FILE, "", finite=False) if (path / RUN_FILE).is_file() else None
+    except CtxevalError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("spec"), dict) or record["spec"].get("task") != "tune":
+        return None
+    return heldout_of_record(path, record)
+
+
+def heldout_of_record(path: Path, record: dict[str, Any]) -> Path | None:
+    """The held-out ppl run a tune run's run.json names (tune.heldout_dir: a plain name inside `path`), when it
+    holds a run.json."""
+    name = record.get("tune").get("heldout_dir") if isinstance(record.get("tune"), dict) else None
+    if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+        return None
+    held = Path(path) / name
+    return held if (held / RUN_FILE).is_file() else None
 
 
 def is_report_dir(path: Path) -> bool:
@@ -268,6 +301,9 @@ def documents(run: Run) -> list[str]:
 def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
     """What must agree for runs to share a table (flat: field -> JSON-able value)."""
     spec = run.spec
+    if run.task == "tune":  # the search's settings and results are the table's columns, the documents are not
+        return {"data": spec.get("data"), "tuning_docs": spec.get("tuning_docs"),
+                "heldout_docs": spec.get("heldout_docs"), "bos": spec.get("bos")}
     if run.task == "lm-eval":
         return {"max_length": spec.get("max_length"), "limit": spec.get("limit"),
                 "num_fewshot": spec.get("num_fewshot"), "lm_eval": (run.record.get("lm_eval") or {}).get("version")}

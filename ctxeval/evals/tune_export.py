@@ -1,0 +1,165 @@
+"""`ctxeval tune --export DIR`: the winner as the RoPE configuration transformers (and vLLM) load natively, verified by
+loading it fresh.
+
+DIR becomes a model directory: config.json with the winner in `rope_parameters` (transformers 5) and
+max_position_embeddings = the target length, the tokenizer files copied, the weight files linked to the source model's
+(no copy); rope_scaling.json holds the same entry in the older `rope_scaling` form (transformers 4, vLLM's
+`--hf-overrides`), and longrope-factors.json LongRoPE's per-pair factors. Verification loads DIR as a new model, with
+nothing but its config deciding the RoPE (`native`), and compares the RoPE read back from it (inverse frequencies
+and attention factor, at the trained and the target length) and the perplexity of a tuning document at both
+lengths with the tuned run's: both to 1e-6 (relative).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import CtxevalError
+from ..methods import Geometry, compute, get_method
+from ..models import load_hf_config, load_model, model_directory
+from ..specs import MethodSpec
+from .perplexity import PplConfig, PplRunner
+from .sweep import applying
+
+EXPORT_RTOL = 1e-6
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+# files a model directory needs besides config.json and its weights
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "generation_config.json", "added_tokens.json", "chat_template.jinja")
+
+
+def rope_parameters(spec: MethodSpec, geometry: Geometry, target: int) -> dict[str, Any]:
+    """The transformers 5 `rope_parameters` entry that applies `spec` as ctxeval does (CtxevalError when none can:
+    attention methods, length-dependent rules transformers computes differently, YaRN's ratio ramp)."""
+    if spec.attention or spec.temperature != 1.0:
+        raise CtxevalError(f"--export: {spec.label} changes the attention itself, which no rope_parameters entry can "
+                           "say; the search result is in tune.md, and nothing was exported")
+    method = get_method(spec.name)
+    from ..methods import resolve_params
+
+    p = resolve_params(method, spec.params)
+    trained = int(p.get("original_max_position_embeddings") or geometry.original_length)
+    freqs = compute(method, geometry, spec.params, target)
+    base = {"rope_theta": geometry.base}
+    if spec.name == "none":
+        return {"rope_type": "default", **base}
+    if spec.name == "ntk":  # a static base change is plain RoPE at the new base
+        new_base = geometry.base * (geometry.default_inv_freq()[1] / freqs.inv_freq[1]) ** (geometry.rotary_dim / 2)
+        return {"rope_type": "default", "rope_theta": float(new_base)}
+    if spec.name == "pi":
+        return {"rope_type": "linear", "factor": p["factor"], **base}
+    if spec.name == "yarn":
+        if p["ramp"] != "index":
+            raise CtxevalError("--export: yarn with ramp=ratio (the paper's gamma) has no transformers rope_type; use "
+                               "ramp=index")
+        return {"rope_type": "yarn", "factor": p["factor"], "original_max_position_embeddings": trained,
+                "beta_fast": p["beta_fast"], "beta_slow": p["beta_slow"], "truncate": p["truncate"],
+                "attention_factor": freqs.attention_factor, **base}
+    if spec.name == "llama3":
+        return {"rope_type": "llama3", "factor": p["factor"], "original_max_position_embeddings": trained,
+                "low_freq_factor": p["low_freq_factor"], "high_freq_factor": p["high_freq_factor"], **base}
+    if spec.name == "longrope":
+        return {"rope_type": "longrope", "factor": p["factor"], "original_max_position_embeddings": trained,
+                "short_factor": list(p["short_factor"]), "long_factor": list(p["long_factor"]),
+                "attention_factor": freqs.attention_factor, **base}
+    raise CtxevalError(f"--export: {spec.name} is not exported (transformers applies its length rule differently or "
+                       "has no such rope_type); export yarn, ntk, pi, llama3 or longrope")
+
+
+def legacy_rope_scaling(entry: dict[str, Any]) -> dict[str, Any]:
+    """The same entry in transformers 4's form: `rope_scaling` (with `type` too, for older readers) and `rope_theta`
+    beside it; None for plain RoPE."""
+    scaling = {k: v for k, v in entry.items() if k != "rope_theta"}
+    if scaling.get("rope_type") == "default":
+        return {"rope_scaling": None, "rope_theta": entry["rope_theta"]}
+    return {"rope_scaling": {**scaling, "type": scaling["rope_type"]}, "rope_theta": entry["rope_theta"]}
+
+
+def write_export(model: str, spec: MethodSpec, geometry: Geometry, target: int, out: Path,
+                 trust_remote_code: bool = False) -> dict[str, Any]:
+    """Write the model directory `out` (see the module docstring); returns what was written."""
+    entry = rope_parameters(spec, geometry, target)
+    source = model_directory(model)
+    if source is None:
+        raise CtxevalError(f"--export: {model} has no local model directory to link the weights from (a .gguf file "
+                           "is dequantised at load); export from a model directory or hub id")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not (out / "ctxeval-export.json").is_file():
+        raise CtxevalError(f"--export {out} exists and is not an earlier export; give a new or empty directory")
+    out.mkdir(parents=True, exist_ok=True)
+    config = load_hf_config(model, trust_remote_code=trust_remote_code)
+    config.rope_parameters = entry
+    config.max_position_embeddings = target
+    config.save_pretrained(out)
+    linked = []
+    for path in sorted(source.iterdir()):
+        if path.name == "config.json" or path.is_dir():
+            continue
+        dest = out / path.name
+        if dest.exists() or dest.is_symlink():
+            dest.unlink()
+        if path.suffix in WEIGHT_SUFFIXES or path.name.endswith(".index.json"):
+            os.symlink(path.resolve(), dest)
+            linked.append(path.name)
+        elif path.name in TOKENIZER_FILES:
+            shutil.copyfile(path, dest)
+    (out / "rope_scaling.json").write_text(json.dumps({**legacy_rope_scaling(entry),
+                                                       "max_position_embeddings": target}, indent=2) + "\n")
+    if entry["rope_type"] == "longrope":
+        (out / "longrope-factors.json").write_text(json.dumps(
+            {"short_factor": entry["short_factor"], "long_factor": entry["long_factor"],
+             "original_max_position_embeddings": entry["original_max_position_embeddings"]}, indent=2) + "\n")
+    record = {"model": model, "method": spec.label, "rope_parameters": entry, "max_position_embeddings": target,
+              "weights_linked_from": str(source), "weights": linked}
+    (out / "ctxeval-export.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def verify_export(lm: Any, spec: MethodSpec, out: Path, doc: Any, lengths: tuple[int, int], bos: bool,
+                  chunk_size: int) -> dict[str, Any]:
+    """Load `out` fresh (its config alone decides the RoPE) and compare its read-back RoPE and its perplexity of `doc`
+    at `lengths` with `spec` applied to the loaded model `lm`. A difference above EXPORT_RTOL is an error."""
+    fresh = load_model(str(out), dtype=lm.dtype, device=lm.device, attn_implementation=lm.attn_implementation)
+    cfg = PplConfig(tuple(lengths), bos=bos, chunk_size=chunk_size)
+    bos_id = getattr(lm.tokenizer, "bos_token_id", None)
+
+    def ppl(model: Any, name: str, applied: MethodSpec) -> tuple[dict[int, float], dict[int, Any]]:
+        runner = PplRunner(model.model, model.device, cfg, bos_id, name)
+        runner.dynamic = {applied.label}  # one forward per length: the same forwards on both sides
+        rows: list[dict[str, Any]] = []
+        with applying(model, applied, tuple(lengths)) as (handle, _record):
+            runner.measure(applied, doc, list(lengths), rows.extend, {})
+            readback = {L: handle.readback(L)[0] for L in lengths}
+        if any(r.get("status") != "ok" for r in rows):
+            raise CtxevalError(f"--export: the perplexity of {name} could not be measured ({rows[0].get('note')})")
+        return {r["length"]: r["ppl"] for r in rows}, readback
+
+    tuned, tuned_rb = ppl(lm, lm.name, spec)
+    loaded, loaded_rb = ppl(fresh, str(out), MethodSpec("native", {}))
+    worst_rope = 0.0
+    for length in lengths:
+        expected = compute(spec.name, lm.rope.geometry, spec.params, length)
+        rb = loaded_rb[length]
+        worst_rope = max(worst_rope, float(np.max(np.abs(rb.inv_freq - expected.inv_freq) / expected.inv_freq)),
+                         _rel(rb.attention_factor, expected.attention_factor),
+                         float(np.max(np.abs(rb.inv_freq - tuned_rb[length].inv_freq) / tuned_rb[length].inv_freq)))
+    worst_ppl = max(_rel(loaded[L], tuned[L]) for L in lengths)
+    result = {"directory": str(out), "lengths": list(lengths), "doc": doc.doc_id,
+              "ppl_tuned": {str(k): v for k, v in tuned.items()}, "ppl_exported": {str(k): v for k, v in loaded.items()},
+              "max_rel_diff_rope": worst_rope, "max_rel_diff_ppl": worst_ppl, "tolerance": EXPORT_RTOL,
+              "passed": bool(worst_rope <= EXPORT_RTOL and worst_ppl <= EXPORT_RTOL)}
+    if not result["passed"] or not all(math.isfinite(v) for v in loaded.values()):
+        raise CtxevalError(f"--export: the model loaded from {out} differs from the tuned run (RoPE by {worst_rope:.1e}, "
+                           f"perplexity by {worst_ppl:.1e}, relative; allowed {EXPORT_RTOL:g}); please report this")
+    return result
