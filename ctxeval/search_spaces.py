@@ -21,7 +21,7 @@ import numpy as np
 from .attention_methods import AttentionSpec, check_combination, get_attention_method, resolve_attention
 from .errors import CtxevalError
 from .methods import Geometry, Param, compute, get_method, resolve_params, yarn_ramp
-from .specs import MethodSpec, format_param
+from .specs import MethodSpec, default_factor, format_param
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def build_space(spec: MethodSpec, geometry: Geometry, target: int, search_factor
     if target <= trained:
         raise CtxevalError(f"--target-length {target:,} is not beyond the trained length {trained:,}: tune searches an "
                            f"extension; give a longer target (e.g. --target-length {trained * 4:,})")
-    factor = float(spec.params.get("factor") or target / trained)
+    factor = float(spec.params.get("factor") or default_factor(target, trained))
     params = dict(spec.params)
     fixed = {method.param_aliases.get(k, k) for k in spec.params}
     # ntk's alpha (searched, or given) and base replace its factor: the two together are refused by its checks
@@ -194,7 +194,8 @@ def build_space(spec: MethodSpec, geometry: Geometry, target: int, search_factor
     for name, r in RANGES.get(spec.name, {}).items():
         if name not in fixed and not (spec.name == "ntk" and fixed & {"base", "factor"}):
             add("", method.param(name), r)
-    if search_factor and method.takes_factor and "factor" not in spec.params:
+    # ntk's factor is its alpha (searched already): the two together are refused by its checks
+    if search_factor and method.takes_factor and "factor" not in spec.params and spec.name != "ntk":
         add("", method.param("factor"), FACTOR_RANGE)
     pairs = geometry.rotary_dim // 2
     if spec.name == "longrope":

@@ -591,7 +591,7 @@ def test_processes_opening_a_fresh_storage_together_all_get_the_study(tmp_path):
         def work():
             barrier.wait()
             try:
-                open_study(url, {"model": "tiny", "target": TARGET}, cfg, space)
+                open_study(url, {"model": "tiny", "target": TARGET}, cfg, space, tiny_geometry())
                 outcomes.append("ok")
             except CtxevalError as exc:
                 outcomes.append(str(exc)[:160])
@@ -939,3 +939,70 @@ def test_recover_fails_dead_and_orphaned_trials_and_retries_only_drawn_points(tm
     enqueued = [(t.system_attrs["fixed_params"], t.user_attrs["retry_of"]) for t in waiting]  # a WAITING trial's point
     assert enqueued == [(killed.params, killed.number)]
     assert tune_mod.recover(study, storage) == []  # a retry is enqueued once
+
+
+def test_a_failed_retry_is_not_retried_again(tmp_path):
+    """Bug caught: recover() queuing a retry for a failed retry, so a point that kills its process (out of memory) is
+    measured first on every resume and the search never gets past it."""
+    import optuna
+
+    from ctxeval.evals import tune as tune_mod
+
+    storage = optuna.storages.RDBStorage(sqlite_url(tmp_path / "s.db"))
+    study = optuna.create_study(study_name="x", storage=storage)
+    first = study.ask()
+    first.suggest_float("a", 0, 1)
+    study.tell(first, state=optuna.trial.TrialState.FAIL)
+    assert tune_mod.recover(study, storage) == [first.number]
+    retry = study.ask()  # takes the queued point
+    retry.suggest_float("a", 0, 1)
+    assert retry.params == first.params and retry.user_attrs["retry_of"] == first.number
+    study.tell(retry, state=optuna.trial.TrialState.FAIL)
+    assert tune_mod.recover(study, storage) == []
+    assert not [t for t in study.get_trials() if t.state.name == "WAITING"]
+
+
+def test_seed_points_are_queued_with_the_study(tmp_path):
+    """The creator queues the defaults when it creates the study (before any forward), a process that joins queues
+    nothing. Bug caught: seeds queued after the baseline forward (an interruption there leaves a study without them),
+    or by every process that opens the study."""
+    from ctxeval.evals.tune import TuneConfig, open_study
+    from ctxeval.search_spaces import build_space
+
+    space = build_space(one_spec("yarn"), tiny_geometry(), 1024)
+    cfg = TuneConfig(1024, 128, trials=5)
+    url = sqlite_url(tmp_path / "s.db")
+    opened = open_study(url, {"p": 1}, cfg, space, tiny_geometry())
+    waiting = [t for t in opened.study.get_trials() if t.state.name == "WAITING"]
+    assert opened.created and [t.user_attrs["seed"] for t in waiting] == ["defaults"]
+    assert waiting[0].system_attrs["fixed_params"] == {"beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 1.208}
+    again = open_study(url, {"p": 1}, cfg, space, tiny_geometry())
+    assert not again.created and len(again.study.get_trials()) == 1
+
+
+def test_factor_is_rounded_as_every_command_rounds_it_and_ntk_searches_no_second_factor():
+    """Bug caught: the exact target / trained ratio (7.8125 for 1000 / 128) while --compare specs get default_factor's
+    7.82; or --search-factor adding a factor next to ntk's alpha (every point refused by ntk's checks)."""
+    from ctxeval.search_spaces import build_space
+    from ctxeval.specs import default_factor
+
+    space = build_space(one_spec("yarn"), tiny_geometry(), 1000)
+    assert space.factor == default_factor(1000, 128) == 7.82 and space.base.params["factor"] == 7.82
+    ntk = build_space(one_spec("ntk"), tiny_geometry(), 1024, search_factor=True)
+    assert [d.key for d in ntk.dims] == ["alpha"]
+
+
+def test_export_that_cannot_be_written_fails_before_the_search(tmp_path):
+    """--export naming a file, or the model's own directory: one line, exit 2, no run directory. Bug caught: the checks
+    running only after the search and the held-out run (minutes lost, or a NotADirectoryError traceback)."""
+    from ctxeval.paths import TINY_MODEL_DIR
+
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    for where, words in ((a_file, "is a file"), (TINY_MODEL_DIR, "exists and is not an earlier export")):
+        out = tmp_path / "run"
+        result = tune(*SMALL, "--trials", "2", "--export", where, "--out", out)
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0] and "Traceback" not in result.output, result.stderr
+        assert not out.exists()

@@ -112,23 +112,29 @@ def tune_cmd(
                 "target": target_len, "short": short, "short_tolerance": short_tolerance, "data": str(settings["data"]),
                 "tuning_docs": [d.doc_id for d in tuning], "bos": cfg.bos, "dtype": lm.dtype}
     spec_record = {"task": "tune", **protocol, "heldout_docs": [d.doc_id for d in heldout],
-                   "sampler": sampler, "seed": seed, "population": population, "methods": [specs[0].label]}
+                   "sampler": sampler, "seed": seed, "population": population, "methods": [specs[0].label],
+                   "compare": [c.label for c in compare_specs]}
     provenance = {"model": lm.record(), "data": {"spec": str(settings["data"]), "documents": [
         {"doc": d.doc_id, "tokens": int(len(d.ids)), "role": "tuning" if i < len(tuning) else "heldout"}
         for i, d in enumerate(docs)]},
         "protocol": {"name": "truncate", "bos": cfg.bos, "aggregate": "token", "chunk_size": chunk_size,
                      "objective": f"perplexity at {target_len:,} on the tuning documents",
                      "guard": f"perplexity at {short:,} at most {short_tolerance:.0%} above plain RoPE's"},
-        "search": {"space": describe(search_space), "dims": len(search_space.dims), "storage": url,
+        "search": {"space": describe(search_space), "dims": len(search_space.dims), "storage": storage or "study.db",
                    "sampler": sampler, "seed": seed},
         "seed": seed}
     message = (f"run directory: {run_dir}  ({describe(search_space)}; tuning {', '.join(d.doc_id for d in tuning)}; "
                f"held out {', '.join(d.doc_id for d in heldout)})")
 
+    if export is not None:  # an export that cannot be written fails now, not after the search
+        from ..evals.tune_export import check_export
+
+        corner = search_space.snap({d.key: d.low for d in search_space.dims})
+        check_export(str(settings["model"]), search_space.spec(corner), geometry, target_len, export, trust_remote_code)
     # a shared storage is checked before the run directory exists (another search's study: one line, nothing left)
     job = TuneJob(str(settings["model"]), str(settings["data"]), text_field, search_space, cfg, tuning, heldout, url,
                   protocol, compare_specs, export, trust_remote_code,
-                  open_study(url, protocol, cfg, search_space, explicit=True) if storage is not None else None)
+                  open_study(url, protocol, cfg, search_space, geometry, explicit=True) if storage is not None else None)
 
     def work(store: Any, progress: Any) -> None:
         from ..evals.tune_run import run_tune

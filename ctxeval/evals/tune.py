@@ -25,9 +25,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..attention_methods import resolve_attention
 from ..corpora import TokenDoc
 from ..errors import CtxevalError
-from ..methods import compute, get_method
+from ..methods import Geometry, compute, get_method
 from ..search_spaces import SearchSpace, longrope_seeds, point_of
 from ..specs import MethodSpec, expand_specs, format_param, unique_by_label
 from .common import Progress, SilentProgress
@@ -148,9 +149,12 @@ class TrialScorer:
 # the study
 
 
+DEFAULT_STORAGE = "study.db"  # in the run directory
+
+
 def storage_url(url: str | None, run_dir: Any) -> str:
     """--storage, or sqlite:///<run dir>/study.db."""
-    return url or f"sqlite:///{os.path.abspath(os.path.join(str(run_dir), 'study.db'))}"
+    return url or f"sqlite:///{os.path.abspath(os.path.join(str(run_dir), DEFAULT_STORAGE))}"
 
 
 def require_optuna() -> Any:
@@ -205,8 +209,8 @@ class OpenedStudy:
     created: bool  # this process made the study (it alone enqueues the seed points)
 
 
-def open_study(url: str, protocol: dict[str, Any], cfg: TuneConfig, space: SearchSpace, heartbeat: int = 60,
-               explicit: bool = False) -> OpenedStudy:
+def open_study(url: str, protocol: dict[str, Any], cfg: TuneConfig, space: SearchSpace, geometry: Geometry,
+               heartbeat: int = 60, explicit: bool = False) -> OpenedStudy:
     """Create or load the study; a study made for another protocol (model, method, lengths, documents) is refused.
     The process that creates the study samples with --seed itself (an uninterrupted search is reproducible); one that
     joins or resumes it mixes in the trials already there and its process id, so that it does not propose the points
@@ -232,6 +236,10 @@ def open_study(url: str, protocol: dict[str, Any], cfg: TuneConfig, space: Searc
     try:
         study = optuna.create_study(study_name=STUDY_NAME, storage=storage, direction="minimize")
         study.set_user_attr("protocol", protocol)
+        # the seed points go in with the study, so that no interruption can leave a study without them; only its
+        # creator adds them (a process joining would queue them again)
+        for name, point in seed_points(space, geometry):
+            study.enqueue_trial(point, user_attrs={"seed": name})
         seed, created = cfg.seed, True
     except optuna.exceptions.DuplicatedStudyError:
         created = False
@@ -256,9 +264,16 @@ def retry_stale(study: Any, trial: Any) -> None:
     enqueue_retry(study, trial)
 
 
-def enqueue_retry(study: Any, trial: Any) -> None:
-    if trial.params:
-        study.enqueue_trial(trial.params, user_attrs={RETRY_OF: trial.number}, skip_if_exists=False)
+def enqueue_retry(study: Any, trial: Any) -> bool:
+    """Queue the point a failed trial had drawn (or had been given: an enqueued seed) to be measured again, unless the
+    trial was itself a retry: a point that kills its process twice (out of memory, say) stays failed instead of
+    stopping every resume at it. Returns whether it was queued."""
+    point = trial.params or trial.system_attrs.get("fixed_params") or {}
+    if not point or RETRY_OF in trial.user_attrs:
+        return False
+    study.enqueue_trial(point, user_attrs={RETRY_OF: trial.number, **{k: v for k, v in trial.user_attrs.items()
+                                                                       if k == "seed"}}, skip_if_exists=False)
+    return True
 
 
 def recover(study: Any, storage: Any) -> list[int]:
@@ -285,8 +300,7 @@ def recover(study: Any, storage: Any) -> list[int]:
     retried = {t.user_attrs.get(RETRY_OF) for t in trials}
     out = []
     for t in trials:
-        if t.state == State.FAIL and t.number not in retried and t.params:
-            enqueue_retry(study, t)
+        if t.state == State.FAIL and t.number not in retried and enqueue_retry(study, t):
             out.append(t.number)
     return out
 
@@ -337,12 +351,9 @@ class SearchResult:
     measured_now: int
 
 
-def seed_points(space: SearchSpace, lm: Any) -> list[tuple[str, dict[str, Any]]]:
+def seed_points(space: SearchSpace, geometry: Geometry) -> list[tuple[str, dict[str, Any]]]:
     """Points every search tries first: the method at its own defaults; for LongRoPE, PI's, NTK's and YaRN's factors
     (LongRoPE's own start is YaRN's) at LongRoPE's default attention factor."""
-    from ..attention_methods import resolve_attention
-
-    geometry = lm.rope.geometry
     method = get_method(space.base.name)
     defaults = {**{p.name: p.default for p in method.params}, **space.base.params}
     attention = tuple(resolve_attention(a.name, a.given) for a in space.base.attention)
@@ -376,9 +387,6 @@ def search(lm: Any, space: SearchSpace, docs: list[TokenDoc], cfg: TuneConfig, o
         baseline = plain.short_ppl
         study.set_user_attr("baseline_short", baseline)
     recover(study, storage)
-    if opened.created:  # only the process that made the study: one joining it would measure them again
-        for name, point in seed_points(space, lm):
-            study.enqueue_trial(point, user_attrs={"seed": name})
     measured = 0
 
     def objective(trial: Any) -> float:
@@ -387,7 +395,7 @@ def search(lm: Any, space: SearchSpace, docs: list[TokenDoc], cfg: TuneConfig, o
         point = {}
         for dim in space.dims:
             if dim.kind is int:
-                point[dim.key] = trial.suggest_int(dim.key, int(dim.low), int(dim.high), log=dim.log)
+                point[dim.key] = trial.suggest_int(dim.key, math.ceil(dim.low), math.floor(dim.high), log=dim.log)
             else:
                 point[dim.key] = trial.suggest_float(dim.key, dim.low, dim.high, log=dim.log)
         point = space.snap(point)
@@ -445,7 +453,8 @@ def comparison_specs(space: SearchSpace, winner: MethodSpec, extra: list[MethodS
     f = format_param(s)
     names = ["none", f"pi:factor={f}", f"ntk:factor={f}", f"yarn:factor={f}"]
     base = space.base
-    defaults = MethodSpec(base.name, {k: v for k, v in base.params.items() if k in ("factor", "short_factor")
-                                      or k == "original_max_position_embeddings"}, base.temperature,
-                          tuple(a for a in base.attention))
+    kept = {k: v for k, v in base.params.items() if k in ("factor", "short_factor", "original_max_position_embeddings")}
+    if get_method(base.name).takes_factor:
+        kept.setdefault("factor", s)  # ntk, whose searched alpha replaces the factor, at its default alpha = s
+    defaults = MethodSpec(base.name, kept, base.temperature, tuple(a for a in base.attention))
     return unique_by_label([winner] + expand_specs(names) + ([] if space.vector else [defaults]) + list(extra))

@@ -29,6 +29,7 @@ from .perplexity import PplConfig, PplRunner
 from .sweep import applying
 
 EXPORT_RTOL = 1e-6
+EXPORT_RECORD = "ctxeval-export.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 # files a model directory needs besides config.json and its weights
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -82,43 +83,78 @@ def legacy_rope_scaling(entry: dict[str, Any]) -> dict[str, Any]:
     return {"rope_scaling": {**scaling, "type": scaling["rope_type"]}, "rope_theta": entry["rope_theta"]}
 
 
-def write_export(model: str, spec: MethodSpec, geometry: Geometry, target: int, out: Path,
-                 trust_remote_code: bool = False) -> dict[str, Any]:
-    """Write the model directory `out` (see the module docstring); returns what was written."""
-    entry = rope_parameters(spec, geometry, target)
+def check_export(model: str, spec: MethodSpec, geometry: Geometry, target: int, out: Path,
+                 trust_remote_code: bool = False) -> Path:
+    """Everything --export needs, checked before the search starts (one line each): a rope_parameters entry for the
+    method, a model directory to link the weights from, and an export directory that is new, empty or an earlier export
+    (never the model's own directory). Returns the model's directory."""
+    rope_parameters(spec, geometry, target)
     source = model_directory(model)
     if source is None:
         raise CtxevalError(f"--export: {model} has no local model directory to link the weights from (a .gguf file "
                            "is dequantised at load); export from a model directory or hub id")
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not (out / "ctxeval-export.json").is_file():
+    if out.exists() and not out.is_dir():
+        raise CtxevalError(f"--export {out} is a file; give a new or empty directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_RECORD).is_file():
         raise CtxevalError(f"--export {out} exists and is not an earlier export; give a new or empty directory")
+    if out.exists() and out.resolve() == source.resolve():
+        raise CtxevalError(f"--export {out} is the model's own directory; give a new one (its weights are linked)")
+    shipped = getattr(load_hf_config(model, trust_remote_code=trust_remote_code), "rope_parameters", None) or {}
+    if shipped and not all(isinstance(v, (int, float, str, bool, list, type(None))) for v in shipped.values()):
+        raise CtxevalError(f"--export: {model} has a RoPE per layer type (nested rope_parameters); ctxeval exports one "
+                           "entry for every layer and cannot write this config")
+    return source
+
+
+def write_export(model: str, spec: MethodSpec, geometry: Geometry, target: int, out: Path,
+                 trust_remote_code: bool = False) -> dict[str, Any]:
+    """Write the model directory `out` (see the module docstring); returns what was written."""
+    source = check_export(model, spec, geometry, target, out, trust_remote_code)
+    entry = rope_parameters(spec, geometry, target)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    earlier = out / EXPORT_RECORD
+    if earlier.is_file():  # an earlier export's files: its weights may have other names, its LongRoPE file may go
+        try:
+            old = json.loads(earlier.read_text())
+        except (OSError, ValueError):
+            old = {}
+        for name in list(old.get("files") or []) + list(old.get("weights") or []):
+            path = out / Path(str(name)).name
+            if path.is_symlink() or path.is_file():
+                path.unlink()
     config = load_hf_config(model, trust_remote_code=trust_remote_code)
+    shipped = getattr(config, "rope_parameters", None) or {}
+    if shipped.get("partial_rotary_factor") is not None:  # transformers 5 keeps it inside rope_parameters
+        entry = {**entry, "partial_rotary_factor": shipped["partial_rotary_factor"]}
     config.rope_parameters = entry
     config.max_position_embeddings = target
     config.save_pretrained(out)
-    linked = []
+    linked, copied = [], []
     for path in sorted(source.iterdir()):
         if path.name == "config.json" or path.is_dir():
             continue
         dest = out / path.name
-        if dest.exists() or dest.is_symlink():
-            dest.unlink()
         if path.suffix in WEIGHT_SUFFIXES or path.name.endswith(".index.json"):
+            if dest.exists() or dest.is_symlink():
+                dest.unlink()
             os.symlink(path.resolve(), dest)
             linked.append(path.name)
         elif path.name in TOKENIZER_FILES:
             shutil.copyfile(path, dest)
+            copied.append(path.name)
     (out / "rope_scaling.json").write_text(json.dumps({**legacy_rope_scaling(entry),
                                                        "max_position_embeddings": target}, indent=2) + "\n")
+    files = ["config.json", "rope_scaling.json", *copied]
     if entry["rope_type"] == "longrope":
         (out / "longrope-factors.json").write_text(json.dumps(
             {"short_factor": entry["short_factor"], "long_factor": entry["long_factor"],
              "original_max_position_embeddings": entry["original_max_position_embeddings"]}, indent=2) + "\n")
+        files.append("longrope-factors.json")
     record = {"model": model, "method": spec.label, "rope_parameters": entry, "max_position_embeddings": target,
-              "weights_linked_from": str(source), "weights": linked}
-    (out / "ctxeval-export.json").write_text(json.dumps(record, indent=2) + "\n")
+              "weights_linked_from": str(source), "weights": linked, "files": files}
+    (out / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 

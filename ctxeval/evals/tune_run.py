@@ -14,7 +14,8 @@ from ..specs import MethodSpec
 from ..store import RunStore
 from .common import Progress
 from .perplexity import PplConfig, sweep
-from .tune import INVALID, OpenedStudy, TuneConfig, best_trial_row, comparison_specs, open_study, sampler_name, search
+from .tune import (DEFAULT_STORAGE, INVALID, OpenedStudy, TuneConfig, best_trial_row, comparison_specs, open_study,
+                   sampler_name, search)
 from .tune_export import verify_export, write_export
 
 
@@ -35,6 +36,12 @@ class TuneJob:
     export: Path | None = None
     trust_remote_code: bool = False
     opened: OpenedStudy | None = None  # a shared --storage, opened (and checked) before the run directory
+
+    @property
+    def storage_record(self) -> str:
+        """What run.json says of the storage: the URL of a shared one; the run directory's own file by its name (the
+        run stays valid when the directory moves)."""
+        return self.url if self.opened is not None else DEFAULT_STORAGE
 
 
 def long_documents(data: str, tokenizer: Any, wanted: int, needed: int, text_field: str) -> list[TokenDoc]:
@@ -64,13 +71,13 @@ def measure_heldout(lm: Any, job: TuneJob, specs: list[MethodSpec], run_dir: Pat
     spec = {"task": "ppl", "model": job.model, "data": job.data, "text_field": job.text_field, "protocol": "truncate",
             "stride": None, "bos": cfg.bos, "docs": len(job.heldout), "lengths": list(cfg.lengths),
             "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": cfg.seed, "preset": None,
-            "heldout_of": run_dir.parent.name, "heldout_docs": [d.doc_id for d in job.heldout]}
+            "heldout_docs": [d.doc_id for d in job.heldout]}
     provenance = {"model": lm.record(),
                   "data": {"spec": job.data, "documents": [{"doc": d.doc_id, "tokens": int(len(d.ids))}
                                                            for d in job.heldout]},
                   "protocol": {"name": "truncate", "stride": None, "bos": cfg.bos, "aggregate": "token",
                                "chunk_size": cfg.chunk_size, "batch_size": 1, "one_forward_per_document": True},
-                  "seed": cfg.seed}
+                  "seed": cfg.seed, "heldout_of": run_dir.parent.name}
     with RunStore(run_dir, spec) as held:
         held.start({**provenance, "methods": held.record.get("methods", {})})
         try:
@@ -86,12 +93,12 @@ def run_tune(lm: Any, job: TuneJob, store: Any, progress: Progress, note: Callab
     """Search until the study holds the asked trials, then re-measure the winner on the held-out documents and export
     it (when asked); run.json's `tune` records each step as it is done."""
     cfg, space = job.cfg, job.space
-    opened = job.opened or open_study(job.url, job.protocol, cfg, space)
+    opened = job.opened or open_study(job.url, job.protocol, cfg, space, lm.rope.geometry)
     have = {int(r["trial"]) for r in store.rows() if r.get("trial") is not None}
     result = search(lm, space, job.tuning, cfg, opened, store.append, have, progress)
     refused = sum(1 for r in result.rows if r.get("status") == INVALID)
     summary: dict[str, Any] = {
-        "storage": job.url, "trials": len(result.rows) - refused, "refused": refused,
+        "storage": job.storage_record, "trials": len(result.rows) - refused, "refused": refused,
         "measured_now": result.measured_now, "search_seconds_now": round(result.seconds, 1),
         "baseline_short": result.baseline_short, "sampler": sampler_name(cfg, space),
         "forwards": sum(int(r.get("forwards") or 0) for r in result.rows), "winner": None}

@@ -87,7 +87,7 @@ def search_lines(s: TuneSummary, guard: float | None) -> list[str]:
         lines.append(f"guard: perplexity at {fmt_length(s.short or 0)} (the trained length) at most {tolerance:.0%} "
                      f"above plain RoPE's {baseline:.2f} there, i.e. at most {guard:.2f}")
     if tune.get("storage"):
-        lines.append(f"study: `{tune['storage']}` (rerun the command with more --trials to continue it)")
+        lines.append(f"study: `{tune['storage']}` (rerun the command with the same --out, and more --trials to continue it)")
     return lines
 
 
