@@ -32,33 +32,32 @@ class Range:
     high: float
     log: bool = False
     per: str = ""  # "" (absolute) | "factor" | "length"
-    why: str = ""
 
 
 _BETAS = {
     # YaRN's ramp is in rotations over L: the fastest pair turns L / 2 pi times (20 at L = 128, 1,300 at 8k), so the
     # paper's 32 / 1 suit a 4k model and a short one needs smaller values (the bundled model's hand-tuned 4 / 0.25)
-    "beta_fast": Range(0.5, 128.0, log=True, why="rotations over L above which pairs keep their frequency"),
-    "beta_slow": Range(0.01, 16.0, log=True, why="rotations over L below which pairs are interpolated"),
+    "beta_fast": Range(0.5, 128.0, log=True),  # rotations over L above which pairs keep their frequency
+    "beta_slow": Range(0.01, 16.0, log=True),  # rotations over L below which pairs are interpolated
 }
-_ATTENTION_FACTOR = Range(0.8, 1.6, why="q/k multiplier (YaRN's default 0.1 ln s + 1 is 1.21 at s = 8)")
+_ATTENTION_FACTOR = Range(0.8, 1.6)  # q/k multiplier (YaRN's default 0.1 ln s + 1 is 1.21 at s = 8)
 RANGES: dict[str, dict[str, Range]] = {
     "yarn": {**_BETAS, "attention_factor": _ATTENTION_FACTOR},
     "ntk-by-parts": dict(_BETAS),
     # not its attention factor: a value given replaces the per-length 0.1 ln s + 1 by a constant, another method
     "dynamic-yarn": dict(_BETAS),
     # the NTK post's alpha is the scale whose base change is applied; the useful alpha is often above s
-    "ntk": {"alpha": Range(0.5, 4.0, log=True, per="factor", why="NTK scale, from s/2 to 4s")},
+    "ntk": {"alpha": Range(0.5, 4.0, log=True, per="factor")},  # NTK scale, from s/2 to 4s
     # LongRoPE's per-pair long factors are dims of their own (below); its attention factor sqrt(1 + ln s / ln L)
     # multiplies q and k at every length in transformers' longrope, so it alone decides the ppl up to L (short factors
     # 1): searched, or the guard could never be met where the default raises the short ppl
-    "longrope": {"attention_factor": Range(0.8, 1.6, why="q/k multiplier at every length (default sqrt(1 + ln s / ln L))")},
+    "longrope": {"attention_factor": Range(0.8, 1.6)},  # default sqrt(1 + ln s / ln L)
     "llama3": {"low_freq_factor": Range(0.25, 8.0, log=True), "high_freq_factor": Range(1.0, 64.0, log=True)},
     "self-extend": {"group_size": Range(2, 64, log=True), "neighbor_window": Range(1 / 16, 1.0, log=True, per="length")},
     "rerope": {"window": Range(1 / 16, 1.0, log=True, per="length")},
     "leaky-rerope": {"window": Range(1 / 16, 1.0, log=True, per="length"), "k": Range(1.0, 64.0, log=True)},
 }
-FACTOR_RANGE = Range(0.5, 2.0, log=True, per="factor", why="--search-factor: from s/2 to 2s (at least 1)")
+FACTOR_RANGE = Range(0.5, 2.0, log=True, per="factor")  # --search-factor: from s/2 to 2s (at least 1)
 LONG_FACTOR = "long_factor"
 
 
@@ -199,10 +198,9 @@ def build_space(spec: MethodSpec, geometry: Geometry, target: int, search_factor
         add("", method.param("factor"), FACTOR_RANGE)
     pairs = geometry.rotary_dim // 2
     if spec.name == "longrope":
-        for name in ("long_factor", "short_factor"):
-            if name in spec.params and name == "long_factor":
-                raise CtxevalError("tune searches longrope's long_factor: leave it out of the spec (short_factor may "
-                                   "be given; it defaults to 1 for every pair, plain RoPE up to the trained length)")
+        if "long_factor" in spec.params:
+            raise CtxevalError("tune searches longrope's long_factor: leave it out of the spec (short_factor may "
+                               "be given; it defaults to 1 for every pair, plain RoPE up to the trained length)")
         params.setdefault("short_factor", tuple([1.0] * pairs))
         for i in range(pairs):
             dims.append(Dim("", f"{LONG_FACTOR}.{i}", float, 1.0, 1.0 + factor, False))

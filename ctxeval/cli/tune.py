@@ -11,9 +11,10 @@ import typer
 
 from .. import corpora
 from ..errors import CtxevalError
-from ..specs import MethodSpec, default_factor, expand_specs
+from ..specs import expand_specs
 from .console import err, print_outputs, user_errors
 from .options import AttnOpt, Check, DeviceOpt, DtypeOpt, ModelOpt, OverwriteOpt, RemoteOpt, parse_lengths
+from .factors import settle_factors
 from .run import default_out, load_for, measure
 
 QUICKSTART_TUNE = {"model": "tiny", "method": "yarn", "target_length": "1k", "data": "pydoc", "trials": 60}
@@ -99,9 +100,7 @@ def tune_cmd(
     short = int(specs[0].params.get("original_max_position_embeddings") or geometry.original_length)
     cfg = TuneConfig(target_len, short, int(settings["trials"]), short_tolerance, sampler, seed, population,
                      bos=getattr(lm.tokenizer, "bos_token_id", None) is not None, chunk_size=chunk_size)
-    factor = default_factor(target_len, short)
-    compare_specs = [MethodSpec(s.name, {**s.params, "factor": factor}, s.temperature, s.attention)
-                     if _factor_open(s) else s for s in compare_specs]
+    compare_specs = settle_factors(compare_specs, [target_len], lm)  # `--compare yarn`: the factor of every command
     needed = target_len - 1 if cfg.bos else target_len
     tuning, heldout = split_documents(long_documents(str(settings["data"]), lm.tokenizer, tune_docs + heldout_docs,
                                                      needed, text_field), tune_docs, heldout_docs)
@@ -147,9 +146,3 @@ def tune_cmd(
         print_outputs(render_tune(store.dir))
 
     measure(run_dir, spec_record, overwrite, provenance, message, work, render)
-
-
-def _factor_open(spec: MethodSpec) -> bool:
-    from ..specs import factor_open, takes_default_factor
-
-    return factor_open(spec.name, spec.params) and takes_default_factor(spec.name)
