@@ -35,6 +35,14 @@ TINY_CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 12
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
 
 
+def hardware(device: str, dtype: str, peak_tflops: float | None) -> tuple[Any, str | None, float | None]:
+    """The torch dtype, the GPU's name (None on CPU) and its peak TFLOP/s (given, or known by name, else None)."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") else None
+    return getattr(torch, dtype), gpu, peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if gpu and k in gpu), None)
+
+
 def flash_installed() -> bool:
     import importlib.util
 
@@ -171,9 +179,7 @@ def main() -> int:
 
     import torch
 
-    dtype = getattr(torch, args.dtype)
-    gpu = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None
-    peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if gpu and k in gpu), None)
+    dtype, gpu, peak = hardware(args.device, args.dtype, args.peak_tflops)
     report: dict[str, Any] = {"device": args.device, "gpu": gpu, "dtype": args.dtype,
                               "peak_tflops": peak, "torch": torch.__version__, "models": []}
     attns = [args.attn] if args.attn != "auto" else ["sdpa"] + (["flash_attention_2"] if flash_installed() else [])

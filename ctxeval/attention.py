@@ -120,55 +120,98 @@ def watch_sdpa(model: Any, observer: Observer, purpose: str = "this measurement"
         mapping["sdpa"] = original
 
 
-def wrappable_attention(model: Any, what: str) -> str:
-    """The model's attention implementation when ctxeval can replace it (sdpa or eager); else one-line error."""
+def wrappable_attention(model: Any, what: str, kernel: str = "chunked") -> str:
+    """The model's attention implementation when ctxeval can replace it (sdpa or eager; also flash-attention 2 for
+    log-n alone, which only scales q before the model's own function); else one-line error."""
     impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
-    if impl not in ("sdpa", "eager"):
-        raise CtxevalError(f"{what} replaces the attention computation, which ctxeval can do for --attn sdpa or "
-                           f"eager, not '{impl}'; rerun with --attn sdpa")
+    allowed = ("sdpa", "eager", "flash_attention_2") if kernel == "query-scale" else ("sdpa", "eager")
+    if impl not in allowed:
+        raise CtxevalError(f"{what} replaces the attention computation, which ctxeval can do for --attn "
+                           f"{' or '.join(allowed)}, not '{impl}'; rerun with --attn sdpa")
     return impl
+
+
+def model_device_type(model: Any) -> str:
+    return next(iter(model.parameters())).device.type
+
+
+def kernel_of(model: Any, specs: tuple[Any, ...]) -> str:
+    """The attention kernel `specs` run on in `model` (attention_kernels.choose_kernel; recorded in run.json)."""
+    from .attention_kernels import choose_kernel
+
+    return choose_kernel(specs, model_device_type(model))
+
+
+def query_positions(query: Any, key: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """Positions of the queries (B, Tq) and of the keys (B, Tk): position_ids when transformers passes them, else
+    the last Tq of Tk consecutive positions; keys sit at consecutive positions ending where the last query is
+    (left padding shifts them all alike)."""
+    import torch
+
+    tq, tk = query.shape[2], key.shape[2]
+    positions = kwargs.get("position_ids")
+    if positions is None or positions.shape[-1] != tq:
+        positions = torch.arange(tk - tq, tk, device=query.device)[None].expand(query.shape[0], tq)
+    positions = positions.to(query.device).expand(query.shape[0], tq)
+    key_positions = torch.arange(tk, device=query.device)[None] + (positions[:, -1:] - (tk - 1))
+    return positions, key_positions
+
+
+def eager_function(module: Any) -> Any:
+    """The eager attention function of `module`'s model file (transformers keeps eager out of its registry)."""
+    import sys
+
+    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
 
 
 @contextlib.contextmanager
 def attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Callable[[], Any], original_length: int
                       ) -> Iterator[str]:
-    """Run `model`'s attention through attention_methods.attend with `specs` (AttentionSpecs) inside the block;
-    yields the attention implementation replaced. `inv_freq()` returns the rotary frequencies in force at each call
-    (a frequency method's, recomputed per length for dynamic ones). The registered function is restored on exit."""
+    """Run `model`'s attention under `specs` (AttentionSpecs) inside the block, on the kernel kernel_of() chooses
+    (attention_kernels: query-scale, fused, or attention_methods.attend as the chunked reference); yields the
+    attention implementation replaced. `inv_freq()` returns the rotary frequencies in force at each call (a
+    frequency method's, recomputed per length for dynamic ones). The registered function is restored on exit."""
     if not specs:
         yield ""
         return
     from transformers.modeling_utils import AttentionInterface
 
-    from .attention_methods import attend
+    from .attention_kernels import FarKeyCache, MaskVerdicts, fused_attend, scale_queries
+    from .attention_methods import attend, logn_length
 
-    impl = wrappable_attention(model, "+".join(s.name for s in specs))
+    name = "+".join(s.name for s in specs)
+    kernel = kernel_of(model, specs)
+    impl = wrappable_attention(model, name, kernel)
     mapping = AttentionInterface._global_mapping
     had, saved = impl in mapping, mapping.get(impl)
+    far_keys, verdicts = FarKeyCache(), MaskVerdicts()
+    logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
 
     def method_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
-                         scaling: float | None = None, **kwargs: Any) -> tuple[Any, None]:
-        import torch
-
+                         scaling: float | None = None, **kwargs: Any) -> tuple[Any, Any]:
         if kwargs.get("sliding_window") or kwargs.get("softcap"):
-            raise CtxevalError(f"{'+'.join(s.name for s in specs)}: this model's attention uses a sliding window or "
-                               "logit soft-capping, which these methods do not reproduce")
-        tq, tk = query.shape[2], key.shape[2]
-        positions = kwargs.get("position_ids")
-        if positions is None or positions.shape[-1] != tq:
-            positions = torch.arange(tk - tq, tk, device=query.device)[None].expand(query.shape[0], tq)
-        positions = positions.to(query.device).expand(query.shape[0], tq)
-        # keys sit at consecutive positions ending where the last query is (left padding shifts them all alike)
-        key_positions = torch.arange(tk, device=query.device)[None] + (positions[:, -1:] - (tk - 1))
+            raise CtxevalError(f"{name}: this model's attention uses a sliding window or logit soft-capping, which "
+                               "these methods do not reproduce")
+        positions, key_positions = query_positions(query, key, kwargs)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        out = attend(query, key, value, positions, key_positions, attention_mask, scale,
-                     inv_freq().to(query.device), specs, original_length)
+        own = saved if had else eager_function(module)
+        if kernel == "query-scale" and own is not None:
+            return own(module, scale_queries(query, positions, logn), key, value, attention_mask, dropout=dropout,
+                       scaling=scaling, **kwargs)
+        freqs = inv_freq().to(query.device)
+        if kernel == "fused":
+            out = fused_attend(query, key, value, positions, key_positions, attention_mask, scale, freqs, specs,
+                               original_length, module=module, cache=far_keys, verdicts=verdicts)
+        else:
+            out = attend(query, key, value, positions, key_positions, attention_mask, scale, freqs, specs,
+                         original_length)
         return out, None
 
     mapping[impl] = method_attention
     try:
         yield impl
     finally:
+        far_keys.clear()
         if had:
             mapping[impl] = saved
         else:
@@ -194,9 +237,9 @@ def verify_attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Calla
     installed = AttentionInterface._global_mapping[impl]
     calls = []
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return installed(*args, **kwargs)
+    def counting(module: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(module)
+        return installed(module, *args, **kwargs)
 
     AttentionInterface._global_mapping[impl] = counting
     try:
@@ -224,8 +267,11 @@ def verify_attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Calla
     freqs = inv_freq().detach().to("cpu", torch.float64)
     query = rotate(q_raw[None], q_pos[None], freqs).float()  # what RoPE hands the attention function
     key = rotate(k_raw[None], k_pos[None], freqs).float()
-    module = type("Layer0", (), {"is_causal": True})()
-    out, _ = installed(module, query.to(device), key.to(device), value[None].float().to(device), None,
+    module = calls[0]  # layer 0's own attention module: the probe runs as its forward would
+    # the mask transformers passes for 16 queries after earlier keys: (1, 1, 16, total) under sdpa and eager; none
+    # under flash-attention 2, whose causal masking is bottom-right aligned
+    causal = None if impl == "flash_attention_2" else (k_pos[None, :] <= q_pos[:, None])[None, None].to(device)
+    out, _ = installed(module, query.to(device), key.to(device), value[None].float().to(device), causal,
                        scaling=dim ** -0.5, position_ids=q_pos[None].to(device))
     want = reference_attention(q_raw, k_raw.repeat_interleave(heads // kv_heads, 0),
                                value.repeat_interleave(heads // kv_heads, 0), q_pos, k_pos, freqs, specs, dim ** -0.5,
@@ -234,4 +280,5 @@ def verify_attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Calla
     if not diff <= VERIFY_ATOL:
         raise CtxevalError(f"{'+'.join(s.name for s in specs)}: the attention computed differs from the papers' formula "
                            f"by {diff:.2e} (> {VERIFY_ATOL:g}); this model's attention is not what ctxeval assumes")
-    return {"layers_running_it": len(calls), "probe_tokens": total, "max_abs_diff_vs_reference": diff}
+    return {"layers_running_it": len(calls), "probe_tokens": total, "max_abs_diff_vs_reference": diff,
+            "attention_kernel": kernel_of(model, specs)}

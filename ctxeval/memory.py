@@ -11,6 +11,10 @@ For a length L (bytes b per weight/activation element: 4 fp32, 2 bf16/fp16):
   logits       ctxeval's chunked loss: one chunk of C positions x vocab in float32, plus its log-softmax:
                2 C V x 4 bytes (never L x V)
   KV cache     needle/passkey generation keeps 2 x layers x Hkv x d x L x b
+  methods      with attention methods (Self-Extend, ReRoPE, log-n), the largest extra workspace of one attention call
+               among the methods asked, on the kernel each runs on (attention_kernels.workspace_bytes: O(L d) for the
+               fused and query-scale paths, + 256 MiB of score maps for the chunked reference), counted in
+               `attention`; fused decoding keeps one more key tensor per layer (its far keys), counted in the KV cache
 The total for `ppl` is weights + activations + attention + logits; add the KV cache for `needle --scoring
 generate`. Allocator fragmentation and the CUDA context (~0.5 GiB) come on top.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .attention_kernels import choose_kernel, far_cache_bytes, workspace_bytes
 from .errors import CtxevalError
 from .geometry import require_trained_length
 from .models import load_hf_config, resolve_device
@@ -73,7 +78,8 @@ def sliding_window_of(cfg: Any) -> int | None:
     return int(window)
 
 
-def estimate(cfg: Any, lengths: tuple[int, ...], dtype: str, attn: str, chunk: int) -> list[MemoryEstimate]:
+def estimate(cfg: Any, lengths: tuple[int, ...], dtype: str, attn: str, chunk: int,
+             attention_specs: tuple[tuple[Any, ...], ...] = (), device_type: str = "cpu") -> list[MemoryEstimate]:
     t = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     b = BYTES[dtype]
     h, n = int(t.hidden_size), int(t.num_hidden_layers)
@@ -91,6 +97,10 @@ def estimate(cfg: Any, lengths: tuple[int, ...], dtype: str, attn: str, chunk: i
             attention += L * L  # the materialised sliding-window mask (bool)
         logits = 2 * min(chunk, L) * vocab * 4
         kv_cache = 2 * n * kv * d * L * b
+        extra = [(workspace_bytes(specs, kernel, L, heads, kv, d, b), far_cache_bytes(specs, kernel, L, n, kv, d, b))
+                 for specs in attention_specs if specs for kernel in (choose_kernel(specs, device_type),)]
+        attention += max((e[0] for e in extra), default=0.0)
+        kv_cache += max((e[1] for e in extra), default=0.0)
         rows.append(MemoryEstimate(L, weights, activations, attention, logits, kv_cache))
     return rows
 
@@ -106,7 +116,7 @@ class DryRun:
 
 
 def dry_run(model: str, lengths: tuple[int, ...], dtype: str, device: str, attn: str, chunk: int,
-            trust_remote_code: bool) -> DryRun:
+            trust_remote_code: bool, attention_specs: tuple[tuple[Any, ...], ...] = ()) -> DryRun:
     """Estimates for `lengths` (default: 0.5x, 1x, 2x the trained length) without loading any weights."""
     cfg = load_hf_config(model, trust_remote_code=trust_remote_code)
     if dtype == "auto":
@@ -119,4 +129,6 @@ def dry_run(model: str, lengths: tuple[int, ...], dtype: str, device: str, attn:
     if not lengths:
         L = require_trained_length(cfg, model)
         lengths = tuple(sorted({max(2, int(L * m)) for m in (0.5, 1, 2)}))
-    return DryRun(count_parameters(cfg), dtype, note, estimate(cfg, lengths, dtype, attn, chunk))
+    device_type = resolve_device(device).split(":")[0]
+    return DryRun(count_parameters(cfg), dtype, note,
+                  estimate(cfg, lengths, dtype, attn, chunk, attention_specs, device_type))

@@ -34,6 +34,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from ctxeval.attention_kernels import fused_attend
 from ctxeval.attention_methods import attend
 from ctxeval.specs import expand_specs
 
@@ -401,13 +402,14 @@ def run_original(kind, params, q, k, v, decode):
                                scale_base=params["scale_base"])
 
 
-VARIANTS = ((None, "none"), (5, "bool"), (None, "additive"))  # (query chunk, mask): attend's paths
+# (query chunk, mask): attend's paths, and the fused kernel of attention_kernels (causal and left-padding masks)
+VARIANTS = ((None, "none"), (5, "bool"), (None, "additive"), ("fused", "none"), ("fused", "bool"))
 
 
 def ctxeval_variants(text, original_length, q, k, v, decode, variants=VARIANTS):
     """ctxeval inside a patched model: transformers (installed) rotates q and k at their true positions, then attend()
     with the spec's attention methods; queries in one chunk or in chunks of 5, mask None (sdpa's causal), bool (sdpa)
-    or additive (eager)."""
+    or additive (eager); and attention_kernels.fused_attend, the fast path, with and without a mask."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
@@ -424,7 +426,11 @@ def ctxeval_variants(text, original_length, q, k, v, decode, variants=VARIANTS):
     masks = {"none": None, "bool": allowed, "additive": torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)}
     out = {}
     for chunk, name in variants:
-        got = attend(qr, kr, v, q_pos, pos, masks[name], D ** -0.5, rotary.inv_freq, specs, original_length, chunk=chunk)
+        if chunk == "fused":
+            got = fused_attend(qr, kr, v, q_pos, pos, masks[name], D ** -0.5, rotary.inv_freq, specs, original_length)
+        else:
+            got = attend(qr, kr, v, q_pos, pos, masks[name], D ** -0.5, rotary.inv_freq, specs, original_length,
+                         chunk=chunk)
         out[(chunk, name)] = got.reshape(1, q_pos.shape[1], H * D)
     return out
 

@@ -31,3 +31,27 @@ def test_gpu_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
     assert gpu.forward_flops(m, 128) == 2 * n * 128 + 2 * 2 * 128 * 128 * 64
     table = (tmp_path / "gpu-benchmark.md").read_text()
     assert "ctxeval ppl (chunked loss)" in table and "| tiny |" in table
+
+
+def test_gpu_attention_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
+    methods = "none;yarn:factor=4;self-extend:group_size=4,neighbor_window=16;rerope:window=16;ntk:factor=2+logn"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_attention.py"), "--device", "cpu",
+                             "--dtype", "float32", "--config", "tiny", "--lengths", "64,128", "--methods", methods,
+                             "--new-tokens", "3", "--check-length", "100", "--peak-tflops", "1", "--out",
+                             str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "gpu-attention.json").read_text())
+    (model,) = report["models"]
+    # the fast kernels equal the chunked reference; yarn and none run the model's own attention (not checked)
+    assert set(model["exactness"]) == set(methods.split(";")[2:])
+    assert all(diff < 1e-4 for diff in model["exactness"].values())
+    points = {(p["method"], p["length"]): p for p in model["points"]}
+    assert len(points) == 10 and all(p["status"] == "ok" for p in points.values())
+    assert points[("rerope:window=16", 128)]["kernel"] == "fused"
+    assert points[("ntk:factor=2+logn", 64)]["kernel"] == "query-scale"
+    for p in points.values():
+        assert p["tokens_per_s"] > 0 and p["mfu"] > 0 and p["decode_ms_per_token"] > 0
+        assert p["time_ratio"] > 0 and p["decode_ratio"] > 0
+    assert points[("none", 64)]["time_ratio"] == 1.0 and points[("yarn:factor=4", 128)]["decode_ratio"] == 1.0
+    table = (tmp_path / "gpu-attention.md").read_text()
+    assert "| tiny | 128 | self-extend:group_size=4,neighbor_window=16 | fused |" in table

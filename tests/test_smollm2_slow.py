@@ -35,3 +35,42 @@ def test_smollm2_ppl_and_needle(tmp_path):
     assert needle.exit_code == 0, needle.output
     correct = [json.loads(l)["correct"] for l in (tmp_path / "n" / "rows.jsonl").read_text().splitlines()]
     assert sum(correct) >= 2
+
+
+def test_smollm2_fast_attention_kernels_equal_the_chunked_reference(monkeypatch):
+    """Self-Extend, ReRoPE, leaky ReRoPE and log-n on SmolLM2 (9 heads on 3 key heads), fast kernel vs the chunked
+    reference: log-probabilities of 1,500 tokens, windows that do not divide the length; greedy decoding identical.
+    The yardstick: the same model's own sdpa against its eager attention, the float32 noise of two kernels."""
+    pytest.importorskip("gguf")
+    import torch
+
+    from ctxeval.attention import attention_methods
+    from ctxeval.attention_kernels import KERNEL_ENV
+    from ctxeval.models import load_model
+    from ctxeval.patching import find_rotary_modules
+    from ctxeval.specs import expand_specs
+
+    lm = load_model("smollm2", dtype="float32", device="cpu")
+    rotary = find_rotary_modules(lm.model)[0][1]
+    ids = torch.randint(0, 40000, (1, 1500), generator=torch.Generator().manual_seed(0))
+
+    def logprobs(text, kernel, impl="sdpa"):
+        monkeypatch.setenv(KERNEL_ENV, kernel)
+        lm.model.config._attn_implementation = impl
+        spec = expand_specs([text])[0]
+        with attention_methods(lm.model, spec.attention, lambda: rotary.inv_freq, 8192), torch.inference_mode():
+            return torch.log_softmax(lm.model(input_ids=ids).logits.float(), -1)
+
+    noise = (logprobs("none", "") - logprobs("none", "", "eager")).abs().max()
+    for text in ("self-extend:group_size=4,neighbor_window=500", "self-extend:group_size=3,neighbor_window=700",
+                 "rerope:window=333,length=512", "leaky-rerope:window=400,k=8,logn=false", "logn:length=512"):
+        diff = (logprobs(text, "") - logprobs(text, "chunked")).abs().max()
+        print(f"{text}: max |fast - chunked| of log-probs {diff:.2e} (sdpa vs eager, no method: {noise:.2e})")
+        assert diff < max(1e-4, 2 * noise), text
+    spec = expand_specs(["self-extend:group_size=4,neighbor_window=500"])[0]
+    generated = []
+    for kernel in ("", "chunked"):
+        monkeypatch.setenv(KERNEL_ENV, kernel)
+        with attention_methods(lm.model, spec.attention, lambda: rotary.inv_freq, 8192), torch.inference_mode():
+            generated.append(lm.model.generate(ids[:, :1200], max_new_tokens=24, do_sample=False, pad_token_id=0))
+    assert torch.equal(*generated)

@@ -141,7 +141,8 @@ def ppl_cmd(
         parse_position_buckets(position_buckets, max(lengths_given), None)  # bad edges fail before loading
     key_method = expand_specs([key_tokens_method])[0] if key_tokens else None
     if dry_run:
-        print_dry_run(settings.model, lengths_given or (), dtype, device, attn, chunk_size, trust_remote_code)
+        print_dry_run(settings.model, lengths_given or (), dtype, device, attn, chunk_size, trust_remote_code,
+                      tuple(s.attention for s in specs))
         return
     corpora.check_data_spec(settings.data, "--data", settings.text_field)  # fails now, not after the model loads
     lm = load_for(settings.model, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
@@ -268,12 +269,14 @@ def run_records(settings: PplSettings, cfg: PplConfig, specs: list[MethodSpec], 
 
 
 def print_dry_run(model: str, lengths: tuple[int, ...], dtype: str, device: str, attn: str, chunk: int,
-                  trust_remote_code: bool) -> None:
+                  trust_remote_code: bool, attention_specs: tuple[tuple[Any, ...], ...] = ()) -> None:
     """`ctxeval ppl --dry-run`: the memory table, from the config alone (no weights are loaded)."""
-    estimate = dry_run(model, lengths, dtype, device, attn, chunk, trust_remote_code)
+    estimate = dry_run(model, lengths, dtype, device, attn, chunk, trust_remote_code, attention_specs)
     print_table(
         f"{model}: memory per evaluation length, estimated from the config ({estimate.parameters / 1e6:,.1f}M parameters)",
-        f"{estimate.dtype_note}; attention {attn}; logits chunk {chunk}. ppl total = weights + activations + attention + "
+        f"{estimate.dtype_note}; attention {attn}"
+        f"{' (with the attention methods asked: their workspace, and their far keys in the KV cache)' if any(attention_specs) else ''}"
+        f"; logits chunk {chunk}. ppl total = weights + activations + attention + "
         "logits; needle --scoring generate adds the KV cache. CUDA context and fragmentation not included.",
         ["length", "weights", "activations", "attention", "logits", "ppl total", "KV cache"],
         [[f"{r.length:,}", fmt_bytes(r.weights), fmt_bytes(r.activations), fmt_bytes(r.attention), fmt_bytes(r.logits),

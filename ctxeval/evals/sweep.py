@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..distributed import current
 from ..methods import get_method
 from ..patching import apply_method, find_rotary_modules
-from ..attention import attention_methods, attention_temperature, verify_attention_methods
+from ..attention import attention_methods, attention_temperature, kernel_of, verify_attention_methods
 from ..errors import CtxevalError
 from ..rows import point_key
 from ..specs import MethodSpec
@@ -44,6 +44,7 @@ def applying(lm: Any, spec: MethodSpec, lengths: tuple[int, ...]) -> Iterator[tu
         record = {**handle.record(tuple(lengths)), "attention_temperature": spec.temperature}
         if spec.attention:
             record["attention_methods"] = [{"name": a.name, "params": a.params} for a in spec.attention]
+            record["attention_kernel"] = kernel_of(lm.model, spec.attention)
             record["attention_check"] = verify_attention_methods(lm.model, spec.attention, inv_freq, original,
                                                                  lm.device)
         yield handle, record
