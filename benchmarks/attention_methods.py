@@ -4,8 +4,9 @@
     python benchmarks/attention_methods.py [--model smollm2] [--length 16384] [--out FILE.json]
     python benchmarks/attention_methods.py --decode 64 [--baseline yarn:factor=2] [--length 16384] [--out FILE.json]
 
-Each method runs in its own subprocess (peak memory is the process's: CUDA's max_memory_allocated on a GPU, the
-resident set's high-water mark on a CPU), on the same random token ids, the baseline `none` (transformers' sdpa)
+Each method runs in its own subprocess (peak memory during the timed forward: CUDA's max_memory_allocated on a GPU;
+on a CPU the resident set sampled every 2 ms by a thread while the forward runs, so that the transients of loading
+the model (dequantising a GGUF) do not count; the process's high-water mark is kept as `load_peak_gib`), on the same random token ids, the baseline `none` (transformers' sdpa)
 first and last so that drift on a shared machine shows; ratios are against the median of the baseline runs.
 Each row records the attention kernel the method ran on (ctxeval.attention_kernels.choose_kernel; set
 CTXEVAL_ATTENTION_KERNEL=chunked to measure the exact reference loop instead). Decoding: one prefill of the prompt
@@ -26,7 +27,7 @@ METHODS = ["none", "self-extend:group_size=4,neighbor_window=2048", "rerope:wind
            "leaky-rerope:window=2048,k=16", "ntk:factor=2+logn"]
 
 CHILD = r"""
-import json, resource, statistics, sys, time, torch
+import json, os, resource, statistics, sys, threading, time, torch
 from ctxeval.attention import attention_methods, kernel_of
 from ctxeval.patching import apply_method
 from ctxeval.models import load_model
@@ -44,6 +45,14 @@ steps, generated = [], []
 with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params), \
         attention_methods(lm.model, spec.attention, lambda: rotary.inv_freq, lm.trained_length), torch.inference_mode():
     lm.model.model(input_ids=ids[:, :256])  # warm-up: first-call costs stay out of the timing
+    rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    sampled, done = [rss()], threading.Event()
+    def sample():
+        while not done.is_set():
+            sampled.append(rss())
+            time.sleep(0.002)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     start = time.perf_counter()
     if not decode:  # the decoder only: the LM head's L x vocab logits are the same for every method
         lm.model.model(input_ids=ids)
@@ -51,6 +60,8 @@ with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params), \
         out = lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
     sync()
     seconds = time.perf_counter() - start
+    done.set()
+    sampler.join()
     for _ in range(decode):
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         generated.append(int(token))
@@ -58,10 +69,11 @@ with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params), \
         out = lm.model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
         sync()
         steps.append(time.perf_counter() - start)
-peak = (torch.cuda.max_memory_allocated() if lm.device.startswith("cuda")
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+peak = torch.cuda.max_memory_allocated() if lm.device.startswith("cuda") else max(sampled)
+load_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 kernel = kernel_of(lm.model, spec.attention) if spec.attention else "model's own"
-print(json.dumps({"method": text, "seconds": seconds, "peak_bytes": peak, "device": lm.device, "dtype": lm.dtype,
+print(json.dumps({"method": text, "seconds": seconds, "peak_bytes": peak, "load_peak_bytes": load_peak,
+                  "device": lm.device, "dtype": lm.dtype,
                   "kernel": kernel, "step_seconds": statistics.median(steps) if steps else None,
                   "generated": generated}))
 """
@@ -82,11 +94,13 @@ def forward_report(args: argparse.Namespace, methods: list[str]) -> dict:
     base_s = statistics.median(b["seconds"] for b in baseline)
     base_mem = statistics.median(b["peak_bytes"] for b in baseline)
     rows = [{"method": "none (sdpa)", "kernel": baseline[0]["kernel"], "seconds": [round(b["seconds"], 2) for b in baseline],
-             "time_ratio": 1.0, "peak_gib": round(base_mem / 2**30, 3), "memory_ratio": 1.0}]
+             "time_ratio": 1.0, "peak_gib": round(base_mem / 2**30, 3), "memory_ratio": 1.0,
+             "load_peak_gib": [round(b["load_peak_bytes"] / 2**30, 3) for b in baseline]}]
     for m in measured:
         rows.append({"method": m["method"], "kernel": m["kernel"], "seconds": [round(m["seconds"], 2)],
                      "time_ratio": round(m["seconds"] / base_s, 2), "peak_gib": round(m["peak_bytes"] / 2**30, 3),
-                     "memory_ratio": round(m["peak_bytes"] / base_mem, 2)})
+                     "memory_ratio": round(m["peak_bytes"] / base_mem, 2),
+                     "load_peak_gib": [round(m["load_peak_bytes"] / 2**30, 3)]})
     return {"model": args.model, "length": args.length, "device": baseline[0]["device"],
             "dtype": baseline[0]["dtype"], "rows": rows}
 

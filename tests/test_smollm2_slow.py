@@ -74,3 +74,47 @@ def test_smollm2_fast_attention_kernels_equal_the_chunked_reference(monkeypatch)
         with attention_methods(lm.model, spec.attention, lambda: rotary.inv_freq, 8192), torch.inference_mode():
             generated.append(lm.model.generate(ids[:, :1200], max_new_tokens=24, do_sample=False, pad_token_id=0))
     assert torch.equal(*generated)
+
+
+def test_smollm2_fused_attention_on_real_activations_equals_the_reference():
+    """Every layer's own q, k, v of SmolLM2 on Emma-like random ids (2,000 tokens): the fused kernel against the
+    chunked reference per attention call, at several (G, W), w and k, to 1e-5 (float32)."""
+    pytest.importorskip("gguf")
+    import torch
+    from transformers.modeling_utils import AttentionInterface
+
+    from ctxeval.attention_kernels import fused_attend
+    from ctxeval.attention_methods import attend
+    from ctxeval.models import load_model
+    from ctxeval.patching import find_rotary_modules
+    from ctxeval.specs import expand_specs
+
+    lm = load_model("smollm2", dtype="float32", device="cpu")
+    inv_freq = find_rotary_modules(lm.model)[0][1].inv_freq
+    captured = []
+    mapping = AttentionInterface._global_mapping
+    original = mapping["sdpa"]
+
+    def capture(module, query, key, value, *args, **kwargs):
+        if module.layer_idx % 7 == 0:
+            captured.append((query, key, value))
+        return original(module, query, key, value, *args, **kwargs)
+
+    mapping["sdpa"] = capture
+    try:
+        with torch.inference_mode():
+            lm.model(input_ids=torch.randint(0, 40000, (1, 2000), generator=torch.Generator().manual_seed(1)))
+    finally:
+        mapping["sdpa"] = original
+    pos = torch.arange(2000)[None]
+    worst = {}
+    for text in ("self-extend:group_size=4,neighbor_window=512", "self-extend:group_size=3,neighbor_window=700",
+                 "self-extend:group_size=8,neighbor_window=1000+logn:length=1024", "rerope:window=333,length=512",
+                 "leaky-rerope:window=400,k=8,logn=false"):
+        specs = expand_specs([text])[0].attention
+        for query, key, value in captured:
+            got = fused_attend(query, key, value, pos, pos, None, 64 ** -0.5, inv_freq, specs, 8192)
+            want = attend(query, key, value, pos, pos, None, 64 ** -0.5, inv_freq, specs, 8192)
+            worst[text] = max(worst.get(text, 0.0), float((got - want).abs().max()))
+    print({k: f"{v:.2e}" for k, v in worst.items()}, f"over layers 0, 7, 14, 21, 28 ({len(captured)} calls)")
+    assert len(captured) == 5 and max(worst.values()) < 1e-5
