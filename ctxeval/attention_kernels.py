@@ -17,7 +17,8 @@ Which path runs is decided in one place, `choose_kernel`, and recorded in run.js
                The work is that of causal attention over L - W keys plus a band of W + block keys per query:
                about the cost of the model's own sdpa, O(block x (W + block)) memory per head, never L x L.
   chunked      attention_methods.attend, the exact reference: float32 score maps of a chunk of queries against
-               every key. CTXEVAL_ATTENTION_KERNEL=chunked forces it (to compare, or to reproduce older runs).
+               every key. CTXEVAL_ATTENTION_KERNEL=chunked forces it (to compare, or to reproduce older runs); 'auto' or
+               unset chooses as above, and any other value is refused in one line.
 Decoding: a far key's rotation depends only on its own position (Self-Extend's j // G, ReRoPE's unrotated key), so
 `FarKeyCache` keeps each layer's far keys across generation steps; a step rotates only the new keys and reads the
 cache twice (near band and far keys), where the reference re-rotates every cached key of every layer.
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .attention_methods import attend, far_positions, get_attention_method, logn_length, logn_scale, rotate, window_of
+from .errors import CtxevalError
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +50,9 @@ def remapping_spec(specs: tuple[Any, ...]) -> Any | None:
 def choose_kernel(specs: tuple[Any, ...], device_type: str) -> str:
     """The path `specs` run on (module docstring): 'query-scale', 'fused' or 'chunked'."""
     forced = os.environ.get(KERNEL_ENV, "").strip()
+    if forced not in ("", "auto", "chunked"):
+        raise CtxevalError(f"{KERNEL_ENV}={forced!r} is not a kernel choice: set it to 'chunked' (the exact reference) "
+                           "or 'auto', or unset it")
     if forced == "chunked":
         return "chunked"
     if remapping_spec(specs) is None:

@@ -14,6 +14,7 @@ from ctxeval.attention import attention_methods, kernel_of, verify_attention_met
 from ctxeval.attention_kernels import (FarKeyCache, MaskVerdicts, attention_with_lse, choose_kernel, fused_attend,
                                        key_starts, merge_into)
 from ctxeval.attention_methods import attend
+from ctxeval.errors import CtxevalError
 from ctxeval.patching import find_rotary_modules
 from ctxeval.specs import expand_specs
 
@@ -207,6 +208,14 @@ def test_the_kernel_is_chosen_in_one_place_and_recorded(tmp_path, monkeypatch):
     assert choose_kernel(expand_specs(["ntk:factor=2+logn"])[0].attention, "cpu") == "query-scale"
     monkeypatch.setenv(kernels.KERNEL_ENV, "chunked")
     assert choose_kernel(spec, "cpu") == "chunked" and kernel_of(tiny_llama(), spec) == "chunked"
+    monkeypatch.delenv(kernels.KERNEL_ENV)
+
+    monkeypatch.setenv(kernels.KERNEL_ENV, "chunk")  # a typo is refused in one line, through the CLI too
+    with pytest.raises(CtxevalError, match="is not a kernel choice"):
+        choose_kernel(spec, "cpu")
+    typo = CliRunner().invoke(app, ["ppl", "--model", "tiny", "--docs", "1", "--lengths", "256", "-m",
+                                    "rerope:window=64", "--device", "cpu", "--out", str(tmp_path / "typo")])
+    assert typo.exit_code == 2 and "is not a kernel choice" in typo.stderr and "Traceback" not in typo.output
     monkeypatch.delenv(kernels.KERNEL_ENV)
 
     model = tiny_llama()
