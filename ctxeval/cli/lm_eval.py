@@ -12,10 +12,11 @@ from ..errors import CtxevalError
 from ..models import DEFAULT_MODEL
 from ..specs import MethodSpec, expand_specs
 from .console import err, print_outputs, user_errors
-from .options import (Check, DeviceOpt, DtypeOpt, FactorOpt, OutOpt, OverwriteOpt, PlainModelOpt, RemoteOpt,
+from .options import (BackendOpt, Check, DeviceOpt, DtypeOpt, FactorOpt, GpuMemoryOpt, MaxModelLenOpt, OutOpt,
+                      OverwriteOpt, PipelineParallelOpt, PlainModelOpt, RemoteOpt, TensorParallelOpt, VllmArgOpt,
                       parse_factors)
 from .factors import settle_factors
-from .run import default_out, load_for, measure
+from .run import Backend, default_out, load_for, measure, prepare_backend
 
 
 def extended_length(specs: list[MethodSpec], trained: int) -> int:
@@ -50,6 +51,12 @@ def lm_eval_cmd(
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
     trust_remote_code: RemoteOpt = False,
+    backend: BackendOpt = "hf",
+    tensor_parallel_size: TensorParallelOpt = 1,
+    pipeline_parallel_size: PipelineParallelOpt = 1,
+    gpu_memory_utilization: GpuMemoryOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    vllm_arg: VllmArgOpt = None,
 ) -> None:
     """Run lm-evaluation-harness tasks under each method (loaded once, applied in place, verified): rows, table,
     lm-eval's own JSON."""
@@ -67,7 +74,9 @@ def lm_eval_cmd(
     cfg = LmEvalConfig(names, max_length or 2, include_path, limit, num_fewshot, batch_size, log_samples,
                        parse_metadata(metadata, None))
     task_manager(cfg)  # unknown tasks and bad metadata fail before the model loads
-    lm = load_for(model_name, specs, dtype, device, "sdpa", trust_remote_code)
+    engine = Backend(backend, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, max_model_len,
+                     tuple(vllm_arg or ()))
+    lm = load_for(model_name, specs, dtype, device, "sdpa", trust_remote_code, backend=engine)
     trained = lm.trained_length or 2048
     specs = settle_factors(specs, [max_length or extended_length(specs, trained)], lm)  # --max-length sets the factor
     cfg = replace(cfg, max_length=max_length or extended_length(specs, trained),
@@ -75,13 +84,17 @@ def lm_eval_cmd(
     if lm_eval.__version__ != TESTED_VERSION:
         err.print(f"note: lm-eval {lm_eval.__version__} is installed; ctxeval is tested with {TESTED_VERSION}")
     err.print(f"note: lm-eval keeps the last {cfg.max_length:,} tokens of each input (trained length {trained:,})")
+    backend_spec = prepare_backend(lm, specs, [cfg.max_length], cfg.max_length)
     spec_record = {"task": "lm-eval", "model": model_name, "tasks": list(names), "methods": [s.label for s in specs],
                    "max_length": cfg.max_length, "limit": limit, "num_fewshot": num_fewshot,
-                   "include_path": include_path, "metadata": parse_metadata(metadata, None), "dtype": lm.dtype}
+                   "include_path": include_path, "metadata": parse_metadata(metadata, None), "dtype": lm.dtype,
+                   **backend_spec}
     provenance = {"model": lm.record(), "lm_eval": {"version": lm_eval.__version__, "batch_size": batch_size,
                                                    "metadata": cfg.metadata,
-                                                   "log_samples": log_samples, "evaluator": "lm_eval.simple_evaluate "
-                                                   "on lm_eval.models.huggingface.HFLM(pretrained=<loaded model>)"}}
+                                                   "log_samples": log_samples, "evaluator": "lm_eval.simple_evaluate on " + (
+                                                       "lm_eval.models.vllm_causallms.VLLM (one engine per method)"
+                                                       if backend_spec else
+                                                       "lm_eval.models.huggingface.HFLM(pretrained=<loaded model>)")}}
     run_dir = default_out("lm-eval", model_name, out)
     title = f"{model_name}: lm-eval {', '.join(names)}"
     measure(run_dir, spec_record, overwrite, provenance, f"run directory: {run_dir}",

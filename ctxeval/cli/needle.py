@@ -15,13 +15,14 @@ from ..models import DEFAULT_MODEL
 from ..presets import load_task, preset_names
 from ..specs import expand_specs
 from .console import err, print_outputs, user_errors
-from .options import (NEEDLE_HELP, SAMPLES, THRESHOLD, AttnOpt, BatchOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt,
-                      FactorOpt, MaxMemoryOpt, MaxNewOpt, ModelOpt, OutOpt, OverwriteOpt, RemoteOpt, ScoringOpt,
-                      SeedOpt, TemperatureOpt, TextFieldOpt, parse_depths, parse_factors, parse_lengths,
+from .options import (NEEDLE_HELP, SAMPLES, THRESHOLD, AttnOpt, BackendOpt, BatchOpt, Check, DeviceMapOpt, DeviceOpt,
+                      DtypeOpt, FactorOpt, GpuMemoryOpt, MaxMemoryOpt, MaxModelLenOpt, MaxNewOpt, ModelOpt, OutOpt,
+                      OverwriteOpt, PipelineParallelOpt, RemoteOpt, ScoringOpt, SeedOpt, TemperatureOpt,
+                      TensorParallelOpt, TextFieldOpt, VllmArgOpt, parse_depths, parse_factors, parse_lengths,
                       parse_temperatures)
 from .factors import settle_factors
-from .run import (QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, note_attention_noops,
-                  quickstart)
+from .run import (QUICKSTART_SETTINGS, Backend, default_lengths, default_out, load_for, measure,
+                  note_attention_noops, prepare_backend, quickstart)
 
 if TYPE_CHECKING:
     from ..evals.needle import NeedlePreset
@@ -73,6 +74,7 @@ class Retrieval:
     snap: bool = False
     protocol: str = "ctxeval"
     bos: bool | None = None  # None: the protocol's default (yarn: off, as the repo's pipeline; ctxeval: on)
+    backend: Backend = Backend()
 
 
 def check_yarn_options(opt: Retrieval) -> None:
@@ -147,8 +149,11 @@ def run_retrieval(task: str, opt: Retrieval) -> None:
     if not yarn and opt.haystack != "filler":  # a missing corpus fails now, not after the model loads
         corpora.check_data_spec(opt.haystack, "--haystack", opt.text_field)
 
+    if opt.backend.name == "vllm" and opt.scoring == "forced":
+        raise CtxevalError("--scoring forced reads the model's logits in one forward; vLLM generates: use --scoring "
+                           "generate, or --backend hf")
     lm = load_for(opt.model, specs, opt.dtype, opt.device, opt.attn, opt.trust_remote_code, opt.device_map,
-                  opt.max_memory)
+                  opt.max_memory, opt.backend)
     if lengths_given is None:
         cfg = replace(cfg, lengths=tuple(default_lengths(lm, (0.25, 0.5, 1, 2))))
     specs = settle_factors(specs, list(cfg.lengths), lm)
@@ -186,6 +191,9 @@ def run_retrieval(task: str, opt: Retrieval) -> None:
             raise CtxevalError(f"the haystack '{opt.haystack}' has {len(hay_ids):,} tokens, fewer than --lengths "
                                f"{max(cfg.lengths)}; use a longer corpus or shorter lengths")
         runner = NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name, task)
+    # the longest sequence: prompt + budget is the length itself, except under yarn (prompts under the target)
+    longest = max(cfg.lengths) + (cfg.max_new_tokens + 1 if yarn else 0)
+    backend_spec = prepare_backend(lm, specs, list(cfg.lengths), longest, fixed_lengths=not yarn)
     spec_record = {
         "task": task, "model": opt.model, "preset": preset.__dict__, "haystack": opt.haystack,
         "text_field": opt.text_field, "lengths": list(cfg.lengths), "depths": list(cfg.depths),
@@ -194,7 +202,7 @@ def run_retrieval(task: str, opt: Retrieval) -> None:
         "chat_template": use_template, "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": opt.seed,
         **({"protocol": opt.protocol, "bos": bos} if task == "passkey" else {}),
         **({"length_step": YARN_LENGTH_STEP} if yarn else {}),
-        **({"settings": QUICKSTART_SETTINGS} if is_quickstart else {}),
+        **({"settings": QUICKSTART_SETTINGS} if is_quickstart else {}), **backend_spec,
     }
     provenance = {"model": lm.record(), "haystack": hay_info, "seed": opt.seed,
                   "scoring": {"name": opt.scoring, "rule": "yarn: int(first \\d+) == key" if yarn else preset.match,
@@ -258,13 +266,21 @@ def needle_cmd(
     trust_remote_code: RemoteOpt = False,
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
+    backend: BackendOpt = "hf",
+    tensor_parallel_size: TensorParallelOpt = 1,
+    pipeline_parallel_size: PipelineParallelOpt = 1,
+    gpu_memory_utilization: GpuMemoryOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    vllm_arg: VllmArgOpt = None,
 ) -> None:
     """Needle in a haystack: accuracy over a depth x length grid per method, heatmaps, effective length."""
     run_retrieval("needle", Retrieval(
         model, lengths, samples, haystack, text_field, chat_template, scoring, max_new_tokens, batch_size, threshold,
         method, factor, attention_temperature, seed, out, overwrite, dtype, device, attn, trust_remote_code,
         device_map, max_memory, depths=depths, depth_spacing=depth_spacing, needle=needle, needle_text=needle_text,
-        question=question, answer_prefix=answer_prefix, answer=answer, snap=snap))
+        question=question, answer_prefix=answer_prefix, answer=answer, snap=snap,
+        backend=Backend(backend, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, max_model_len,
+                        tuple(vllm_arg or ()))))
 
 
 @user_errors
@@ -302,6 +318,12 @@ def passkey_cmd(
     trust_remote_code: RemoteOpt = False,
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
+    backend: BackendOpt = "hf",
+    tensor_parallel_size: TensorParallelOpt = 1,
+    pipeline_parallel_size: PipelineParallelOpt = 1,
+    gpu_memory_utilization: GpuMemoryOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    vllm_arg: VllmArgOpt = None,
 ) -> None:
     """Passkey retrieval: accuracy per length (--protocol yarn: YaRN's eval/passkey.py test), the YaRN paper's passkey
     context (the longest length with accuracy >= --threshold) and passkey accuracy (the mean up to it), and the
@@ -309,4 +331,6 @@ def passkey_cmd(
     run_retrieval("passkey", Retrieval(
         model, lengths, samples, haystack, text_field, chat_template, scoring, max_new_tokens, batch_size, threshold,
         method, factor, attention_temperature, seed, out, overwrite, dtype, device, attn, trust_remote_code,
-        device_map, max_memory, protocol=protocol, bos=bos))
+        device_map, max_memory, protocol=protocol, bos=bos,
+        backend=Backend(backend, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, max_model_len,
+                        tuple(vllm_arg or ()))))

@@ -242,6 +242,41 @@ DeviceMapOpt = Annotated[Optional[str], typer.Option(
 MaxMemoryOpt = Annotated[Optional[str], typer.Option(
     "--max-memory", help="With --device-map: memory per device, e.g. 0=70GiB,1=70GiB,cpu=200GiB.")]
 
+# -- generation backend (needle, passkey, ruler) ----------------------------------------------------------------------
+BackendOpt = Annotated[str, typer.Option("--backend", help="hf: transformers' generate (default) | vllm: one vLLM "
+                                         "engine per method, its RoPE read back (pip install 'ctxeval[vllm]').")]
+TensorParallelOpt = Annotated[int, typer.Option(help="vLLM: GPUs per model copy (tensor parallel)."),
+                              Check("--tensor-parallel-size", minimum=1)]
+PipelineParallelOpt = Annotated[int, typer.Option(help="vLLM: pipeline stages (across nodes with Ray)."),
+                                Check("--pipeline-parallel-size", minimum=1)]
+GpuMemoryOpt = Annotated[Optional[float], typer.Option(help="vLLM: fraction of the device's memory it may take for "
+                                                       "weights and KV cache (default 0.9 on GPUs, 0.5 of RAM on "
+                                                       "CPU, where vLLM reserves it at start)."),
+                         Check("--gpu-memory-utilization", above=0, maximum=1)]
+MaxModelLenOpt = Annotated[Optional[int], typer.Option(help="vLLM: the engine's max_model_len (default: the longest "
+                                                       "sequence the run needs)."), Check("--max-model-len", minimum=2)]
+VllmArgOpt = Annotated[Optional[list[str]], typer.Option("--vllm-arg", help="vLLM engine argument KEY=VALUE (JSON "
+                                                         "value or text), repeatable: e.g. max_num_seqs=64, "
+                                                         "distributed_executor_backend=ray.")]
+
+
+def parse_vllm_args(items: list[str] | None) -> dict[str, Any]:
+    """--vllm-arg KEY=VALUE pairs; a value is read as JSON (true, 64, 0.5, {"a": 1}) and as text otherwise."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key.isidentifier():
+            raise CtxevalError(f"--vllm-arg '{item}': write KEY=VALUE, e.g. --vllm-arg max_num_seqs=64")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
 # -- evaluation ------------------------------------------------------------------------------------------------------
 DOCS = Check("--docs", minimum=1)
 DocsOpt = Annotated[Optional[int], typer.Option(help="Number of documents."), DOCS]

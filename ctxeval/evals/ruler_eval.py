@@ -25,7 +25,7 @@ from ..rows import RESUME_FIELDS, point_key
 from ..specs import MethodSpec
 from ..textfiles import make_dirs, read_jsonl, write_text
 from .common import PointOOM, Progress, SilentProgress, numbered, oom_guard, point_row
-from .generation import greedy_config
+from .generation import greedy_config, streams
 from .ruler import generate, postprocess, score
 from .ruler_sources import Sources
 from .ruler_tasks import FAMILIES, TASKS, RulerSample, check_template
@@ -181,6 +181,9 @@ class RulerRunner:
         """Score `samples` (some of the `of` samples of this task and length), emitting their rows batch by batch."""
         family = FAMILIES[TASKS[task].family]
         of = of or max((s.index + 1 for s in samples), default=0)
+        if streams(handle):
+            self._stream(spec, task, length, samples, emit, handle, of)
+            return
         for start in range(0, len(samples), self.batch_size):
             chunk = samples[start:start + self.batch_size]
             t0 = time.perf_counter()
@@ -209,6 +212,27 @@ class RulerRunner:
                                   f"{sum(r['score'] for r in rows) / len(rows):.0%}")
 
 
+    def _stream(self, spec: MethodSpec, task: str, length: int, samples: list[RulerSample],
+                emit: Callable[[list[dict]], None], handle: Any, of: int) -> None:
+        """vLLM: every prompt submitted at once (tokenized one by one, as the hf path's batch of one), each row written as
+        its reply finishes (`seconds`: the wall time since the previous reply)."""
+        family = FAMILIES[TASKS[task].family]
+        prompts = [self.tok(s.prompt)["input_ids"] for s in samples]
+        last = time.perf_counter()
+        for index, new in handle.replies(prompts, [family.tokens_to_generate] * len(prompts)):
+            sample = samples[index]
+            prediction = postprocess(self.tok.decode(new, skip_special_tokens=True))
+            value = score(family.metric, prediction, sample.outputs)
+            now = time.perf_counter()
+            emit([point_row(self.model_name, spec, "ruler", value=value, ruler_task=task, length=length,
+                            sample=sample.index, score=value, prediction=prediction, outputs=sample.outputs,
+                            metric_fn=family.metric, prompt_tokens=len(prompts[index]), seconds=round(now - last, 3),
+                            status="ok")])
+            self.progress.advance(length, f"{spec.label} {task} L={length} "
+                                  f"{numbered('sample', [sample.index + 1], of)} {value:.0%}")
+            last = now
+
+
 def sweep(lm: Any, specs: list[MethodSpec], prompts: dict[tuple[str, int], list[RulerSample]], cfg: RulerConfig,
           runner: RulerRunner, store: Any) -> None:
     """Every (method, task, length, sample) not yet in `store`, one method applied at a time."""
@@ -218,8 +242,9 @@ def sweep(lm: Any, specs: list[MethodSpec], prompts: dict[tuple[str, int], list[
         for (task, length), samples in prompts.items():
             todo = [s for s in samples if point_key({"label": spec.label, "ruler_task": task, "length": length,
                                                      "sample": s.index}, RulerRunner.KEY) not in done]
-            for i in range(0, len(todo), runner.batch_size):
-                batch = todo[i:i + runner.batch_size]
+            step = len(todo) if getattr(lm, "backend", "hf") == "vllm" else runner.batch_size  # vLLM batches itself
+            for i in range(0, len(todo), max(step, 1)):
+                batch = todo[i:i + step]
                 items.append(WorkItem(index, (task, length, batch, len(samples)), forward_cost(length) * len(batch),
                                       length * len(batch), length))
     run_items(lm, specs, items, cfg.lengths, store, runner.progress,

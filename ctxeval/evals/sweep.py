@@ -33,9 +33,14 @@ class WorkItem:
 
 
 @contextlib.contextmanager
-def applying(lm: Any, spec: MethodSpec, lengths: tuple[int, ...]) -> Iterator[tuple[Any, dict[str, Any]]]:
+def applying(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], **engine: Any) -> Iterator[tuple[Any, dict[str, Any]]]:
     """Apply the spec's RoPE method, attention temperature and attention methods for the block; yield the RopeHandle
-    and the method's record (read-back RoPE, and the attention methods' verification when the spec has any)."""
+    and the method's record (read-back RoPE, and the attention methods' verification when the spec has any). A vLLM
+    model (evals.vllm_engine.VllmModel) builds one engine with the method and reads its rotary table back instead."""
+    if getattr(lm, "backend", "hf") == "vllm":
+        with lm.applying(spec, tuple(lengths), **engine) as pair:
+            yield pair
+        return
     inv_freq = rotary_frequencies(lm, spec)
     original = lm.rope.geometry.original_length if lm.rope.geometry is not None else 0
     with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params) as handle, \
@@ -51,9 +56,11 @@ def applying(lm: Any, spec: MethodSpec, lengths: tuple[int, ...]) -> Iterator[tu
 
 
 @contextlib.contextmanager
-def applied(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, effective: dict[str, Any]) -> Iterator[Any]:
-    """Yield the RopeHandle; `effective[spec.label]` and run.json's `methods` get the method's record."""
-    with applying(lm, spec, lengths) as (handle, record):
+def applied(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, effective: dict[str, Any],
+            **engine: Any) -> Iterator[Any]:
+    """Yield the RopeHandle; `effective[spec.label]` and run.json's `methods` get the method's record. `engine`: what
+    a vLLM model's `applying` takes (`build`, the lm-eval bridge's)."""
+    with applying(lm, spec, lengths, **engine) as (handle, record):
         effective[spec.label] = record
         store.update(methods=effective)
         yield handle

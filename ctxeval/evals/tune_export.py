@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import CtxevalError
 from ..methods import Geometry, compute, get_method
 from ..models import load_hf_config, load_model, model_directory
+from ..rope_config import legacy_rope_scaling, rope_parameters
 from ..specs import MethodSpec
 from .perplexity import PplConfig, PplRunner
 from .sweep import applying
@@ -34,53 +35,6 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 # files a model directory needs besides config.json and its weights
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "generation_config.json", "added_tokens.json", "chat_template.jinja")
-
-
-def rope_parameters(spec: MethodSpec, geometry: Geometry, target: int) -> dict[str, Any]:
-    """The transformers 5 `rope_parameters` entry that applies `spec` as ctxeval does (CtxevalError when none can:
-    attention methods, length-dependent rules transformers computes differently, YaRN's ratio ramp)."""
-    if spec.attention or spec.temperature != 1.0:
-        raise CtxevalError(f"--export: {spec.label} changes the attention itself, which no rope_parameters entry can "
-                           "say; the search result is in tune.md, and nothing was exported")
-    method = get_method(spec.name)
-    from ..methods import resolve_params
-
-    p = resolve_params(method, spec.params)
-    trained = int(p.get("original_max_position_embeddings") or geometry.original_length)
-    freqs = compute(method, geometry, spec.params, target)
-    base = {"rope_theta": geometry.base}
-    if spec.name == "none":
-        return {"rope_type": "default", **base}
-    if spec.name == "ntk":  # a static base change is plain RoPE at the new base
-        new_base = geometry.base * (geometry.default_inv_freq()[1] / freqs.inv_freq[1]) ** (geometry.rotary_dim / 2)
-        return {"rope_type": "default", "rope_theta": float(new_base)}
-    if spec.name == "pi":
-        return {"rope_type": "linear", "factor": p["factor"], **base}
-    if spec.name == "yarn":
-        if p["ramp"] != "index":
-            raise CtxevalError("--export: yarn with ramp=ratio (the paper's gamma) has no transformers rope_type; use "
-                               "ramp=index")
-        return {"rope_type": "yarn", "factor": p["factor"], "original_max_position_embeddings": trained,
-                "beta_fast": p["beta_fast"], "beta_slow": p["beta_slow"], "truncate": p["truncate"],
-                "attention_factor": freqs.attention_factor, **base}
-    if spec.name == "llama3":
-        return {"rope_type": "llama3", "factor": p["factor"], "original_max_position_embeddings": trained,
-                "low_freq_factor": p["low_freq_factor"], "high_freq_factor": p["high_freq_factor"], **base}
-    if spec.name == "longrope":
-        return {"rope_type": "longrope", "factor": p["factor"], "original_max_position_embeddings": trained,
-                "short_factor": list(p["short_factor"]), "long_factor": list(p["long_factor"]),
-                "attention_factor": freqs.attention_factor, **base}
-    raise CtxevalError(f"--export: {spec.name} is not exported (transformers applies its length rule differently or "
-                       "has no such rope_type); export yarn, ntk, pi, llama3 or longrope")
-
-
-def legacy_rope_scaling(entry: dict[str, Any]) -> dict[str, Any]:
-    """The same entry in transformers 4's form: `rope_scaling` (with `type` too, for older readers) and `rope_theta`
-    beside it; None for plain RoPE."""
-    scaling = {k: v for k, v in entry.items() if k != "rope_theta"}
-    if scaling.get("rope_type") == "default":
-        return {"rope_scaling": None, "rope_theta": entry["rope_theta"]}
-    return {"rope_scaling": {**scaling, "type": scaling["rope_type"]}, "rope_theta": entry["rope_theta"]}
 
 
 def check_export(model: str, spec: MethodSpec, geometry: Geometry, target: int, out: Path,
