@@ -147,3 +147,40 @@ def test_lm_eval_on_vllm_runs_lm_evals_own_vllm_model_with_the_method_read_back(
     assert values["hf"].keys() == values["vllm"].keys() and values["hf"]
     for key, value in values["hf"].items():  # same answers chosen and generated on 8 documents per task
         assert values["vllm"][key] == pytest.approx(value, abs=1e-9), key
+
+
+def test_replies_already_finished_survive_an_interrupt_and_a_rerun_measures_only_the_rest(tmp_path, monkeypatch):
+    real = vllm_engine.VllmHandle.replies
+
+    def interrupted(self, prompts, budgets):
+        for n, reply in enumerate(real(self, prompts, budgets)):
+            if n == 1:
+                raise KeyboardInterrupt  # Ctrl-C while the other replies are still running
+            yield reply
+
+    args = ["ruler", "--model", "tiny", "--tasks", "niah_single_1", "--lengths", "512", "--samples", "3", "-m",
+            "pi:factor=4", "--backend", "vllm", "--out", str(tmp_path / "run")]
+    monkeypatch.setattr(vllm_engine.VllmHandle, "replies", interrupted)
+    stopped = CliRunner().invoke(app, args)
+    assert stopped.exit_code != 0
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "rows.jsonl")]
+    assert len(rows) == 1 and rows[0]["status"] == "ok"
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
+    monkeypatch.setattr(vllm_engine.VllmHandle, "replies", real)
+    resumed = CliRunner().invoke(app, args)
+    assert resumed.exit_code == 0 and "2 points measured, 1 reused" in resumed.stderr
+    assert sorted(json.loads(line)["sample"] for line in open(tmp_path / "run" / "rows.jsonl")) == [0, 1, 2]
+
+
+def test_the_gpu_script_runs_on_cpu(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_vllm.py"
+    subprocess.run([sys.executable, str(script), "--config", "tiny", "--lengths", "256", "--prompts", "2",
+                    "--new-tokens", "4", "--dtype", "float32", "--out", str(tmp_path)], check=True, capture_output=True)
+    run = json.loads((tmp_path / "gpu-vllm.json").read_text())["runs"][0]
+    assert run["vllm"]["readback"]["passed"] and run["vllm"]["readback"]["positions_checked"] == 256
+    assert run["vllm"]["generated_tokens"] == 8 and run["hf"]["batch 1"]["generated_tokens_per_s"] > 0
+    assert run["vllm_vs_hf_batch1"] > 0 and "| tiny | 256 |" in (tmp_path / "gpu-vllm.md").read_text()
