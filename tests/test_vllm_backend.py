@@ -102,6 +102,8 @@ def test_ruler_and_needle_on_vllm_equal_hf_and_resume_only_on_vllm(tmp_path):
         assert sorted(r[field] for r in rows[hf]) == sorted(r[field] for r in rows[on_vllm])
         record = json.loads((on_vllm / "run.json").read_text())
         assert record["spec"]["backend"] == "vllm" and record["methods"]["yarn(factor=4)"]["backend"] == "vllm"
+        assert (on_vllm / "table.md").read_text().splitlines()[0].endswith(" on vLLM")
+        assert not (hf / "table.md").read_text().splitlines()[0].endswith(" on vLLM")
         again = runner.invoke(app, vl)  # everything measured: reused, no engine built
         assert again.exit_code == 0 and "0 points measured" in again.stderr
         other = runner.invoke(app, args + ["--out", str(on_vllm)])  # the hf backend on a vLLM run: refused

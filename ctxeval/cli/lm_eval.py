@@ -96,7 +96,7 @@ def lm_eval_cmd(
                                                        if backend_spec else
                                                        "lm_eval.models.huggingface.HFLM(pretrained=<loaded model>)")}}
     run_dir = default_out("lm-eval", model_name, out)
-    title = f"{model_name}: lm-eval {', '.join(names)}"
+    title = f"{model_name}: lm-eval {', '.join(names)}" + (" on vLLM" if backend_spec else "")
     measure(run_dir, spec_record, overwrite, provenance, f"run directory: {run_dir}",
             work=lambda store, progress: evaluate(lm, specs, cfg, store, progress),
             render=lambda store: print_outputs(render_lm_eval(store, title)))

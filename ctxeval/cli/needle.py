@@ -227,7 +227,8 @@ def run_retrieval(task: str, opt: Retrieval) -> None:
         runner.progress = progress
         sweep(lm, specs, runner, store)
 
-    title = f"{opt.model}: {preset.name} in {opt.haystack}" + (" (protocol yarn)" if yarn else "")
+    title = (f"{opt.model}: {preset.name} in {opt.haystack}" + (" (protocol yarn)" if yarn else "")
+             + (" on vLLM" if backend_spec else ""))
     measure(run_dir, spec_record, opt.overwrite, provenance, message, work,
             render=lambda store: print_outputs(render_retrieval(store, task, specs, lm.trained_length,
                                                                 opt.threshold, title)))

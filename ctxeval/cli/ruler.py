@@ -174,7 +174,7 @@ def ruler_cmd(
         [f"model template: {template}"] if template != "base" and samples_from is None else []) + (
         [f"prompts read from {samples_from}"] if samples_from else [])
     original = lm.trained_length
-    title = f"{model_name}: RULER"
+    title = f"{model_name}: RULER" + (" on vLLM" if backend_spec else "")
     runner = RulerRunner(lm.model, lm.tokenizer, lm.device, lm.name, batch_size)
 
     def work(store, progress) -> None:  # noqa: ANN001
