@@ -11,8 +11,7 @@ from .methods import Geometry, compute, get_method, resolve_params
 from .specs import MethodSpec
 
 # what each user of an entry adds when a spec has none
-WHY_NOT = {"--export": "; the search result is in tune.md, and nothing was exported",
-           "--backend vllm": " (vLLM runs its own attention kernels); use --backend hf"}
+WHY_NOT = {"--export": "; the search result is in tune.md, and nothing was exported"}
 
 
 def rope_parameters(spec: MethodSpec, geometry: Geometry, target: int, use: str = "--export") -> dict[str, Any]:

@@ -61,9 +61,8 @@ def plan(spec: MethodSpec, geometry: Geometry | None, lengths: tuple[int, ...], 
     """The vLLM form of `spec` at `lengths` (every sequence at most `max_model_len` tokens), or a CtxevalError saying
     why vLLM cannot apply it as ctxeval does. `fixed_lengths`: every sequence of a length is exactly that long
     (needle, RULER); the yarn passkey's prompts are not."""
-    if spec.attention or spec.temperature != 1.0:
-        rope_parameters(spec, geometry or Geometry(2, 10000.0, 1), max_model_len, use=USE)  # raises the one line
-    if spec.name == "native":
+    check_attention(spec)
+    if spec.name == "native" or (spec.name == "none" and geometry is None):  # nothing to override or compare
         return VllmRope(spec, {}, max_model_len, tuple(lengths))
     if geometry is None:
         raise CtxevalError(f"{spec.label}: this model has no RoPE; only --method none or native applies")
@@ -89,8 +88,11 @@ def plan(spec: MethodSpec, geometry: Geometry | None, lengths: tuple[int, ...], 
                     f"{spec.label}: vLLM uses LongRoPE's long factors for every token once max_model_len exceeds the "
                     f"original {original:,} tokens, ctxeval only for sequences longer than that; measure lengths "
                     f"<= {original:,} and longer ones in separate runs")
-            if below:  # short factors: the engine must not be longer than the original length
-                max_model_len = min(max_model_len, original)
+            if below and max_model_len > original:  # vLLM would use the long factors for every token
+                raise CtxevalError(
+                    f"{spec.label}: this run's sequences reach {max_model_len:,} tokens (with --max-model-len, or the "
+                    f"passkey's budget), past the original {original:,}, where vLLM switches every token to LongRoPE's "
+                    "long factors; use lengths that leave room for the reply, or --backend hf")
             mscale = float(compute(method, geometry, spec.params, max(lengths)).attention_factor)
             entry = {k: v for k, v in entry.items() if k != "attention_factor"}
             entry.update(short_mscale=mscale, long_mscale=mscale)
@@ -99,6 +101,13 @@ def plan(spec: MethodSpec, geometry: Geometry | None, lengths: tuple[int, ...], 
     expected = {L: compute(method, geometry, spec.params, L) for L in sorted(set(lengths))}
     return VllmRope(spec, {"rope_parameters": entry, "max_position_embeddings": int(positions)}, max_model_len,
                     tuple(sorted(set(lengths))), expected)
+
+
+def check_attention(spec: MethodSpec) -> None:
+    """Refuse, in one line, a spec that changes the attention itself (attention methods, temperature)."""
+    if spec.attention or spec.temperature != 1.0:
+        raise CtxevalError(f"{spec.label} changes the attention itself; vLLM runs its own attention kernels, which "
+                           "ctxeval does not patch: use --backend hf")
 
 
 def _dynamic_entry(spec: MethodSpec, geometry: Geometry, params: dict[str, Any], lengths: tuple[int, ...],

@@ -156,9 +156,19 @@ def test_what_vllm_cannot_apply_as_ctxeval_does_is_refused(method, lengths, max_
 
 
 def test_longrope_below_the_original_length_keeps_the_engine_there():
-    rope = plan(spec(longrope(1.5, 2.0)), GEOM, (1024, 2048), 2058, 2048)
+    rope = plan(spec(longrope(1.5, 2.0)), GEOM, (1024, 2048), 2048, 2048)
     assert rope.max_model_len == 2048  # vLLM uses the short factors only while max_model_len <= original
     assert np.allclose(rope.expected[2048].inv_freq, GEOM.default_inv_freq() / 1.5)
+    # sequences past the original length (the yarn passkey's budget at L) would switch vLLM to the long factors
+    with pytest.raises(CtxevalError, match="reach 2,058 tokens"):
+        plan(spec(longrope(1.5, 2.0)), GEOM, (1024, 2048), 2058, 2048)
+
+
+def test_none_on_a_model_without_rope_needs_no_override():
+    rope = plan(spec("none"), None, (512,), 512, 512)
+    assert rope.hf_overrides == {} and rope.expected == {}
+    with pytest.raises(CtxevalError, match="has no RoPE"):
+        plan(spec("pi:factor=2"), None, (512,), 512, 512)
 
 
 def invoke(args, tmp_path):

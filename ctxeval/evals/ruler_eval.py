@@ -197,15 +197,8 @@ class RulerRunner:
                 self.progress.note(f"{spec.label}: out of memory at {task} {length} tokens")
                 return
             seconds = (time.perf_counter() - t0) / len(chunk)
-            rows = []
-            for sample, raw, n_prompt in zip(chunk, predictions, prompt_tokens):
-                prediction = postprocess(raw)
-                value = score(family.metric, prediction, sample.outputs)
-                rows.append(point_row(self.model_name, spec, "ruler", value=value, ruler_task=task, length=length,
-                                      sample=sample.index, score=value, prediction=prediction,
-                                      outputs=sample.outputs, metric_fn=family.metric,
-                                      prompt_tokens=n_prompt,
-                                      seconds=round(seconds, 3), status="ok"))
+            rows = [self._row(spec, task, length, sample, raw, n_prompt, seconds)
+                    for sample, raw, n_prompt in zip(chunk, predictions, prompt_tokens)]
             emit(rows)
             self.progress.advance(length * len(chunk), f"{spec.label} {task} L={length} "
                                   f"{numbered('sample', [s.index + 1 for s in chunk], of)} "
@@ -221,16 +214,23 @@ class RulerRunner:
         last = time.perf_counter()
         for index, new in handle.replies(prompts, [family.tokens_to_generate] * len(prompts)):
             sample = samples[index]
-            prediction = postprocess(self.tok.decode(new, skip_special_tokens=True))
-            value = score(family.metric, prediction, sample.outputs)
             now = time.perf_counter()
-            emit([point_row(self.model_name, spec, "ruler", value=value, ruler_task=task, length=length,
-                            sample=sample.index, score=value, prediction=prediction, outputs=sample.outputs,
-                            metric_fn=family.metric, prompt_tokens=len(prompts[index]), seconds=round(now - last, 3),
-                            status="ok")])
+            row = self._row(spec, task, length, sample, self.tok.decode(new, skip_special_tokens=True),
+                            len(prompts[index]), now - last)
+            emit([row])
             self.progress.advance(length, f"{spec.label} {task} L={length} "
-                                  f"{numbered('sample', [sample.index + 1], of)} {value:.0%}")
+                                  f"{numbered('sample', [sample.index + 1], of)} {row['score']:.0%}")
             last = now
+
+    def _row(self, spec: MethodSpec, task: str, length: int, sample: RulerSample, raw: str, prompt_tokens: int,
+             seconds: float) -> dict[str, Any]:
+        """A scored sample's row: RULER's post-processing of the raw reply, then its metric."""
+        metric = FAMILIES[TASKS[task].family].metric
+        prediction = postprocess(raw)
+        value = score(metric, prediction, sample.outputs)
+        return point_row(self.model_name, spec, "ruler", value=value, ruler_task=task, length=length,
+                         sample=sample.index, score=value, prediction=prediction, outputs=sample.outputs,
+                         metric_fn=metric, prompt_tokens=prompt_tokens, seconds=round(seconds, 3), status="ok")
 
 
 def sweep(lm: Any, specs: list[MethodSpec], prompts: dict[tuple[str, int], list[RulerSample]], cfg: RulerConfig,

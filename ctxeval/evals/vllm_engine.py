@@ -133,11 +133,11 @@ def probe_rotary(model: Any, positions: int) -> list[dict[str, Any]]:
 class VllmHandle:
     """A method applied in a vLLM engine: what the runners call instead of transformers' generate."""
 
-    def __init__(self, llm: Any, spec: MethodSpec, stop_ids: list[int]) -> None:
+    def __init__(self, llm: Any, spec: MethodSpec, stop_ids: list[int], wrapper: Any = None) -> None:
         self.llm, self.spec, self.stop_ids = llm, spec, list(stop_ids)
         self.method = get_method(spec.name)
         self.submitted = 0
-        self.wrapper: Any = llm  # what built the engine (lm-eval's VLLM for the lm-eval bridge)
+        self.wrapper: Any = wrapper or llm  # what built the engine (lm-eval's VLLM for the lm-eval bridge)
 
     def freeze_length(self, length: int | None) -> None:
         """The hf handle's hook for length-dependent methods; on vLLM the plan fixed the table for the whole run."""
@@ -160,6 +160,8 @@ class VllmHandle:
         pending = set(ids)
         try:
             while pending:
+                if not engine.has_unfinished_requests():  # dropped by the engine without an output: never spin
+                    raise CtxevalError(f"{self.spec.label}: vLLM dropped {len(pending)} request(s) without a reply")
                 for out in engine.step():
                     if out.finished and out.request_id in pending:
                         pending.discard(out.request_id)
@@ -256,9 +258,7 @@ class VllmModel:
             probes = llm.apply_model(partial(probe_rotary, positions=rope.max_model_len))
             record = self.check(rope, probes)
             record["engine_seconds"] = round(load_seconds, 2)
-            handle = VllmHandle(llm, spec, self.stop_ids)
-            handle.wrapper = built
-            yield handle, record
+            yield VllmHandle(llm, spec, self.stop_ids, built), record
         finally:
             shutdown(llm)
 
@@ -308,7 +308,6 @@ def shutdown(llm: Any) -> None:
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
     finally:
-        del llm
         gc.collect()
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
@@ -327,13 +326,13 @@ def _generation_config(load_from: str, trust_remote_code: bool) -> Any:
 
 def supported_architecture(config: Any) -> str | None:
     """Why vLLM cannot run this config's architecture, or None."""
-    require_vllm()
+    vllm = require_vllm()
     from vllm.model_executor.models import ModelRegistry
 
     archs = list(getattr(config, "architectures", None) or [])
     supported = set(ModelRegistry.get_supported_archs())
     if archs and not any(a in supported for a in archs):
-        return f"vLLM {require_vllm().__version__} does not support {', '.join(archs)}"
+        return f"vLLM {vllm.__version__} does not support {', '.join(archs)}"
     return None
 
 
