@@ -8,7 +8,7 @@ Each method runs in its own subprocess (peak memory during the timed forward: CU
 on a CPU the resident set sampled every 2 ms by a thread while the forward runs, so that the transients of loading
 the model (dequantising a GGUF) do not count; the process's high-water mark is kept as `load_peak_gib`), on the same random token ids, the baseline `none` (transformers' sdpa)
 first and last so that drift on a shared machine shows; ratios are against the median of the baseline runs.
-Each row records the attention kernel the method ran on (ctxeval.attention_kernels.choose_kernel; set
+Each row records the attention kernel the method ran on (ctxeval.attention.kernels.choose_kernel; set
 CTXEVAL_ATTENTION_KERNEL=chunked to measure the exact reference loop instead). Decoding: one prefill of the prompt
 with a KV cache (timed apart), then N single-token steps through the cache, each step's argmax fed back; the
 per-token time is the median step, and the generated ids are recorded so that runs can be compared token for token.
@@ -28,10 +28,10 @@ METHODS = ["none", "self-extend:group_size=4,neighbor_window=2048", "rerope:wind
 
 CHILD = r"""
 import json, os, resource, statistics, sys, threading, time, torch
-from ctxeval.attention import attention_methods, kernel_of
-from ctxeval.patching import apply_method
-from ctxeval.models import load_model
-from ctxeval.patching import find_rotary_modules
+from ctxeval.attention.patching import attention_methods, kernel_of
+from ctxeval.rope.patching import apply_method
+from ctxeval.models.load import load_model
+from ctxeval.rope.patching import find_rotary_modules
 from ctxeval.specs import expand_specs
 model, length, text, decode = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 lm = load_model(model, dtype="auto", device="auto")

@@ -2,7 +2,7 @@
 
 A base b passes length L when B_m(b) = sum_{i=0}^{d/2-1} cos(m * b^(-2i/d)) >= 0 for every integer m = 0..L.
 
-This script shares no search code with ctxeval.bound (only the paper's constants are copied below):
+This script shares no search code with ctxeval.rope.bound (only the paper's constants are copied below):
 
 1. float64 numpy, direct cos of (m, pair) blocks (up to 65536 x 64), early exit at the first negative m. Every
    grid base with two significant digits from 1.1 upwards is scanned (no shortcut: failing bases exit early)

@@ -5,7 +5,7 @@ random-weight models built from configs alone (benchmarks/configs/, as benchmark
     python benchmarks/gpu_attention.py --device cpu --dtype float32 --config tiny --lengths 64,128 --out DIR  # the test
 
 Per model, first an exactness check at `--check-length` (default 2k): each method's fast kernel
-(ctxeval.attention_kernels.choose_kernel: fused or query-scale) against the exact chunked reference
+(ctxeval.attention.kernels.choose_kernel: fused or query-scale) against the exact chunked reference
 (CTXEVAL_ATTENTION_KERNEL=chunked), the largest difference of the decoder's last hidden state, in the run's dtype.
 Then per length and method: one forward of the decoder (seconds, tokens/s, MFU with the FLOPs of plain causal
 attention, 2 N L + 2 n_layers L^2 d_attn as in gpu.py: the methods' useful work; peak memory) and `--new-tokens`
@@ -39,10 +39,10 @@ METHODS = ["none", "yarn:factor=4", "self-extend:group_size=8,neighbor_window=10
 @contextlib.contextmanager
 def applied(model: Any, text: str, kernel: str = "") -> Iterator[None]:
     """The method of `text` on `model` (RoPE in place, attention methods installed) on the kernel asked."""
-    from ctxeval.attention import attention_methods
-    from ctxeval.attention_kernels import KERNEL_ENV
-    from ctxeval.geometry import rope_info_from_config
-    from ctxeval.patching import apply_method, find_rotary_modules
+    from ctxeval.attention.patching import attention_methods
+    from ctxeval.attention.kernels import KERNEL_ENV
+    from ctxeval.rope.geometry import rope_info_from_config
+    from ctxeval.rope.patching import apply_method, find_rotary_modules
     from ctxeval.specs import expand_specs
 
     spec = expand_specs([text])[0]
@@ -62,7 +62,7 @@ def applied(model: Any, text: str, kernel: str = "") -> Iterator[None]:
 
 
 def kernel_name(model: Any, text: str) -> str:
-    from ctxeval.attention import kernel_of
+    from ctxeval.attention.patching import kernel_of
     from ctxeval.specs import expand_specs
 
     spec = expand_specs([text])[0]

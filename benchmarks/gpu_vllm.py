@@ -7,10 +7,10 @@ read-back of the method inside vLLM (bfloat16 table, CUDA rotary kernel).
 
 Per config and length, with YaRN at factor length / trained length (at least 1): `--prompts` random-token prompts of
 length - `--new-tokens` tokens, then
-- vLLM: one engine per length (ctxeval.evals.vllm_engine.VllmModel with load_format=dummy: the method through
-  hf_overrides, the rotary table read back at every position and compared with methods.py), all prompts submitted at
+- vLLM: one engine per length (ctxeval.models.vllm_engine.VllmModel with load_format=dummy: the method through
+  hf_overrides, the rotary table read back at every position and compared with rope/methods.py), all prompts submitted at
   once; the engine's start and the read-back are timed apart from generation;
-- hf: the same prompts through transformers' generate one at a time and as one batch (ctxeval.patching.apply_method),
+- hf: the same prompts through transformers' generate one at a time and as one batch (ctxeval.rope.patching.apply_method),
   in a separate process so that each backend has the GPU to itself.
 Reported: seconds, generated and prompt tokens per second, the ratio vLLM / hf (batch 1 and batched), peak memory.
 Random weights: the replies are not compared (equality is checked on real models: benchmarks/vllm_backend.py).
@@ -42,7 +42,7 @@ SMOKE_CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 
 def model_dir(name: str, root: Path) -> Path:
     """A directory vLLM can load with load_format=dummy: config.json and the tiny model's tokenizer (its ids fit any
     vocabulary here; the prompts are random ids anyway)."""
-    from ctxeval.models import model_directory
+    from ctxeval.models.load import model_directory
 
     values = dict(SMOKE_CONFIG) if name == "tiny" else json.loads((HERE / "configs" / f"{name}.json").read_text())
     values.pop("_note", None)
@@ -65,7 +65,7 @@ def prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[list[int
 
 
 def run_vllm(opts: argparse.Namespace, directory: Path, length: int) -> dict[str, Any]:
-    from ctxeval.evals.vllm_engine import VllmSettings, load_vllm_model
+    from ctxeval.models.vllm_engine import VllmSettings, load_vllm_model
     from ctxeval.specs import expand_specs
 
     settings = VllmSettings(gpu_memory_utilization=opts.gpu_memory_utilization,
@@ -96,7 +96,7 @@ def run_hf(opts: argparse.Namespace, directory: Path, length: int) -> dict[str, 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ctxeval.patching import apply_method
+    from ctxeval.rope.patching import apply_method
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = AutoConfig.from_pretrained(directory)

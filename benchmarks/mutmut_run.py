@@ -33,11 +33,11 @@ ROUND2 = "tests/test_behaviours_round2.py"
 # the console script, not `python -m mutmut`: -m would put the scratch tree (the unmutated ctxeval) first on sys.path
 MUTMUT = str(Path(sys.executable).parent / "mutmut")
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
-    "store": (["ctxeval/store.py", "ctxeval/rows.py"],
+    "store": (["ctxeval/runs/store.py", "ctxeval/runs/rows.py"],
               ["tests/test_store.py", "tests/test_rows.py", "tests/test_runlock.py", "tests/test_run_lock_cli.py", RESUME]),
-    "patching": (["ctxeval/patching.py"],
+    "patching": (["ctxeval/rope/patching.py"],
                  ["tests/test_patching.py", "tests/test_temperature.py", "tests/test_gpu_readiness.py", RESUME]),
-    "methods": (["ctxeval/methods.py"], ["tests/test_methods.py", "tests/test_patching.py", RESUME]),
+    "methods": (["ctxeval/rope/methods.py"], ["tests/test_methods.py", "tests/test_patching.py", RESUME]),
     "perplexity": (["ctxeval/evals/perplexity.py"],
                    ["tests/test_ppl.py", "tests/test_gpu_readiness.py", "tests/test_positions_longppl.py", RESUME]),
     "needle": (["ctxeval/evals/needle.py"], ["tests/test_needle.py", "tests/test_gpu_readiness.py", RESUME]),
@@ -45,8 +45,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "ruler": ([f"ctxeval/evals/{m}.py" for m in ("ruler", "ruler_tasks", "ruler_sources", "ruler_niah", "ruler_vt",
                                                  "ruler_words", "ruler_qa")],
               ["tests/test_ruler.py", "tests/test_conformance_ruler_yarn.py", ROUND2]),
-    "ruler_eval": (["ctxeval/evals/ruler_eval.py"], ["tests/test_ruler_cli.py", "tests/test_ruler.py", ROUND2, RESUME]),
-    "attention": (["ctxeval/attention_methods.py"],
+    "ruler_eval": (["ctxeval/evals/ruler/run.py"], ["tests/test_ruler_cli.py", "tests/test_ruler.py", ROUND2, RESUME]),
+    "attention": (["ctxeval/attention/methods.py"],
                   ["tests/test_attention_methods.py", "tests/test_conformance_attention.py"]),
     "key_tokens": (["ctxeval/evals/key_tokens.py"],
                    ["tests/test_positions_longppl.py", "tests/test_longppl_original.py", ROUND2]),
@@ -77,24 +77,24 @@ for _group in ("tables", "runs", "ruler_eval", "ruler"):
 ONLY.update({
     "tables": [f"ctxeval.report.tables.{name}__mutmut_*" for name in (
         "x_latest_rows", "x_valid_lengths", "x_effective_length", "x_yarn_passkey_figures", "x_ruler_effective_length")],
-    "ruler_eval": [f"ctxeval.evals.ruler_eval.{name}__mutmut_*" for name in (
+    "ruler_eval": [f"ctxeval.evals.ruler.run.{name}__mutmut_*" for name in (
         "xǁRulerConfigǁ__post_init__", "x_sample_problem", "x_sweep")],
     "runs": [f"ctxeval.report.runs.{name}__mutmut_*" for name in ("x_merge_rows", "x_row_order", "x_display_models")],
-    "ruler": [f"ctxeval.evals.ruler.{name}__mutmut_*" for name in ("x__upper", "x_postprocess", "x_score")]
-             + [f"ctxeval.evals.ruler_tasks.{name}__mutmut_*" for name in (
+    "ruler": [f"ctxeval.evals.ruler.generate.{name}__mutmut_*" for name in ("x__upper", "x_postprocess", "x_score")]
+             + [f"ctxeval.evals.ruler.tasks.{name}__mutmut_*" for name in (
                  "xǁRulerSampleǁrecord", "x_check_template", "x_task_template", "x_split_prefix")],
 })
 # the rest of issue 27's partial groups, measured after the first pass: RULER's generators (its qa and source
 # readers, whose outputs the parity tests pin, left out for time) and the rest of its runner
 GROUPS["ruler_gen"] = (GROUPS["ruler"][0], [*GROUPS["ruler"][1], "tests/test_loop_bounds.py"])
-ONLY["ruler_gen"] = ([f"ctxeval.evals.ruler.{name}__mutmut_*" for name in ("x_generate", "x__vt_example", "x__fwe_samples")]
+ONLY["ruler_gen"] = ([f"ctxeval.evals.ruler.generate.{name}__mutmut_*" for name in ("x_generate", "x__vt_example", "x__fwe_samples")]
                      + [f"ctxeval.evals.ruler_{module}.*" for module in ("niah", "vt", "words")])
 # without test_ruler_cli.py, whose every test generates with the tiny model (about 40 s a surviving mutant): a mutant
 # only it would kill counts as a survivor here
 GROUPS["ruler_eval_rest"] = (GROUPS["ruler_eval"][0],
                              [t for t in GROUPS["ruler_eval"][1] if t != "tests/test_ruler_cli.py"]
                              + ["tests/test_loop_bounds.py"])
-ONLY["ruler_eval_rest"] = [f"ctxeval.evals.ruler_eval.{name}__mutmut_*" for name in (
+ONLY["ruler_eval_rest"] = [f"ctxeval.evals.ruler.run.{name}__mutmut_*" for name in (
     "x_samples_path", "x_read_samples", "x_write_samples", "x_prepare", "xǁRulerRunnerǁ__init__",
     "xǁRulerRunnerǁpredict", "xǁRulerRunnerǁmeasure")]
 # report functions only the single-run report calls (no test of the tables group's selection reaches them), against
@@ -102,7 +102,7 @@ ONLY["ruler_eval_rest"] = [f"ctxeval.evals.ruler_eval.{name}__mutmut_*" for name
 GROUPS["tables_single"] = (GROUPS["tables"][0], ["tests/test_mutants_round2_c.py"])
 ONLY["tables_single"] = [f"ctxeval.report.tables.{name}__mutmut_*" for name in ("x_entropy_tables", "x_valid_cells")]
 if os.environ.get("RULER_SEARCH_ONLY"):  # the size search alone (its mutants hang without the bound)
-    ONLY["ruler"] = ["ctxeval.evals.ruler.x__search__mutmut_*"]
+    ONLY["ruler"] = ["ctxeval.evals.ruler.generate.x__search__mutmut_*"]
 SPINNER = re.compile(r"^\W*(Generating mutants|Running stats|Listing all tests|Running clean tests)")
 # mutmut's own reading of a worker's exit code (mutmut/stats.py), for the statuses it reports
 STATUS = {0: "survived", 1: "killed", 3: "killed", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",

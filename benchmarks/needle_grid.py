@@ -18,9 +18,9 @@ def main() -> None:
     from ctxeval.cli.options import parse_depths, parse_lengths
     from ctxeval.evals.needle import NeedleConfig, NeedlePreset, NeedleRunner, PromptBuilder, haystack_tokens
     from ctxeval.specs import expand_specs
-    from ctxeval.models import load_model
-    from ctxeval.patching import apply_method
-    from ctxeval.presets import load_task
+    from ctxeval.models.load import load_model
+    from ctxeval.rope.patching import apply_method
+    from ctxeval.data.presets import load_task
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")

@@ -61,10 +61,10 @@ class PeakMemory:
 
 def main() -> None:
     from ctxeval.cli.options import parse_lengths
-    from ctxeval.corpora import select_long_documents
+    from ctxeval.data.corpora import select_long_documents
     from ctxeval.evals.perplexity import PplConfig, PplRunner
     from ctxeval.specs import expand_specs
-    from ctxeval.models import load_model
+    from ctxeval.models.load import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")

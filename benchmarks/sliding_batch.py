@@ -32,9 +32,9 @@ def main() -> int:
 
     import torch
 
-    from ctxeval.corpora import TokenDoc, select_long_documents
+    from ctxeval.data.corpora import TokenDoc, select_long_documents
     from ctxeval.evals.perplexity import PplConfig, PplRunner
-    from ctxeval.models import load_model
+    from ctxeval.models.load import load_model
     from ctxeval.specs import expand_specs
 
     lm = load_model(args.model, dtype="auto", device="auto")

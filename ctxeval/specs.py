@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .attention_methods import ATTENTION_METHODS, AttentionSpec, check_combination, resolve_attention
+from .attention.methods import ATTENTION_METHODS, AttentionSpec, check_combination, resolve_attention
 from .errors import CtxevalError
-from .methods import METHODS, Geometry, compute, get_method, resolve_params
+from .rope.methods import METHODS, Geometry, compute, get_method, resolve_params
 
 @dataclass(frozen=True)
 class MethodSpec:

@@ -1,4 +1,4 @@
-"""The fast paths of the attention methods (ctxeval/attention_kernels.py) against the exact chunked reference
+"""The fast paths of the attention methods (ctxeval/attention/kernels.py) against the exact chunked reference
 (attention_methods.attend, itself tested against the papers' formulas in test_attention_methods.py): the fused
 near/far split merged by log-sum-exp, log-n as query scaling on the model's own attention function, left padding,
 the far-key cache of decoding, and the choice of kernel recorded in run.json."""
@@ -8,14 +8,14 @@ import json
 import pytest
 import torch
 
-import ctxeval.attention_kernels as kernels
+import ctxeval.attention.kernels as kernels
 from conftest import tiny_llama
-from ctxeval.attention import attention_methods, kernel_of, verify_attention_methods
-from ctxeval.attention_kernels import (FarKeyCache, MaskVerdicts, attention_with_lse, choose_kernel, fused_attend,
+from ctxeval.attention.patching import attention_methods, kernel_of, verify_attention_methods
+from ctxeval.attention.kernels import (FarKeyCache, MaskVerdicts, attention_with_lse, choose_kernel, fused_attend,
                                        key_starts, merge_into)
-from ctxeval.attention_methods import attend
+from ctxeval.attention.methods import attend
 from ctxeval.errors import CtxevalError
-from ctxeval.patching import find_rotary_modules
+from ctxeval.rope.patching import find_rotary_modules
 from ctxeval.specs import expand_specs
 
 SPECS = ["self-extend:group_size=4,neighbor_window=64",
@@ -186,7 +186,7 @@ def test_in_a_model_fast_equals_chunked_forward_and_generation(text, impl, arch,
 
 
 def test_log_n_alone_runs_the_models_own_attention_function(monkeypatch):
-    import ctxeval.attention_methods as methods
+    import ctxeval.attention.methods as methods
 
     model = tiny_llama()
     ids = torch.randint(0, 128, (1, 90), generator=torch.Generator().manual_seed(4))
@@ -237,8 +237,8 @@ def test_the_kernel_is_chosen_in_one_place_and_recorded(tmp_path, monkeypatch):
 def test_dry_run_counts_each_kernels_workspace_and_the_far_key_cache(monkeypatch):
     from transformers import LlamaConfig
 
-    from ctxeval.attention_methods import SCORE_BUDGET_BYTES
-    from ctxeval.memory import estimate
+    from ctxeval.attention.methods import SCORE_BUDGET_BYTES
+    from ctxeval.models.memory import estimate
 
     cfg = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=30,
                       intermediate_size=1536, vocab_size=49152)

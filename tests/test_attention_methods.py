@@ -1,4 +1,4 @@
-"""Self-Extend, ReRoPE, leaky ReRoPE and log-n scaling (ctxeval/attention_methods.py, installed by attention.py)
+"""Self-Extend, ReRoPE, leaky ReRoPE and log-n scaling (ctxeval/attention/methods.py, installed by attention/patching.py)
 against the papers' formulas written out here on full L x L maps, end to end in a tiny random Llama (eager and
 sdpa), composed with frequency methods, restored bit-exactly, and generating with a KV cache exactly as without."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from ctxeval.attention import attention_methods, verify_attention_methods
-from ctxeval.attention_methods import attend, relative_position
+from ctxeval.attention.patching import attention_methods, verify_attention_methods
+from ctxeval.attention.methods import attend, relative_position
 from ctxeval.errors import CtxevalError
-from ctxeval.patching import apply_method, find_rotary_modules
+from ctxeval.rope.patching import apply_method, find_rotary_modules
 from ctxeval.specs import expand_specs
 
 # -------------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from ctxeval.cli import app
 from ctxeval.evals.common import point_row
 from ctxeval.report import tables
 from ctxeval.report.merged import build_report
-from ctxeval.rows import MISSING
+from ctxeval.runs.rows import MISSING
 from ctxeval.specs import expand_specs
 
 runner = CliRunner()
@@ -62,7 +62,7 @@ def test_ruler_generation_under_dynamic_methods_uses_the_rope_of_the_tasks_lengt
     Inference: "keep the RoPE of the task's length for the prompt and every generated token"). Without the freeze
     a dynamic method recomputes it from the sequence's length, which differs at every step: the prompt's forward alone
     would use the RoPE of ~200 tokens, and the cached keys would disagree with the new queries."""
-    from ctxeval.paths import TINY_MODEL_DIR
+    from ctxeval.util.paths import TINY_MODEL_DIR
 
     hidden = json.loads((TINY_MODEL_DIR / "config.json").read_text())["hidden_size"]
     forwards = []  # (tokens in this forward, inv_freq, attention scaling) of every rotary call on hidden states
@@ -276,9 +276,9 @@ def test_a_key_token_at_the_last_position_counts_in_that_lengths_longppl(method,
     trained length 64; `none` scores both lengths from one forward, dynamic NTK each in its own). At 32 the only key
     token inside the sequence is its last one, position 31 (predicted by the 31st loss); 32 is the first token past
     it. So: 1 key token at 32 with LongPPL exp(loss of token 31), 3 at 64; the losses from a plain forward."""
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals import perplexity as P
-    from ctxeval.patching import apply_method
+    from ctxeval.rope.patching import apply_method
 
     model = tiny_llama()
     spec = expand_specs([method])[0]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ctxeval import bound as BD
+from ctxeval.rope import bound as BD
 from ctxeval.cli.bound import fmt_base
 
 

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
-from ctxeval.methods import Geometry, compute
+from ctxeval.rope.methods import Geometry, compute
 
 runner = CliRunner()
 GEOM = ["--head-dim", "64", "--base", "10000", "--original-length", "2048"]

@@ -21,8 +21,8 @@ file and line of every step:
                            forward (l. 132-145)     [Llama_4_40.py]
   The projections before and the o_proj after are left out (o_proj is linear: equal inputs give equal outputs).
 
-ctxeval's side is what a patched model runs (ctxeval/attention.py attention_methods): transformers (installed) rotates
-q and k at their true positions, then ctxeval.attention_methods.attend with the method's AttentionSpecs. Prefill (the
+ctxeval's side is what a patched model runs (ctxeval/attention/patching.py attention_methods): transformers (installed) rotates
+q and k at their true positions, then ctxeval.attention.methods.attend with the method's AttentionSpecs. Prefill (the
 whole sequence) and one decoding step against cached keys are compared, float32, atol 1e-5, over 3 seeds, query
 chunking off and on, and the attention masks transformers passes (none, bool, additive).
 """
@@ -34,8 +34,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ctxeval.attention_kernels import fused_attend
-from ctxeval.attention_methods import attend
+from ctxeval.attention.kernels import fused_attend
+from ctxeval.attention.methods import attend
 from ctxeval.specs import expand_specs
 
 H, HKV, D, T = 4, 2, 16, 64

@@ -9,7 +9,7 @@ printed number, and every step names the original file and line it comes from:
                                         task's list of predictions, which main() (l. 204-211) writes to summary.csv
     scripts/eval/synthetic/constants.py string_match_part (l. 24-26), string_match_all (l. 28-30), TASKS (l. 33-49)
     scripts/synthetic.yaml              each task's `task:` (l. 15-121), i.e. its metric_fn
-  ctxeval side: evals/ruler.py postprocess + score, one row per sample as evals/ruler_eval.py RulerRunner.measure
+  ctxeval side: evals/ruler/generate.py postprocess + score, one row per sample as evals/ruler/run.py RulerRunner.measure
   writes it (common.point_row), report/tables.py ruler_task_scores (the score written to ruler.csv and table.md).
 
   jquesnelle/yarn 995db5b575e75230b3384d658f8b944c9662f775
@@ -32,9 +32,9 @@ import pytest
 import torch
 
 from ctxeval.evals.common import point_row
-from ctxeval.evals.ruler import postprocess, score
-from ctxeval.evals.ruler_tasks import FAMILIES, TASKS
-from ctxeval.methods import Geometry, compute
+from ctxeval.evals.ruler.generate import postprocess, score
+from ctxeval.evals.ruler.tasks import FAMILIES, TASKS
+from ctxeval.rope.methods import Geometry, compute
 from ctxeval.report.tables import ruler_task_scores
 from ctxeval.specs import expand_specs
 
@@ -160,7 +160,7 @@ def random_task(rng, n):
 
 
 def ctxeval_rows(task, length, samples, spec):
-    """One row per sample as RulerRunner.measure writes it (ctxeval/evals/ruler_eval.py: postprocess, score,
+    """One row per sample as RulerRunner.measure writes it (ctxeval/evals/ruler/run.py: postprocess, score,
     point_row with value = score = the sample's score)."""
     family = FAMILIES[TASKS[task].family]
     rows = []

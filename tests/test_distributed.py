@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
-from ctxeval.distributed import Dist
+from ctxeval.runs.distributed import Dist
 
 runner = CliRunner()
 TORCHRUN = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))

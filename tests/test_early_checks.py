@@ -6,8 +6,8 @@ from importlib.metadata import version
 import pytest
 from typer.testing import CliRunner
 
-from ctxeval import corpora
-from ctxeval import offline_corpora as oc
+from ctxeval.data import corpora
+from ctxeval.data import offline as oc
 from ctxeval.cli import app, entropy, needle, ppl, ruler
 from ctxeval.errors import CtxevalError
 

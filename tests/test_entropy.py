@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from conftest import tiny_llama
 from ctxeval.cli import app
-from ctxeval.corpora import TokenDoc
+from ctxeval.data.corpora import TokenDoc
 from ctxeval.evals.entropy import EntropyConfig, EntropyRunner, capture, uniform_entropy
 from ctxeval.specs import expand_specs
-from ctxeval.attention import attention_temperature
+from ctxeval.attention.patching import attention_temperature
 
 runner = CliRunner()
 N = 48
@@ -137,7 +137,7 @@ def test_native_is_length_dependent_only_for_a_shipped_dynamic_rope():
     from types import SimpleNamespace
 
     from ctxeval.evals.sweep import length_dependent
-    from ctxeval.geometry import rope_info_from_config
+    from ctxeval.rope.geometry import rope_info_from_config
 
     native = expand_specs(["native"])[0]
     plain = SimpleNamespace(rope=rope_info_from_config(tiny_llama().config))

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
-from ctxeval.methods import Geometry
+from ctxeval.rope.methods import Geometry
 from ctxeval.specs import default_factor, expand_specs, plain_rope_notes, with_default_factors
 
 G = Geometry(rotary_dim=16, base=10_000.0, original_length=128)

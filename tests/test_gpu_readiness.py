@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from ctxeval.evals import perplexity as P
-from ctxeval.evals.generation import greedy_config, stop_ids
-from ctxeval.patching import apply_method
+from ctxeval.models.generation import greedy_config, stop_ids
+from ctxeval.rope.patching import apply_method
 from ctxeval.specs import expand_specs
-from ctxeval.store import RunStore
+from ctxeval.runs.store import RunStore
 
 from conftest import TINY, tiny_llama
 from test_ppl import FakeLM, docs
@@ -126,7 +126,7 @@ def test_ppl_on_local_files_runs_without_datasets_rdata_or_gguf(tmp_path, tiny_m
 
 
 def test_rows_record_throughput_and_run_json_the_gpu(tmp_path):
-    from ctxeval.store import environment
+    from ctxeval.runs.store import environment
 
     model = tiny_llama()
     store = RunStore(tmp_path / "r", {"t": 1})
@@ -190,7 +190,7 @@ def test_sliding_window_models_are_warned_about_and_their_mask_counted(tmp_path,
 
     from conftest import build_tokenizer
     from ctxeval.cli import app
-    from ctxeval.memory import estimate, sliding_window_of
+    from ctxeval.models.memory import estimate, sliding_window_of
 
     tok = build_tokenizer()
     cfg = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -215,7 +215,7 @@ def test_forced_needle_carries_the_batch_that_fitted_to_longer_lengths():
     of failing at the full batch again (each failed attempt at 70 GB costs a forward)."""
     from conftest import build_tokenizer
     from ctxeval.evals import needle as N
-    from ctxeval.presets import load_task
+    from ctxeval.data.presets import load_task
 
     tok = build_tokenizer()
     model = tiny_llama(vocab_size=len(tok))
@@ -250,7 +250,7 @@ def test_device_map_offload_to_cpu_is_warned_about(monkeypatch, capsys):
 
     class Loaded:
         def __init__(self):
-            from ctxeval.geometry import rope_info_from_config
+            from ctxeval.rope.geometry import rope_info_from_config
 
             self.model, self.name, self.device, self.attn_implementation = model, "m", "cpu", "sdpa"
             self.rope = rope_info_from_config(model.config)
@@ -340,7 +340,7 @@ def test_a_document_batch_that_runs_out_of_memory_is_halved(tmp_path, monkeypatc
 def test_generated_needle_answers_batched_equal_one_prompt_at_a_time():
     from conftest import build_tokenizer
     from ctxeval.evals import needle as N
-    from ctxeval.presets import load_task
+    from ctxeval.data.presets import load_task
 
     tok = build_tokenizer()
     model = tiny_llama(vocab_size=len(tok))

@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ctxeval import textfiles
+from ctxeval.util import textfiles
 from ctxeval.cli import app
 from ctxeval.cli.options import MAX_LENGTHS, parse_depths, parse_indices, parse_lengths, parse_numbers
 from ctxeval.errors import CtxevalError
 from ctxeval.evals.positions import MAX_BUCKETS, parse_position_buckets
-from ctxeval.numbers import MAX_TOKENS, parse_number, parse_token_count, parse_whole, whole_number
-from ctxeval.rows import KINDS, row_problem
+from ctxeval.util.numbers import MAX_TOKENS, parse_number, parse_token_count, parse_whole, whole_number
+from ctxeval.runs.rows import KINDS, row_problem
 from ctxeval.specs import expand_specs
-from ctxeval.store import load_rows
+from ctxeval.runs.store import load_rows
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 runner = CliRunner()
@@ -176,9 +176,9 @@ def test_ruler_samples_from_files_that_are_not_right(tmp_path, content, fragment
 
 def test_fwe_at_the_shortest_length_it_accepts_fills_it(tmp_path):
     """fwe's smallest length (250 tokens here) is measured, and its prompt reaches the length, not 93 tokens."""
-    from ctxeval.evals.ruler import generate
-    from ctxeval.evals.ruler_sources import Sources
-    from ctxeval.models import load_model
+    from ctxeval.evals.ruler.generate import generate
+    from ctxeval.evals.ruler.sources import Sources
+    from ctxeval.models.load import load_model
 
     tok = load_model("tiny", device="cpu").tokenizer
     sample = generate("fwe", 320, 2, tok, Sources())
@@ -189,9 +189,9 @@ def test_fwe_at_the_shortest_length_it_accepts_fills_it(tmp_path):
 
 
 def test_an_essay_that_cannot_grow_the_prompt_is_refused_not_measured_short():
-    from ctxeval.evals.ruler import generate
-    from ctxeval.evals.ruler_sources import Sources
-    from ctxeval.models import load_model
+    from ctxeval.evals.ruler.generate import generate
+    from ctxeval.evals.ruler.sources import Sources
+    from ctxeval.models.load import load_model
 
     tok = load_model("tiny", device="cpu").tokenizer
     with pytest.raises(CtxevalError, match=r"the essay haystack \(blank\) cannot fill 2048 tokens"):
@@ -462,7 +462,7 @@ def test_atomic_writes_leave_the_old_file_when_the_write_fails(tmp_path, monkeyp
 
 
 def test_rows_that_cannot_be_appended_are_one_line_and_keep_what_is_there(tmp_path):
-    from ctxeval.store import RunStore
+    from ctxeval.runs.store import RunStore
 
     with RunStore(tmp_path / "run", {"task": "ppl"}) as store:
         store.append([{"model": "m", "label": "none", "length": 64, "doc": "a", "status": "oom"}])

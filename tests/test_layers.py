@@ -1,38 +1,42 @@
-"""The package's layers: every import (module-level or inside a function) points down, evals and report are peers
-that never import each other, nothing but the CLI imports the CLI, and no private name crosses a module."""
+"""The package's layers: one whole-number rank per package, every import (module-level or inside a function) points
+to a lower layer or inside its own package without a circle, packages of one layer never import each other, nothing
+but the CLI imports the CLI, and no private name crosses a module. The same check is shown to fail on a copy of the
+package with an upward import, a circle and a private name injected."""
 
 import ast
+import shutil
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ctxeval"
-# lower rank = lower layer; a module may import only strictly lower ranks, or its own subpackage (acyclically)
-RANKS = {"errors": 0, "paths": 0, "textfiles": 0.5, "numbers": 0.5, "hub": 1, "rows": 1, "runlock": 1, "methods": 2, "attention_methods": 2.5, "attention_kernels": 2.6, "specs": 3, "rope_config": 3.2, "vllm_rope": 3.3, "geometry": 3, "search_spaces": 3.5,
-         "bound": 3, "presets": 3, "store": 4, "offline_corpora": 4, "distributed": 4, "attention": 4, "corpora": 5,
-         "patching": 5, "models": 5, "memory": 6, "evals": 7, "report": 7, "tiny": 8, "cli": 9, "__main__": 10,
-         "__init__": 10}
+# One whole number per layer, bottom up. A module may import only packages of a strictly lower layer, or modules of
+# its own package (acyclically); packages that share a layer (rope, data, runs; models, report) never import each
+# other.
+RANKS = {"errors": 0, "util": 1, "rope": 2, "data": 2, "runs": 2, "attention": 3, "specs": 4, "models": 5, "report": 5,
+         "evals": 6, "tiny": 7, "cli": 8, "__main__": 9, "__init__": 9}
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
 
 
-def imports(path: Path) -> list[tuple[str, list[str], int]]:
+def imports(path: Path, package: Path) -> list[tuple[str, list[str], int]]:
     """(imported ctxeval module, names taken from it, line) for every import in the file."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    name = module_name(path, package)
+    parent = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(parent.split(".")[: len(parent.split(".")) - node.level + 1] + ([base] if base else []))
             if base.split(".")[0] != "ctxeval":
                 continue
             for alias in node.names:  # `from . import corpora` imports a module, `from .x import y` a name
                 target = f"{base}.{alias.name}"
-                found.append((target, [], node.lineno) if (PACKAGE.parent / target.replace(".", "/")).with_suffix(
-                    ".py").exists() or (PACKAGE.parent / target.replace(".", "/")).is_dir() else (base, [alias.name], node.lineno))
+                as_path = package.parent / target.replace(".", "/")
+                is_module = as_path.with_suffix(".py").exists() or as_path.is_dir()
+                found.append((target, [], node.lineno) if is_module else (base, [alias.name], node.lineno))
         elif isinstance(node, ast.Import):
             found += [(a.name, [], node.lineno) for a in node.names if a.name.split(".")[0] == "ctxeval"]
     return found
@@ -43,16 +47,20 @@ def group(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def test_imports_point_down_and_are_acyclic():
+def layer_problems(package: Path) -> list[str]:
+    """Every upward or sideways import, private name crossing a module, circle, and module without a rank."""
     graph: dict[str, set[str]] = {}
     problems = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        source = module_name(path)
+    for path in sorted(package.rglob("*.py")):
+        source = module_name(path, package)
         graph.setdefault(source, set())
-        for target, names, line in imports(path):
+        if group(source) not in RANKS:
+            problems.append(f"{source}: its package has no rank")
+            continue
+        for target, names, line in imports(path, package):
             graph[source].add(target)
-            where = f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
-            if group(target) != group(source) and not RANKS[group(target)] < RANKS[group(source)]:
+            where = f"{path.relative_to(package.parent)}:{line} imports {target}"
+            if group(target) != group(source) and not RANKS.get(group(target), 99) < RANKS[group(source)]:
                 problems.append(f"{where}: upward ({group(source)} -> {group(target)})")
             private = [n for n in names if n.startswith("_")]
             if private and target != source:
@@ -71,9 +79,54 @@ def test_imports_point_down_and_are_acyclic():
     for node in sorted(graph):
         if not state.get(node):
             visit(node, [node])
+    return problems
+
+
+def test_imports_point_down_and_are_acyclic():
+    problems = layer_problems(PACKAGE)
     assert not problems, "\n".join(problems)
 
 
 def test_every_module_has_a_rank():
-    assert {group(module_name(p)) for p in PACKAGE.rglob("*.py")} <= set(RANKS)
+    assert {group(module_name(p, PACKAGE)) for p in PACKAGE.rglob("*.py")} <= set(RANKS)
 
+
+def package_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "ctxeval"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "model"))
+    assert layer_problems(copy) == []
+    return copy
+
+
+def test_an_injected_upward_import_fails(tmp_path):
+    copy = package_copy(tmp_path)
+    with open(copy / "rope" / "bound.py", "a") as f:
+        f.write("\n\ndef late():\n    from ..evals.sweep import run_items\n")
+    line = len((copy / "rope" / "bound.py").read_text().splitlines())
+    assert layer_problems(copy) == [f"ctxeval/rope/bound.py:{line} imports ctxeval.evals.sweep: upward (rope -> evals)"]
+
+
+def test_an_import_between_packages_of_one_layer_fails(tmp_path):
+    copy = package_copy(tmp_path)
+    with open(copy / "report" / "tables.py", "a") as f:
+        f.write("\nfrom ..models.memory import GIB\n")
+    assert len(problems := layer_problems(copy)) == 1 and "upward (report -> models)" in problems[0]
+
+
+def test_an_injected_circle_and_private_name_fail(tmp_path):
+    copy = package_copy(tmp_path)
+    with open(copy / "util" / "numbers.py", "a") as f:
+        f.write("\nfrom .paths import _private_helper\n")
+    with open(copy / "util" / "paths.py", "a") as f:
+        f.write("\nfrom .numbers import parse_whole\n")
+    problems = layer_problems(copy)
+    assert any(p.startswith("import circle: ctxeval.util.numbers -> ctxeval.util.paths -> ctxeval.util.numbers")
+               for p in problems), problems
+    assert any("private name(s) _private_helper cross a module" in p for p in problems), problems
+
+
+def test_a_package_without_a_rank_fails(tmp_path):
+    copy = package_copy(tmp_path)
+    (copy / "extras").mkdir()
+    (copy / "extras" / "__init__.py").write_text("")
+    assert layer_problems(copy) == ["ctxeval.extras: its package has no rank"]

@@ -209,7 +209,7 @@ def test_task_that_needs_the_network_offline_keeps_what_was_measured(tmp_path, t
     import huggingface_hub.constants
 
     import ctxeval.evals.lm_eval_bridge as bridge_module
-    import ctxeval.hub
+    import ctxeval.util.hub
 
     # no network, whatever this machine has: the hub is unreachable, and the offline switches flipped for it are
     # restored afterwards
@@ -217,7 +217,7 @@ def test_task_that_needs_the_network_offline_keeps_what_was_measured(tmp_path, t
         monkeypatch.setenv(name, "0")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(ctxeval.hub, "hub_reachable", lambda: False)
+    monkeypatch.setattr(ctxeval.util.hub, "hub_reachable", lambda: False)
     monkeypatch.setattr(bridge_module, "hub_reachable", lambda: False)
     out = tmp_path / "run"
     result = runner.invoke(app, ["lm-eval", "--model", "tiny", "--tasks", "ctxeval_test_mc,ctxeval_test_online",

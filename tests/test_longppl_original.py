@@ -17,9 +17,9 @@ import torch
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
-from ctxeval.corpora import select_long_documents
+from ctxeval.data.corpora import select_long_documents
 from ctxeval.evals import key_tokens as K
-from ctxeval.patching import apply_method
+from ctxeval.rope.patching import apply_method
 from ctxeval.specs import expand_specs
 
 longppl = pytest.importorskip("longppl.longppl", reason="the test extra installs longppl==0.3.0")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from ctxeval.evals import passkey as P
-from ctxeval.evals.ruler_sources import Sources, Stream
-from ctxeval.evals.ruler_tasks import TASKS
-from ctxeval.evals.ruler_vt import VariableTracking
-from ctxeval.evals.ruler_words import FreqWords
+from ctxeval.evals.ruler.sources import Sources, Stream
+from ctxeval.evals.ruler.tasks import TASKS
+from ctxeval.evals.ruler.vt import VariableTracking
+from ctxeval.evals.ruler.words import FreqWords
 
 
 class Repeating:
@@ -49,7 +49,7 @@ def test_an_fwe_prompt_that_stops_growing_is_refused_after_a_bounded_number_of_t
     """The growth loop ends at its ceiling on the word count (and, were the count stuck, at its iteration bound):
     the one-line refusal, never a hang."""
     from ctxeval.errors import CtxevalError
-    from ctxeval.evals.ruler import _fwe_samples
+    from ctxeval.evals.ruler.generate import _fwe_samples
 
     fwe = FreqWords(TASKS["fwe"], Sources(), Stream(42), 4096)
     calls = []

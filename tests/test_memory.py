@@ -7,8 +7,8 @@ from transformers import LlamaConfig
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
-from ctxeval.memory import GIB, count_parameters, estimate
-from ctxeval.models import parse_max_memory
+from ctxeval.models.memory import GIB, count_parameters, estimate
+from ctxeval.models.load import parse_max_memory
 
 runner = CliRunner()
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ctxeval.report import merged, render
-from ctxeval.rows import UNIFORM_LABEL, UNIFORM_MODEL
+from ctxeval.runs.rows import UNIFORM_LABEL, UNIFORM_MODEL
 from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
 

@@ -1,4 +1,4 @@
-"""methods.py against transformers' own ROPE_INIT_FUNCTIONS and the papers' formulas."""
+"""rope/methods.py against transformers' own ROPE_INIT_FUNCTIONS and the papers' formulas."""
 
 import json
 import math
@@ -11,7 +11,7 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ctxeval.errors import CtxevalError
-from ctxeval.methods import METHODS, Geometry, compute, plan
+from ctxeval.rope.methods import METHODS, Geometry, compute, plan
 from ctxeval.specs import expand_specs, parse_spec
 
 # rotary dim, base, original length, factor
@@ -265,7 +265,7 @@ def test_spec_parsing_and_factor_sweep():
     assert [s.label for s in expand_specs(["dynamic-ntk:rule=paper"], [2, 4])] == ["dynamic-ntk(rule=paper)"]
 
 
-# -- the survivors of mutmut 3.8.1 over methods.py (docs/testing.md): what each method reports beside its frequencies,
+# -- the survivors of mutmut 3.8.1 over rope/methods.py (docs/testing.md): what each method reports beside its frequencies,
 # -- the plan, and every one-line refusal
 
 
@@ -322,7 +322,7 @@ def test_a_base_between_1_and_2_is_a_geometry():
 
 
 def test_compute_refuses_a_length_below_one_and_frequencies_that_are_not_positive_and_finite():
-    from ctxeval.methods import Method, RopeFreqs
+    from ctxeval.rope.methods import Method, RopeFreqs
 
     with pytest.raises(CtxevalError) as caught:
         compute("dynamic-ntk", G, {}, 0)
@@ -397,7 +397,7 @@ def test_boolean_parameters_as_users_write_them(text, value):
 
 
 def test_an_integer_parameter_is_an_int():
-    from ctxeval.methods import get_method, resolve_params
+    from ctxeval.rope.methods import get_method, resolve_params
 
     params = resolve_params(get_method("yarn"), {"original_max_position_embeddings": "4096"})
     assert params["original_max_position_embeddings"] == 4096 and type(params["original_max_position_embeddings"]) is int

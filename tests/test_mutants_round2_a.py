@@ -216,7 +216,7 @@ def test_the_settings_record_is_what_run_json_and_the_cache_hold():
 
 
 def test_the_truncate_sequence_is_bos_and_the_documents_first_tokens():
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals.key_tokens import document_sequence
 
     doc = TokenDoc("d", np.arange(100, 130))
@@ -239,7 +239,7 @@ def _find(tmp_path, monkeypatch, bos, spec="none", found=None, load=None, shippe
     import contextlib
     from types import SimpleNamespace
 
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals import key_tokens as K
     from ctxeval.specs import expand_specs
 
@@ -562,7 +562,7 @@ def _runner(bos=True, bos_id=1, progress=None, heads=None):
 
 
 def test_the_entropy_sequence_is_bos_and_the_documents_first_tokens():
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
 
     doc = TokenDoc("d", np.arange(10, 40))
     with_bos, _ = _runner()
@@ -575,8 +575,8 @@ def test_the_entropy_sequence_is_bos_and_the_documents_first_tokens():
 def test_an_entropy_row_holds_the_per_layer_means_over_its_length():
     import torch
 
-    from ctxeval.corpora import TokenDoc
-    from ctxeval.rows import uniform_entropy
+    from ctxeval.data.corpora import TokenDoc
+    from ctxeval.runs.rows import uniform_entropy
     from ctxeval.specs import expand_specs
 
     runner, _ = _runner(heads=(0, 3))
@@ -622,7 +622,7 @@ def _out_of_memory_at(runner, failing: int) -> list[int]:
 
 
 def test_a_length_dependent_method_runs_one_forward_per_length_and_an_oom_ends_in_a_row():
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals.entropy import capture
     from ctxeval.specs import expand_specs
 
@@ -642,7 +642,7 @@ def test_a_length_dependent_method_runs_one_forward_per_length_and_an_oom_ends_i
 
 
 def test_a_static_method_that_runs_out_of_memory_says_so_and_measures_length_by_length():
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals.entropy import capture
     from ctxeval.specs import expand_specs
 
@@ -659,7 +659,7 @@ def test_a_static_method_that_runs_out_of_memory_says_so_and_measures_length_by_
 
 
 def test_a_static_method_measures_every_length_in_one_forward():
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals.entropy import capture
     from ctxeval.specs import expand_specs
 
@@ -685,16 +685,16 @@ def test_layers_are_checked_against_the_models():
             check_layers(2, layers)
 
 
-# ------------------------------------------------------------------------------------------ attention_methods.py
+# ------------------------------------------------------------------------------------------ attention/methods.py
 
 def _att(name, **given):
-    from ctxeval.attention_methods import resolve_attention
+    from ctxeval.attention.methods import resolve_attention
 
     return resolve_attention(name, given)
 
 
 def test_an_unknown_attention_method_names_the_known_ones():
-    from ctxeval.attention_methods import ATTENTION_METHODS, get_attention_method
+    from ctxeval.attention.methods import ATTENTION_METHODS, get_attention_method
 
     with pytest.raises(CtxevalError, match=r"^unknown attention method 'yarn'; choose one of: self-extend, rerope, "
                                            r"leaky-rerope, logn$"):
@@ -731,7 +731,7 @@ def test_bad_attention_parameters_are_one_line_errors():
 
 
 def test_attention_combinations():
-    from ctxeval.attention_methods import check_combination
+    from ctxeval.attention.methods import check_combination
 
     check_combination((_att("self-extend"), _att("logn")))
     check_combination((_att("rerope", logn=False), _att("logn")))
@@ -748,7 +748,7 @@ def test_attention_combinations():
 
 
 def test_window_and_logn_length_of_each_method():
-    from ctxeval.attention_methods import logn_length, window_of
+    from ctxeval.attention.methods import logn_length, window_of
 
     assert [window_of(s) for s in (_att("self-extend", neighbor_window=64), _att("rerope", window=32),
                                    _att("leaky-rerope", window=16), _att("logn"))] == [64, 32, 16, None]
@@ -759,7 +759,7 @@ def test_window_and_logn_length_of_each_method():
 
 
 def test_noop_reason_says_why_the_methods_change_nothing():
-    from ctxeval.attention_methods import noop_reason
+    from ctxeval.attention.methods import noop_reason
 
     rerope = _att("rerope", window=512, logn=False)
     assert noop_reason((rerope,), [128, 512], 64) == \
@@ -776,7 +776,7 @@ def test_noop_reason_says_why_the_methods_change_nothing():
 
 
 def test_far_positions_as_the_papers_write_them():
-    from ctxeval.attention_methods import far_positions
+    from ctxeval.attention.methods import far_positions
 
     q, k = np.array([20, 21, 40]), np.array([0, 3, 9])
     got = far_positions(_att("self-extend", group_size=4, neighbor_window=10), q, k)
@@ -790,7 +790,7 @@ def test_far_positions_as_the_papers_write_them():
 
 
 def test_relative_positions_of_each_method():
-    from ctxeval.attention_methods import relative_position
+    from ctxeval.attention.methods import relative_position
 
     d = np.arange(0, 40, 3)  # 0, 3, ..., 39
     assert relative_position(_att("logn"), d).tolist() == d.tolist()
@@ -805,7 +805,7 @@ def test_relative_positions_of_each_method():
 def test_pair_positions_change_from_the_window_on():
     import torch
 
-    from ctxeval.attention_methods import pair_positions
+    from ctxeval.attention.methods import pair_positions
 
     qi, kj = torch.tensor([10, 10, 10, 10]), torch.tensor([0, 1, 2, 10])  # distances 10, 9, 8, 0
     q, k = pair_positions(_att("rerope", window=9), qi, kj)
@@ -819,7 +819,7 @@ def test_logn_scale_is_one_up_to_the_trained_length_and_log_ratio_past_it():
 
     import torch
 
-    from ctxeval.attention_methods import logn_scale
+    from ctxeval.attention.methods import logn_scale
 
     got = logn_scale(torch.tensor([[0, 14, 15, 16, 255]]), 16)
     assert got.dtype == torch.float64
@@ -827,7 +827,7 @@ def test_logn_scale_is_one_up_to_the_trained_length_and_log_ratio_past_it():
 
 
 def test_a_model_whose_attention_is_not_seen_is_refused():
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals.entropy import EntropyCapture
 
     runner, _ = _runner()
@@ -839,12 +839,12 @@ def test_a_model_whose_attention_is_not_seen_is_refused():
 def test_the_entropy_sweep_measures_what_the_runner_measures_with_bos_per_method(tmp_path):
     """Each method's rows equal EntropyRunner's under that method (BOS first, as the tokenizer gives it); a
     length-dependent method gets one forward per length, a static one one forward at the longest length."""
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals.entropy import EntropyConfig, EntropyRunner, capture, sweep
     from ctxeval.evals.sweep import applying
-    from ctxeval.models import load_model
+    from ctxeval.models.load import load_model
     from ctxeval.specs import expand_specs
-    from ctxeval.store import RunStore
+    from ctxeval.runs.store import RunStore
     from ctxeval.tiny import MODEL_DIR
 
     lm = load_model(str(MODEL_DIR), device="cpu", dtype="float32")
@@ -903,11 +903,11 @@ def test_the_query_chunk_is_the_largest_the_byte_budget_allows(monkeypatch):
 def test_native_with_a_shipped_dynamic_rope_is_measured_length_by_length(tmp_path):
     import dataclasses
 
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals.entropy import EntropyConfig, sweep
-    from ctxeval.models import load_model
+    from ctxeval.models.load import load_model
     from ctxeval.specs import expand_specs
-    from ctxeval.store import RunStore
+    from ctxeval.runs.store import RunStore
     from ctxeval.tiny import MODEL_DIR
 
     lm = load_model(str(MODEL_DIR), device="cpu", dtype="float32")
@@ -929,7 +929,7 @@ def test_the_reference_probe_equals_attend_with_logn_past_its_length(text):
     query scaling included: positions run past L = 8 (the trained length, logn's default), where the scale exceeds 1."""
     import torch
 
-    from ctxeval.attention_methods import attend, reference_attention, rotate
+    from ctxeval.attention.methods import attend, reference_attention, rotate
     from ctxeval.specs import expand_specs
 
     specs = expand_specs([text])[0].attention
@@ -962,7 +962,7 @@ def _attend_inputs(batch=1, heads=4, kv=2, t=12, dim=8, dtype=None, seed=3):
 def test_attend_on_a_batch_equals_each_sequence_alone(text):
     import torch
 
-    from ctxeval.attention_methods import attend
+    from ctxeval.attention.methods import attend
     from ctxeval.specs import expand_specs
 
     specs = expand_specs([text])[0].attention
@@ -976,7 +976,7 @@ def test_attend_on_a_batch_equals_each_sequence_alone(text):
 def test_attend_returns_the_querys_dtype():
     import torch
 
-    from ctxeval.attention_methods import attend
+    from ctxeval.attention.methods import attend
     from ctxeval.specs import expand_specs
 
     q, k, v, pos, inv_freq = _attend_inputs(dtype=torch.float64)
@@ -990,7 +990,7 @@ def test_attends_query_chunk_is_the_largest_the_score_budget_allows(monkeypatch,
     of exactly 3 queries' worth gives chunks of 3, a budget under one query's chunks of 1; the output is the same."""
     import torch
 
-    from ctxeval import attention_methods as A
+    from ctxeval.attention import methods as A
     from ctxeval.specs import expand_specs
 
     specs = expand_specs([text])[0].attention

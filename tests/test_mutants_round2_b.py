@@ -13,7 +13,7 @@ import pytest
 
 
 def _lm_shipping(rope_type):
-    from ctxeval.geometry import RopeInfo
+    from ctxeval.rope.geometry import RopeInfo
 
     return SimpleNamespace(rope=RopeInfo(None, {"rope_type": rope_type} if rope_type else {}))
 
@@ -64,9 +64,9 @@ def _docs(*ids):
 
 
 def _items(monkeypatch, world, specs, docs, lengths, done=(), dynamic=()):
-    from ctxeval import distributed
+    from ctxeval.runs import distributed
     from ctxeval.evals import sweep
-    from ctxeval.rows import point_key
+    from ctxeval.runs.rows import point_key
 
     monkeypatch.setattr(sweep, "current", lambda: distributed.Dist(0, world, 0))
     done = {point_key({"label": label, "length": L, "doc": d}, ("label", "length", "doc")) for label, L, d in done}
@@ -119,8 +119,8 @@ def test_an_attention_method_reads_the_frequencies_the_rotary_module_holds_at_ca
     import torch
 
     from ctxeval.evals.sweep import rotary_frequencies
-    from ctxeval.geometry import rope_info_from_config
-    from ctxeval.patching import find_rotary_modules
+    from ctxeval.rope.geometry import rope_info_from_config
+    from ctxeval.rope.patching import find_rotary_modules
     from ctxeval.specs import expand_specs
 
     (spec,) = expand_specs(["self-extend"])
@@ -135,7 +135,7 @@ def test_an_attention_method_reads_the_frequencies_the_rotary_module_holds_at_ca
 def test_an_attention_method_on_a_model_without_rope_is_refused_in_one_line(llama):
     from ctxeval.errors import CtxevalError
     from ctxeval.evals.sweep import rotary_frequencies
-    from ctxeval.geometry import RopeInfo
+    from ctxeval.rope.geometry import RopeInfo
     from ctxeval.specs import expand_specs
 
     (spec,) = expand_specs(["self-extend"])
@@ -169,13 +169,13 @@ class _Progress:
 
 
 def _tiny_lm(llama):
-    from ctxeval.geometry import rope_info_from_config
+    from ctxeval.rope.geometry import rope_info_from_config
 
     return SimpleNamespace(model=llama, rope=rope_info_from_config(llama.config), device="cpu")
 
 
 def _rank(monkeypatch, rank, world):
-    from ctxeval import distributed
+    from ctxeval.runs import distributed
     from ctxeval.evals import sweep
 
     class Rank(distributed.Dist):
@@ -381,8 +381,8 @@ def test_ruler_effective_length_a_missing_mean_stops_it():
 
 def test_ruler_config_refuses_each_bad_field_in_one_line_naming_it():
     from ctxeval.errors import CtxevalError
-    from ctxeval.evals.ruler_eval import RulerConfig
-    from ctxeval.evals.ruler_tasks import TASKS
+    from ctxeval.evals.ruler.run import RulerConfig
+    from ctxeval.evals.ruler.tasks import TASKS
 
     names = ", ".join(TASKS)
     with pytest.raises(CtxevalError) as exc:
@@ -421,7 +421,7 @@ def test_ruler_config_refuses_each_bad_field_in_one_line_naming_it():
     ({"input": "x", "outputs": ["a"], "token_position_answer": 2.5}, "token_position_answer is not a whole number"),
 ])
 def test_a_record_that_is_not_a_ruler_sample_is_named_by_its_first_problem(record, problem):
-    from ctxeval.evals.ruler_eval import sample_problem
+    from ctxeval.evals.ruler.run import sample_problem
 
     assert sample_problem(record) == problem
 
@@ -435,14 +435,14 @@ def test_a_record_that_is_not_a_ruler_sample_is_named_by_its_first_problem(recor
     {"input": "x", "outputs": ["a"], "token_position_answer": None, "index": "anything"},
 ])
 def test_a_ruler_sample_with_numbers_as_answers_and_optional_fields_is_accepted(record):
-    from ctxeval.evals.ruler_eval import sample_problem
+    from ctxeval.evals.ruler.run import sample_problem
 
     assert sample_problem(record) is None
 
 
 def test_the_ruler_sweep_plans_pending_samples_in_batches_and_passes_each_to_measure(monkeypatch):
-    from ctxeval.evals import ruler_eval as RE
-    from ctxeval.evals.ruler_tasks import RulerSample
+    from ctxeval.evals.ruler import run as RE
+    from ctxeval.evals.ruler.tasks import RulerSample
     from ctxeval.evals.sweep import WorkItem, forward_cost
     from ctxeval.specs import expand_specs
 
@@ -459,7 +459,7 @@ def test_the_ruler_sweep_plans_pending_samples_in_batches_and_passes_each_to_mea
             self.rows = list(done)
 
         def done_points(self, key):
-            from ctxeval.rows import point_key
+            from ctxeval.runs.rows import point_key
 
             return {point_key(r, key) for r in self.rows if r["status"] == "ok"}
 
@@ -598,8 +598,7 @@ def test_row_order_models_as_they_first_appear_methods_in_each_runs_order_only_t
 
 
 def test_the_size_search_returns_the_largest_fitting_size_in_the_range_else_the_start():
-    from ctxeval.evals import ruler as R
-
+    from ctxeval.evals.ruler import generate as R
     probes = []
 
     def make(n):
@@ -619,8 +618,7 @@ def test_the_size_search_returns_the_largest_fitting_size_in_the_range_else_the_
 
 def test_the_size_search_refuses_a_haystack_that_never_fills_the_prompt():
     from ctxeval.errors import CtxevalError
-    from ctxeval.evals import ruler as R
-
+    from ctxeval.evals.ruler import generate as R
     make = lambda n: ("same text whatever the size", [])  # noqa: E731 (an empty essay file)
     with pytest.raises(CtxevalError) as exc:
         R._search(make, lambda text: True, 5, 400, unfilled=lambda: "the essays are empty")
@@ -632,8 +630,7 @@ def test_the_size_search_refuses_a_haystack_that_never_fills_the_prompt():
 @pytest.mark.parametrize("family, expected", [("niah", 750), ("variable_tracking", 750),
                                               ("common_words_extraction", 500)])
 def test_the_search_bound_is_three_times_the_size_the_length_needs_twice_for_cwe(family, expected):
-    from ctxeval.evals import ruler as R
-
+    from ctxeval.evals.ruler import generate as R
     calls = []
 
     def make(n):
@@ -647,15 +644,14 @@ def test_the_search_bound_is_three_times_the_size_the_length_needs_twice_for_cwe
 
 
 def test_the_search_bound_rounds_as_ruler_does():
-    from ctxeval.evals import ruler as R
-
+    from ctxeval.evals.ruler import generate as R
     make = lambda n: ("x" * (3 * n), [])  # noqa: E731 (3 tokens per unit: 1000 / 3 = 333.3 units)
     assert R._upper(make, len, 1000, 10, 1, "niah") == 1000  # int(333.33 x 3)
     assert R._upper(make, len, 1000, 10, 1, "common_words_extraction") == 666  # int(1000 // 3) x 2
 
 
 def test_postprocess_strips_and_turns_every_control_character_into_a_newline():
-    from ctxeval.evals.ruler import postprocess
+    from ctxeval.evals.ruler.generate import postprocess
 
     assert postprocess(" \n a\x01b\x1fc d\x7f \t") == "a\nb\nc d\x7f"
     assert postprocess("x\x00\x00y") == "x\n\ny"
@@ -663,7 +659,7 @@ def test_postprocess_strips_and_turns_every_control_character_into_a_newline():
 
 
 def test_score_all_is_the_share_found_and_part_is_any_found_case_insensitively():
-    from ctxeval.evals.ruler import score
+    from ctxeval.evals.ruler.generate import score
 
     refs = ["Alpha", "beta", "GAMMA", "delta"]
     assert score("string_match_all", "ALPHA and Gamma", refs) == 0.5
@@ -675,7 +671,7 @@ def test_score_all_is_the_share_found_and_part_is_any_found_case_insensitively()
 
 
 def test_a_ruler_sample_record_is_rulers_jsonl_line():
-    from ctxeval.evals.ruler_tasks import RulerSample
+    from ctxeval.evals.ruler.tasks import RulerSample
 
     sample = RulerSample(3, "the input", ["a", "b"], 120, " Answer:", 17)
     assert sample.record() == {"index": 3, "input": "the input", "outputs": ["a", "b"], "length": 120,
@@ -689,7 +685,7 @@ def test_a_ruler_sample_record_is_rulers_jsonl_line():
 
 def test_templates_are_checked_by_name_and_wrap_the_task_template_before_the_answer_prefix():
     from ctxeval.errors import CtxevalError
-    from ctxeval.evals.ruler_tasks import FAMILIES, MODEL_TEMPLATES, TASKS, check_template, split_prefix, task_template
+    from ctxeval.evals.ruler.tasks import FAMILIES, MODEL_TEMPLATES, TASKS, check_template, split_prefix, task_template
 
     assert check_template("meta-chat") == "meta-chat"
     with pytest.raises(CtxevalError) as exc:
@@ -711,8 +707,8 @@ def test_templates_are_checked_by_name_and_wrap_the_task_template_before_the_ans
 
 def test_the_samples_a_run_writes_read_back_as_the_same_prompts(tmp_path):
     """A resumed run reads its prompts back from samples/<length>/<task>/validation.jsonl: every field survives."""
-    from ctxeval.evals.ruler_eval import read_samples, samples_path, write_samples
-    from ctxeval.evals.ruler_tasks import RulerSample
+    from ctxeval.evals.ruler.run import read_samples, samples_path, write_samples
+    from ctxeval.evals.ruler.tasks import RulerSample
 
     samples = [RulerSample(0, "first input", ["a", "b"], 120, " Answer:", 17),
                RulerSample(1, "second input", ["c"], 119, " The code is", None)]

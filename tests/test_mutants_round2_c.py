@@ -555,7 +555,7 @@ def _samples_file(tmp_path, *lines):
 
 
 def test_read_samples_fills_rulers_optional_fields_with_their_defaults(tmp_path):
-    from ctxeval.evals.ruler_eval import read_samples
+    from ctxeval.evals.ruler.run import read_samples
 
     path = _samples_file(tmp_path, json.dumps({"input": "a", "outputs": [7]}),
                          json.dumps({"index": 99, "input": "b", "outputs": ["x"], "length": 12, "answer_prefix": " A:",
@@ -574,8 +574,8 @@ def test_read_samples_fills_rulers_optional_fields_with_their_defaults(tmp_path)
     ((), "{path} holds no samples"),
 ])
 def test_read_samples_refuses_a_line_that_is_not_a_sample_naming_the_line(tmp_path, lines, message):
-    from ctxeval.evals.ruler_eval import read_samples
-    from ctxeval.textfiles import read_jsonl
+    from ctxeval.evals.ruler.run import read_samples
+    from ctxeval.util.textfiles import read_jsonl
 
     path = _samples_file(tmp_path, *lines)
     problems = read_jsonl(path, "RULER samples file", objects=False).problems
@@ -586,7 +586,7 @@ def test_read_samples_refuses_a_line_that_is_not_a_sample_naming_the_line(tmp_pa
 
 
 def test_read_samples_names_the_missing_file_and_what_writes_it(tmp_path):
-    from ctxeval.evals.ruler_eval import read_samples
+    from ctxeval.evals.ruler.run import read_samples
 
     path = tmp_path / "64" / "vt" / "validation.jsonl"
     with pytest.raises(CtxevalError) as err:
@@ -607,7 +607,7 @@ class _Progress:
 
 
 def _runner(batch_size, predict):
-    from ctxeval.evals.ruler_eval import RulerRunner
+    from ctxeval.evals.ruler.run import RulerRunner
 
     runner = RulerRunner(None, None, "cpu", "m", batch_size=batch_size, progress=_Progress())
     runner.predict = predict
@@ -615,7 +615,7 @@ def _runner(batch_size, predict):
 
 
 def _ruler_samples(n, first=0):
-    from ctxeval.evals.ruler_tasks import RulerSample
+    from ctxeval.evals.ruler.tasks import RulerSample
 
     return [RulerSample(first + i, f"prompt {i}", [f"v{i}"], 20, " Answer:") for i in range(n)]
 
@@ -667,8 +667,8 @@ def test_measure_marks_a_batch_that_runs_out_of_memory_and_stops_that_point():
 def test_measure_rows_hold_the_score_prediction_answers_metric_and_seconds_per_sample(monkeypatch):
     from types import SimpleNamespace
 
-    import ctxeval.evals.ruler_eval as E
-    from ctxeval.evals.ruler_tasks import RulerSample
+    import ctxeval.evals.ruler.run as E
+    from ctxeval.evals.ruler.tasks import RulerSample
     from ctxeval.specs import expand_specs
 
     clock = iter([100.0, 101.23456])
@@ -717,7 +717,7 @@ def _entropy_row(label, length, doc, entropy, per_layer, uniform=None, status="o
 
 def test_entropy_tables_average_documents_per_method_and_layer_in_the_given_order_with_the_uniform_row():
     from ctxeval.report.tables import entropy_tables
-    from ctxeval.rows import UNIFORM_LABEL
+    from ctxeval.runs.rows import UNIFORM_LABEL
 
     rows = [_entropy_row("b", 8, "d1", 9.0, [9.0, 9.0], 2.0),  # replaced by the later row of the same point
             _entropy_row("b", 8, "d1", 1.0, [0.5, 1.5], 2.0), _entropy_row("b", 8, "d2", 2.0, [1.5, 2.5], 2.0),
@@ -751,8 +751,8 @@ def _write_rulers_files(root: Path, task: str, length: int, n: int) -> None:
 
 def test_prepare_takes_samples_from_rulers_files_then_from_the_run_then_generates_and_keeps_a_copy(tmp_path,
                                                                                                    monkeypatch):
-    import ctxeval.evals.ruler_eval as E
-    from ctxeval.evals.ruler_tasks import RulerSample
+    import ctxeval.evals.ruler.run as E
+    from ctxeval.evals.ruler.tasks import RulerSample
 
     calls = []
 
@@ -790,8 +790,8 @@ def test_prepare_takes_samples_from_rulers_files_then_from_the_run_then_generate
 
 
 def test_write_samples_names_the_folder_or_file_it_cannot_write(tmp_path):
-    from ctxeval.evals.ruler_eval import write_samples
-    from ctxeval.evals.ruler_tasks import RulerSample
+    from ctxeval.evals.ruler.run import write_samples
+    from ctxeval.evals.ruler.tasks import RulerSample
 
     sample = [RulerSample(0, "a", ["b"], -1, "")]
     (tmp_path / "afile").write_text("x")
@@ -804,7 +804,7 @@ def test_write_samples_names_the_folder_or_file_it_cannot_write(tmp_path):
 
 def test_a_ruler_runner_measures_one_sample_per_batch_silently_by_default():
     from ctxeval.evals.common import SilentProgress
-    from ctxeval.evals.ruler_eval import RulerRunner
+    from ctxeval.evals.ruler.run import RulerRunner
     from ctxeval.specs import expand_specs
 
     runner = RulerRunner(None, None, "cpu", "m")
@@ -973,8 +973,8 @@ def test_a_run_without_a_task_in_its_spec_or_any_row_is_refused(tmp_path):
 def test_fwe_too_short_for_four_coded_words_names_the_template_and_the_length_it_needs():
     from transformers import AutoTokenizer
 
-    from ctxeval.evals import ruler as R
-    from ctxeval.paths import TINY_MODEL_DIR
+    from ctxeval.evals.ruler import generate as R
+    from ctxeval.util.paths import TINY_MODEL_DIR
 
     tok = AutoTokenizer.from_pretrained(str(TINY_MODEL_DIR))
     with pytest.raises(CtxevalError) as err:
@@ -986,9 +986,9 @@ def test_fwe_too_short_for_four_coded_words_names_the_template_and_the_length_it
 
 
 def test_cwe_takes_words_past_wonderwords_from_the_extra_list_while_it_is_long_enough():
-    from ctxeval.evals.ruler_sources import Sources, Stream
-    from ctxeval.evals.ruler_tasks import TASKS
-    from ctxeval.evals.ruler_words import CommonWords
+    from ctxeval.evals.ruler.sources import Sources, Stream
+    from ctxeval.evals.ruler.tasks import TASKS
+    from ctxeval.evals.ruler.words import CommonWords
 
     sources = Sources()
     cwe = CommonWords(TASKS["cwe"], sources, Stream(42), 4096)

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 from ctxeval.cli import app
 from ctxeval.cli.options import parse_depths
 from ctxeval.errors import CtxevalError
-from ctxeval.evals import generation as G
+from ctxeval.models import generation as G
 from ctxeval.evals import needle as N
-from ctxeval.presets import load_task, preset_names
+from ctxeval.data.presets import load_task, preset_names
 
 from conftest import build_tokenizer, tiny_llama
 
@@ -508,7 +508,7 @@ def test_generation_stops_at_every_stop_id_and_decodes_without_special_tokens(to
 
 
 def test_generation_under_a_dynamic_method_freezes_the_rope_at_the_length(tok, monkeypatch):
-    from ctxeval.patching import apply_method
+    from ctxeval.rope.patching import apply_method
 
     model = tiny_llama(vocab_size=len(tok))
     runner_ = N.NeedleRunner(model, tok, "cpu", builder(tok, "passkey"),
@@ -802,7 +802,7 @@ class _MemoryStore:
         self.rows_, self.record = list(rows), {}
 
     def done_points(self, key_fields):
-        from ctxeval.rows import point_key
+        from ctxeval.runs.rows import point_key
 
         return {point_key(r, key_fields) for r in self.rows_ if r.get("status") == "ok"}
 
@@ -840,7 +840,7 @@ def test_a_sweep_plans_the_pending_cells_in_batches_weighted_by_their_forwards(t
 
 @pytest.fixture(scope="module")
 def tiny_lm(tiny_model_dir):
-    from ctxeval.models import load_model
+    from ctxeval.models.load import load_model
 
     return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
 
@@ -874,7 +874,7 @@ def test_a_sweep_shares_out_of_memory_lengths_and_halved_batches_across_its_item
 
 
 def test_a_sweep_generates_under_the_applied_dynamic_rope_frozen_at_each_length(tiny_lm, monkeypatch):
-    from ctxeval.patching import RopeHandle
+    from ctxeval.rope.patching import RopeHandle
     from ctxeval.specs import expand_specs
 
     lm = tiny_lm

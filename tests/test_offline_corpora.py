@@ -1,4 +1,4 @@
-"""Tests for ctxeval.offline_corpora.
+"""Tests for ctxeval.data.offline.
 
 Most tests build their own R lazy-load database (Rdata.rdx + Rdata.rdb) with a small hand-written
 R serializer, so they need neither R nor the Debian packages. The tests at the end read the real
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxeval import offline_corpora as oc
+from ctxeval.data import offline as oc
 from ctxeval.errors import CtxevalError
 
 # --- a minimal R serializer (XDR, i.e. big-endian), enough for the objects a lazy-load db holds ---

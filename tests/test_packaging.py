@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 PRESETS = sorted(p.stem for p in (REPO / "tasks").glob("*.toml"))
 # run in a fresh interpreter: where the package ctxeval.tasks is (no checkout fallback), the preset names, and that
 # each preset loads
-PROBE = ("import json; from importlib.resources import files; from ctxeval.presets import preset_names, load_task\n"
+PROBE = ("import json; from importlib.resources import files; from ctxeval.data.presets import preset_names, load_task\n"
          "names = preset_names()\n"
          "for n in names: load_task(n, n.split('-')[0])\n"
          "print(json.dumps({'folder': str(files('ctxeval.tasks')), 'names': names}))\n")

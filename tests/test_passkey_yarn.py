@@ -13,7 +13,7 @@ from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
 from ctxeval.evals import needle as N
 from ctxeval.evals import passkey as P
-from ctxeval.presets import load_task
+from ctxeval.data.presets import load_task
 from ctxeval.tiny import MODEL_DIR
 
 from conftest import build_tokenizer, tiny_llama
@@ -294,7 +294,7 @@ def test_prompts_of_one_token_count_share_a_generate_call(tiny_tok, monkeypatch)
 
 
 def test_a_dynamic_method_is_frozen_at_the_prompt_and_its_budget(tiny_tok, monkeypatch):
-    from ctxeval.patching import apply_method
+    from ctxeval.rope.patching import apply_method
 
     model = tiny_llama(vocab_size=len(tiny_tok))
     r = yarn_runner(tiny_tok, (300,), model=model)

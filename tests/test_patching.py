@@ -7,9 +7,9 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPT2Config, GPT2LMHe
 
 from ctxeval import apply_method
 from ctxeval.errors import CtxevalError
-from ctxeval.methods import Geometry, compute
-from ctxeval.geometry import rope_info_from_config
-from ctxeval.patching import find_rotary_modules
+from ctxeval.rope.methods import Geometry, compute
+from ctxeval.rope.geometry import rope_info_from_config
+from ctxeval.rope.patching import find_rotary_modules
 
 from conftest import TINY, tiny_llama
 
@@ -204,7 +204,7 @@ def test_native_keeps_the_shipped_rope_and_records_it():
     np.testing.assert_allclose(rec["effective"][0]["inv_freq_readback"], want.inv_freq, rtol=1e-5)
 
 
-# -- the survivors of mutmut 3.8.1 over patching.py (docs/testing.md): other rotary layouts and module shapes, the
+# -- the survivors of mutmut 3.8.1 over rope/patching.py (docs/testing.md): other rotary layouts and module shapes, the
 # -- read-back arithmetic, the run record, and every refusal
 
 
@@ -286,8 +286,8 @@ def test_which_modules_count_as_rotary():
 
 
 def test_max_rel_diff_is_relative_to_the_expected_values():
-    from ctxeval.methods import RopeFreqs
-    from ctxeval.patching import Readback
+    from ctxeval.rope.methods import RopeFreqs
+    from ctxeval.rope.patching import Readback
 
     expected = RopeFreqs(np.array([0.5, 0.01]), 2.0)
     assert Readback(np.array([0.5, 0.0101]), 2.0).max_rel_diff(expected) == pytest.approx(0.01)

@@ -18,7 +18,7 @@ from ctxeval.evals import perplexity as P
 from ctxeval.evals.positions import bucket_sums, default_edges, parse_position_buckets
 from ctxeval.report import tables
 from ctxeval.specs import expand_specs
-from ctxeval.store import RunStore
+from ctxeval.runs.store import RunStore
 
 from conftest import TINY, tiny_llama
 from test_ppl import FakeLM, docs
@@ -87,7 +87,7 @@ def test_one_forward_bucket_curve_equals_separate_forwards_and_per_token_losses(
     separate = store_at(tmp_path, "separate")
     runner_ = P.PplRunner(model, "cpu", P.PplConfig(lengths, position_edges=edges), 1, "tiny")
     runner_.dynamic = {spec.label}  # one forward per length, as a length-dependent method runs
-    from ctxeval.patching import apply_method
+    from ctxeval.rope.patching import apply_method
 
     with apply_method(model, spec.name, **spec.params):
         for doc in documents:
@@ -202,8 +202,8 @@ def test_longppl_end_to_end_same_key_tokens_for_every_method(tmp_path, monkeypat
     own logits; a resume reuses key-tokens.json."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ctxeval.corpora import select_long_documents
-    from ctxeval.patching import apply_method
+    from ctxeval.data.corpora import select_long_documents
+    from ctxeval.rope.patching import apply_method
     from ctxeval.tiny import MODEL_DIR
 
     tok = AutoTokenizer.from_pretrained(MODEL_DIR)

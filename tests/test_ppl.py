@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
-from ctxeval.corpora import TokenDoc
+from ctxeval.data.corpora import TokenDoc
 from ctxeval.evals import perplexity as P
 from ctxeval.specs import expand_specs
-from ctxeval.patching import apply_method
-from ctxeval.store import RunStore
+from ctxeval.rope.patching import apply_method
+from ctxeval.runs.store import RunStore
 
 from conftest import TINY, tiny_llama
 
@@ -26,7 +26,7 @@ class FakeLM:
     """What sweep() needs from a LoadedModel."""
 
     def __init__(self, model):
-        from ctxeval.geometry import rope_info_from_config
+        from ctxeval.rope.geometry import rope_info_from_config
 
         self.model, self.device, self.name = model, "cpu", "tiny"
         self.rope = rope_info_from_config(model.config)
@@ -269,7 +269,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, text_dir, extra,
 def test_reading_a_record_file_leaves_datasets_logging_as_it_was(tmp_path):
     import datasets
 
-    from ctxeval import corpora
+    from ctxeval.data import corpora
     from ctxeval.errors import CtxevalError
 
     (tmp_path / "half.jsonl").write_text('{"text": "cut off')

@@ -20,7 +20,7 @@ def run(*args):
 
 
 def test_quickstart_settings_are_valid_method_specs():
-    from ctxeval import methods as M
+    from ctxeval.rope import methods as M
     from ctxeval.specs import expand_specs
 
     for task, settings in QUICKSTART.items():

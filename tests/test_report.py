@@ -8,7 +8,7 @@ import pytest
 
 from ctxeval.report import tables as report
 from ctxeval.errors import CtxevalError
-from ctxeval.store import RunStore, read_rows, run_status
+from ctxeval.runs.store import RunStore, read_rows, run_status
 
 
 def row(label, length, doc, nll_sum=None, n=10, status="ok"):

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
-from ctxeval.methods import Geometry, compute
-from ctxeval.patching import apply_method
+from ctxeval.rope.methods import Geometry, compute
+from ctxeval.rope.patching import apply_method
 
 runner = CliRunner()
 
@@ -20,7 +20,7 @@ def _rows(run_dir):
     return [json.loads(line) for line in (run_dir / "rows.jsonl").read_text().splitlines() if line.strip()]
 
 
-# the point identity of each kind, written here from what a point is (not read from ctxeval.rows)
+# the point identity of each kind, written here from what a point is (not read from ctxeval.runs.rows)
 KINDS = {
     "ppl": (["ppl", "--docs", "2", "--lengths", "32,64", "-m", "none", "-m", "yarn:factor=2"],
             ("label", "length", "doc")),
@@ -120,7 +120,7 @@ def test_deepseek_mscale_ratio_against_transformers():
 
 
 def test_plan_groups_follow_the_ramp():
-    from ctxeval.methods import plan
+    from ctxeval.rope.methods import plan
 
     geom = Geometry(128, 1e4, 4096)
     _, rows = plan("yarn", geom, {"factor": 8})
@@ -145,7 +145,7 @@ def test_needle_generation_under_a_dynamic_method_equals_a_cache_free_recomputat
     scratch, without a cache, with the RoPE frozen at that length."""
     from conftest import build_tokenizer, tiny_llama
     from ctxeval.evals import needle as N
-    from ctxeval.presets import load_task
+    from ctxeval.data.presets import load_task
 
     tok = build_tokenizer()
     model = tiny_llama(vocab_size=len(tok))  # trained length 64: 320 tokens is 5x
@@ -184,7 +184,7 @@ def test_window_aggregates_from_their_definition(tmp_path):
     import torch.nn.functional as F
 
     from conftest import tiny_llama
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals import perplexity as P
     from ctxeval.specs import expand_specs
 
@@ -226,7 +226,7 @@ def test_text_answers_match_regardless_of_case():
     """Needle answers and terms match case-insensitively (a model that writes 'Eat A Sandwich' found the needle),
     as RULER's string_match_all does; integers stay exact."""
     from ctxeval.evals import needle as N
-    from ctxeval.presets import load_task
+    from ctxeval.data.presets import load_task
 
     def preset(name):
         return N.NeedlePreset.from_dict(name, load_task(f"needle-{name}", "needle"))

@@ -1,4 +1,4 @@
-"""The row contract (ctxeval/rows.py) as every command writes it, and the rules the reports share with the runs."""
+"""The row contract (ctxeval/runs/rows.py) as every command writes it, and the rules the reports share with the runs."""
 
 import json
 import math
@@ -9,10 +9,10 @@ import pytest
 from transformers import LlamaConfig
 from typer.testing import CliRunner
 
-from ctxeval import rows as R
+from ctxeval.runs import rows as R
 from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
-from ctxeval.geometry import trained_length, trained_length_of_record
+from ctxeval.rope.geometry import trained_length, trained_length_of_record
 
 runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""RULER's prompts and scoring (ctxeval/evals/ruler.py) against RULER's specification and its own scripts' output.
+"""RULER's prompts and scoring (ctxeval/evals/ruler/generate.py) against RULER's specification and its own scripts' output.
 
 The golden samples below were written by RULER's scripts/data/synthetic/niah.py and variable_tracking.py (seed 42,
 tokenizer_type hf with the bundled tiny model's tokenizer, max_seq_length 1024), through benchmarks/ruler_parity.py,
@@ -12,9 +12,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from ctxeval.errors import CtxevalError
-from ctxeval.evals import ruler as R
-from ctxeval.offline_corpora import held_out_documents
-from ctxeval.paths import TINY_MODEL_DIR
+from ctxeval.evals.ruler import generate as R
+from ctxeval.data.offline import held_out_documents
+from ctxeval.util.paths import TINY_MODEL_DIR
 from ctxeval.report import tables as T
 
 
@@ -274,7 +274,7 @@ def test_cwe_words_past_wonderwords(tok, tmp_path, monkeypatch):
 
 def test_samples_read_from_ruler_files_keep_token_position_answer(tmp_path):
     """--samples-from: the run's copy of RULER's niah samples keeps niah.py's token_position_answer."""
-    from ctxeval.evals.ruler_eval import read_samples
+    from ctxeval.evals.ruler.run import read_samples
 
     path = tmp_path / "validation.jsonl"
     records = [{"index": 5, "input": "a 42 b", "outputs": ["42"], "length": 9, "answer_prefix": " A:",

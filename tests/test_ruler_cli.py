@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from conftest import tiny_llama
 from ctxeval.cli import app
-from ctxeval.evals.ruler_eval import RulerRunner
+from ctxeval.evals.ruler.run import RulerRunner
 
 runner = CliRunner()
 TASKS = "niah_single_1,niah_multikey_3,vt,fwe"
@@ -109,7 +109,7 @@ def test_a_chat_template_wraps_every_prompt_and_is_recorded(tmp_path):
 def test_batched_generation_equals_one_at_a_time():
     from transformers import AutoTokenizer
 
-    from ctxeval.paths import TINY_MODEL_DIR
+    from ctxeval.util.paths import TINY_MODEL_DIR
 
     tok = AutoTokenizer.from_pretrained(str(TINY_MODEL_DIR))
     model = tiny_llama(vocab_size=len(tok))
@@ -142,8 +142,7 @@ def test_essays_read_as_rulers_download_script_writes_them(tmp_path):
 def test_qa_files_download_from_rulers_urls_or_fail_in_one_line(tmp_path, monkeypatch):
     from test_ruler import write_qa_files
 
-    from ctxeval.evals import ruler as R
-
+    from ctxeval.evals.ruler import generate as R
     monkeypatch.setenv("CTXEVAL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(R.QA_URLS, "squad.json", [f"file://{tmp_path}/nowhere/squad.json"])  # unreachable
     args = ["ruler", "--model", "tiny", "--tasks", "qa_1", "--lengths", "4k", "--samples", "1", "--device", "cpu"]

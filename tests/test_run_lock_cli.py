@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 
 from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
-from ctxeval.runlock import holder
-from ctxeval.store import RunStore
+from ctxeval.runs.lock import holder
+from ctxeval.runs.store import RunStore
 
 runner = CliRunner()
 # a process that holds a run directory the way a measuring `ctxeval` does (RunStore locks it) and then waits
-HOLDER = ("import sys, time\nfrom ctxeval.store import RunStore\n"
+HOLDER = ("import sys, time\nfrom ctxeval.runs.store import RunStore\n"
           "store = RunStore(sys.argv[1], {'task': 'holder'}, overwrite=True)\nstore.start({})\n"
           "print('holding', flush=True)\ntime.sleep(120)\n")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ctxeval.errors import CtxevalError
-from ctxeval.runlock import RunLock, holder
+from ctxeval.runs.lock import RunLock, holder
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="no fcntl: locking is off on Windows")
 
@@ -57,7 +57,7 @@ def test_second_lock_is_refused_until_release(tmp_path):
 
 def test_lock_held_by_killed_child_is_not_stale(tmp_path):
     run_dir = tmp_path / "run"
-    code = "import sys, time; from ctxeval.runlock import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); time.sleep(60)"
+    code = "import sys, time; from ctxeval.runs.lock import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); time.sleep(60)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     child = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], env=env)
     try:

@@ -44,10 +44,10 @@ def test_smollm2_fast_attention_kernels_equal_the_chunked_reference(monkeypatch)
     pytest.importorskip("gguf")
     import torch
 
-    from ctxeval.attention import attention_methods
-    from ctxeval.attention_kernels import KERNEL_ENV
-    from ctxeval.models import load_model
-    from ctxeval.patching import find_rotary_modules
+    from ctxeval.attention.patching import attention_methods
+    from ctxeval.attention.kernels import KERNEL_ENV
+    from ctxeval.models.load import load_model
+    from ctxeval.rope.patching import find_rotary_modules
     from ctxeval.specs import expand_specs
 
     lm = load_model("smollm2", dtype="float32", device="cpu")
@@ -83,10 +83,10 @@ def test_smollm2_fused_attention_on_real_activations_equals_the_reference():
     import torch
     from transformers.modeling_utils import AttentionInterface
 
-    from ctxeval.attention_kernels import fused_attend
-    from ctxeval.attention_methods import attend
-    from ctxeval.models import load_model
-    from ctxeval.patching import find_rotary_modules
+    from ctxeval.attention.kernels import fused_attend
+    from ctxeval.attention.methods import attend
+    from ctxeval.models.load import load_model
+    from ctxeval.rope.patching import find_rotary_modules
     from ctxeval.specs import expand_specs
 
     lm = load_model("smollm2", dtype="float32", device="cpu")

@@ -1,6 +1,6 @@
-"""The run store (ctxeval/store.py) as a crash, a resume and a torchrun job leave it: rows appended around a torn
+"""The run store (ctxeval/runs/store.py) as a crash, a resume and a torchrun job leave it: rows appended around a torn
 line, rank files read and merged in rank order, run.json's record and history, the provenance it claims, and the
-status a run ends with. Written for mutmut's survivors over store.py (docs/testing.md)."""
+status a run ends with. Written for mutmut's survivors over runs/store.py (docs/testing.md)."""
 
 import datetime as dt
 import json
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import ctxeval.store as store_module
-from ctxeval.store import RunStore, environment, now_utc, read_rows, run_status
+import ctxeval.runs.store as store_module
+from ctxeval.runs.store import RunStore, environment, now_utc, read_rows, run_status
 
 
 def lines(path: Path) -> list[str]:
@@ -178,8 +178,8 @@ def test_environment_is_what_this_process_runs_on(monkeypatch, kernels_on, kerne
 
 def test_the_git_commit_of_the_checkout_ctxeval_runs_from(tmp_path, monkeypatch):
     checkout = tmp_path / "checkout"
-    (checkout / "ctxeval").mkdir(parents=True)
-    monkeypatch.setattr(store_module, "__file__", str(checkout / "ctxeval" / "store.py"))
+    (checkout / "ctxeval" / "runs").mkdir(parents=True)
+    monkeypatch.setattr(store_module, "__file__", str(checkout / "ctxeval" / "runs/store.py"))
     assert environment()["git_commit"] is None  # not a git checkout (an installed wheel, a copied tree)
 
     def git(*args):
@@ -187,14 +187,14 @@ def test_the_git_commit_of_the_checkout_ctxeval_runs_from(tmp_path, monkeypatch)
                               capture_output=True, text=True, check=True).stdout.strip()
 
     git("init", "-q")
-    (checkout / "ctxeval" / "store.py").write_text("x = 1\n")
+    (checkout / "ctxeval" / "runs/store.py").write_text("x = 1\n")
     git("add", ".")
     git("commit", "-qm", "first")
     head = git("rev-parse", "HEAD")
     assert len(head) == 40 and environment()["git_commit"] == head
     (checkout / "notes.txt").write_text("untracked")  # untracked files do not make the checkout dirty
     assert environment()["git_commit"] == head
-    (checkout / "ctxeval" / "store.py").write_text("x = 2\n")  # a tracked file changed: the code is not HEAD's
+    (checkout / "ctxeval" / "runs/store.py").write_text("x = 2\n")  # a tracked file changed: the code is not HEAD's
     assert environment()["git_commit"] == head + "+dirty"
 
     def no_git(*args, **kwargs):

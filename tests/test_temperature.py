@@ -11,7 +11,7 @@ from transformers import BloomConfig, BloomForCausalLM, GPT2Config, GPT2LMHeadMo
 from conftest import build_tokenizer, tiny_llama
 from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
-from ctxeval.attention import attention_temperature
+from ctxeval.attention.patching import attention_temperature
 
 runner = CliRunner()
 IDS = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(0))
@@ -117,7 +117,7 @@ def test_a_scale_the_forward_never_reads_is_refused():
     """Falcon's RoPE attention keeps inv_norm_factor/beta but does not use them: the probe forward catches it."""
     from transformers import FalconConfig, FalconForCausalLM
 
-    from ctxeval.attention import supports_temperature
+    from ctxeval.attention.patching import supports_temperature
 
     torch.manual_seed(0)
     falcon = FalconForCausalLM(FalconConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,

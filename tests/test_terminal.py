@@ -80,8 +80,8 @@ def test_numbered_names_one_item_a_run_or_a_set():
 
 
 def test_ruler_progress_names_each_sample(monkeypatch):
-    from ctxeval.evals.ruler_eval import RulerRunner
-    from ctxeval.evals.ruler_tasks import RulerSample
+    from ctxeval.evals.ruler.run import RulerRunner
+    from ctxeval.evals.ruler.tasks import RulerSample
     from ctxeval.specs import expand_specs
 
     lines = []
@@ -178,7 +178,7 @@ def test_an_interrupted_run_says_what_it_kept_before_the_interruption(tmp_path, 
 # -- tables ----------------------------------------------------------------------------------------------------------
 
 def _store(tmp_path, task, rows):
-    from ctxeval.store import RunStore
+    from ctxeval.runs.store import RunStore
 
     store = RunStore(tmp_path / task, {"task": task})
     store.append(rows)
@@ -264,7 +264,7 @@ def test_the_generation_length_reminder_is_silenced_and_nothing_else(records):
     import torch
     from transformers.generation.stopping_criteria import MaxLengthCriteria
 
-    from ctxeval.models import load_model
+    from ctxeval.models.load import load_model
 
     load_model("tiny", device="cpu")
     MaxLengthCriteria(max_length=100, max_position_embeddings=4)(torch.zeros(1, 8, dtype=torch.long), None)

@@ -45,7 +45,7 @@ def test_model_dir_files_and_size():
 
 
 def test_config_is_llama_with_default_rope_at_trained_length(bundled):
-    from ctxeval.geometry import rope_info_from_config
+    from ctxeval.rope.geometry import rope_info_from_config
 
     _, model = bundled
     cfg = model.config

@@ -79,7 +79,7 @@ def repeated_points(trials: list) -> list[tuple[int, int]]:
 
 
 def tiny_geometry():
-    from ctxeval.methods import Geometry
+    from ctxeval.rope.methods import Geometry
 
     return Geometry(32, 100000.0, TRAINED)  # ctxeval/tiny/model/config.json: head_dim 32, rope_theta 1e5, 128
 
@@ -119,7 +119,7 @@ def longrope_run(tmp_path_factory, module_cache):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from ctxeval.models import load_model
+    from ctxeval.models.load import load_model
 
     return load_model("tiny", dtype="float32", device="cpu")
 
@@ -131,7 +131,7 @@ def tiny():
 def test_yarn_space_searches_betas_and_attention_factor_at_fixed_factor():
     """Bug caught: the factor searched by default (dims gain 'factor'), or fixed at the trained length / target
     (0.125 instead of 8), or a range's log flag dropped."""
-    from ctxeval.search_spaces import build_space
+    from ctxeval.evals.tune.space import build_space
 
     space = build_space(one_spec("yarn"), tiny_geometry(), 1024)
     assert space.factor == 1024 / TRAINED == 8.0
@@ -145,7 +145,7 @@ def test_yarn_space_searches_betas_and_attention_factor_at_fixed_factor():
 def test_a_parameter_fixed_in_the_spec_is_not_searched():
     """Bug caught: `if name not in fixed` dropped: yarn:beta_fast=4 would still search beta_fast (and the trial would
     overwrite the user's 4)."""
-    from ctxeval.search_spaces import build_space
+    from ctxeval.evals.tune.space import build_space
 
     space = build_space(one_spec("yarn:beta_fast=4"), tiny_geometry(), 1024)
     assert [d.key for d in space.dims] == ["beta_slow", "attention_factor"]
@@ -157,7 +157,7 @@ def test_a_parameter_fixed_in_the_spec_is_not_searched():
 @pytest.mark.parametrize("target,low,high", [(1024, 4.0, 32.0), (512, 2.0, 16.0)])
 def test_ntk_alpha_range_is_relative_to_the_factor(target, low, high):
     """alpha in [s/2, 4s]. Bug caught: per="factor" ignored in _bounds (alpha in [1, 4] at every factor)."""
-    from ctxeval.search_spaces import build_space
+    from ctxeval.evals.tune.space import build_space
 
     (dim,) = build_space(one_spec("ntk"), tiny_geometry(), target).dims
     assert (dim.key, dim.low, dim.high, dim.log) == ("alpha", low, high, True)
@@ -167,8 +167,8 @@ def test_ntk_alpha_range_is_relative_to_the_factor(target, low, high):
 def test_self_extend_neighbor_window_is_relative_to_the_trained_length_and_integer(trained):
     """neighbor_window in [L/16, L], whole numbers; group_size in [2, 64]. Bug caught: scale by the factor instead of
     L (or the target), or the int kind lost (a window of 23.7 positions)."""
-    from ctxeval.methods import Geometry
-    from ctxeval.search_spaces import build_space
+    from ctxeval.rope.methods import Geometry
+    from ctxeval.evals.tune.space import build_space
 
     space = build_space(one_spec("yarn+self-extend"), Geometry(32, 100000.0, trained), trained * 8)
     dims = {d.key: d for d in space.dims}
@@ -184,7 +184,7 @@ def test_self_extend_neighbor_window_is_relative_to_the_trained_length_and_integ
 
 def test_longrope_has_one_dim_per_pair_in_one_to_one_plus_s():
     """Bug caught: the range [1, s] (LongRoPE's dim_mono range is [1, 1 + s]), or d instead of d/2 factors."""
-    from ctxeval.search_spaces import build_space
+    from ctxeval.evals.tune.space import build_space
 
     space = build_space(one_spec("longrope"), tiny_geometry(), 1024)
     assert space.vector and space.pairs == 16
@@ -196,7 +196,7 @@ def test_longrope_has_one_dim_per_pair_in_one_to_one_plus_s():
 
 def test_monotone_is_the_running_max():
     """Bug caught: np.minimum.accumulate, or sorting (which moves values between pairs)."""
-    from ctxeval.search_spaces import monotone
+    from ctxeval.evals.tune.space import monotone
 
     assert monotone([1.0, 3.0, 2.0, 5.0, 4.0, 4.5]) == (1.0, 3.0, 3.0, 5.0, 5.0, 5.0)
     assert monotone([2.0, 1.0]) == (2.0, 2.0)
@@ -204,7 +204,7 @@ def test_monotone_is_the_running_max():
 
 def test_snap_rounds_longrope_to_the_grid_and_other_floats_to_four_digits():
     """Bug caught: round(value, 2) applied to every float (beta_slow 0.0123 -> 0.01), or '.4f' instead of '.4g'."""
-    from ctxeval.search_spaces import build_space
+    from ctxeval.evals.tune.space import build_space
 
     yarn = build_space(one_spec("yarn"), tiny_geometry(), 1024)
     assert yarn.snap({"beta_fast": 12.34567, "beta_slow": 0.0123456, "attention_factor": 1.23456}) == {
@@ -225,7 +225,7 @@ def test_snap_rounds_longrope_to_the_grid_and_other_floats_to_four_digits():
 def test_spec_of_an_invalid_point_raises():
     """Bug caught: spec() skips resolve_params (beta_slow >= beta_fast would be measured as a method)."""
     from ctxeval.errors import CtxevalError
-    from ctxeval.search_spaces import build_space
+    from ctxeval.evals.tune.space import build_space
 
     space = build_space(one_spec("yarn"), tiny_geometry(), 1024)
     for slow in (2.0, 3.0):
@@ -240,8 +240,8 @@ def test_longrope_seeds_are_pi_ntk_and_yarn_factors():
     """pi = s for every pair; ntk = s^(2i/(d-2)); yarn = s (1 - gamma) + gamma, gamma = YaRN's ramp at beta 32 / 1
     (1 extrapolates, 0 interpolates); each clipped to [1, 1 + s]. Bug caught: the ntk exponent 2i/d (last pair
     s^(15/16) instead of s), or gamma and 1 - gamma swapped (factors decreasing from s to 1)."""
-    from ctxeval.methods import yarn_ramp
-    from ctxeval.search_spaces import build_space, longrope_seeds
+    from ctxeval.rope.methods import yarn_ramp
+    from ctxeval.evals.tune.space import build_space, longrope_seeds
 
     geometry = tiny_geometry()
     s, d = 8.0, 32
@@ -339,7 +339,7 @@ def _nll(model, ids):
 
 def _ppl(lm, docs, length, method=None, params=None):
     """exp(token-weighted NLL) over `docs`: BOS + the first length - 1 tokens of each (the truncate protocol)."""
-    from ctxeval.patching import apply_method
+    from ctxeval.rope.patching import apply_method
 
     bos = lm.tokenizer.bos_token_id
     total, tokens = 0.0, 0
@@ -387,7 +387,7 @@ def test_rows_are_the_finished_trials_and_the_winner_is_the_best_feasible(yarn_r
 def test_invalid_rows_are_invalid_points(yarn_run):
     """Bug caught: a point refused for another reason (an exception in scoring) recorded as 'invalid'."""
     from ctxeval.errors import CtxevalError
-    from ctxeval.search_spaces import build_space
+    from ctxeval.evals.tune.space import build_space
 
     space = build_space(one_spec("yarn"), tiny_geometry(), TARGET)
     for r in rows_of(yarn_run.dir):
@@ -403,8 +403,7 @@ def test_a_trial_value_is_the_perplexity_recomputed_independently(yarn_run, tiny
     patching.apply_method and a plain forward; its short_rise with plain RoPE's ppl at 128 recomputed too. Bug caught:
     the ppl averaged per document instead of token-weighted, the method applied at the trained length, the baseline
     measured with the method applied, or the objective read from the short length."""
-    from ctxeval import corpora
-
+    from ctxeval.data import corpora
     record = record_of(yarn_run.dir)
     tuning_ids = [d["doc"] for d in record["data"]["documents"] if d["role"] == "tuning"]
     assert len(tuning_ids) == 2
@@ -428,8 +427,7 @@ def test_a_trial_value_is_the_perplexity_recomputed_independently(yarn_run, tiny
 def test_rerun_reuses_every_trial_and_more_trials_add_only_the_difference(tmp_path, monkeypatch):
     """Bug caught: `have_rows` not filled from rows.jsonl (every trial's row written again by the end-of-search sync),
     or --trials counted as trials to run now instead of finished trials the study should hold."""
-    from ctxeval.evals import tune as tune_mod
-
+    from ctxeval.evals.tune import search as tune_mod
     out = tmp_path / "run"
     args = [*SMALL, "--short-tolerance", "0", "--out", out]
     first = tune(*args, "--trials", "4")
@@ -577,8 +575,8 @@ def test_processes_opening_a_fresh_storage_together_all_get_the_study(tmp_path):
     import optuna
 
     from ctxeval.errors import CtxevalError
-    from ctxeval.evals.tune import TuneConfig, open_study
-    from ctxeval.search_spaces import build_space
+    from ctxeval.evals.tune.search import TuneConfig, open_study
+    from ctxeval.evals.tune.space import build_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg, space = TuneConfig(TARGET, TRAINED, trials=4), build_space(one_spec("yarn"), tiny_geometry(), TARGET)
@@ -744,8 +742,8 @@ def test_yarn_export_round_trip(yarn_run, tiny):
     import torch
     from transformers import AutoConfig
 
-    from ctxeval.models import load_model
-    from ctxeval.patching import apply_method
+    from ctxeval.models.load import load_model
+    from ctxeval.rope.patching import apply_method
 
     tune_record = record_of(yarn_run.dir)["tune"]
     winner = tune_record["winner"]
@@ -780,8 +778,8 @@ def test_longrope_export_round_trip(longrope_run, tiny):
     import torch
     from transformers import AutoConfig
 
-    from ctxeval.models import load_model
-    from ctxeval.patching import apply_method
+    from ctxeval.models.load import load_model
+    from ctxeval.rope.patching import apply_method
 
     tune_record = record_of(longrope_run.dir)["tune"]
     winner = tune_record["winner"]
@@ -811,7 +809,7 @@ def test_export_refuses_attention_methods_and_dynamic_ntk():
     differently. Bug caught: the `spec.attention` check dropped (yarn+self-extend exported as plain yarn), or
     dynamic-ntk exported as rope_type 'dynamic'."""
     from ctxeval.errors import CtxevalError
-    from ctxeval.evals.tune_export import rope_parameters
+    from ctxeval.evals.tune.export import rope_parameters
 
     geometry = tiny_geometry()
     with pytest.raises(CtxevalError, match="attention"):
@@ -825,8 +823,8 @@ def test_ntk_exports_as_plain_rope_at_the_new_base():
     """A static NTK winner is plain RoPE at base b' (rope_type default): its inverse frequencies are NTK's. Bug caught:
     the exponent d/(d-2) (NTK's own base formula) applied to the ratio of the second pair's frequencies instead of
     d/2."""
-    from ctxeval.evals.tune_export import rope_parameters
-    from ctxeval.methods import Geometry, compute
+    from ctxeval.evals.tune.export import rope_parameters
+    from ctxeval.rope.methods import Geometry, compute
 
     geometry = tiny_geometry()
     for params in ("ntk:alpha=5.3", "ntk:factor=8"):
@@ -845,7 +843,7 @@ def test_longrope_trials_are_on_the_grid_and_monotone(longrope_run):
     """Every trial's long factors are on the 0.01 grid in [1, 1 + s], the method its label names has non-decreasing
     long factors, and the first trials are the PI / NTK / YaRN seeds. Bug caught: snap skipped for the trials
     NSGA-II breeds (crossover gives off-grid values), or spec() without the running max."""
-    from ctxeval.search_spaces import build_space, longrope_seeds
+    from ctxeval.evals.tune.space import build_space, longrope_seeds
     from ctxeval.specs import format_param
 
     space = build_space(one_spec("longrope"), tiny_geometry(), TARGET)
@@ -914,8 +912,7 @@ def test_recover_fails_dead_and_orphaned_trials_and_retries_only_drawn_points(tm
     process's trial, or `dead_here` ignoring the host."""
     import optuna
 
-    from ctxeval.evals import tune as tune_mod
-
+    from ctxeval.evals.tune import search as tune_mod
     storage = optuna.storages.RDBStorage(sqlite_url(tmp_path / "s.db"))
     study = optuna.create_study(study_name="x", storage=storage)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -946,8 +943,7 @@ def test_a_failed_retry_is_not_retried_again(tmp_path):
     measured first on every resume and the search never gets past it."""
     import optuna
 
-    from ctxeval.evals import tune as tune_mod
-
+    from ctxeval.evals.tune import search as tune_mod
     storage = optuna.storages.RDBStorage(sqlite_url(tmp_path / "s.db"))
     study = optuna.create_study(study_name="x", storage=storage)
     first = study.ask()
@@ -966,8 +962,8 @@ def test_seed_points_are_queued_with_the_study(tmp_path):
     """The creator queues the defaults when it creates the study (before any forward), a process that joins queues
     nothing. Bug caught: seeds queued after the baseline forward (an interruption there leaves a study without them),
     or by every process that opens the study."""
-    from ctxeval.evals.tune import TuneConfig, open_study
-    from ctxeval.search_spaces import build_space
+    from ctxeval.evals.tune.search import TuneConfig, open_study
+    from ctxeval.evals.tune.space import build_space
 
     space = build_space(one_spec("yarn"), tiny_geometry(), 1024)
     cfg = TuneConfig(1024, 128, trials=5)
@@ -983,7 +979,7 @@ def test_seed_points_are_queued_with_the_study(tmp_path):
 def test_factor_is_rounded_as_every_command_rounds_it_and_ntk_searches_no_second_factor():
     """Bug caught: the exact target / trained ratio (7.8125 for 1000 / 128) while --compare specs get default_factor's
     7.82; or --search-factor adding a factor next to ntk's alpha (every point refused by ntk's checks)."""
-    from ctxeval.search_spaces import build_space
+    from ctxeval.evals.tune.space import build_space
     from ctxeval.specs import default_factor
 
     space = build_space(one_spec("yarn"), tiny_geometry(), 1000)
@@ -995,7 +991,7 @@ def test_factor_is_rounded_as_every_command_rounds_it_and_ntk_searches_no_second
 def test_export_that_cannot_be_written_fails_before_the_search(tmp_path):
     """--export naming a file, or the model's own directory: one line, exit 2, no run directory. Bug caught: the checks
     running only after the search and the held-out run (minutes lost, or a NotADirectoryError traceback)."""
-    from ctxeval.paths import TINY_MODEL_DIR
+    from ctxeval.util.paths import TINY_MODEL_DIR
 
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")

@@ -10,12 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
-from ctxeval.methods import Geometry, compute
+from ctxeval.rope.methods import Geometry, compute
 from ctxeval.report.runs import expand_run_args
 from ctxeval.report.tables import fmt_ppl
 from ctxeval.report.tune import render_tune, trials_frame
 from ctxeval.report.tune_data import Heldout, best_so_far, inv_freq, pair_scales, pareto_front, read_tune, trial_rows
-from ctxeval.store import read_rows
+from ctxeval.runs.store import read_rows
 
 pytest.importorskip("optuna")
 runner = CliRunner()

@@ -18,9 +18,9 @@ from typer.testing import CliRunner  # noqa: E402
 from ctxeval.cli import app  # noqa: E402
 from ctxeval.errors import CtxevalError  # noqa: E402
 from ctxeval.evals import vllm_engine  # noqa: E402
-from ctxeval.evals.generation import greedy_config, until_stop  # noqa: E402
-from ctxeval.models import load_model  # noqa: E402
-from ctxeval.patching import apply_method  # noqa: E402
+from ctxeval.models.generation import greedy_config, until_stop  # noqa: E402
+from ctxeval.models.load import load_model  # noqa: E402
+from ctxeval.rope.patching import apply_method  # noqa: E402
 from ctxeval.specs import expand_specs  # noqa: E402
 
 LONG = ";".join(f"{1 + 3 * i / 15:.4f}" for i in range(16))  # the tiny model has 16 rotary pairs
@@ -111,7 +111,7 @@ def test_ruler_and_needle_on_vllm_equal_hf_and_resume_only_on_vllm(tmp_path):
 
 
 def test_an_architecture_vllm_does_not_run_is_refused_in_one_line(tmp_path):
-    from ctxeval.models import model_directory
+    from ctxeval.models.load import model_directory
 
     model = tmp_path / "model"
     shutil.copytree(model_directory("tiny"), model)

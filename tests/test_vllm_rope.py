@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
-from ctxeval.methods import Geometry, compute
+from ctxeval.rope.methods import Geometry, compute
 from ctxeval.specs import MethodSpec, expand_specs
-from ctxeval.vllm_rope import compare_rotation, decode_rotation, plan, rotation_probe, verify
+from ctxeval.models.vllm_rope import compare_rotation, decode_rotation, plan, rotation_probe, verify
 
 GEOM = Geometry(rotary_dim=64, base=10000.0, original_length=2048)
 
@@ -221,8 +221,8 @@ def test_vllm_stays_out_of_every_other_import_path():
     import subprocess
     import sys
 
-    code = ("import sys, ctxeval.cli, ctxeval.evals.needle, ctxeval.evals.ruler_eval, ctxeval.evals.sweep, "
-            "ctxeval.evals.vllm_engine, ctxeval.vllm_rope; print(any(m == 'vllm' or m.startswith('vllm.') "
+    code = ("import sys, ctxeval.cli, ctxeval.evals.needle, ctxeval.evals.ruler.run, ctxeval.evals.sweep, "
+            "ctxeval.models.vllm_engine, ctxeval.models.vllm_rope; print(any(m == 'vllm' or m.startswith('vllm.') "
             "for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -12,10 +12,10 @@ import torch
 from ctxeval.cli.options import parse_lengths
 from ctxeval.cli.ppl import PplSettings, select_documents
 from ctxeval.evals import perplexity as P
-from ctxeval.presets import load_task
+from ctxeval.data.presets import load_task
 from ctxeval.report.tables import ppl_long
 from ctxeval.specs import expand_specs
-from ctxeval.store import RunStore
+from ctxeval.runs.store import RunStore
 
 from conftest import TINY, tiny_llama
 from test_ppl import FakeLM
@@ -118,7 +118,7 @@ def yarn_compute_perplexity(model, encoded_texts, max_length, sliding_window=256
 @pytest.mark.parametrize("protocol", ["truncate", "sliding"])
 def test_window_aggregate_equals_the_repos_compute_perplexity(tmp_path, protocol):
     """A scaled-down GovReport (sliding, documents shorter and longer than the window) and Proof-pile (truncate)."""
-    from ctxeval.corpora import TokenDoc
+    from ctxeval.data.corpora import TokenDoc
 
     model = tiny_llama()
     L = TINY["max_position_embeddings"]

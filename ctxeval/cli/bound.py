@@ -1,4 +1,4 @@
-"""`ctxeval bound`: the lower bound on the RoPE base from "Base of RoPE Bounds Context Length" (ctxeval/bound.py)."""
+"""`ctxeval bound`: the lower bound on the RoPE base from "Base of RoPE Bounds Context Length" (ctxeval/rope/bound.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from .. import bound as BD
+from ..rope import bound as BD
 from ..errors import CtxevalError
-from ..models import load_config
+from ..models.load import load_config
 from .console import err, out, user_errors
 from .options import Fmt, parse_lengths
 

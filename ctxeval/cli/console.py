@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn,
 from rich.table import Table
 from rich.text import Text
 
-from ..distributed import current, shutdown
+from ..runs.distributed import current, shutdown
 from ..errors import CtxevalError
 from .options import check_options
 

@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import corpora
+from ..data import corpora
 from ..errors import CtxevalError
-from ..models import DEFAULT_MODEL
+from ..models.load import DEFAULT_MODEL
 from ..specs import expand_specs
 from .console import print_outputs, user_errors
 from .options import (DOCS, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, MaxMemoryOpt, OutOpt, OverwriteOpt,

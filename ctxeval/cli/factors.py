@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..distributed import current
+from ..runs.distributed import current
 from ..specs import MethodSpec, plain_rope_notes, with_default_factors
 from .console import err
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import CtxevalError
-from ..models import DEFAULT_MODEL
+from ..models.load import DEFAULT_MODEL
 from ..specs import MethodSpec, expand_specs
 from .console import err, print_outputs, user_errors
 from .options import (BackendOpt, Check, DeviceOpt, DtypeOpt, FactorOpt, GpuMemoryOpt, MaxModelLenOpt, OutOpt,

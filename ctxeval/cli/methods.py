@@ -12,10 +12,10 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..attention_methods import ATTENTION_METHODS, logn_length, relative_position, window_of
+from ..attention.methods import ATTENTION_METHODS, logn_length, relative_position, window_of
 from ..errors import CtxevalError
-from ..methods import METHODS, Geometry, get_method, plan, resolve_params
-from ..models import load_config
+from ..rope.methods import METHODS, Geometry, get_method, plan, resolve_params
+from ..models.load import load_config
 from ..specs import expand_specs, plain_rope_notes, takes_default_factor, with_default_factors
 from .console import err, out, user_errors
 from .options import Check, FactorOpt, Fmt, MethodOpt, parse_factors

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import numpy as np
 import typer
 
-from .. import corpora
+from ..data import corpora
 from ..errors import CtxevalError
-from ..models import DEFAULT_MODEL
-from ..presets import load_task, preset_names
+from ..models.load import DEFAULT_MODEL
+from ..data.presets import load_task, preset_names
 from ..specs import expand_specs
 from .console import err, print_outputs, user_errors
 from .options import (NEEDLE_HELP, SAMPLES, THRESHOLD, AttnOpt, BackendOpt, BatchOpt, Check, DeviceMapOpt, DeviceOpt,

@@ -15,9 +15,9 @@ from typing import Annotated, Any, Callable, Optional
 import numpy as np
 import typer
 
-from ..attention import check_temperature
+from ..attention.patching import check_temperature
 from ..errors import CtxevalError
-from ..numbers import MAX_TOKENS, parse_number, parse_token_count, parse_whole
+from ..util.numbers import MAX_TOKENS, parse_number, parse_token_count, parse_whole
 
 
 @dataclass(frozen=True)

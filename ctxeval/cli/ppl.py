@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
-from .. import corpora
+from ..data import corpora
 from ..errors import CtxevalError
-from ..memory import GIB, dry_run
-from ..presets import load_task
-from ..rows import AGGREGATES
+from ..models.memory import GIB, dry_run
+from ..data.presets import load_task
+from ..runs.rows import AGGREGATES
 from ..specs import MethodSpec, expand_specs
 from .console import err, print_outputs, print_table, user_errors
 from .options import (DOCS, VALID_TOLERANCE, AttnOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt,
@@ -215,7 +215,7 @@ def evaluator_loader(lm: Any, name: str, dtype: str, device: str, attn: str, tru
     """How find_key_tokens gets the LongPPL evaluator (only when key-tokens.json cannot be reused): the loaded model
     itself when it is the evaluator, else the named model loaded beside it (same options) and freed after."""
     from ..evals.key_tokens import same_tokenizer
-    from ..models import load_model, parse_max_memory
+    from ..models.load import load_model, parse_max_memory
 
     def load() -> tuple[Any, Callable[[], None]]:
         if name == lm.name:

@@ -10,13 +10,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import corpora
+from ..data import corpora
 from ..errors import CtxevalError
-from ..models import DEFAULT_MODEL
-from ..paths import cache_dir
-from ..rows import RULER_THRESHOLD
+from ..models.load import DEFAULT_MODEL
+from ..util.paths import cache_dir
+from ..runs.rows import RULER_THRESHOLD
 from ..specs import expand_specs
-from ..textfiles import MAX_TEXT_BYTES, read_bytes, read_json, read_text
+from ..util.textfiles import MAX_TEXT_BYTES, read_bytes, read_json, read_text
 from .console import err, print_outputs, user_errors
 from .options import (AttnOpt, BackendOpt, Check, DeviceMapOpt, DeviceOpt, DtypeOpt, FactorOpt, GpuMemoryOpt,
                       MaxMemoryOpt, MaxModelLenOpt, OutOpt, OverwriteOpt, PipelineParallelOpt, PlainModelOpt, RemoteOpt,
@@ -112,10 +112,10 @@ def ruler_cmd(
     vllm_arg: VllmArgOpt = None,
 ) -> None:
     """RULER's synthetic tasks (NIAH x8, variable tracking, common/frequent words): mean score per length, effective length."""
-    from ..evals.ruler_eval import RulerConfig, RulerRunner, prepare, sweep
-    from ..evals.ruler_qa import QA, QA_URLS, qa_folder
-    from ..evals.ruler_sources import Sources, english_words
-    from ..evals.ruler_tasks import TASKS
+    from ..evals.ruler.run import RulerConfig, RulerRunner, prepare, sweep
+    from ..evals.ruler.qa import QA, QA_URLS, qa_folder
+    from ..evals.ruler.sources import Sources, english_words
+    from ..evals.ruler.tasks import TASKS
     from ..report.single import render_ruler
 
     model_name = model or DEFAULT_MODEL

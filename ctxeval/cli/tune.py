@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from .. import corpora
+from ..data import corpora
 from ..errors import CtxevalError
 from ..specs import expand_specs
 from .console import err, print_outputs, user_errors
@@ -70,9 +70,9 @@ def tune_cmd(
     trust_remote_code: RemoteOpt = False,
 ) -> None:
     """Find the best parameters of a method for a target length (optuna; resumable, shareable) and export them."""
-    from ..evals.tune import TuneConfig, open_study, require_optuna, storage_url, split_documents
-    from ..evals.tune_run import TuneJob, long_documents
-    from ..search_spaces import build_space, describe, parse_overrides
+    from ..evals.tune.search import TuneConfig, open_study, require_optuna, storage_url, split_documents
+    from ..evals.tune.job import TuneJob, long_documents
+    from ..evals.tune.space import build_space, describe, parse_overrides
 
     if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
         raise CtxevalError("ctxeval tune does not run under torchrun: start one `ctxeval tune` per GPU "
@@ -126,7 +126,7 @@ def tune_cmd(
                f"held out {', '.join(d.doc_id for d in heldout)})")
 
     if export is not None:  # an export that cannot be written fails now, not after the search
-        from ..evals.tune_export import check_export
+        from ..evals.tune.export import check_export
 
         corner = search_space.snap({d.key: d.low for d in search_space.dims})
         check_export(str(settings["model"]), search_space.spec(corner), geometry, target_len, export, trust_remote_code)
@@ -136,7 +136,7 @@ def tune_cmd(
                   open_study(url, protocol, cfg, search_space, geometry, explicit=True) if storage is not None else None)
 
     def work(store: Any, progress: Any) -> None:
-        from ..evals.tune_run import run_tune
+        from ..evals.tune.job import run_tune
 
         run_tune(lm, job, store, progress, lambda text: err.print(f"note: {text}", markup=False))
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from ..errors import CtxevalError
-from ..rows import METRICS
+from ..runs.rows import METRICS
 from ..specs import MethodSpec
 
 

@@ -28,10 +28,10 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..attention import watch_sdpa
-from ..corpora import TokenDoc
+from ..attention.patching import watch_sdpa
+from ..data.corpora import TokenDoc
 from ..errors import CtxevalError
-from ..rows import RESUME_FIELDS, uniform_entropy
+from ..runs.rows import RESUME_FIELDS, uniform_entropy
 from ..specs import MethodSpec
 from .common import PointOOM, Progress, SilentProgress, oom_guard, point_row
 from .sweep import document_items, length_dependent, run_items

@@ -32,12 +32,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..corpora import TokenDoc
-from ..distributed import current
+from ..data.corpora import TokenDoc
+from ..runs.distributed import current
 from ..errors import CtxevalError
-from ..numbers import whole_number
+from ..util.numbers import whole_number
 from ..specs import MethodSpec
-from ..textfiles import MAX_TEXT_BYTES, read_json, write_text
+from ..util.textfiles import MAX_TEXT_BYTES, read_json, write_text
 from .common import Progress, SilentProgress, oom_guard
 from .perplexity import token_nll
 from .sweep import applying, length_dependent

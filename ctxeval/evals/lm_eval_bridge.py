@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CtxevalError
-from ..numbers import finite_number
-from ..hub import hub_reachable, offline_unless_reachable
-from ..models import drop_messages
-from ..paths import safe_name
-from ..rows import point_key
+from ..util.numbers import finite_number
+from ..util.hub import hub_reachable, offline_unless_reachable
+from ..models.load import drop_messages
+from ..util.paths import safe_name
+from ..runs.rows import point_key
 from ..specs import MethodSpec
-from ..textfiles import atomic_path, make_dirs, parse_json, write_text
+from ..util.textfiles import atomic_path, make_dirs, parse_json, write_text
 from .common import Progress, SilentProgress, point_row
 from .sweep import applied
 

@@ -20,12 +20,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .. import corpora
+from ..data import corpora
 from ..errors import CtxevalError
-from ..rows import RESUME_FIELDS, point_key
+from ..runs.rows import RESUME_FIELDS, point_key
 from ..specs import MethodSpec
 from .common import PointOOM, Progress, SilentProgress, head_parts, numbered, oom_guard, point_row
-from .generation import greedy_config, stop_ids, streams, until_stop
+from ..models.generation import greedy_config, stop_ids, streams, until_stop
 from .sweep import WorkItem, forward_cost, run_items
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import CtxevalError
-from ..presets import load_task
+from ..data.presets import load_task
 from .common import Progress
 from .needle import FILLER, NeedleConfig, NeedleItem, NeedlePreset, NeedleRunner, Sample
 

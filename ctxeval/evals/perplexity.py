@@ -22,10 +22,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..corpora import TokenDoc
+from ..data.corpora import TokenDoc
 from ..errors import CtxevalError
-from ..methods import get_method
-from ..rows import RESUME_FIELDS
+from ..rope.methods import get_method
+from ..runs.rows import RESUME_FIELDS
 from ..specs import MethodSpec
 from .positions import add_sums, bucket_sums, key_sums
 from .common import PointOOM, Progress, SilentProgress, head_parts, oom_guard, point_row

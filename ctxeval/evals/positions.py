@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import CtxevalError
-from ..numbers import parse_token_count, parse_whole
+from ..util.numbers import parse_token_count, parse_whole
 
 
 MAX_BUCKETS = 1024  # more buckets than a table or a plot can show; a larger count is a typo

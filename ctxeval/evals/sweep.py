@@ -8,12 +8,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from ..distributed import current
-from ..methods import get_method
-from ..patching import apply_method, find_rotary_modules
-from ..attention import attention_methods, attention_temperature, kernel_of, verify_attention_methods
+from ..runs.distributed import current
+from ..rope.methods import get_method
+from ..rope.patching import apply_method, find_rotary_modules
+from ..attention.patching import attention_methods, attention_temperature, kernel_of, verify_attention_methods
 from ..errors import CtxevalError
-from ..rows import point_key
+from ..runs.rows import point_key
 from ..specs import MethodSpec
 from .common import Progress
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import CtxevalError
-from ..rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
-from ..store import RUN_FILE, now_utc
-from ..textfiles import write_text
+from ..runs.rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
+from ..runs.store import RUN_FILE, now_utc
+from ..util.textfiles import write_text
 from .merged import Report
 from .render import write_plots
 from .runs import Group, Run

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..errors import CtxevalError
-from ..rows import AGGREGATES, MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, status_label, uniform_entropy
+from ..runs.rows import AGGREGATES, MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, status_label, uniform_entropy
 from .runs import Group, Run, display_models, field_label, group_runs, load_runs, merge_rows, row_order
 from .tables import (Table, accuracy_grid, effective_length, fmt_acc, fmt_entropy, fmt_ppl, fmt_score, int_or_none,
                      length_or, needle_long, number, ppl_long, ruler_effective_length, ruler_means, ruler_task_scores,

@@ -28,8 +28,8 @@ from matplotlib import colors as mcolors  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from ..errors import CtxevalError  # noqa: E402
-from ..rows import fmt_length, status_label  # noqa: E402
-from ..textfiles import atomic_path  # noqa: E402
+from ..runs.rows import fmt_length, status_label  # noqa: E402
+from ..util.textfiles import atomic_path  # noqa: E402
 
 # one colour per method family, the same in every figure; unknown families take the remaining colours in order
 FAMILY_COLORS = {"none": "tab:blue", "native": "tab:brown", "pi": "tab:orange", "linear": "tab:orange",

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import CtxevalError
-from ..paths import safe_name
-from ..rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
-from ..store import RUN_FILE, environment, now_utc
-from ..textfiles import finite_json, read_json, write_text
+from ..util.paths import safe_name
+from ..runs.rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
+from ..runs.store import RUN_FILE, environment, now_utc
+from ..util.textfiles import finite_json, read_json, write_text
 from .merged import Report
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
 from .runs import Group, is_report_dir

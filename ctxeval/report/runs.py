@@ -34,11 +34,11 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..errors import CtxevalError
-from ..geometry import trained_length_of_record
-from ..numbers import finite_number
-from ..rows import AGGREGATES, KINDS, MISSING, POINT_FIELDS, RULER_THRESHOLD, point_key
-from ..store import ROWS_FILE, RUN_FILE, load_rows
-from ..textfiles import read_json
+from ..rope.geometry import trained_length_of_record
+from ..util.numbers import finite_number
+from ..runs.rows import AGGREGATES, KINDS, MISSING, POINT_FIELDS, RULER_THRESHOLD, point_key
+from ..runs.store import ROWS_FILE, RUN_FILE, load_rows
+from ..util.textfiles import read_json
 from .tables import Table
 
 KIND_TITLES = {"ppl": "Perplexity", "needle": "Needle in a haystack", "passkey": "Passkey retrieval",

@@ -10,10 +10,10 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..paths import safe_name
-from ..rows import MISSING, UNIFORM_LABEL, fmt_length
+from ..util.paths import safe_name
+from ..runs.rows import MISSING, UNIFORM_LABEL, fmt_length
 from ..specs import MethodSpec
-from ..textfiles import atomic_path, write_text
+from ..util.textfiles import atomic_path, write_text
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
 from .tables import (accuracy_grid, bucket_center, bucket_label, entropy_tables, fmt_acc, fmt_ppl, fmt_score,
                      longppl_long, markdown, needle_long, needle_summary, passkey_summary, positions_long, ppl_cells,

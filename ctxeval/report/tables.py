@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import CtxevalError
-from ..rows import AGGREGATES, MISSING, UNIFORM_LABEL, fmt_length, status_label
+from ..runs.rows import AGGREGATES, MISSING, UNIFORM_LABEL, fmt_length, status_label
 
 
 def latest_rows(rows: Iterable[dict[str, Any]], key: tuple[str, ...]) -> pd.DataFrame:

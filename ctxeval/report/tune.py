@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..rows import fmt_length
+from ..runs.rows import fmt_length
 from .single import Printed, RunOutputs, save_csv, save_text
 from .tables import fmt_ppl, markdown
 from .tune_data import (Heldout, TuneSummary, best_so_far, fmt_params, is_feasible, is_ok, pair_scales, param_columns,

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import CtxevalError
-from ..methods import Geometry, compute
-from ..store import ROWS_FILE, RUN_FILE, read_rows
-from ..textfiles import read_json
+from ..rope.methods import Geometry, compute
+from ..runs.store import ROWS_FILE, RUN_FILE, read_rows
+from ..util.textfiles import read_json
 from .runs import heldout_of_record
 from .tables import ppl_long
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..rows import fmt_length
+from ..runs.rows import fmt_length
 from .plots import FAMILY_COLORS, LEGEND_WIDTH, log_ticks, method_family, readable_log_y, save, wrap_title
 
 import matplotlib.pyplot as plt  # noqa: E402 - after plots.py chose the file-only backend

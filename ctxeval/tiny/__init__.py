@@ -6,7 +6,7 @@ Nothing heavy is imported here.
 
 from pathlib import Path
 
-from ..paths import TINY_MODEL_DIR
+from ..util.paths import TINY_MODEL_DIR
 
 MODEL_DIR: Path = TINY_MODEL_DIR
 

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.head_dim = args.head_dim
     for item in args.set:
         from ..errors import CtxevalError
-        from ..textfiles import parse_json
+        from ..util.textfiles import parse_json
 
         name, _, value = item.partition("=")
         if not hasattr(cfg, name):

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from ..evals.needle import NeedlePreset, make_sample
-from ..offline_corpora import HELD_OUT_TITLES, held_out_documents, pydoc_topics, remove_held_out_lines
-from ..presets import load_task
-from ..textfiles import write_text
+from ..data.offline import HELD_OUT_TITLES, held_out_documents, pydoc_topics, remove_held_out_lines
+from ..data.presets import load_task
+from ..util.textfiles import write_text
 
 # standard-library folders that are not prose or ordinary code (tests, generated tables, other installs)
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "pydoc_data", "__pycache__",

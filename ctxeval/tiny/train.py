@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..evals.needle import FILLER, KEY_ADJECTIVES, KEY_NOUNS, PromptBuilder, make_sample
-from ..offline_corpora import held_out_documents
+from ..data.offline import held_out_documents
 from .corpus import training_corpus, training_presets
 
 

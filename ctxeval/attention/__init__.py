@@ -1,0 +1,2 @@
+"""Attention methods (Self-Extend, ReRoPE, log-n, temperature): their exact math and chunked reference (methods),
+their fused kernels (kernels), and the attention functions of a loaded model patched in place (patching)."""

@@ -1,0 +1,123 @@
+"""One `ctxeval tune` job from search to export: the search (tune.py), its summary in run.json, the winner's held-out
+re-measure as an ordinary ppl run nested in the tune run, and the export with its verification (export.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ...data.corpora import TokenDoc, iter_documents, select_long_documents, tokenize
+from ...errors import CtxevalError
+from .space import SearchSpace
+from ...specs import MethodSpec
+from ...runs.store import RunStore
+from ..common import Progress
+from ..perplexity import PplConfig, sweep
+from .search import (DEFAULT_STORAGE, INVALID, OpenedStudy, TuneConfig, best_trial_row, comparison_specs, open_study,
+                   sampler_name, search)
+from .export import verify_export, write_export
+
+
+@dataclass
+class TuneJob:
+    """What one tune command measures (everything but the loaded model)."""
+
+    model: str
+    data: str
+    text_field: str
+    space: SearchSpace
+    cfg: TuneConfig
+    tuning: list[TokenDoc]
+    heldout: list[TokenDoc]
+    url: str  # the study's storage
+    protocol: dict[str, Any]  # what the study must have been made for
+    compare: list[MethodSpec] = field(default_factory=list)
+    export: Path | None = None
+    trust_remote_code: bool = False
+    opened: OpenedStudy | None = None  # a shared --storage, opened (and checked) before the run directory
+
+    @property
+    def storage_record(self) -> str:
+        """What run.json says of the storage: the URL of a shared one; the run directory's own file by its name (the
+        run stays valid when the directory moves)."""
+        return self.url if self.opened is not None else DEFAULT_STORAGE
+
+
+def long_documents(data: str, tokenizer: Any, wanted: int, needed: int, text_field: str) -> list[TokenDoc]:
+    """The first `wanted` documents of `data` with `needed` tokens, or as many as there are (tune.split_documents
+    says what to do when they are too few, in tune's own options)."""
+    try:
+        return select_long_documents(data, tokenizer, wanted, needed, text_field)
+    except CtxevalError:
+        return [TokenDoc(d.doc_id, ids) for d in iter_documents(data, text_field)
+                if len(ids := tokenize(tokenizer, d)) >= needed][:wanted]
+
+
+def heldout_dir(run_dir: Path, trial: int) -> Path:
+    """The held-out ppl run of the winner found at `trial` (a later winner gets its own: nothing measured is lost)."""
+    return Path(run_dir) / f"heldout-trial-{trial}"
+
+
+def plain(params: dict[str, Any]) -> dict[str, Any]:
+    """Parameters as JSON writes them (per-pair factor tuples as lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
+
+
+def measure_heldout(lm: Any, job: TuneJob, specs: list[MethodSpec], run_dir: Path, progress: Progress) -> None:
+    """The comparison on the held-out documents at the trained and the target length, as a ppl run in `run_dir`
+    (resumed like any ppl run; run.json finalised whatever happens)."""
+    cfg = job.cfg
+    spec = {"task": "ppl", "model": job.model, "data": job.data, "text_field": job.text_field, "protocol": "truncate",
+            "stride": None, "bos": cfg.bos, "docs": len(job.heldout), "lengths": list(cfg.lengths),
+            "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": cfg.seed, "preset": None,
+            "heldout_docs": [d.doc_id for d in job.heldout]}
+    provenance = {"model": lm.record(),
+                  "data": {"spec": job.data, "documents": [{"doc": d.doc_id, "tokens": int(len(d.ids))}
+                                                           for d in job.heldout]},
+                  "protocol": {"name": "truncate", "stride": None, "bos": cfg.bos, "aggregate": "token",
+                               "chunk_size": cfg.chunk_size, "batch_size": 1, "one_forward_per_document": True},
+                  "seed": cfg.seed, "heldout_of": run_dir.parent.name}
+    with RunStore(run_dir, spec) as held:
+        held.start({**provenance, "methods": held.record.get("methods", {})})
+        try:
+            sweep(lm, specs, job.heldout, PplConfig(cfg.lengths, bos=cfg.bos, chunk_size=cfg.chunk_size), held,
+                  progress)
+        except BaseException as exc:
+            held.finish("interrupted" if isinstance(exc, KeyboardInterrupt) else "error", str(exc)[:300])
+            raise
+        held.finish("success")
+
+
+def run_tune(lm: Any, job: TuneJob, store: Any, progress: Progress, note: Callable[[str], None]) -> None:
+    """Search until the study holds the asked trials, then re-measure the winner on the held-out documents and export
+    it (when asked); run.json's `tune` records each step as it is done."""
+    cfg, space = job.cfg, job.space
+    opened = job.opened or open_study(job.url, job.protocol, cfg, space, lm.rope.geometry)
+    have = {int(r["trial"]) for r in store.rows() if r.get("trial") is not None}
+    result = search(lm, space, job.tuning, cfg, opened, store.append, have, progress)
+    refused = sum(1 for r in result.rows if r.get("status") == INVALID)
+    summary: dict[str, Any] = {
+        "storage": job.storage_record, "trials": len(result.rows) - refused, "refused": refused,
+        "measured_now": result.measured_now, "search_seconds_now": round(result.seconds, 1),
+        "baseline_short": result.baseline_short, "sampler": sampler_name(cfg, space),
+        "forwards": sum(int(r.get("forwards") or 0) for r in result.rows), "winner": None}
+    store.update(tune=summary)
+    best = best_trial_row(result.rows)
+    if best is None:
+        note(f"no trial kept the perplexity at {cfg.short:,} within {cfg.short_tolerance:.0%} of plain RoPE's; nothing "
+             "to re-measure or export (raise --short-tolerance or --trials)")
+        return
+    winner = space.spec(best["params"])
+    held_dir = heldout_dir(store.dir, best["trial"])
+    summary.update(winner={"trial": best["trial"], "label": winner.label, "params": plain(winner.params),
+                           "attention": [{"name": a.name, "params": a.params} for a in winner.attention],
+                           "ppl_target": best["value"], "ppl_short": best["ppl_short"]},
+                   heldout_dir=held_dir.name)
+    store.update(tune=summary)
+    measure_heldout(lm, job, comparison_specs(space, winner, job.compare), held_dir, progress)
+    if job.export is not None:
+        written = write_export(job.model, winner, lm.rope.geometry, cfg.target, job.export, job.trust_remote_code)
+        check = verify_export(lm, winner, job.export, job.tuning[0], cfg.lengths, cfg.bos, cfg.chunk_size)
+        summary["export"] = {**written, "verification": check}
+        store.update(tune=summary)

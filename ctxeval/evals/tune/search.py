@@ -1,0 +1,460 @@
+"""`ctxeval tune`: search a method's parameters for the lowest perplexity at a target length, then re-measure the winner
+on held-out documents.
+
+A trial applies the method at one point of its search space (space.py) in place, with the read-back check
+every measurement has, and measures truncate perplexity on the *tuning* documents: one forward per document at the
+target length serves the trained length too (a static method; a length-dependent one, LongRoPE, takes one forward per
+length). The objective is the token-weighted perplexity at the target; the guard is the rise of the perplexity at the
+trained length over plain RoPE's, at most `short_tolerance` (an optuna constraint: samplers that honour constraints
+steer away from violations, and the winner is the best trial that satisfies it).
+
+The optimiser is optuna's, its study in an RDB storage (a SQLite file in the run directory by default, or any
+PostgreSQL/MySQL URL): a search resumes after a crash, Ctrl-C or SIGKILL, and several processes or machines can work on
+one study. The storage is the truth; rows.jsonl holds one row per finished trial, rebuilt from the storage for any
+trial a crash left without its row. A trial killed while running is marked failed and its point measured again (once).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import warnings
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ...attention.methods import resolve_attention
+from ...data.corpora import TokenDoc
+from ...errors import CtxevalError
+from ...rope.methods import Geometry, compute, get_method
+from .space import SearchSpace, longrope_seeds, point_of
+from ...specs import MethodSpec, expand_specs, format_param, unique_by_label
+from ..common import Progress, SilentProgress
+from ..perplexity import PplConfig, PplRunner
+from ..sweep import applying, length_dependent
+
+SAMPLERS = ("auto", "tpe", "cmaes", "nsga2", "random")
+STUDY_NAME = "ctxeval-tune"
+SEARCH, HELDOUT = "search", "heldout"
+INVALID = "invalid"  # a point whose parameters fail the method's checks (e.g. beta_slow >= beta_fast): no forward
+RETRY_OF = "retry_of"
+CREATE_TRIES = 8
+ORPHAN_SECONDS = 60
+MAX_REFUSED = 10  # refused points per counted trial before the search gives up (ranges that mostly break checks)
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    target: int  # the length whose perplexity is minimised
+    short: int  # the trained length: the guard's length
+    trials: int = 100  # finished trials the study should hold (every process together)
+    short_tolerance: float = 0.05  # allowed rise of the ppl at `short` over plain RoPE's
+    sampler: str = "auto"
+    seed: int = 0
+    population: int = 32  # nsga2's population (LongRoPE's parents)
+    bos: bool = True
+    chunk_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise CtxevalError(f"--sampler must be one of {', '.join(SAMPLERS)}, got '{self.sampler}'")
+        if self.trials < 1:
+            raise CtxevalError(f"--trials must be >= 1, got {self.trials}")
+        if self.population < 2:
+            raise CtxevalError(f"--population must be >= 2, got {self.population}")
+        if not (self.short_tolerance >= 0 and math.isfinite(self.short_tolerance)):
+            raise CtxevalError(f"--short-tolerance must be a finite number >= 0, got {self.short_tolerance}")
+
+    @property
+    def lengths(self) -> tuple[int, int]:
+        return (self.short, self.target)
+
+
+def split_documents(docs: list[TokenDoc], n_tune: int, n_heldout: int) -> tuple[list[TokenDoc], list[TokenDoc]]:
+    """Tuning documents first, held-out ones after: disjoint by construction (the corpus order decides)."""
+    if len(docs) < n_tune + n_heldout:
+        raise CtxevalError(f"tune needs {n_tune} tuning + {n_heldout} held-out documents of at least the target's "
+                           f"tokens, and the data has {len(docs)}; lower --tune-docs/--heldout-docs or "
+                           "--target-length, or give more --data")
+    return docs[:n_tune], docs[n_tune:n_tune + n_heldout]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one trial: apply, read back, one forward per document
+
+
+@dataclass(frozen=True)
+class Score:
+    target_ppl: float | None
+    short_ppl: float | None
+    tokens: int  # tokens forwarded
+    forwards: int
+    seconds: float
+    readback_max_rel_diff: float | None
+    problem: str | None = None  # why the point has no perplexity (non-finite loss, out of memory)
+
+
+class TrialScorer:
+    """Perplexity of a method at the trained and the target length on the tuning documents.
+
+    A length-dependent method takes one forward per length; its forwards at the trained length are reused across
+    trials whose RoPE at that length is the same (LongRoPE's long factors change nothing up to L, so a LongRoPE search
+    measures the short length once per attention factor, not once per trial)."""
+
+    def __init__(self, lm: Any, docs: list[TokenDoc], cfg: TuneConfig) -> None:
+        self.lm, self.docs, self.cfg = lm, docs, cfg
+        ppl_cfg = PplConfig(cfg.lengths, bos=cfg.bos, chunk_size=cfg.chunk_size)
+        self.runner = PplRunner(lm.model, lm.device, ppl_cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name)
+        self.short_rows: dict[tuple, list[dict[str, Any]]] = {}  # RoPE at the short length -> its rows
+
+    def short_key(self, spec: MethodSpec) -> tuple:
+        """What decides a length-dependent method's forward at the short length: its RoPE there (exact bytes), the
+        attention methods and the temperature."""
+        freqs = compute(spec.name, self.lm.rope.geometry, spec.params, self.cfg.short)
+        return (freqs.inv_freq.tobytes(), freqs.attention_factor, spec.temperature,
+                tuple((a.name, tuple(sorted(a.params.items()))) for a in spec.attention))
+
+    def score(self, spec: MethodSpec) -> Score:
+        start = time.perf_counter()
+        rows: list[dict[str, Any]] = []
+        dynamic = length_dependent(spec, self.lm)
+        self.runner.dynamic = {spec.label} if dynamic else set()
+        key = self.short_key(spec) if dynamic and spec.name != "native" else None
+        cached = self.short_rows.get(key) if key is not None else None
+        lengths = [self.cfg.target] if cached is not None else list(self.cfg.lengths)
+        with applying(self.lm, spec, self.cfg.lengths) as (_handle, record):
+            for doc in self.docs:
+                self.runner.measure(spec, doc, lengths, rows.extend, {})
+        if key is not None and cached is None:
+            self.short_rows[key] = [r for r in rows if r["length"] == self.cfg.short]
+        rows += cached or []
+        diffs = [e["max_rel_diff"] for e in record.get("effective", [])]
+        forwards = len(self.docs) * (len(lengths) if dynamic else 1)
+        tokens = len(self.docs) * (sum(lengths) if dynamic else self.cfg.target)
+        seconds = time.perf_counter() - start
+        bad = [r for r in rows if r.get("status") != "ok"]
+        if bad:
+            return Score(None, None, tokens, forwards, seconds, max(diffs, default=None),
+                         f"{bad[0].get('status')}: {bad[0].get('note', '')}"[:300])
+        ppl = {}
+        for length in self.cfg.lengths:
+            at = [r for r in rows if r["length"] == length]
+            ppl[length] = math.exp(sum(r["nll_sum"] for r in at) / sum(r["n_tokens"] for r in at))
+        return Score(ppl[self.cfg.target], ppl[self.cfg.short], tokens, forwards, seconds, max(diffs, default=None))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the study
+
+
+DEFAULT_STORAGE = "study.db"  # in the run directory
+
+
+def storage_url(url: str | None, run_dir: Any) -> str:
+    """--storage, or sqlite:///<run dir>/study.db."""
+    return url or f"sqlite:///{os.path.abspath(os.path.join(str(run_dir), DEFAULT_STORAGE))}"
+
+
+def require_optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise CtxevalError("ctxeval tune needs optuna: pip install 'ctxeval[tune]' (optuna 5 and cmaes)") from None
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial is a row and a note, not a log line
+    return optuna
+
+
+def make_sampler(cfg: TuneConfig, space: SearchSpace, seed: int | None = None) -> Any:
+    """auto: NSGA-II (an elitist genetic algorithm, LongRoPE's kind of search) for LongRoPE's per-pair factors, TPE
+    (multivariate) for the other methods' few parameters. `seed` defaults to cfg.seed."""
+    optuna = require_optuna()
+    seed = cfg.seed if seed is None else seed
+    name = sampler_name(cfg, space)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=min(10, cfg.trials))
+    if name == "cmaes":
+        try:
+            import cmaes  # noqa: F401 - optuna's CmaEsSampler needs it
+        except ImportError:
+            raise CtxevalError("--sampler cmaes needs the cmaes package: pip install 'ctxeval[tune]'") from None
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(population_size=cfg.population, seed=seed)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def sampler_name(cfg: TuneConfig, space: SearchSpace) -> str:
+    return cfg.sampler if cfg.sampler != "auto" else ("nsga2" if space.vector else "tpe")
+
+
+WORKER = {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class OpenedStudy:
+    study: Any  # optuna.Study
+    storage: Any  # optuna.storages.RDBStorage
+    created: bool  # this process made the study (it alone enqueues the seed points)
+
+
+def open_study(url: str, protocol: dict[str, Any], cfg: TuneConfig, space: SearchSpace, geometry: Geometry,
+               heartbeat: int = 60, explicit: bool = False) -> OpenedStudy:
+    """Create or load the study; a study made for another protocol (model, method, lengths, documents) is refused.
+    The process that creates the study samples with --seed itself (an uninterrupted search is reproducible); one that
+    joins or resumes it mixes in the trials already there and its process id, so that it does not propose the points
+    the first process's random start proposed again. `explicit`: the URL was given (--storage), which decides the
+    advice when the study was made for another search."""
+    optuna = require_optuna()
+    storage = None
+    for attempt in range(CREATE_TRIES):
+        try:
+            with warnings.catch_warnings():  # optuna calls heartbeats experimental; they are what makes resume safe
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                storage = optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
+                                                     heartbeat_stale_trial_callback=retry_stale)
+            break
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy's errors for a bad URL or an unreachable server vary
+            # two processes creating one new storage: one creates the tables, the other sees them half made
+            racing = "already exists" in str(exc) or "UNIQUE constraint failed" in str(exc)
+            if racing and attempt + 1 < CREATE_TRIES:
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise CtxevalError(f"--storage {url}: cannot open it ({str(exc).splitlines()[0][:200]}); give a "
+                               "sqlite:///PATH or a reachable postgresql:// / mysql:// URL") from None
+    try:
+        study = optuna.create_study(study_name=STUDY_NAME, storage=storage, direction="minimize")
+        study.set_user_attr("protocol", protocol)
+        # the seed points go in with the study, so that no interruption can leave a study without them; only its
+        # creator adds them (a process joining would queue them again)
+        for name, point in seed_points(space, geometry):
+            study.enqueue_trial(point, user_attrs={"seed": name})
+        seed, created = cfg.seed, True
+    except optuna.exceptions.DuplicatedStudyError:
+        created = False
+        study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
+        held = study.user_attrs.get("protocol")
+        if held is None:  # its creator has not recorded it yet (two processes starting together)
+            study.set_user_attr("protocol", protocol)
+        elif held != protocol:
+            changed = sorted(k for k in set(held) | set(protocol) if held.get(k) != protocol.get(k))
+            where = ("use another --storage (or leave it out)" if explicit else
+                     "use another --out, or --overwrite to replace this run")
+            raise CtxevalError(f"the study in {url} was made for another search (differs in: {', '.join(changed)}); "
+                               f"{where}") from None
+        seed = (cfg.seed + 7919 * len(study.get_trials(deepcopy=False)) + os.getpid()) % 2**31
+    study.sampler = make_sampler(cfg, space, seed)
+    return OpenedStudy(study, storage, created)
+
+
+def retry_stale(study: Any, trial: Any) -> None:
+    """A trial whose process stopped sending heartbeats (another machine's crash) is failed by optuna; measure its
+    point again, once."""
+    enqueue_retry(study, trial)
+
+
+def enqueue_retry(study: Any, trial: Any) -> bool:
+    """Queue the point a failed trial had drawn (or had been given: an enqueued seed) to be measured again, unless the
+    trial was itself a retry: a point that kills its process twice (out of memory, say) stays failed instead of
+    stopping every resume at it. Returns whether it was queued."""
+    point = trial.params or trial.system_attrs.get("fixed_params") or {}
+    if not point or RETRY_OF in trial.user_attrs:
+        return False
+    study.enqueue_trial(point, user_attrs={RETRY_OF: trial.number, **{k: v for k, v in trial.user_attrs.items()
+                                                                       if k == "seed"}}, skip_if_exists=False)
+    return True
+
+
+def recover(study: Any, storage: Any) -> list[int]:
+    """Before a process works on the study: a RUNNING trial of a dead process on this machine is failed (SIGKILL,
+    out of memory), and every failed trial without a retry gets one (the parameters it had drawn, enqueued: a trial
+    killed while drawing them gets the drawn ones, the rest drawn anew). Returns the trial numbers given a retry.
+    A trial killed before it recorded its process stays RUNNING until it is a minute old (it has no point, so nothing
+    is lost); on another machine, optuna's heartbeat fails a dead process's trial after 3 minutes."""
+    optuna = require_optuna()
+    State = optuna.trial.TrialState
+    trials = study.get_trials(deepcopy=False)
+    now = datetime.datetime.now()
+    for t in trials:
+        worker = t.user_attrs.get("worker") or {}
+        dead_here = (worker.get("host") == WORKER["host"] and worker.get("pid") != WORKER["pid"]
+                     and not _alive(int(worker.get("pid", 0))))
+        # killed between optuna creating the trial and its first line: no point drawn, nothing to measure again; a live
+        # process records its worker within milliseconds, so one still without it after a minute is gone
+        orphan = (not worker and not t.params and t.datetime_start is not None
+                  and (now - t.datetime_start).total_seconds() > ORPHAN_SECONDS)
+        if t.state == State.RUNNING and (dead_here or orphan):
+            storage.set_trial_state_values(t._trial_id, State.FAIL)  # noqa: SLF001 - optuna exposes no public id
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get(RETRY_OF) for t in trials}
+    out = []
+    for t in trials:
+        if t.state == State.FAIL and t.number not in retried and enqueue_retry(study, t):
+            out.append(t.number)
+    return out
+
+
+def finished(study: Any) -> list[Any]:
+    """The trials that have a result: measured (COMPLETE), or PRUNED (a failed measurement, or a point the method's
+    checks refused)."""
+    optuna = require_optuna()
+    State = optuna.trial.TrialState
+    return [t for t in study.get_trials(deepcopy=False) if t.state in (State.COMPLETE, State.PRUNED)]
+
+
+def counted(trials: list[Any]) -> int:
+    """The finished trials --trials counts: those that measured a point (a refused point costs no forward, and YaRN's
+    overlapping beta ranges would otherwise eat half a budget)."""
+    return sum(1 for t in trials if (t.user_attrs.get("row") or {}).get("status") != INVALID)
+
+
+def trial_row(lm: Any, spec: MethodSpec | None, space: SearchSpace, cfg: TuneConfig, number: int,
+              point: dict[str, Any], score: Score | None, baseline_short: float, problem: str | None = None
+              ) -> dict[str, Any]:
+    """One row per trial (task `tune`, phase `search`): what was tried, what it measured, and whether it kept the
+    guard."""
+    label = spec.label if spec is not None else f"{space.base.name}(invalid point)"
+    row: dict[str, Any] = {
+        "model": lm.name, "method": space.base.method_name, "label": label, "task": "tune", "phase": SEARCH,
+        "trial": number, "doc": "tuning", "length": cfg.target, "params": point, "metric": "ppl",
+    }
+    if score is None or score.target_ppl is None:
+        row.update(status=INVALID if score is None else "error", value=None,
+                   note=(problem or (score.problem if score else ""))[:300])
+        if score is not None:
+            row.update(seconds=round(score.seconds, 3), forwards=score.forwards, tokens=score.tokens)
+        return row
+    rise = score.short_ppl / baseline_short - 1
+    row.update(status="ok", value=score.target_ppl, ppl_target=score.target_ppl, ppl_short=score.short_ppl,
+               short_length=cfg.short, short_rise=rise, feasible=bool(rise <= cfg.short_tolerance),
+               seconds=round(score.seconds, 3), forwards=score.forwards, tokens=score.tokens,
+               readback_max_rel_diff=score.readback_max_rel_diff)
+    return row
+
+
+@dataclass
+class SearchResult:
+    baseline_short: float  # plain RoPE's ppl at the trained length on the tuning documents
+    rows: list[dict[str, Any]]  # every finished trial's row, by trial number
+    seconds: float  # this process's search time
+    measured_now: int
+
+
+def seed_points(space: SearchSpace, geometry: Geometry) -> list[tuple[str, dict[str, Any]]]:
+    """Points every search tries first: the method at its own defaults; for LongRoPE, PI's, NTK's and YaRN's factors
+    (LongRoPE's own start is YaRN's) at LongRoPE's default attention factor."""
+    method = get_method(space.base.name)
+    defaults = {**{p.name: p.default for p in method.params}, **space.base.params}
+    attention = tuple(resolve_attention(a.name, a.given) for a in space.base.attention)
+    if space.vector:
+        out = []
+        for name, factors in longrope_seeds(space, geometry).items():
+            point = point_of(space, geometry, {**defaults, "long_factor": factors}, attention)
+            if point:
+                out.append((name, space.snap(point)))
+        return out
+    point = point_of(space, geometry, defaults, attention)
+    return [("defaults", space.snap(point))] if point else []
+
+
+def search(lm: Any, space: SearchSpace, docs: list[TokenDoc], cfg: TuneConfig, opened: OpenedStudy,
+           emit: Callable[[list[dict[str, Any]]], None], have_rows: set[int], progress: Progress | None = None
+           ) -> SearchResult:
+    """Run trials until the study holds cfg.trials finished ones (every process together); each trial's row goes to
+    `emit` as it finishes, and finished trials whose numbers are not in `have_rows` (a crash between the study's
+    record and the row) get their rows from the storage."""
+    optuna = require_optuna()
+    State = optuna.trial.TrialState
+    progress = progress or SilentProgress()
+    study, storage = opened.study, opened.storage
+    scorer = TrialScorer(lm, docs, cfg)
+    baseline = study.user_attrs.get("baseline_short")
+    if baseline is None:
+        plain = scorer.score(MethodSpec("none", {}))
+        if plain.short_ppl is None:
+            raise CtxevalError(f"plain RoPE has no perplexity at {cfg.short:,} on the tuning documents ({plain.problem})")
+        baseline = plain.short_ppl
+        study.set_user_attr("baseline_short", baseline)
+    recover(study, storage)
+    measured = 0
+
+    def objective(trial: Any) -> float:
+        nonlocal measured
+        trial.set_user_attr("worker", WORKER)
+        point = {}
+        for dim in space.dims:
+            if dim.kind is int:
+                point[dim.key] = trial.suggest_int(dim.key, math.ceil(dim.low), math.floor(dim.high), log=dim.log)
+            else:
+                point[dim.key] = trial.suggest_float(dim.key, dim.low, dim.high, log=dim.log)
+        point = space.snap(point)
+        try:
+            spec = space.spec(point)
+        except CtxevalError as exc:
+            trial.set_user_attr("row", trial_row(lm, None, space, cfg, trial.number, point, None, baseline, str(exc)))
+            raise optuna.TrialPruned(str(exc)) from None
+        score = scorer.score(spec)
+        measured += 1
+        row = trial_row(lm, spec, space, cfg, trial.number, point, score, baseline)
+        trial.set_user_attr("row", row)
+        if score.target_ppl is None:
+            raise optuna.TrialPruned(score.problem)
+        trial.set_constraint("short_rise", row["short_rise"] - cfg.short_tolerance)
+        return score.target_ppl
+
+    def after(study: Any, trial: Any) -> None:
+        row = trial.user_attrs.get("row")
+        if trial.state in (State.COMPLETE, State.PRUNED) and row is not None:
+            emit([{**row, **({RETRY_OF: trial.user_attrs[RETRY_OF]} if RETRY_OF in trial.user_attrs else {})}])
+            have_rows.add(trial.number)
+        done = finished(study)
+        best = best_trial_row([t.user_attrs.get("row") or {} for t in done])
+        if (trial.user_attrs.get("row") or {}).get("status") != INVALID:
+            progress.advance(1, f"trial {counted(done)}/{cfg.trials}" + (f" best {best['value']:.3f}" if best else ""))
+        if counted(done) >= cfg.trials or len(done) - counted(done) > MAX_REFUSED * cfg.trials:
+            study.stop()
+
+    start = time.perf_counter()
+    progress.start(max(0, cfg.trials - counted(finished(study))))
+    while counted(done := finished(study)) < cfg.trials:
+        if len(done) - counted(done) > MAX_REFUSED * cfg.trials:
+            raise CtxevalError(f"the method's checks refused {len(done) - counted(done)} of the points the sampler "
+                               "proposed; narrow the ranges with --space so that fewer points break them")
+        study.optimize(objective, callbacks=[after], gc_after_trial=False)
+    for t in finished(study):  # rows measured elsewhere: another process on the study, or a session that crashed
+        if t.number not in have_rows and t.user_attrs.get("row") is not None:
+            emit([{**t.user_attrs["row"], "synced": True}])
+            have_rows.add(t.number)
+    rows = sorted((t.user_attrs["row"] for t in finished(study) if t.user_attrs.get("row")), key=lambda r: r["trial"])
+    return SearchResult(baseline, rows, time.perf_counter() - start, measured)
+
+
+def best_trial_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The winner: the lowest target perplexity among trials that kept the guard (earliest on a tie)."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("feasible")]
+    return min(ok, key=lambda r: (r["value"], r["trial"])) if ok else None
+
+
+def comparison_specs(space: SearchSpace, winner: MethodSpec, extra: list[MethodSpec]) -> list[MethodSpec]:
+    """What the winner is re-measured against on held-out documents: plain RoPE, the method at its defaults, the
+    other families at the same factor (pi, ntk, yarn), and the user's --compare specs; duplicates dropped."""
+    s = space.factor
+    f = format_param(s)
+    names = ["none", f"pi:factor={f}", f"ntk:factor={f}", f"yarn:factor={f}"]
+    base = space.base
+    kept = {k: v for k, v in base.params.items() if k in ("factor", "short_factor", "original_max_position_embeddings")}
+    if get_method(base.name).takes_factor:
+        kept.setdefault("factor", s)  # ntk, whose searched alpha replaces the factor, at its default alpha = s
+    defaults = MethodSpec(base.name, kept, base.temperature, tuple(a for a in base.attention))
+    return unique_by_label([winner] + expand_specs(names) + ([] if space.vector else [defaults]) + list(extra))

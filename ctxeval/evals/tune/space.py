@@ -1,0 +1,269 @@
+"""What `ctxeval tune` searches: a method's parameters turned into a search space, and a point of it back into a method.
+
+Types, lower bounds and the checks between parameters are the methods' own (`methods.Param`,
+`attention_methods.AttentionMethod`, `resolve_params`); the upper ranges searched are declared here, beside the reason
+for each. A parameter the user fixed in the spec (`yarn:beta_fast=4`) is not searched. The factor is fixed at target /
+trained length unless --search-factor asks for it.
+
+LongRoPE's long factors are searched as one value per rotary pair in [1, 1 + s] (LongRoPE's `dim_mono` range), kept
+non-decreasing over the pairs: a point is mapped to its running maximum, so any point the optimiser proposes is a
+valid monotone factor list (LongRoPE's own code redraws a mutation until it is monotone instead).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...attention.methods import AttentionSpec, check_combination, get_attention_method, resolve_attention
+from ...errors import CtxevalError
+from ...rope.methods import Geometry, Param, compute, get_method, resolve_params, yarn_ramp
+from ...specs import MethodSpec, default_factor, format_param
+
+
+@dataclass(frozen=True)
+class Range:
+    """A searched range: [low, high] (times the factor s or the trained length L when `per` says so)."""
+
+    low: float
+    high: float
+    log: bool = False
+    per: str = ""  # "" (absolute) | "factor" | "length"
+
+
+_BETAS = {
+    # YaRN's ramp is in rotations over L: the fastest pair turns L / 2 pi times (20 at L = 128, 1,300 at 8k), so the
+    # paper's 32 / 1 suit a 4k model and a short one needs smaller values (the bundled model's hand-tuned 4 / 0.25)
+    "beta_fast": Range(0.5, 128.0, log=True),  # rotations over L above which pairs keep their frequency
+    "beta_slow": Range(0.01, 16.0, log=True),  # rotations over L below which pairs are interpolated
+}
+_ATTENTION_FACTOR = Range(0.8, 1.6)  # q/k multiplier (YaRN's default 0.1 ln s + 1 is 1.21 at s = 8)
+RANGES: dict[str, dict[str, Range]] = {
+    "yarn": {**_BETAS, "attention_factor": _ATTENTION_FACTOR},
+    "ntk-by-parts": dict(_BETAS),
+    # not its attention factor: a value given replaces the per-length 0.1 ln s + 1 by a constant, another method
+    "dynamic-yarn": dict(_BETAS),
+    # the NTK post's alpha is the scale whose base change is applied; the useful alpha is often above s
+    "ntk": {"alpha": Range(0.5, 4.0, log=True, per="factor")},  # NTK scale, from s/2 to 4s
+    # LongRoPE's per-pair long factors are dims of their own (below); its attention factor sqrt(1 + ln s / ln L)
+    # multiplies q and k at every length in transformers' longrope, so it alone decides the ppl up to L (short factors
+    # 1): searched, or the guard could never be met where the default raises the short ppl
+    "longrope": {"attention_factor": Range(0.8, 1.6)},  # default sqrt(1 + ln s / ln L)
+    "llama3": {"low_freq_factor": Range(0.25, 8.0, log=True), "high_freq_factor": Range(1.0, 64.0, log=True)},
+    "self-extend": {"group_size": Range(2, 64, log=True), "neighbor_window": Range(1 / 16, 1.0, log=True, per="length")},
+    "rerope": {"window": Range(1 / 16, 1.0, log=True, per="length")},
+    "leaky-rerope": {"window": Range(1 / 16, 1.0, log=True, per="length"), "k": Range(1.0, 64.0, log=True)},
+}
+FACTOR_RANGE = Range(0.5, 2.0, log=True, per="factor")  # --search-factor: from s/2 to 2s (at least 1)
+LONG_FACTOR = "long_factor"
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One searched coordinate. `owner` is '' for the frequency method or an attention method's name."""
+
+    owner: str
+    name: str
+    kind: type  # float or int
+    low: float
+    high: float
+    log: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.owner}.{self.name}" if self.owner else self.name
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    base: MethodSpec  # the spec as given (its parameters are fixed), with the factor set
+    dims: tuple[Dim, ...]
+    factor: float
+    pairs: int  # rotary pairs (LongRoPE's factor count)
+
+    @property
+    def vector(self) -> bool:
+        """Whether the space is LongRoPE's per-pair long factors."""
+        return self.base.name == "longrope"
+
+    def snap(self, point: dict[str, Any]) -> dict[str, Any]:
+        """The point a trial measures: LongRoPE's factors on its 0.01 grid (`list_step`), other real values to 4
+        significant digits (labels stay readable; two trials closer than that measure the same method)."""
+        out = {}
+        for dim in self.dims:
+            value = point[dim.key]
+            if dim.kind is int:
+                out[dim.key] = int(value)
+            elif self.vector and dim.name.startswith(LONG_FACTOR + "."):
+                out[dim.key] = min(dim.high, max(dim.low, round(float(value), 2)))
+            else:
+                out[dim.key] = min(dim.high, max(dim.low, float(f"{float(value):.4g}")))
+        return out
+
+    def spec(self, point: dict[str, Any]) -> MethodSpec:
+        """The method at a point of the space (validated: a CtxevalError says why the point is not a valid method)."""
+        params = dict(self.base.params)
+        attention = {a.name: dict(a.given) for a in self.base.attention}
+        if self.vector:
+            params[LONG_FACTOR] = monotone([point[f"{LONG_FACTOR}.{i}"] for i in range(self.pairs)])
+        for dim in self.dims:
+            if self.vector and dim.name.startswith(LONG_FACTOR + "."):
+                continue
+            value = int(point[dim.key]) if dim.kind is int else float(point[dim.key])
+            (attention[dim.owner] if dim.owner else params)[dim.name] = value
+        resolve_params(get_method(self.base.name), params)
+        specs = tuple(resolve_attention(name, given) for name, given in attention.items())
+        check_combination(specs)
+        return MethodSpec(self.base.name, params, self.base.temperature, specs)
+
+
+def monotone(values: list[float]) -> tuple[float, ...]:
+    """The running maximum: the smallest non-decreasing list >= `values` element by element."""
+    return tuple(float(v) for v in np.maximum.accumulate(np.asarray(values, dtype=np.float64)))
+
+
+def _bounds(owner: str, p: Param, r: Range, factor: float, length: int) -> tuple[float, float]:
+    scale = factor if r.per == "factor" else length if r.per == "length" else 1.0
+    low, high = r.low * scale, r.high * scale
+    if p.minimum is not None:
+        low = max(low, p.minimum)
+    if p.kind is int:
+        low, high = math.ceil(low), math.floor(high)
+    return low, high
+
+
+def check_bounds(owner: str, p: Param, low: float, high: float) -> None:
+    """Bounds a user gave (--space) against the parameter's own checks: one line naming what to change."""
+    where = f"--space {(owner + '.') if owner else ''}{p.name}"
+    if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
+        raise CtxevalError(f"{where}: give LOW:HIGH with LOW < HIGH, got {low:g}:{high:g}")
+    if p.minimum is not None and low < p.minimum:
+        raise CtxevalError(f"{where}: {p.name} must be >= {p.minimum:g} ({p.help}); the range starts at {low:g}")
+    if p.positive and low <= 0:
+        raise CtxevalError(f"{where}: {p.name} must be > 0 ({p.help}); the range starts at {low:g}")
+    if p.kind is int and math.floor(high) < math.ceil(low):
+        raise CtxevalError(f"{where}: {p.name} is a whole number and {low:g}:{high:g} holds none")
+
+
+def parse_overrides(texts: list[str]) -> dict[str, tuple[float, float, bool]]:
+    """--space NAME=LOW:HIGH[:log] (repeatable) -> {key: (low, high, log)}."""
+    out = {}
+    for text in texts:
+        key, eq, rest = text.partition("=")
+        parts = rest.split(":")
+        try:
+            if not eq or len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("log", "linear")):
+                raise ValueError
+            out[key.strip()] = (float(parts[0]), float(parts[1]), len(parts) == 3 and parts[2] == "log")
+        except ValueError:
+            raise CtxevalError(f"--space '{text}': write NAME=LOW:HIGH or NAME=LOW:HIGH:log (e.g. beta_fast=1:64:log, "
+                               "self-extend.group_size=2:32)") from None
+    return out
+
+
+def build_space(spec: MethodSpec, geometry: Geometry, target: int, search_factor: bool = False,
+                overrides: dict[str, tuple[float, float, bool]] | None = None) -> SearchSpace:
+    """The search space of `spec` for extending `geometry` to `target` tokens."""
+    overrides = dict(overrides or {})
+    method = get_method(spec.name)
+    trained = int(spec.params.get("original_max_position_embeddings") or geometry.original_length)
+    if target <= trained:
+        raise CtxevalError(f"--target-length {target:,} is not beyond the trained length {trained:,}: tune searches an "
+                           f"extension; give a longer target (e.g. --target-length {trained * 4:,})")
+    factor = float(spec.params.get("factor") or default_factor(target, trained))
+    params = dict(spec.params)
+    fixed = {method.param_aliases.get(k, k) for k in spec.params}
+    # ntk's alpha (searched, or given) and base replace its factor: the two together are refused by its checks
+    if method.takes_factor and "factor" not in params and not (spec.name == "ntk" and "factor" not in fixed):
+        params["factor"] = factor
+    dims: list[Dim] = []
+
+    def add(owner: str, p: Param, r: Range) -> None:
+        key = f"{owner}.{p.name}" if owner else p.name
+        if key in overrides:
+            low, high, log = overrides.pop(key)
+            check_bounds(owner, p, low, high)
+        else:
+            (low, high), log = _bounds(owner, p, r, factor, trained), r.log
+        dims.append(Dim(owner, p.name, int if p.kind is int else float, float(low), float(high), log))
+
+    for name, r in RANGES.get(spec.name, {}).items():
+        if name not in fixed and not (spec.name == "ntk" and fixed & {"base", "factor"}):
+            add("", method.param(name), r)
+    # ntk's factor is its alpha (searched already): the two together are refused by its checks
+    if search_factor and method.takes_factor and "factor" not in spec.params and spec.name != "ntk":
+        add("", method.param("factor"), FACTOR_RANGE)
+    pairs = geometry.rotary_dim // 2
+    if spec.name == "longrope":
+        if "long_factor" in spec.params:
+            raise CtxevalError("tune searches longrope's long_factor: leave it out of the spec (short_factor may "
+                               "be given; it defaults to 1 for every pair, plain RoPE up to the trained length)")
+        params.setdefault("short_factor", tuple([1.0] * pairs))
+        for i in range(pairs):
+            dims.append(Dim("", f"{LONG_FACTOR}.{i}", float, 1.0, 1.0 + factor, False))
+    for a in spec.attention:
+        am = get_attention_method(a.name)
+        for name, r in RANGES.get(a.name, {}).items():
+            if name not in a.given:
+                add(a.name, am.param(name), r)
+    if overrides:
+        known = ", ".join(d.key for d in dims) or "none"
+        raise CtxevalError(f"--space {', '.join(overrides)}: not a searched parameter of {spec.label} "
+                           f"(searched: {known})")
+    if not dims:
+        what = ("every searchable parameter is fixed in the spec" if RANGES.get(spec.name) or spec.attention else
+                f"{spec.name} has no parameter to search besides its factor" if method.takes_factor else
+                f"{spec.name} has no parameter to search")
+        offer = "--search-factor, or " if method.takes_factor and not search_factor and "factor" not in fixed else ""
+        raise CtxevalError(f"tune {spec.label}: {what}; use {offer}a method with searchable parameters (yarn, ntk, "
+                           "llama3, longrope, dynamic-yarn, ntk-by-parts, or +self-extend/+rerope/+leaky-rerope)")
+    base = MethodSpec(spec.name, params, spec.temperature, spec.attention)
+    return SearchSpace(base, tuple(dims), factor, pairs)
+
+
+def longrope_seeds(space: SearchSpace, geometry: Geometry) -> dict[str, tuple[float, ...]]:
+    """Starting long factors, each clipped to the searched [1, 1 + s]: PI (s for every pair), NTK-aware (s^(2i/(d-2)),
+    the per-pair scale of its base change) and YaRN's ramp with the paper's 32 / 1 (LongRoPE's own initial factors:
+    s where YaRN interpolates, 1 where it extrapolates)."""
+    s, d = space.factor, geometry.rotary_dim
+    index = np.arange(d // 2, dtype=np.float64)
+    trained = int(space.base.params.get("original_max_position_embeddings") or geometry.original_length)
+    gamma = yarn_ramp(geometry, {"beta_fast": 32.0, "beta_slow": 1.0, "ramp": "index", "truncate": True}, trained)
+    seeds = {"pi": np.full(d // 2, s), "ntk": s ** (2 * index / (d - 2)), "yarn": s * (1 - gamma) + gamma}
+    return {name: monotone(list(np.clip(v, 1.0, 1.0 + s))) for name, v in seeds.items()}
+
+
+def point_of(space: SearchSpace, geometry: Geometry, spec_params: dict[str, Any],
+             attention: tuple[AttentionSpec, ...] = ()) -> dict[str, Any]:
+    """The point of the space that gives a method with these parameters (for seeding the search with a known method);
+    {} when one of them lies outside the searched ranges."""
+    point: dict[str, Any] = {}
+    for dim in space.dims:
+        if space.vector and dim.name.startswith(LONG_FACTOR + "."):
+            point[dim.key] = float(spec_params[LONG_FACTOR][int(dim.name.split(".")[1])])
+            continue
+        source = next((a.params for a in attention if a.name == dim.owner), {}) if dim.owner else spec_params
+        value = source.get(dim.name)
+        if value is None and dim.name == "attention_factor" and not dim.owner:  # the method's own default factor
+            value = compute(space.base.name, geometry, {**spec_params, "attention_factor": None}).attention_factor
+        if value is None and dim.name == "alpha":  # ntk at its default: alpha = the factor
+            value = space.factor
+        if value is None:
+            return {}
+        if not dim.low <= float(value) <= dim.high:
+            return {}
+        point[dim.key] = value
+    return point
+
+
+def describe(space: SearchSpace) -> str:
+    """One line: what is searched, e.g. 'yarn(factor=8): beta_fast in [0.5, 128] log, ...'."""
+    vector = [d for d in space.dims if d.name.startswith(LONG_FACTOR + ".")]
+    parts = [f"{d.key} in [{d.low:g}, {d.high:g}]{' log' if d.log else ''}" for d in space.dims if d not in vector]
+    if vector:
+        parts.insert(0, f"{len(vector)} per-pair long factors in [1, {format_param(1 + space.factor)}] on a 0.01 grid, "
+                        "non-decreasing")
+    return f"{space.base.label}: {', '.join(parts)}"

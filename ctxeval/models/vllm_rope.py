@@ -1,0 +1,198 @@
+"""A RoPE method as vLLM applies it: the `hf_overrides` that make vLLM build the method's rotary table, the cases where
+vLLM's rule cannot equal ctxeval's (refused before anything loads), and the check of the table vLLM really built
+against methods.py. Pure: no vLLM import (evals.vllm_engine loads the engine and probes its rotary modules).
+
+What vLLM 0.32 does with each rope_type (vllm/model_executor/layers/rotary_embedding/), and what follows here:
+- default / linear / llama3: a cos/sin table of `max_position_embeddings` rows; ctxeval's static NTK is plain RoPE at
+  the new base (rope_config.rope_parameters). max_position_embeddings is raised to the longest length if needed.
+- yarn: a table of original_max_position_embeddings x factor rows, whatever max_position_embeddings says: lengths past
+  L x s cannot run on vLLM (refused here; transformers extrapolates past it, vLLM has no rows).
+- dynamic (factor): ONE base for the whole engine, b * (s * M / T - (s - 1))^(d/(d-2)) with M =
+  max_position_embeddings and T = max_trained_positions; that is ctxeval's (transformers') per-length rule at exactly
+  the length M. So dynamic-ntk runs when every measured sequence has one length M > L (M is then set to it).
+- longrope: short factors for every token when max_model_len <= original length, long factors for every token
+  otherwise (fixed per engine); ctxeval picks by each sequence's length. Equal when all lengths lie on one side of L.
+  Its attention factor is computed from max_position_embeddings / original: ctxeval's is passed as short_mscale and
+  long_mscale instead.
+- attention methods (Self-Extend, ReRoPE, log-n) and --attention-temperature change vLLM's attention kernels, which
+  ctxeval does not patch: refused.
+
+The read-back (`compare_rotation`) takes what vLLM's own rotary forward did to a unit vector at every position the run
+uses and decodes angle and magnitude per pair: the angle must equal position x inv_freq to READBACK_RTOL (relative)
+plus the rounding of the table's dtype, the magnitude the attention factor likewise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import CtxevalError
+from ..rope.methods import Geometry, RopeFreqs, compute, get_method, resolve_params
+from .rope_config import rope_parameters
+from ..specs import MethodSpec
+
+READBACK_RTOL = 1e-5  # as patching.READBACK_RTOL: the hf path's tolerance on inv_freq and the attention factor
+# spacing of 1.0 in each dtype a rotary table can be stored in: a cos or sin value is rounded by half of it at most
+DTYPE_EPS = {"float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float64": 2.0 ** -52}
+USE = "--backend vllm"
+
+
+@dataclass(frozen=True)
+class VllmRope:
+    """How one method runs on vLLM: the overrides, the engine's max_model_len, and what the table must hold."""
+
+    spec: MethodSpec
+    hf_overrides: dict[str, Any]  # empty for `native`
+    max_model_len: int
+    lengths: tuple[int, ...]  # the measured lengths: the read-back checks positions 0..length-1 for each
+    expected: dict[int, RopeFreqs] = field(default_factory=dict)  # length -> ctxeval's RoPE there ({} for native)
+
+    def record(self) -> dict[str, Any]:
+        return {"hf_overrides": self.hf_overrides, "max_model_len": self.max_model_len}
+
+
+def plan(spec: MethodSpec, geometry: Geometry | None, lengths: tuple[int, ...], max_model_len: int,
+         shipped_max_positions: int | None, partial_rotary_factor: float | None = None,
+         fixed_lengths: bool = True) -> VllmRope:
+    """The vLLM form of `spec` at `lengths` (every sequence at most `max_model_len` tokens), or a CtxevalError saying
+    why vLLM cannot apply it as ctxeval does. `fixed_lengths`: every sequence of a length is exactly that long
+    (needle, RULER); the yarn passkey's prompts are not."""
+    check_attention(spec)
+    if spec.name == "native" or (spec.name == "none" and geometry is None):  # nothing to override or compare
+        return VllmRope(spec, {}, max_model_len, tuple(lengths))
+    if geometry is None:
+        raise CtxevalError(f"{spec.label}: this model has no RoPE; only --method none or native applies")
+    method = get_method(spec.name)
+    params = resolve_params(method, spec.params)
+    original = int(params.get("original_max_position_embeddings") or geometry.original_length)
+    positions = max(max_model_len, shipped_max_positions or 0)
+    if spec.name == "dynamic-ntk":
+        entry = _dynamic_entry(spec, geometry, params, lengths, max_model_len, original, fixed_lengths)
+        positions = max_model_len
+    else:
+        entry = rope_parameters(spec, geometry, max(lengths), use=USE)
+        entry = dict(entry)
+        if entry["rope_type"] == "yarn" and max_model_len > original * params["factor"]:
+            raise CtxevalError(
+                f"{spec.label}: vLLM's YaRN table holds original length x factor = {int(original * params['factor']):,} "
+                f"positions and this run needs {max_model_len:,}; use factor >= {max_model_len / original:g} or "
+                "--backend hf (which extrapolates past it)")
+        if entry["rope_type"] == "longrope":
+            below = [L for L in lengths if L <= original]
+            if below and len(below) < len(lengths):
+                raise CtxevalError(
+                    f"{spec.label}: vLLM uses LongRoPE's long factors for every token once max_model_len exceeds the "
+                    f"original {original:,} tokens, ctxeval only for sequences longer than that; measure lengths "
+                    f"<= {original:,} and longer ones in separate runs")
+            if below and max_model_len > original:  # vLLM would use the long factors for every token
+                raise CtxevalError(
+                    f"{spec.label}: this run's sequences reach {max_model_len:,} tokens (with --max-model-len, or the "
+                    f"passkey's budget), past the original {original:,}, where vLLM switches every token to LongRoPE's "
+                    "long factors; use lengths that leave room for the reply, or --backend hf")
+            mscale = float(compute(method, geometry, spec.params, max(lengths)).attention_factor)
+            entry = {k: v for k, v in entry.items() if k != "attention_factor"}
+            entry.update(short_mscale=mscale, long_mscale=mscale)
+    if partial_rotary_factor is not None:
+        entry["partial_rotary_factor"] = partial_rotary_factor
+    expected = {L: compute(method, geometry, spec.params, L) for L in sorted(set(lengths))}
+    return VllmRope(spec, {"rope_parameters": entry, "max_position_embeddings": int(positions)}, max_model_len,
+                    tuple(sorted(set(lengths))), expected)
+
+
+def check_attention(spec: MethodSpec) -> None:
+    """Refuse, in one line, a spec that changes the attention itself (attention methods, temperature)."""
+    if spec.attention or spec.temperature != 1.0:
+        raise CtxevalError(f"{spec.label} changes the attention itself; vLLM runs its own attention kernels, which "
+                           "ctxeval does not patch: use --backend hf")
+
+
+def _dynamic_entry(spec: MethodSpec, geometry: Geometry, params: dict[str, Any], lengths: tuple[int, ...],
+                   max_model_len: int, original: int, fixed_lengths: bool) -> dict[str, Any]:
+    why = None
+    if params["rule"] != "transformers":
+        why = "only rule=transformers has a vLLM form"
+    elif not fixed_lengths:
+        why = "this protocol's sequences differ in length, and vLLM fixes one base per engine"
+    elif len(set(lengths)) != 1:
+        why = "vLLM computes one base per engine, at max_position_embeddings; give one --lengths value"
+    elif max_model_len != lengths[0]:
+        why = f"its base is fixed at max_model_len, so --max-model-len must be the length ({lengths[0]})"
+    elif lengths[0] <= original:
+        why = f"at {lengths[0]:,} <= the original {original:,} tokens ctxeval uses plain RoPE and vLLM does not"
+    if why:
+        raise CtxevalError(f"{spec.label} on vLLM: {why} (or use --backend hf)")
+    return {"rope_type": "dynamic", "factor": params["factor"], "max_trained_positions": original,
+            "rope_theta": geometry.base}
+
+
+def rotation_probe(rotary_dim: int, head_size: int, positions: int, neox: bool) -> np.ndarray:
+    """The vector a probe rotates at each position: 1 in the first element of every rotary pair, 0 elsewhere
+    (positions, head_size). After RoPE the pair holds (a cos(p w), a sin(p w))."""
+    probe = np.zeros((positions, head_size), dtype=np.float32)
+    half = rotary_dim // 2
+    if neox:
+        probe[:, :half] = 1.0  # pair i = (x[i], x[i + d/2])
+    else:
+        probe[:, 0:rotary_dim:2] = 1.0  # pair i = (x[2i], x[2i + 1])
+    return probe
+
+
+def decode_rotation(rotated: np.ndarray, rotary_dim: int, neox: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(angle, magnitude) per position and pair, each (positions, rotary_dim / 2), from a rotated probe."""
+    rotated = np.asarray(rotated, dtype=np.float64)
+    half = rotary_dim // 2
+    if neox:
+        cos, sin = rotated[:, :half], rotated[:, half:rotary_dim]
+    else:
+        cos, sin = rotated[:, 0:rotary_dim:2], rotated[:, 1:rotary_dim:2]
+    return np.arctan2(sin, cos), np.hypot(cos, sin)
+
+
+def compare_rotation(rotated: np.ndarray, expected: RopeFreqs, length: int, rotary_dim: int, neox: bool,
+                     dtype: str) -> dict[str, Any]:
+    """Compare the rotated probe at positions 0..length-1 with `expected`. The angle may differ from p x inv_freq by
+    READBACK_RTOL of itself plus 2 eps of the table's dtype; the magnitude from the attention factor by READBACK_RTOL
+    plus 2 eps (relative). Returns the worst excess over the tolerance (<= 0: passed) and where it was."""
+    if rotated.shape[0] < length:
+        raise CtxevalError(f"vLLM's rotary table covers {rotated.shape[0]:,} positions; length {length:,} needs more")
+    angle, magnitude = decode_rotation(rotated[:length], rotary_dim, neox)
+    eps = DTYPE_EPS.get(dtype, DTYPE_EPS["bfloat16"])
+    inv = np.asarray(expected.inv_freq, dtype=np.float64)  # (d/2,)
+    want = np.arange(length, dtype=np.float64)[:, None] * inv[None, :]  # (length, d/2)
+    diff = np.abs(np.mod(angle - want + math.pi, 2 * math.pi) - math.pi)
+    angle_excess = diff - (READBACK_RTOL * want + 2 * eps)
+    factor = float(expected.attention_factor)
+    mag_excess = np.abs(magnitude - factor) / factor - (READBACK_RTOL + 2 * eps)
+    worst_angle = np.unravel_index(int(np.argmax(angle_excess)), angle_excess.shape)
+    return {
+        "length": length,
+        "positions_checked": length,
+        "max_angle_diff": float(diff.max()),
+        "max_magnitude_rel_diff": float((np.abs(magnitude - factor) / factor).max()),
+        "worst_excess": float(max(angle_excess.max(), mag_excess.max())),
+        "worst_position": int(worst_angle[0]),
+        "worst_pair": int(worst_angle[1]),
+        "table_dtype": dtype,
+        "inv_freq_readback": (angle[1] if length > 1 else angle[0]).tolist(),  # position 1: p x w = w, since w <= 1
+        "attention_factor_readback": float(magnitude[0].mean()),
+        "passed": bool(max(angle_excess.max(), mag_excess.max()) <= 0),
+    }
+
+
+def verify(rope: VllmRope, rotated: np.ndarray, rotary_dim: int, neox: bool, dtype: str) -> list[dict[str, Any]]:
+    """Every length's comparison; a CtxevalError naming the first that fails, before anything is generated."""
+    checks = []
+    for length in rope.lengths:
+        check = compare_rotation(rotated, rope.expected[length], length, rotary_dim, neox, dtype)
+        checks.append(check)
+        if not check["passed"]:
+            raise CtxevalError(
+                f"{rope.spec.label}: vLLM's rotary table differs from ctxeval's {rope.spec.name} at length {length:,}: "
+                f"angle off by {check['max_angle_diff']:.2e} rad at position {check['worst_position']:,}, pair "
+                f"{check['worst_pair']} (magnitude by {check['max_magnitude_rel_diff']:.1e}); vLLM did not apply the "
+                "method as ctxeval defines it, so nothing was generated")
+    return checks

@@ -1,0 +1,3 @@
+"""RoPE methods: the pure math of every frequency method (methods), a config's rotary geometry and trained length
+(geometry), applying a method to a loaded model in place with its read-back and restore (patching), and the lower
+bound on the base a length needs (bound)."""
