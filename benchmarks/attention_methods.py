@@ -23,8 +23,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-METHODS = ["none", "self-extend:group_size=4,neighbor_window=2048", "rerope:window=2048",
-           "leaky-rerope:window=2048,k=16", "ntk:factor=2+logn"]
+METHODS = [
+    "none",
+    "self-extend:group_size=4,neighbor_window=2048",
+    "rerope:window=2048",
+    "leaky-rerope:window=2048,k=16",
+    "ntk:factor=2+logn",
+]
 
 CHILD = r"""
 import json, os, resource, statistics, sys, threading, time, torch
@@ -80,8 +85,12 @@ print(json.dumps({"method": text, "seconds": seconds, "peak_bytes": peak, "load_
 
 
 def run(model: str, length: int, text: str, decode: int = 0) -> dict:
-    result = subprocess.run([sys.executable, "-c", CHILD, model, str(length), text, str(decode)], capture_output=True,
-                            text=True, timeout=3600)
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, model, str(length), text, str(decode)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"{text}: {result.stderr[-2000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -93,16 +102,36 @@ def forward_report(args: argparse.Namespace, methods: list[str]) -> dict:
     baseline.append(run(args.model, args.length, "none"))
     base_s = statistics.median(b["seconds"] for b in baseline)
     base_mem = statistics.median(b["peak_bytes"] for b in baseline)
-    rows = [{"method": "none (sdpa)", "kernel": baseline[0]["kernel"], "seconds": [round(b["seconds"], 2) for b in baseline],
-             "time_ratio": 1.0, "peak_gib": round(base_mem / 2**30, 3), "memory_ratio": 1.0,
-             "load_peak_gib": [round(b["load_peak_bytes"] / 2**30, 3) for b in baseline]}]
+    rows = [
+        {
+            "method": "none (sdpa)",
+            "kernel": baseline[0]["kernel"],
+            "seconds": [round(b["seconds"], 2) for b in baseline],
+            "time_ratio": 1.0,
+            "peak_gib": round(base_mem / 2**30, 3),
+            "memory_ratio": 1.0,
+            "load_peak_gib": [round(b["load_peak_bytes"] / 2**30, 3) for b in baseline],
+        }
+    ]
     for m in measured:
-        rows.append({"method": m["method"], "kernel": m["kernel"], "seconds": [round(m["seconds"], 2)],
-                     "time_ratio": round(m["seconds"] / base_s, 2), "peak_gib": round(m["peak_bytes"] / 2**30, 3),
-                     "memory_ratio": round(m["peak_bytes"] / base_mem, 2),
-                     "load_peak_gib": [round(m["load_peak_bytes"] / 2**30, 3)]})
-    return {"model": args.model, "length": args.length, "device": baseline[0]["device"],
-            "dtype": baseline[0]["dtype"], "rows": rows}
+        rows.append(
+            {
+                "method": m["method"],
+                "kernel": m["kernel"],
+                "seconds": [round(m["seconds"], 2)],
+                "time_ratio": round(m["seconds"] / base_s, 2),
+                "peak_gib": round(m["peak_bytes"] / 2**30, 3),
+                "memory_ratio": round(m["peak_bytes"] / base_mem, 2),
+                "load_peak_gib": [round(m["load_peak_bytes"] / 2**30, 3)],
+            }
+        )
+    return {
+        "model": args.model,
+        "length": args.length,
+        "device": baseline[0]["device"],
+        "dtype": baseline[0]["dtype"],
+        "rows": rows,
+    }
 
 
 def decode_report(args: argparse.Namespace, methods: list[str]) -> dict:
@@ -110,16 +139,35 @@ def decode_report(args: argparse.Namespace, methods: list[str]) -> dict:
     measured = [run(args.model, args.length, m, args.decode) for m in methods]
     baseline.append(run(args.model, args.length, args.baseline, args.decode))
     base_step = statistics.median(b["step_seconds"] for b in baseline)
-    rows = [{"method": args.baseline, "kernel": baseline[0]["kernel"],
-             "prefill_seconds": [round(b["seconds"], 2) for b in baseline],
-             "ms_per_token": [round(1000 * b["step_seconds"], 1) for b in baseline], "token_ratio": 1.0,
-             "generated": baseline[0]["generated"]}]
+    rows = [
+        {
+            "method": args.baseline,
+            "kernel": baseline[0]["kernel"],
+            "prefill_seconds": [round(b["seconds"], 2) for b in baseline],
+            "ms_per_token": [round(1000 * b["step_seconds"], 1) for b in baseline],
+            "token_ratio": 1.0,
+            "generated": baseline[0]["generated"],
+        }
+    ]
     for m in measured:
-        rows.append({"method": m["method"], "kernel": m["kernel"], "prefill_seconds": [round(m["seconds"], 2)],
-                     "ms_per_token": [round(1000 * m["step_seconds"], 1)],
-                     "token_ratio": round(m["step_seconds"] / base_step, 2), "generated": m["generated"]})
-    return {"model": args.model, "length": args.length, "decode_tokens": args.decode,
-            "device": baseline[0]["device"], "dtype": baseline[0]["dtype"], "rows": rows}
+        rows.append(
+            {
+                "method": m["method"],
+                "kernel": m["kernel"],
+                "prefill_seconds": [round(m["seconds"], 2)],
+                "ms_per_token": [round(1000 * m["step_seconds"], 1)],
+                "token_ratio": round(m["step_seconds"] / base_step, 2),
+                "generated": m["generated"],
+            }
+        )
+    return {
+        "model": args.model,
+        "length": args.length,
+        "decode_tokens": args.decode,
+        "device": baseline[0]["device"],
+        "dtype": baseline[0]["dtype"],
+        "rows": rows,
+    }
 
 
 def main() -> int:
@@ -138,13 +186,17 @@ def main() -> int:
     if args.decode:
         print(f"{'method':<48} {'kernel':>12} {'prefill s':>14} {'ms/token':>12} {'x base':>7}")
         for r in report["rows"]:
-            print(f"{r['method']:<48} {r['kernel']:>12} {'/'.join(str(s) for s in r['prefill_seconds']):>14} "
-                  f"{'/'.join(str(s) for s in r['ms_per_token']):>12} {r['token_ratio']:>7}")
+            print(
+                f"{r['method']:<48} {r['kernel']:>12} {'/'.join(str(s) for s in r['prefill_seconds']):>14} "
+                f"{'/'.join(str(s) for s in r['ms_per_token']):>12} {r['token_ratio']:>7}"
+            )
     else:
         print(f"{'method':<48} {'kernel':>12} {'seconds':>14} {'x sdpa':>7} {'peak GiB':>9} {'x sdpa':>7}")
         for r in report["rows"]:
-            print(f"{r['method']:<48} {r['kernel']:>12} {'/'.join(str(s) for s in r['seconds']):>14} "
-                  f"{r['time_ratio']:>7} {r['peak_gib']:>9} {r['memory_ratio']:>7}")
+            print(
+                f"{r['method']:<48} {r['kernel']:>12} {'/'.join(str(s) for s in r['seconds']):>14} "
+                f"{r['time_ratio']:>7} {r['peak_gib']:>9} {r['memory_ratio']:>7}"
+            )
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -36,8 +36,17 @@ D = 128
 H = D // 2
 # Table 1 of the paper, d = 128, copied (not imported) so that nothing of ctxeval is used: L -> base.
 PAPER = {
-    1_000: 4.3e3, 2_000: 1.6e4, 4_000: 2.7e4, 8_000: 8.4e4, 16_000: 3.1e5, 32_000: 6.4e5,
-    64_000: 2.1e6, 128_000: 7.8e6, 256_000: 3.6e7, 512_000: 6.4e7, 1_000_000: 5.1e8,
+    1_000: 4.3e3,
+    2_000: 1.6e4,
+    4_000: 2.7e4,
+    8_000: 8.4e4,
+    16_000: 3.1e5,
+    32_000: 6.4e5,
+    64_000: 2.1e6,
+    128_000: 7.8e6,
+    256_000: 3.6e7,
+    512_000: 6.4e7,
+    1_000_000: 5.1e8,
 }
 K1000 = list(PAPER)
 K1024 = [n // 1000 * 1024 if n < 1_000_000 else 1 << 20 for n in K1000]  # 1k = 1024, ..., 1M = 2^20
@@ -184,8 +193,10 @@ def main() -> int:
             problems.append(f"base {s}: float64 B_{M} < 0 but mpmath {mpmath.nstr(v, 6)} >= 0")
         if worst is None or abs(v) < abs(worst[2]):
             worst = (s, M, v)
-    log(f"  {int((Ms <= CAP).sum())} failing bases confirmed negative; smallest |B| at a failing m: "
-        f"{mpmath.nstr(worst[2], 4)} (base {label(float(worst[0]))}, m = {worst[1]})")
+    log(
+        f"  {int((Ms <= CAP).sum())} failing bases confirmed negative; smallest |B| at a failing m: "
+        f"{mpmath.nstr(worst[2], 4)} (base {label(float(worst[0]))}, m = {worst[1]})"
+    )
 
     def first_feasible(L: int, strict: bool) -> float:
         """strict: m < L (so M >= L passes); else m <= L (M > L)."""
@@ -193,11 +204,16 @@ def main() -> int:
         return float(bases[np.argmax(ok)])
 
     # 2b. each first-feasible candidate (all readings) re-checked: its small float64 values >= 0 in mpmath
-    readings = {"k=1000, m<=L": (K1000, False), "k=1000, m<L": (K1000, True),
-                "k=1024, m<=L": (K1024, False), "k=1024, m<L": (K1024, True)}
+    readings = {
+        "k=1000, m<=L": (K1000, False),
+        "k=1000, m<L": (K1000, True),
+        "k=1024, m<=L": (K1024, False),
+        "k=1024, m<L": (K1024, True),
+    }
     ff = {name: [first_feasible(L, st) for L in Ls] for name, (Ls, st) in readings.items()}
-    cands = sorted({(ff[name][j], Ls[j] - 1 if st else Ls[j])
-                    for name, (Ls, st) in readings.items() for j in range(len(Ls))})
+    cands = sorted(
+        {(ff[name][j], Ls[j] - 1 if st else Ls[j]) for name, (Ls, st) in readings.items() for j in range(len(Ls))}
+    )
     log(f"mpmath: {len(cands)} first-feasible candidates (all readings): small B_m >= 0?")
     min_margin = None
     for b, Leff in cands:
@@ -216,8 +232,10 @@ def main() -> int:
             assert Mb <= Leff
             if mp_value(sb, Mb) >= 0:
                 problems.append(f"base {sb} (below {label(b)}) does not fail at m={Mb} in mpmath")
-    log(f"  all {len(cands)} candidates >= 0 at every re-checked m; smallest 40-digit min B_m "
-        f"{mpmath.nstr(min_margin[0], 4)} (base {min_margin[1]}, L = {min_margin[2]}, m = {min_margin[3]})")
+    log(
+        f"  all {len(cands)} candidates >= 0 at every re-checked m; smallest 40-digit min B_m "
+        f"{mpmath.nstr(min_margin[0], 4)} (base {min_margin[1]}, L = {min_margin[2]}, m = {min_margin[3]})"
+    )
 
     # 2c. the paper's bases: first failing m up to CAP, and the m below it with small float64 values
     log("paper's bases: first failing m (float64) and 40-digit re-check")
@@ -244,12 +262,17 @@ def main() -> int:
         if len(cells) == 5 and re.fullmatch(r"[\d,]+", cells[0]):
             fm = re.match(r"([\d,]+) \(([-\d.]+)\)", cells[4])
             docs[int(cells[0].replace(",", ""))] = {
-                "paper": float(cells[1]), "first": float(cells[2].strip("*")), "above": float(cells[3]),
-                "fail": (int(fm.group(1).replace(",", "")), float(fm.group(2))) if fm else None}
+                "paper": float(cells[1]),
+                "first": float(cells[2].strip("*")),
+                "above": float(cells[3]),
+                "fail": (int(fm.group(1).replace(",", "")), float(fm.group(2))) if fm else None,
+            }
 
     print()
-    print(f"{'L':>9} {'paper':>6} {'ff f64':>7} {'ctxeval':>7} ok | {'paper fails at m':>20} {'B_m f64':>9} "
-          f"{'B_m 40dig':>9} {'docs':>17} ok")
+    print(
+        f"{'L':>9} {'paper':>6} {'ff f64':>7} {'ctxeval':>7} ok | {'paper fails at m':>20} {'B_m f64':>9} "
+        f"{'B_m 40dig':>9} {'docs':>17} ok"
+    )
     mine = ff["k=1000, m<=L"]
     for j, L in enumerate(K1000):
         a, c = mine[j], cx[L]["first_feasible"] if L in cx else float("nan")
@@ -260,21 +283,31 @@ def main() -> int:
         fs = f"{M:,}" if fails else f"none (first {M:,})" if M <= CAP else "none"
         d = docs[L]["fail"]
         ds = f"{d[0]:,} ({d[1]})" if d else ""
-        dok = docs[L]["first"] == a and docs[L]["paper"] == PAPER[L] and (
-            (d is None and not fails) or (d is not None and fails and d[0] == M and abs(d[1] - f64) < 0.006))
+        dok = (
+            docs[L]["first"] == a
+            and docs[L]["paper"] == PAPER[L]
+            and ((d is None and not fails) or (d is not None and fails and d[0] == M and abs(d[1] - f64) < 0.006))
+        )
         if cx and not agree:
             problems.append(f"L={L}: first feasible {label(a)} vs ctxeval {label(c)}")
         if not dok:
-            problems.append(f"L={L}: first feasible {label(a)}, paper base failure {fs} vs docs "
-                            f"{label(docs[L]['first'])}, {ds}")
+            problems.append(
+                f"L={L}: first feasible {label(a)}, paper base failure {fs} vs docs {label(docs[L]['first'])}, {ds}"
+            )
         b64 = f"{f64:+.4f}" if fails else ""
         bmp = mpmath.nstr(mp, 5) if fails else ""
-        print(f"{L:>9,} {label(PAPER[L]):>6} {label(a):>7} {label(c) if c == c else 'n/a':>7} {mark:>2} | "
-              f"{fs:>20} {b64:>9} {bmp:>9} {ds:>17} {'Y' if dok else 'N'}")
+        print(
+            f"{L:>9,} {label(PAPER[L]):>6} {label(a):>7} {label(c) if c == c else 'n/a':>7} {mark:>2} | "
+            f"{fs:>20} {b64:>9} {bmp:>9} {ds:>17} {'Y' if dok else 'N'}"
+        )
     print()
-    print("paper's base, first failing m anywhere up to 2^20 (max context = m - 1):",
-          ", ".join(f"{label(PAPER[L])}: {paper_fail[L][0]:,}" if paper_fail[L][0] <= CAP else
-                    f"{label(PAPER[L])}: none" for L in K1000))
+    print(
+        "paper's base, first failing m anywhere up to 2^20 (max context = m - 1):",
+        ", ".join(
+            f"{label(PAPER[L])}: {paper_fail[L][0]:,}" if paper_fail[L][0] <= CAP else f"{label(PAPER[L])}: none"
+            for L in K1000
+        ),
+    )
 
     # 4. other readings
     print()
@@ -288,11 +321,15 @@ def main() -> int:
     # no first-feasible reading can beat the rows where the paper's own base passes (necessary condition)
     for k, Ls in (("1000", K1000), ("1024", K1024)):
         n_ok = sum(paper_fail[L0][0] >= L for L0, L in zip(K1000, Ls))  # paper base passes m < L, the weakest
-        print(f"  k={k}: the paper's base passes even m < L in only {n_ok}/11 rows "
-              f"(an upper bound on the rows any first-feasible reading with these lengths can match)")
+        print(
+            f"  k={k}: the paper's base passes even m < L in only {n_ok}/11 rows "
+            f"(an upper bound on the rows any first-feasible reading with these lengths can match)"
+        )
     if cx:
-        print(f"  ctxeval all_feasible_above equal to the paper: "
-              f"{sum(cx[L]['all_feasible_above'] == PAPER[L] for L in K1000)}/11 (ctxeval's value, not recomputed)")
+        print(
+            f"  ctxeval all_feasible_above equal to the paper: "
+            f"{sum(cx[L]['all_feasible_above'] == PAPER[L] for L in K1000)}/11 (ctxeval's value, not recomputed)"
+        )
 
     print()
     print(f"best reading reproduces {best}/11 rows")

@@ -21,8 +21,23 @@ from pathlib import Path
 from typing import Any
 
 TIMING = {"seconds", "time", "elapsed", "started", "finished", "tokens_per_s", "peak_gib"}
-KEYS = ("model", "label", "task", "metric", "length", "depth", "sample", "doc", "ruler_task", "lm_eval_task",
-        "subtask", "filter", "protocol", "preset", "scoring")
+KEYS = (
+    "model",
+    "label",
+    "task",
+    "metric",
+    "length",
+    "depth",
+    "sample",
+    "doc",
+    "ruler_task",
+    "lm_eval_task",
+    "subtask",
+    "filter",
+    "protocol",
+    "preset",
+    "scoring",
+)
 
 
 def rows_of(run: Path) -> list[dict[str, Any]]:
@@ -65,10 +80,19 @@ def compare(old: Path, new: Path) -> dict[str, Any]:
                     worst = max(worst, abs(a - b) / max(abs(a), 1e-300))
             elif a != b:
                 differing.append({"row": json.loads(identity(row)), "field": field, "old": a, "new": b})
-    return {"old": str(old), "new": str(new), "rows_old": len(old_rows), "rows_new": len(new_rows),
-            "rows_matched": matched, "max_rel_diff": worst, "other_fields_differing": differing,
-            "kernels_old": kernels(old), "kernels_new": kernels(new), "median_seconds_old": median_seconds(old_rows),
-            "median_seconds_new": median_seconds(new_rows)}
+    return {
+        "old": str(old),
+        "new": str(new),
+        "rows_old": len(old_rows),
+        "rows_new": len(new_rows),
+        "rows_matched": matched,
+        "max_rel_diff": worst,
+        "other_fields_differing": differing,
+        "kernels_old": kernels(old),
+        "kernels_new": kernels(new),
+        "median_seconds_old": median_seconds(old_rows),
+        "median_seconds_new": median_seconds(new_rows),
+    }
 
 
 def main() -> int:
@@ -81,8 +105,10 @@ def main() -> int:
         old, _, new = pair.partition("=")
         result = compare(Path(old), Path(new))
         report.append(result)
-        print(f"{old}: {result['rows_matched']}/{result['rows_old']} rows matched, max rel diff "
-              f"{result['max_rel_diff']:.2g}, other fields differing: {len(result['other_fields_differing'])}")
+        print(
+            f"{old}: {result['rows_matched']}/{result['rows_old']} rows matched, max rel diff "
+            f"{result['max_rel_diff']:.2g}, other fields differing: {len(result['other_fields_differing'])}"
+        )
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0 if all(r["rows_matched"] == r["rows_old"] and not r["other_fields_differing"] for r in report) else 1

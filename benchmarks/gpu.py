@@ -29,9 +29,18 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-TINY_CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64,
-               "rope_theta": 10000.0, "tie_word_embeddings": False}
+TINY_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 64,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
 
 
@@ -40,7 +49,11 @@ def hardware(device: str, dtype: str, peak_tflops: float | None) -> tuple[Any, s
     import torch
 
     gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") else None
-    return getattr(torch, dtype), gpu, peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if gpu and k in gpu), None)
+    return (
+        getattr(torch, dtype),
+        gpu,
+        peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if gpu and k in gpu), None),
+    )
 
 
 def flash_installed() -> bool:
@@ -88,8 +101,13 @@ def attention_kernel(model: Any, device: str) -> str:
     with torch.inference_mode(), profile(activities=activities) as prof:
         model.model(input_ids=ids)
     names = {e.key for e in prof.key_averages()}
-    for needle, kernel in (("flash", "flash"), ("efficient_attention", "mem-efficient"), ("cudnn", "cudnn"),
-                           ("_scaled_dot_product_attention_math", "math"), ("scaled_dot_product", "sdpa (math on CPU)")):
+    for needle, kernel in (
+        ("flash", "flash"),
+        ("efficient_attention", "mem-efficient"),
+        ("cudnn", "cudnn"),
+        ("_scaled_dot_product_attention_math", "math"),
+        ("scaled_dot_product", "sdpa (math on CPU)"),
+    ):
         if any(needle in n.lower() for n in names):
             return kernel
     return "unknown"
@@ -110,8 +128,11 @@ def timed(fn: Any, device: str, repeats: int) -> tuple[float, int]:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    peak = (torch.cuda.max_memory_allocated() if device.startswith("cuda")
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if device.startswith("cuda")
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
     return statistics.median(times), peak
 
 
@@ -119,7 +140,7 @@ def forced(model: Any, ids: Any, answer_tokens: int) -> Any:
     """A forced needle cell as ctxeval scores it: the body over prompt + answer, the LM head on the answer only."""
     body, head, post = head_parts(model)
     hidden = body(input_ids=ids, use_cache=False).last_hidden_state  # (1, L, hidden)
-    return post(head(hidden[:, -answer_tokens - 1:-1]).float()).argmax(-1)
+    return post(head(hidden[:, -answer_tokens - 1 : -1]).float()).argmax(-1)
 
 
 def head_parts(model: Any) -> Any:
@@ -134,16 +155,26 @@ def measure(model: Any, length: int, device: str, repeats: int, new_tokens: int,
     from ctxeval.evals.common import is_oom
     from ctxeval.evals.perplexity import token_nll
 
-    ids = torch.randint(0, model.config.vocab_size, (1, length), device=device,
-                        generator=torch.Generator(device=device).manual_seed(length))
+    ids = torch.randint(
+        0,
+        model.config.vocab_size,
+        (1, length),
+        device=device,
+        generator=torch.Generator(device=device).manual_seed(length),
+    )
     prompt = ids[:, : length - new_tokens]
     paths = {
         "ctxeval ppl (chunked loss)": lambda: token_nll(model, ids, chunk),
         "naive model(ids, labels=ids)": lambda: model(input_ids=ids, labels=ids, use_cache=False).loss.item(),
         "needle forced (one forward)": lambda: forced(model, ids, new_tokens),
         f"needle generated (prefill + {new_tokens} steps)": lambda: model.generate(
-            input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-            do_sample=False, pad_token_id=0),
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        ),
     }
     out = {"length": length, "paths": {}}
     for name, fn in paths.items():
@@ -157,8 +188,12 @@ def measure(model: Any, length: int, device: str, repeats: int, new_tokens: int,
                 torch.cuda.empty_cache()
             out["paths"][name] = {"status": "oom"}
             continue
-        out["paths"][name] = {"status": "ok", "seconds": round(seconds, 4), "tokens_per_s": round(length / seconds, 1),
-                              "peak_gib": round(peak / 2**30, 3)}
+        out["paths"][name] = {
+            "status": "ok",
+            "seconds": round(seconds, 4),
+            "tokens_per_s": round(length / seconds, 1),
+            "peak_gib": round(peak / 2**30, 3),
+        }
     return out
 
 
@@ -168,8 +203,11 @@ def main() -> int:
     parser.add_argument("--lengths", default="4k:128k:x2")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--attn", default="auto", help="sdpa | flash_attention_2 | auto (sdpa, and flash-attention 2 "
-                                                       "when it is installed)")
+    parser.add_argument(
+        "--attn",
+        default="auto",
+        help="sdpa | flash_attention_2 | auto (sdpa, and flash-attention 2 when it is installed)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per point after one warm-up (median)")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--chunk-size", type=int, default=1024)
@@ -180,13 +218,24 @@ def main() -> int:
     import torch
 
     dtype, gpu, peak = hardware(args.device, args.dtype, args.peak_tflops)
-    report: dict[str, Any] = {"device": args.device, "gpu": gpu, "dtype": args.dtype,
-                              "peak_tflops": peak, "torch": torch.__version__, "models": []}
+    report: dict[str, Any] = {
+        "device": args.device,
+        "gpu": gpu,
+        "dtype": args.dtype,
+        "peak_tflops": peak,
+        "torch": torch.__version__,
+        "models": [],
+    }
     attns = [args.attn] if args.attn != "auto" else ["sdpa"] + (["flash_attention_2"] if flash_installed() else [])
     for name, attn in ((n, a) for n in args.config.split(",") for a in attns):
         model = build(name, args.device, dtype, attn)
-        entry = {"config": name, "attn": attn, "parameters": sum(p.numel() for p in model.parameters()),
-                 "attention_kernel": attention_kernel(model, args.device), "lengths": []}
+        entry = {
+            "config": name,
+            "attn": attn,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "attention_kernel": attention_kernel(model, args.device),
+            "lengths": [],
+        }
         for length in parse_lengths(args.lengths):
             point = measure(model, length, args.device, args.repeats, args.new_tokens, args.chunk_size)
             flops = forward_flops(model, length)
@@ -208,18 +257,25 @@ def main() -> int:
             torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu-benchmark.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"# ctxeval forward benchmark: {gpu or args.device}, {args.dtype}\n",
-             "| model | attn (kernel) | length | path | s | tokens/s | MFU | peak GiB |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# ctxeval forward benchmark: {gpu or args.device}, {args.dtype}\n",
+        "| model | attn (kernel) | length | path | s | tokens/s | MFU | peak GiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for entry in report["models"]:
         for point in entry["lengths"]:
             for path, r in point["paths"].items():
                 if r["status"] != "ok":
-                    lines.append(f"| {entry['config']} | {entry['attn']} ({entry['attention_kernel']}) | {point['length']} "
-                                 f"| {path} | {r['status']} | | | |")
+                    lines.append(
+                        f"| {entry['config']} | {entry['attn']} ({entry['attention_kernel']}) | {point['length']} "
+                        f"| {path} | {r['status']} | | | |"
+                    )
                     continue
                 mfu = f"{r['mfu']:.1%}" if "mfu" in r else "—"
-                lines.append(f"| {entry['config']} | {entry['attn']} ({entry['attention_kernel']}) | {point['length']} "
-                             f"| {path} | {r['seconds']} | {r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gib']} |")
+                lines.append(
+                    f"| {entry['config']} | {entry['attn']} ({entry['attention_kernel']}) | {point['length']} "
+                    f"| {path} | {r['seconds']} | {r['tokens_per_s']:,.0f} | {mfu} | {r['peak_gib']} |"
+                )
     (args.out / "gpu-benchmark.md").write_text("\n".join(lines) + "\n")
     return 0
 

@@ -32,15 +32,21 @@ sys.path.insert(0, str(HERE))
 
 from gpu import build, flash_installed, forward_flops, hardware, parse_lengths, timed  # noqa: E402
 
-METHODS = ["none", "yarn:factor=4", "self-extend:group_size=8,neighbor_window=1024", "rerope:window=1024",
-           "leaky-rerope:window=1024,k=16", "ntk:factor=4+logn"]
+METHODS = [
+    "none",
+    "yarn:factor=4",
+    "self-extend:group_size=8,neighbor_window=1024",
+    "rerope:window=1024",
+    "leaky-rerope:window=1024,k=16",
+    "ntk:factor=4+logn",
+]
 
 
 @contextlib.contextmanager
 def applied(model: Any, text: str, kernel: str = "") -> Iterator[None]:
     """The method of `text` on `model` (RoPE in place, attention methods installed) on the kernel asked."""
-    from ctxeval.attention.patching import attention_methods
     from ctxeval.attention.kernels import KERNEL_ENV
+    from ctxeval.attention.patching import attention_methods
     from ctxeval.rope.geometry import rope_info_from_config
     from ctxeval.rope.patching import apply_method, find_rotary_modules
     from ctxeval.specs import expand_specs
@@ -51,8 +57,10 @@ def applied(model: Any, text: str, kernel: str = "") -> Iterator[None]:
     before = os.environ.get(KERNEL_ENV)
     os.environ[KERNEL_ENV] = kernel
     try:
-        with apply_method(model, spec.name, geometry, **spec.params), \
-                attention_methods(model, spec.attention, lambda: rotary.inv_freq, geometry.original_length):
+        with (
+            apply_method(model, spec.name, geometry, **spec.params),
+            attention_methods(model, spec.attention, lambda: rotary.inv_freq, geometry.original_length),
+        ):
             yield
     finally:
         if before is None:
@@ -73,8 +81,9 @@ def exactness(model: Any, methods: list[str], length: int, device: str) -> dict[
     """Per attention method: max |fast - chunked| of the decoder's last hidden state at `length`."""
     import torch
 
-    ids = torch.randint(0, model.config.vocab_size, (1, length), device=device,
-                        generator=torch.Generator(device=device).manual_seed(1))
+    ids = torch.randint(
+        0, model.config.vocab_size, (1, length), device=device, generator=torch.Generator(device=device).manual_seed(1)
+    )
     diffs = {}
     for text in methods:
         if kernel_name(model, text) in ("model's own", "chunked"):
@@ -110,14 +119,23 @@ def measure(model: Any, text: str, length: int, args: argparse.Namespace, peak: 
 
     from ctxeval.evals.common import is_oom
 
-    ids = torch.randint(0, model.config.vocab_size, (1, length), device=args.device,
-                        generator=torch.Generator(device=args.device).manual_seed(length))
+    ids = torch.randint(
+        0,
+        model.config.vocab_size,
+        (1, length),
+        device=args.device,
+        generator=torch.Generator(device=args.device).manual_seed(length),
+    )
     point: dict[str, Any] = {"method": text, "kernel": kernel_name(model, text), "length": length}
     try:
         with applied(model, text), torch.inference_mode():
             seconds, memory = timed(lambda: model.model(input_ids=ids), args.device, args.repeats)
-            point.update(status="ok", seconds=round(seconds, 4), tokens_per_s=round(length / seconds, 1),
-                         peak_gib=round(memory / 2**30, 3))
+            point.update(
+                status="ok",
+                seconds=round(seconds, 4),
+                tokens_per_s=round(length / seconds, 1),
+                peak_gib=round(memory / 2**30, 3),
+            )
             if peak:
                 point["mfu"] = float(f"{forward_flops(model, length) / seconds / (peak * 1e12):.4g}")
             if args.new_tokens:
@@ -139,8 +157,11 @@ def main() -> int:
     parser.add_argument("--decode-baseline", default="yarn:factor=4")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--attn", default="sdpa", help="sdpa | eager: the implementations the remapping methods "
-                                                       "replace (the baseline runs the same one)")
+    parser.add_argument(
+        "--attn",
+        default="sdpa",
+        help="sdpa | eager: the implementations the remapping methods replace (the baseline runs the same one)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--check-length", type=int, default=2048)
@@ -153,12 +174,23 @@ def main() -> int:
     dtype, gpu, peak = hardware(args.device, args.dtype, args.peak_tflops)
     methods = [m for m in args.methods.split(";") if m]
     attn = args.attn
-    report: dict[str, Any] = {"device": args.device, "gpu": gpu, "dtype": args.dtype, "peak_tflops": peak,
-                              "torch": torch.__version__, "flash_attn_installed": flash_installed(), "models": []}
+    report: dict[str, Any] = {
+        "device": args.device,
+        "gpu": gpu,
+        "dtype": args.dtype,
+        "peak_tflops": peak,
+        "torch": torch.__version__,
+        "flash_attn_installed": flash_installed(),
+        "models": [],
+    }
     for name in args.config.split(","):
         model = build(name, args.device, dtype, attn)
-        entry = {"config": name, "attn": attn, "exactness": exactness(model, methods, args.check_length, args.device),
-                 "points": []}
+        entry = {
+            "config": name,
+            "attn": attn,
+            "exactness": exactness(model, methods, args.check_length, args.device),
+            "points": [],
+        }
         print(json.dumps({"config": name, "exactness": entry["exactness"]}), flush=True)
         stopped: set[str] = set()
         for length in parse_lengths(args.lengths):
@@ -181,24 +213,32 @@ def main() -> int:
             torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu-attention.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"# ctxeval attention methods: {gpu or args.device}, {args.dtype}\n",
-             "| model | length | method | kernel | s | x none | tokens/s | MFU | peak GiB | x none | ms/token | x yarn |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# ctxeval attention methods: {gpu or args.device}, {args.dtype}\n",
+        "| model | length | method | kernel | s | x none | tokens/s | MFU | peak GiB | x none | ms/token | x yarn |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for entry in report["models"]:
         for p in entry["points"]:
             if p["status"] != "ok":
-                lines.append(f"| {entry['config']} | {p['length']} | {p['method']} | {p['kernel']} | {p['status']} "
-                             "| | | | | | | |")
+                lines.append(
+                    f"| {entry['config']} | {p['length']} | {p['method']} | {p['kernel']} | {p['status']} "
+                    "| | | | | | | |"
+                )
                 continue
             mfu = f"{p['mfu']:.1%}" if "mfu" in p else "—"
-            lines.append(f"| {entry['config']} | {p['length']} | {p['method']} | {p['kernel']} | {p['seconds']} | "
-                         f"{p.get('time_ratio', '—')} | {p['tokens_per_s']:,.0f} | {mfu} | {p['peak_gib']} | "
-                         f"{p.get('memory_ratio', '—')} | {p.get('decode_ms_per_token', '—')} | "
-                         f"{p.get('decode_ratio', '—')} |")
+            lines.append(
+                f"| {entry['config']} | {p['length']} | {p['method']} | {p['kernel']} | {p['seconds']} | "
+                f"{p.get('time_ratio', '—')} | {p['tokens_per_s']:,.0f} | {mfu} | {p['peak_gib']} | "
+                f"{p.get('memory_ratio', '—')} | {p.get('decode_ms_per_token', '—')} | "
+                f"{p.get('decode_ratio', '—')} |"
+            )
         lines.append("")
-        lines.append(f"{entry['config']}: fast kernel vs the chunked reference at {args.check_length} tokens "
-                     f"(max abs diff of the last hidden state): " +
-                     ", ".join(f"{k} {v:.2e}" for k, v in entry["exactness"].items()))
+        lines.append(
+            f"{entry['config']}: fast kernel vs the chunked reference at {args.check_length} tokens "
+            f"(max abs diff of the last hidden state): "
+            + ", ".join(f"{k} {v:.2e}" for k, v in entry["exactness"].items())
+        )
         lines.append("")
     (args.out / "gpu-attention.md").write_text("\n".join(lines) + "\n")
     return 0

@@ -34,9 +34,18 @@ sys.path.insert(0, str(HERE))
 from gpu import parse_lengths  # noqa: E402
 
 # the CPU smoke test's model: head size 32, which vLLM's CPU attention supports (gpu.py's tiny config has 16)
-SMOKE_CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096, "max_position_embeddings": 128,
-                "rope_theta": 10000.0, "tie_word_embeddings": False}
+SMOKE_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 4096,
+    "max_position_embeddings": 128,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
 
 
 def model_dir(name: str, root: Path) -> Path:
@@ -68,8 +77,10 @@ def run_vllm(opts: argparse.Namespace, directory: Path, length: int) -> dict[str
     from ctxeval.models.vllm_engine import VllmSettings, load_vllm_model
     from ctxeval.specs import expand_specs
 
-    settings = VllmSettings(gpu_memory_utilization=opts.gpu_memory_utilization,
-                            engine_args={"load_format": "dummy", "enable_prefix_caching": False})
+    settings = VllmSettings(
+        gpu_memory_utilization=opts.gpu_memory_utilization,
+        engine_args={"load_format": "dummy", "enable_prefix_caching": False},
+    )
     lm = load_vllm_model(str(directory), opts.dtype, settings)
     lm.max_len = length
     factor = max(1.0, length / (lm.trained_length or length))
@@ -83,13 +94,22 @@ def run_vllm(opts: argparse.Namespace, directory: Path, length: int) -> dict[str
         done = time.perf_counter()
     generated = sum(len(v) for v in new.values())
     check = record["effective"][0]
-    return {"engine_and_readback_s": round(ready - start, 2), "generate_s": round(done - ready, 3),
-            "generated_tokens": generated, "prompt_tokens": sum(map(len, batch)),
-            "generated_tokens_per_s": round(generated / (done - ready), 2),
-            "readback": {"table_dtype": record["table_dtype"], "rotary_class": record["rotary_class"],
-                         "positions_checked": check["positions_checked"], "max_angle_diff": check["max_angle_diff"],
-                         "max_magnitude_rel_diff": check["max_magnitude_rel_diff"], "passed": check["worst_excess"] <= 0},
-            "method": spec.label}
+    return {
+        "engine_and_readback_s": round(ready - start, 2),
+        "generate_s": round(done - ready, 3),
+        "generated_tokens": generated,
+        "prompt_tokens": sum(map(len, batch)),
+        "generated_tokens_per_s": round(generated / (done - ready), 2),
+        "readback": {
+            "table_dtype": record["table_dtype"],
+            "rotary_class": record["rotary_class"],
+            "positions_checked": check["positions_checked"],
+            "max_angle_diff": check["max_angle_diff"],
+            "max_magnitude_rel_diff": check["max_magnitude_rel_diff"],
+            "passed": check["worst_excess"] <= 0,
+        },
+        "method": spec.label,
+    }
 
 
 def run_hf(opts: argparse.Namespace, directory: Path, length: int) -> dict[str, Any]:
@@ -102,8 +122,9 @@ def run_hf(opts: argparse.Namespace, directory: Path, length: int) -> dict[str, 
     config = AutoConfig.from_pretrained(directory)
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=getattr(torch, opts.dtype),
-                                                 attn_implementation="sdpa").eval()
+        model = AutoModelForCausalLM.from_config(
+            config, torch_dtype=getattr(torch, opts.dtype), attn_implementation="sdpa"
+        ).eval()
     factor = max(1.0, length / config.max_position_embeddings)
     batch = prompts(opts.prompts, length - opts.new_tokens, config.vocab_size)
     out: dict[str, Any] = {"method": f"yarn(factor={factor:g})"}
@@ -116,8 +137,14 @@ def run_hf(opts: argparse.Namespace, directory: Path, length: int) -> dict[str, 
             try:
                 for group in groups:
                     ids = torch.tensor(group, device=device)
-                    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                   max_new_tokens=opts.new_tokens, min_new_tokens=opts.new_tokens, pad_token_id=0)
+                    model.generate(
+                        input_ids=ids,
+                        attention_mask=torch.ones_like(ids),
+                        do_sample=False,
+                        max_new_tokens=opts.new_tokens,
+                        min_new_tokens=opts.new_tokens,
+                        pad_token_id=0,
+                    )
                 if device == "cuda":
                     torch.cuda.synchronize()
             except torch.OutOfMemoryError:
@@ -126,8 +153,11 @@ def run_hf(opts: argparse.Namespace, directory: Path, length: int) -> dict[str, 
                 continue
             seconds = time.perf_counter() - start
             generated = opts.new_tokens * len(batch)
-            out[name] = {"generate_s": round(seconds, 3), "generated_tokens_per_s": round(generated / seconds, 2),
-                         "peak_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if device == "cuda" else None}
+            out[name] = {
+                "generate_s": round(seconds, 3),
+                "generated_tokens_per_s": round(generated / seconds, 2),
+                "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,
+            }
     return out
 
 
@@ -145,8 +175,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's (default: 0.9 on a GPU, "
-                        "0.5 of RAM on CPU)")
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=None, help="vLLM's (default: 0.9 on a GPU, 0.5 of RAM on CPU)"
+    )
     parser.add_argument("--timeout", type=int, default=900, help="seconds per backend and length")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--child", choices=("vllm", "hf"), help=argparse.SUPPRESS)
@@ -157,22 +188,45 @@ def main() -> None:
         child(opts)
         return
     opts.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"settings": {k: v for k, v in vars(opts).items() if not k.startswith("child")
-                                            and k != "out"}, "runs": []}
+    results: dict[str, Any] = {
+        "settings": {k: v for k, v in vars(opts).items() if not k.startswith("child") and k != "out"},
+        "runs": [],
+    }
     for name in opts.config.split(","):
         directory = model_dir(name, opts.out)
         for length in parse_lengths(opts.lengths):
             row: dict[str, Any] = {"config": name, "length": length}
             for backend in ("vllm", "hf"):
-                cmd = [sys.executable, __file__, "--child", backend, "--child-dir", str(directory), "--child-length",
-                       str(length), "--prompts", str(opts.prompts), "--new-tokens", str(opts.new_tokens), "--dtype",
-                       opts.dtype, "--out", str(opts.out)] + (
-                    ["--gpu-memory-utilization", str(opts.gpu_memory_utilization)] if opts.gpu_memory_utilization else [])
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    backend,
+                    "--child-dir",
+                    str(directory),
+                    "--child-length",
+                    str(length),
+                    "--prompts",
+                    str(opts.prompts),
+                    "--new-tokens",
+                    str(opts.new_tokens),
+                    "--dtype",
+                    opts.dtype,
+                    "--out",
+                    str(opts.out),
+                ] + (
+                    ["--gpu-memory-utilization", str(opts.gpu_memory_utilization)]
+                    if opts.gpu_memory_utilization
+                    else []
+                )
                 try:
                     done = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
                     lines = done.stdout.strip().splitlines()
-                    row[backend] = json.loads(lines[-1]) if done.returncode == 0 and lines else {
-                        "status": "error", "stderr": done.stderr.strip().splitlines()[-3:]}
+                    row[backend] = (
+                        json.loads(lines[-1])
+                        if done.returncode == 0 and lines
+                        else {"status": "error", "stderr": done.stderr.strip().splitlines()[-3:]}
+                    )
                 except subprocess.TimeoutExpired:
                     row[backend] = {"status": f"timeout after {opts.timeout} s"}
             vllm_rate = row["vllm"].get("generated_tokens_per_s")
@@ -183,15 +237,20 @@ def main() -> None:
             results["runs"].append(row)
             print(json.dumps(row), flush=True)
             (opts.out / "gpu-vllm.json").write_text(json.dumps(results, indent=2) + "\n")
-    lines = ["| config | length | method | vLLM tok/s (engine + read-back s) | hf batch 1 tok/s | hf batched tok/s | "
-             "vLLM / hf b1 | vLLM / hf batched | read-back |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| config | length | method | vLLM tok/s (engine + read-back s) | hf batch 1 tok/s | hf batched tok/s | "
+        "vLLM / hf b1 | vLLM / hf batched | read-back |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results["runs"]:
         v, h = r["vllm"], r["hf"]
-        lines.append(f"| {r['config']} | {r['length']} | {v.get('method', '?')} | {v.get('generated_tokens_per_s', v.get('status'))} "
-                     f"({v.get('engine_and_readback_s', '-')}) | {h.get('batch 1', {}).get('generated_tokens_per_s', '-')} | "
-                     f"{h.get(f'batch {opts.prompts}', {}).get('generated_tokens_per_s', '-')} | "
-                     f"{r.get('vllm_vs_hf_batch1', '-')} | {r.get(f'vllm_vs_hf_batch{opts.prompts}', '-')} | "
-                     f"{'passed' if v.get('readback', {}).get('passed') else v.get('readback', {}).get('passed', '-')} |")
+        lines.append(
+            f"| {r['config']} | {r['length']} | {v.get('method', '?')} | {v.get('generated_tokens_per_s', v.get('status'))} "
+            f"({v.get('engine_and_readback_s', '-')}) | {h.get('batch 1', {}).get('generated_tokens_per_s', '-')} | "
+            f"{h.get(f'batch {opts.prompts}', {}).get('generated_tokens_per_s', '-')} | "
+            f"{r.get('vllm_vs_hf_batch1', '-')} | {r.get(f'vllm_vs_hf_batch{opts.prompts}', '-')} | "
+            f"{'passed' if v.get('readback', {}).get('passed') else v.get('readback', {}).get('passed', '-')} |"
+        )
     (opts.out / "gpu-vllm.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {opts.out / 'gpu-vllm.json'} and gpu-vllm.md")
 

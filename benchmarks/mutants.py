@@ -21,52 +21,133 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESUME = "tests/test_resume_and_rollback.py"
 MUTANTS = [
-    ("needle resume key without depth", "ctxeval/runs/rows.py", '"needle": ("model", "label", "length", "depth", "sample")',
-     '"needle": ("model", "label", "length", "sample")', [RESUME]),
-    ("needle resume key without sample", "ctxeval/runs/rows.py", '"needle": ("model", "label", "length", "depth", "sample")',
-     '"needle": ("model", "label", "length", "depth")', [RESUME]),
-    ("ppl resume key without doc", "ctxeval/runs/rows.py", '"ppl": ("model", "label", "length", "doc")',
-     '"ppl": ("model", "label", "length")', [RESUME]),
-    ("entropy resume key without doc", "ctxeval/runs/rows.py", '"entropy": ("model", "label", "length", "doc")',
-     '"entropy": ("model", "label", "length")', [RESUME]),
-    ("failed points count as done", "ctxeval/runs/store.py", 'for r in self.rows() if r.get("status") == "ok"}',
-     "for r in self.rows()}", [RESUME]),
+    (
+        "needle resume key without depth",
+        "ctxeval/runs/rows.py",
+        '"needle": ("model", "label", "length", "depth", "sample")',
+        '"needle": ("model", "label", "length", "sample")',
+        [RESUME],
+    ),
+    (
+        "needle resume key without sample",
+        "ctxeval/runs/rows.py",
+        '"needle": ("model", "label", "length", "depth", "sample")',
+        '"needle": ("model", "label", "length", "depth")',
+        [RESUME],
+    ),
+    (
+        "ppl resume key without doc",
+        "ctxeval/runs/rows.py",
+        '"ppl": ("model", "label", "length", "doc")',
+        '"ppl": ("model", "label", "length")',
+        [RESUME],
+    ),
+    (
+        "entropy resume key without doc",
+        "ctxeval/runs/rows.py",
+        '"entropy": ("model", "label", "length", "doc")',
+        '"entropy": ("model", "label", "length")',
+        [RESUME],
+    ),
+    (
+        "failed points count as done",
+        "ctxeval/runs/store.py",
+        'for r in self.rows() if r.get("status") == "ok"}',
+        "for r in self.rows()}",
+        [RESUME],
+    ),
     ("read-back tolerance 1e-1", "ctxeval/rope/patching.py", "READBACK_RTOL = 1e-5", "READBACK_RTOL = 1e-1", [RESUME]),
-    ("failed read-back leaves the model patched", "ctxeval/rope/patching.py",
-     "                if not diff <= READBACK_RTOL:\n                    self.restore()\n",
-     "                if not diff <= READBACK_RTOL:\n", [RESUME]),
-    ("dynamic-yarn ignores original_max_position_embeddings", "ctxeval/rope/methods.py",
-     "    L = _length(geom, params)\n    s = max(1.0, (L if length is None else length) / L)",
-     "    L = geom.original_length\n    s = max(1.0, (L if length is None else length) / L)", [RESUME]),
-    ("DeepSeek mscale ratio inverted", "ctxeval/rope/methods.py",
-     'return mscale(s, params["mscale"]) / mscale(s, params["mscale_all_dim"])',
-     'return mscale(s, params["mscale_all_dim"]) / mscale(s, params["mscale"])', [RESUME, "tests/test_methods.py"]),
-    ("self-extend query shift W instead of W - W//G", "ctxeval/attention/methods.py",
-     "return q_pos // g + w - w // g, k_pos // g", "return q_pos // g + w, k_pos // g",
-     ["tests/test_attention_methods.py"]),
-    ("rerope window inclusive", "ctxeval/attention/methods.py",
-     "near = (q_pos[:, rows, None] - k_pos[:, None, band]) < window",
-     "near = (q_pos[:, rows, None] - k_pos[:, None, band]) <= window", ["tests/test_attention_methods.py"]),
-    ("logn never below 1 dropped", "ctxeval/attention/methods.py", ".clamp(min=1.0)", ".clamp(min=0.0)",
-     ["tests/test_attention_methods.py"]),
-    ("longrope long factors at L itself", "ctxeval/rope/methods.py", "long = length is not None and length > L",
-     "long = length is not None and length >= L", ["tests/test_methods.py"]),
-    ("truncate window aggregate: the sum, not the mean", "ctxeval/evals/perplexity.py",
-     "rows.append(self._ok(spec, length, doc.doc_id, total, n, total / n, 1,",
-     "rows.append(self._ok(spec, length, doc.doc_id, total, n, total, 1,", [RESUME]),
-    ("sliding window aggregate sums window sums", "ctxeval/evals/perplexity.py",
-     "window_sum += float(new.mean())", "window_sum += float(new.sum())", [RESUME]),
-    ("needle generation under a dynamic method not frozen", "ctxeval/evals/needle.py",
-     "            handle.freeze_length(it.length)  # prompt + budget", "            pass  # prompt + budget", [RESUME]),
-    ("needle answers matched case-sensitively", "ctxeval/evals/needle.py",
-     "return all(answer.lower() in response.lower() for answer in sample.answers)",
-     "return all(answer in response for answer in sample.answers)", [RESUME]),
-    ("needle terms matched case-sensitively", "ctxeval/evals/needle.py",
-     "return all(term.lower() in response.lower() for term in preset.match_terms)",
-     "return all(term in response for term in preset.match_terms)", [RESUME]),
-    ("RULER scoring all-or-nothing", "ctxeval/evals/ruler/generate.py",
-     'return sum(found) / len(found) if metric == "string_match_all" else max(found)',
-     'return min(found) if metric == "string_match_all" else max(found)', ["tests/test_ruler.py"]),
+    (
+        "failed read-back leaves the model patched",
+        "ctxeval/rope/patching.py",
+        "                if not diff <= READBACK_RTOL:\n                    self.restore()\n",
+        "                if not diff <= READBACK_RTOL:\n",
+        [RESUME],
+    ),
+    (
+        "dynamic-yarn ignores original_max_position_embeddings",
+        "ctxeval/rope/methods.py",
+        "    L = _length(geom, params)\n    s = max(1.0, (L if length is None else length) / L)",
+        "    L = geom.original_length\n    s = max(1.0, (L if length is None else length) / L)",
+        [RESUME],
+    ),
+    (
+        "DeepSeek mscale ratio inverted",
+        "ctxeval/rope/methods.py",
+        'return mscale(s, params["mscale"]) / mscale(s, params["mscale_all_dim"])',
+        'return mscale(s, params["mscale_all_dim"]) / mscale(s, params["mscale"])',
+        [RESUME, "tests/test_methods.py"],
+    ),
+    (
+        "self-extend query shift W instead of W - W//G",
+        "ctxeval/attention/methods.py",
+        "return q_pos // g + w - w // g, k_pos // g",
+        "return q_pos // g + w, k_pos // g",
+        ["tests/test_attention_methods.py"],
+    ),
+    (
+        "rerope window inclusive",
+        "ctxeval/attention/methods.py",
+        "near = (q_pos[:, rows, None] - k_pos[:, None, band]) < window",
+        "near = (q_pos[:, rows, None] - k_pos[:, None, band]) <= window",
+        ["tests/test_attention_methods.py"],
+    ),
+    (
+        "logn never below 1 dropped",
+        "ctxeval/attention/methods.py",
+        ".clamp(min=1.0)",
+        ".clamp(min=0.0)",
+        ["tests/test_attention_methods.py"],
+    ),
+    (
+        "longrope long factors at L itself",
+        "ctxeval/rope/methods.py",
+        "long = length is not None and length > L",
+        "long = length is not None and length >= L",
+        ["tests/test_methods.py"],
+    ),
+    (
+        "truncate window aggregate: the sum, not the mean",
+        "ctxeval/evals/perplexity.py",
+        "rows.append(self._ok(spec, length, doc.doc_id, total, n, total / n, 1,",
+        "rows.append(self._ok(spec, length, doc.doc_id, total, n, total, 1,",
+        [RESUME],
+    ),
+    (
+        "sliding window aggregate sums window sums",
+        "ctxeval/evals/perplexity.py",
+        "window_sum += float(new.mean())",
+        "window_sum += float(new.sum())",
+        [RESUME],
+    ),
+    (
+        "needle generation under a dynamic method not frozen",
+        "ctxeval/evals/needle.py",
+        "            handle.freeze_length(it.length)  # prompt + budget",
+        "            pass  # prompt + budget",
+        [RESUME],
+    ),
+    (
+        "needle answers matched case-sensitively",
+        "ctxeval/evals/needle.py",
+        "return all(answer.lower() in response.lower() for answer in sample.answers)",
+        "return all(answer in response for answer in sample.answers)",
+        [RESUME],
+    ),
+    (
+        "needle terms matched case-sensitively",
+        "ctxeval/evals/needle.py",
+        "return all(term.lower() in response.lower() for term in preset.match_terms)",
+        "return all(term in response for term in preset.match_terms)",
+        [RESUME],
+    ),
+    (
+        "RULER scoring all-or-nothing",
+        "ctxeval/evals/ruler/generate.py",
+        'return sum(found) / len(found) if metric == "string_match_all" else max(found)',
+        'return min(found) if metric == "string_match_all" else max(found)',
+        ["tests/test_ruler.py"],
+    ),
 ]
 
 
@@ -78,8 +159,9 @@ def main() -> int:
     survived = 0
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp) / "tree"
-        shutil.copytree(ROOT, scratch, ignore=shutil.ignore_patterns(".git", ".venv", "results", "__pycache__",
-                                                                       "*.egg-info"))
+        shutil.copytree(
+            ROOT, scratch, ignore=shutil.ignore_patterns(".git", ".venv", "results", "__pycache__", "*.egg-info")
+        )
         for name, rel, old, new, tests in chosen:
             path = scratch / rel
             original = path.read_text()
@@ -89,9 +171,13 @@ def main() -> int:
                 continue
             path.write_text(original.replace(old, new))
             start = time.perf_counter()
-            result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                                    cwd=scratch, capture_output=True, text=True,
-                                    env={**__import__("os").environ, "PYTHONPATH": str(scratch)})
+            result = subprocess.run(
+                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                cwd=scratch,
+                capture_output=True,
+                text=True,
+                env={**__import__("os").environ, "PYTHONPATH": str(scratch)},
+            )
             path.write_text(original)
             verdict = "killed" if result.returncode != 0 else "SURVIVED"
             survived += verdict == "SURVIVED"

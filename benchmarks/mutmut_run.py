@@ -33,37 +33,70 @@ ROUND2 = "tests/test_behaviours_round2.py"
 # the console script, not `python -m mutmut`: -m would put the scratch tree (the unmutated ctxeval) first on sys.path
 MUTMUT = str(Path(sys.executable).parent / "mutmut")
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
-    "store": (["ctxeval/runs/store.py", "ctxeval/runs/rows.py"],
-              ["tests/test_store.py", "tests/test_rows.py", "tests/test_runlock.py", "tests/test_run_lock_cli.py", RESUME]),
-    "patching": (["ctxeval/rope/patching.py"],
-                 ["tests/test_patching.py", "tests/test_temperature.py", "tests/test_gpu_readiness.py", RESUME]),
+    "store": (
+        ["ctxeval/runs/store.py", "ctxeval/runs/rows.py"],
+        ["tests/test_store.py", "tests/test_rows.py", "tests/test_runlock.py", "tests/test_run_lock_cli.py", RESUME],
+    ),
+    "patching": (
+        ["ctxeval/rope/patching.py"],
+        ["tests/test_patching.py", "tests/test_temperature.py", "tests/test_gpu_readiness.py", RESUME],
+    ),
     "methods": (["ctxeval/rope/methods.py"], ["tests/test_methods.py", "tests/test_patching.py", RESUME]),
-    "perplexity": (["ctxeval/evals/perplexity.py"],
-                   ["tests/test_ppl.py", "tests/test_gpu_readiness.py", "tests/test_positions_longppl.py", RESUME]),
+    "perplexity": (
+        ["ctxeval/evals/perplexity.py"],
+        ["tests/test_ppl.py", "tests/test_gpu_readiness.py", "tests/test_positions_longppl.py", RESUME],
+    ),
     "needle": (["ctxeval/evals/needle.py"], ["tests/test_needle.py", "tests/test_gpu_readiness.py", RESUME]),
     # issue 27: the modules added since
-    "ruler": ([f"ctxeval/evals/{m}.py" for m in ("ruler", "ruler_tasks", "ruler_sources", "ruler_niah", "ruler_vt",
-                                                 "ruler_words", "ruler_qa")],
-              ["tests/test_ruler.py", "tests/test_conformance_ruler_yarn.py", ROUND2]),
+    "ruler": (
+        [
+            f"ctxeval/evals/{m}.py"
+            for m in ("ruler", "ruler_tasks", "ruler_sources", "ruler_niah", "ruler_vt", "ruler_words", "ruler_qa")
+        ],
+        ["tests/test_ruler.py", "tests/test_conformance_ruler_yarn.py", ROUND2],
+    ),
     "ruler_eval": (["ctxeval/evals/ruler/run.py"], ["tests/test_ruler_cli.py", "tests/test_ruler.py", ROUND2, RESUME]),
-    "attention": (["ctxeval/attention/methods.py"],
-                  ["tests/test_attention_methods.py", "tests/test_conformance_attention.py"]),
-    "key_tokens": (["ctxeval/evals/key_tokens.py"],
-                   ["tests/test_positions_longppl.py", "tests/test_longppl_original.py", ROUND2]),
+    "attention": (
+        ["ctxeval/attention/methods.py"],
+        ["tests/test_attention_methods.py", "tests/test_conformance_attention.py"],
+    ),
+    "key_tokens": (
+        ["ctxeval/evals/key_tokens.py"],
+        ["tests/test_positions_longppl.py", "tests/test_longppl_original.py", ROUND2],
+    ),
     "positions": (["ctxeval/evals/positions.py"], ["tests/test_positions_longppl.py", "tests/test_ppl.py", ROUND2]),
     "entropy": (["ctxeval/evals/entropy.py"], ["tests/test_entropy.py"]),
-    "tables": (["ctxeval/report/tables.py"],
-               ["tests/test_report.py", "tests/test_merge_report.py", "tests/test_passkey_yarn.py", ROUND2]),
-    "runs": (["ctxeval/report/runs.py"], ["tests/test_merge_report.py", "tests/test_report.py", "tests/test_html_report.py"]),
-    "sweep": (["ctxeval/evals/sweep.py"], ["tests/test_ppl.py", "tests/test_needle.py", "tests/test_ruler_cli.py", RESUME]),
+    "tables": (
+        ["ctxeval/report/tables.py"],
+        ["tests/test_report.py", "tests/test_merge_report.py", "tests/test_passkey_yarn.py", ROUND2],
+    ),
+    "runs": (
+        ["ctxeval/report/runs.py"],
+        ["tests/test_merge_report.py", "tests/test_report.py", "tests/test_html_report.py"],
+    ),
+    "sweep": (
+        ["ctxeval/evals/sweep.py"],
+        ["tests/test_ppl.py", "tests/test_needle.py", "tests/test_ruler_cli.py", RESUME],
+    ),
 }
 # groups measured on part of their module: the functions that turn a forward into the numbers a row holds (fnmatch
 # patterns over mutmut's mutant names; the sweep, scheduling and config code of perplexity.py is left out for time)
 ONLY: dict[str, list[str]] = {
-    "perplexity": [f"ctxeval.evals.perplexity.{name}*" for name in (
-        "x_token_nll", "x_batch_token_nll", "x__sequence", "xǁPplRunnerǁ_nll", "xǁPplRunnerǁ_ok",
-        "xǁPplRunnerǁ_by_position", "xǁPplRunnerǁ_truncate", "xǁPplRunnerǁ_rows_from_nll", "xǁPplRunnerǁ_sliding",
-        "xǁPplRunnerǁ_window_nlls")],
+    "perplexity": [
+        f"ctxeval.evals.perplexity.{name}*"
+        for name in (
+            "x_token_nll",
+            "x_batch_token_nll",
+            "x__sequence",
+            "xǁPplRunnerǁ_nll",
+            "xǁPplRunnerǁ_ok",
+            "xǁPplRunnerǁ_by_position",
+            "xǁPplRunnerǁ_truncate",
+            "xǁPplRunnerǁ_rows_from_nll",
+            "xǁPplRunnerǁ_sliding",
+            "xǁPplRunnerǁ_window_nlls",
+        )
+    ],
 }
 # issue 27's tests written against each group's survivors join its selection
 for _group in ("positions", "key_tokens", "entropy", "attention"):
@@ -74,29 +107,56 @@ for _group in ("sweep", "tables", "ruler_eval", "runs", "ruler"):
 for _group in ("tables", "runs", "ruler_eval", "ruler"):
     GROUPS[_group][1].append("tests/test_mutants_round2_c.py")
 # issue 27's groups measured on part of their modules (a run per group had to fit in about 15 minutes on one child)
-ONLY.update({
-    "tables": [f"ctxeval.report.tables.{name}__mutmut_*" for name in (
-        "x_latest_rows", "x_valid_lengths", "x_effective_length", "x_yarn_passkey_figures", "x_ruler_effective_length")],
-    "ruler_eval": [f"ctxeval.evals.ruler.run.{name}__mutmut_*" for name in (
-        "xǁRulerConfigǁ__post_init__", "x_sample_problem", "x_sweep")],
-    "runs": [f"ctxeval.report.runs.{name}__mutmut_*" for name in ("x_merge_rows", "x_row_order", "x_display_models")],
-    "ruler": [f"ctxeval.evals.ruler.generate.{name}__mutmut_*" for name in ("x__upper", "x_postprocess", "x_score")]
-             + [f"ctxeval.evals.ruler.tasks.{name}__mutmut_*" for name in (
-                 "xǁRulerSampleǁrecord", "x_check_template", "x_task_template", "x_split_prefix")],
-})
+ONLY.update(
+    {
+        "tables": [
+            f"ctxeval.report.tables.{name}__mutmut_*"
+            for name in (
+                "x_latest_rows",
+                "x_valid_lengths",
+                "x_effective_length",
+                "x_yarn_passkey_figures",
+                "x_ruler_effective_length",
+            )
+        ],
+        "ruler_eval": [
+            f"ctxeval.evals.ruler.run.{name}__mutmut_*"
+            for name in ("xǁRulerConfigǁ__post_init__", "x_sample_problem", "x_sweep")
+        ],
+        "runs": [
+            f"ctxeval.report.runs.{name}__mutmut_*" for name in ("x_merge_rows", "x_row_order", "x_display_models")
+        ],
+        "ruler": [f"ctxeval.evals.ruler.generate.{name}__mutmut_*" for name in ("x__upper", "x_postprocess", "x_score")]
+        + [
+            f"ctxeval.evals.ruler.tasks.{name}__mutmut_*"
+            for name in ("xǁRulerSampleǁrecord", "x_check_template", "x_task_template", "x_split_prefix")
+        ],
+    }
+)
 # the rest of issue 27's partial groups, measured after the first pass: RULER's generators (its qa and source
 # readers, whose outputs the parity tests pin, left out for time) and the rest of its runner
 GROUPS["ruler_gen"] = (GROUPS["ruler"][0], [*GROUPS["ruler"][1], "tests/test_loop_bounds.py"])
-ONLY["ruler_gen"] = ([f"ctxeval.evals.ruler.generate.{name}__mutmut_*" for name in ("x_generate", "x__vt_example", "x__fwe_samples")]
-                     + [f"ctxeval.evals.ruler_{module}.*" for module in ("niah", "vt", "words")])
+ONLY["ruler_gen"] = [
+    f"ctxeval.evals.ruler.generate.{name}__mutmut_*" for name in ("x_generate", "x__vt_example", "x__fwe_samples")
+] + [f"ctxeval.evals.ruler_{module}.*" for module in ("niah", "vt", "words")]
 # without test_ruler_cli.py, whose every test generates with the tiny model (about 40 s a surviving mutant): a mutant
 # only it would kill counts as a survivor here
-GROUPS["ruler_eval_rest"] = (GROUPS["ruler_eval"][0],
-                             [t for t in GROUPS["ruler_eval"][1] if t != "tests/test_ruler_cli.py"]
-                             + ["tests/test_loop_bounds.py"])
-ONLY["ruler_eval_rest"] = [f"ctxeval.evals.ruler.run.{name}__mutmut_*" for name in (
-    "x_samples_path", "x_read_samples", "x_write_samples", "x_prepare", "xǁRulerRunnerǁ__init__",
-    "xǁRulerRunnerǁpredict", "xǁRulerRunnerǁmeasure")]
+GROUPS["ruler_eval_rest"] = (
+    GROUPS["ruler_eval"][0],
+    [t for t in GROUPS["ruler_eval"][1] if t != "tests/test_ruler_cli.py"] + ["tests/test_loop_bounds.py"],
+)
+ONLY["ruler_eval_rest"] = [
+    f"ctxeval.evals.ruler.run.{name}__mutmut_*"
+    for name in (
+        "x_samples_path",
+        "x_read_samples",
+        "x_write_samples",
+        "x_prepare",
+        "xǁRulerRunnerǁ__init__",
+        "xǁRulerRunnerǁpredict",
+        "xǁRulerRunnerǁmeasure",
+    )
+]
 # report functions only the single-run report calls (no test of the tables group's selection reaches them), against
 # the second pass's tests written for them
 GROUPS["tables_single"] = (GROUPS["tables"][0], ["tests/test_mutants_round2_c.py"])
@@ -105,20 +165,46 @@ if os.environ.get("RULER_SEARCH_ONLY"):  # the size search alone (its mutants ha
     ONLY["ruler"] = ["ctxeval.evals.ruler.generate.x__search__mutmut_*"]
 SPINNER = re.compile(r"^\W*(Generating mutants|Running stats|Listing all tests|Running clean tests)")
 # mutmut's own reading of a worker's exit code (mutmut/stats.py), for the statuses it reports
-STATUS = {0: "survived", 1: "killed", 3: "killed", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
-          24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault", None: "not checked"}
+STATUS = {
+    0: "survived",
+    1: "killed",
+    3: "killed",
+    5: "no tests",
+    33: "no tests",
+    34: "skipped",
+    36: "timeout",
+    24: "timeout",
+    -24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    -11: "segfault",
+    -9: "segfault",
+    None: "not checked",
+}
 
 
 def scratch_tree(commit: str, dest: Path, *paths: str) -> list[str]:
     archive = subprocess.run(["git", "archive", commit, *paths], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return [line for line in subprocess.run(["git", "rev-parse", "--short", commit], cwd=ROOT, capture_output=True,
-                                            text=True, check=True).stdout.split()]
+    return [
+        line
+        for line in subprocess.run(
+            ["git", "rev-parse", "--short", commit], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split()
+    ]
 
 
 def write_config(tree: Path, modules: list[str], tests: list[str]) -> None:
-    lines = ["[mutmut]", "source_paths = ctxeval/", "only_mutate =", *(f"    {m}" for m in modules),
-             "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in tests), "also_copy =", "    tasks/"]
+    lines = [
+        "[mutmut]",
+        "source_paths = ctxeval/",
+        "only_mutate =",
+        *(f"    {m}" for m in modules),
+        "pytest_add_cli_args_test_selection =",
+        *(f"    {t}" for t in tests),
+        "also_copy =",
+        "    tasks/",
+    ]
     (tree / "setup.cfg").write_text("\n".join(lines) + "\n")
 
 
@@ -130,13 +216,19 @@ def exit_codes(tree: Path) -> dict[str, int | None]:
 
 
 def rerun_directly(tree: Path, env: dict, mutant: str, limit_s: float) -> str:
-    tests = subprocess.run([MUTMUT, "tests-for-mutant", mutant], cwd=tree, env=env,
-                           capture_output=True, text=True).stdout.splitlines()
+    tests = subprocess.run(
+        [MUTMUT, "tests-for-mutant", mutant], cwd=tree, env=env, capture_output=True, text=True
+    ).stdout.splitlines()
     tests = [t.strip() for t in tests if "::" in t]  # one per line: parametrised ids may hold spaces
     try:
-        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "",
-                                 *tests], cwd=tree / "mutants", env={**env, "MUTANT_UNDER_TEST": mutant},
-                                capture_output=True, text=True, timeout=limit_s)
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "", *tests],
+            cwd=tree / "mutants",
+            env={**env, "MUTANT_UNDER_TEST": mutant},
+            capture_output=True,
+            text=True,
+            timeout=limit_s,
+        )
     except subprocess.TimeoutExpired:
         return "hangs"
     return {0: "survived", 1: "killed"}.get(result.returncode, f"exit {result.returncode}")
@@ -149,23 +241,46 @@ def main() -> int:
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="use this folder for the scratch tree and keep it")
-    parser.add_argument("--recheck-limit", type=float, default=120.0,
-                        help="seconds a mutant mutmut reports as timed out may run when rechecked directly")
-    parser.add_argument("--whole", action="store_true",
-                        help="mutate the group's whole modules, ignoring ONLY's narrowing")
-    parser.add_argument("--summarise", action="store_true",
-                        help="with --keep of an earlier run: only recheck its timeouts and write the summary")
-    parser.add_argument("--retest", action="store_true",
-                        help="with --keep of an earlier run: take the tests of --commit and run only the mutants that "
-                             "survived there (a mutant killed stays killed when tests are only added)")
-    parser.add_argument("--earlier", type=Path, action="append", default=[],
-                        help="with --retest: a summary of an earlier pass over the same tree; a mutant it does not list "
-                             "as a survivor was killed there and stays killed (a chain of retests)")
-    parser.add_argument("--also-test", action="append", default=[],
-                        help="with --new-tests-only: a test file of the group's selection that gained tests too")
-    parser.add_argument("--new-tests-only", action="store_true",
-                        help="with --retest, run the survivors against the group's round-2 test file only (they "
-                             "survived every other selected test, which did not change)")
+    parser.add_argument(
+        "--recheck-limit",
+        type=float,
+        default=120.0,
+        help="seconds a mutant mutmut reports as timed out may run when rechecked directly",
+    )
+    parser.add_argument(
+        "--whole", action="store_true", help="mutate the group's whole modules, ignoring ONLY's narrowing"
+    )
+    parser.add_argument(
+        "--summarise",
+        action="store_true",
+        help="with --keep of an earlier run: only recheck its timeouts and write the summary",
+    )
+    parser.add_argument(
+        "--retest",
+        action="store_true",
+        help="with --keep of an earlier run: take the tests of --commit and run only the mutants that "
+        "survived there (a mutant killed stays killed when tests are only added)",
+    )
+    parser.add_argument(
+        "--earlier",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --retest: a summary of an earlier pass over the same tree; a mutant it does not list "
+        "as a survivor was killed there and stays killed (a chain of retests)",
+    )
+    parser.add_argument(
+        "--also-test",
+        action="append",
+        default=[],
+        help="with --new-tests-only: a test file of the group's selection that gained tests too",
+    )
+    parser.add_argument(
+        "--new-tests-only",
+        action="store_true",
+        help="with --retest, run the survivors against the group's round-2 test file only (they "
+        "survived every other selected test, which did not change)",
+    )
     args = parser.parse_args()
     modules, tests = GROUPS[args.group]
     if args.whole:
@@ -175,15 +290,19 @@ def main() -> int:
         if args.summarise:
             if args.keep is None or not (tree / "mutants").is_dir():
                 parser.error("--summarise needs --keep DIR of an earlier run")
-            short = subprocess.run(["git", "rev-parse", "--short", args.commit], cwd=ROOT, capture_output=True,
-                                   text=True, check=True).stdout.strip()
+            short = subprocess.run(
+                ["git", "rev-parse", "--short", args.commit], cwd=ROOT, capture_output=True, text=True, check=True
+            ).stdout.strip()
         elif args.retest:
             if args.keep is None or not (tree / "mutants").is_dir():
                 parser.error("--retest needs --keep DIR of an earlier run")
             before_codes = exit_codes(tree)
             only_ = ONLY.get(args.group, [])
-            survivors_before = [name for name, code in before_codes.items() if code in (0, 5, 33)
-                                and (not only_ or any(fnmatch.fnmatch(name, p) for p in only_))]
+            survivors_before = [
+                name
+                for name, code in before_codes.items()
+                if code in (0, 5, 33) and (not only_ or any(fnmatch.fnmatch(name, p) for p in only_))
+            ]
             for dest in (tree, tree / "mutants"):
                 shutil.rmtree(dest / "tests")
                 (short,) = scratch_tree(args.commit, dest, "tests")
@@ -199,8 +318,17 @@ def main() -> int:
             write_config(tree, modules, tests)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(tree / "mutants")}
         start = time.perf_counter()
-        clean = subprocess.CompletedProcess([], 0) if args.summarise else subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=tree,
-                               env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
+        clean = (
+            subprocess.CompletedProcess([], 0)
+            if args.summarise
+            else subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                cwd=tree,
+                env={**env, "PYTHONPATH": str(tree)},
+                capture_output=True,
+                text=True,
+            )
+        )
         clean_s = time.perf_counter() - start
         if clean.returncode != 0:
             print(clean.stdout[-3000:])
@@ -208,9 +336,19 @@ def main() -> int:
         # mutants/ must exist when mutmut starts: Python caches "no such folder" for a sys.path entry for good
         (tree / "mutants").mkdir(exist_ok=True)
         only = ONLY.get(args.group, [])
-        run = subprocess.CompletedProcess([], 0, "", "") if args.summarise else subprocess.run([MUTMUT, "run", "--max-children", str(args.max_children),
-                              *(survivors_before if args.retest else only)] if not (args.retest and not survivors_before) else ["true"],
-                             cwd=tree, env=env, capture_output=True, text=True)
+        run = (
+            subprocess.CompletedProcess([], 0, "", "")
+            if args.summarise
+            else subprocess.run(
+                [MUTMUT, "run", "--max-children", str(args.max_children), *(survivors_before if args.retest else only)]
+                if not (args.retest and not survivors_before)
+                else ["true"],
+                cwd=tree,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+        )
         # no second run: a changed test selection makes mutmut reset every verdict (a full rerun);
         # with tests only added, a mutant killed before stays killed, so it keeps its earlier verdict here
         kept = {}
@@ -229,8 +367,11 @@ def main() -> int:
             if args.new_tests_only:  # no new test calls it: it still survives the group's selection
                 kept.update({n: before_codes[n] for n in survivors_before if after.get(n) in (5, 33)})
         run_s = time.perf_counter() - start - clean_s
-        codes = {name: code for name, code in {**exit_codes(tree), **kept}.items()
-                 if not only or any(fnmatch.fnmatch(name, pattern) for pattern in only)}
+        codes = {
+            name: code
+            for name, code in {**exit_codes(tree), **kept}.items()
+            if not only or any(fnmatch.fnmatch(name, pattern) for pattern in only)
+        }
         statuses = {name: STATUS.get(code, "suspicious") for name, code in codes.items()}
         rechecked = {}
         for name, status in sorted(statuses.items()):
@@ -241,18 +382,31 @@ def main() -> int:
         survivors = {}
         for name, status in sorted(statuses.items()):
             if status == "survived" or rechecked.get(name) == "survived":
-                survivors[name] = subprocess.run([MUTMUT, "show", name], cwd=tree, env=env,
-                                                 capture_output=True, text=True).stdout
+                survivors[name] = subprocess.run(
+                    [MUTMUT, "show", name], cwd=tree, env=env, capture_output=True, text=True
+                ).stdout
         summary = {
-            "group": args.group, "commit": short, "retest_of_survivors": args.retest, "retested": sorted(survivors_before) if args.retest else [], "retest_tests": "the round-2 test file only" if args.new_tests_only else "the group's selection", "earlier": [str(p.name) for p in args.earlier], "only": only, "modules": modules, "tests": tests,
-            "mutmut": subprocess.run([MUTMUT, "--version"], capture_output=True,
-                                     text=True).stdout.strip(),
-            "clean_run_s": round(clean_s, 1), "mutmut_run_s": round(run_s, 1), "mutants": len(codes),
+            "group": args.group,
+            "commit": short,
+            "retest_of_survivors": args.retest,
+            "retested": sorted(survivors_before) if args.retest else [],
+            "retest_tests": "the round-2 test file only" if args.new_tests_only else "the group's selection",
+            "earlier": [str(p.name) for p in args.earlier],
+            "only": only,
+            "modules": modules,
+            "tests": tests,
+            "mutmut": subprocess.run([MUTMUT, "--version"], capture_output=True, text=True).stdout.strip(),
+            "clean_run_s": round(clean_s, 1),
+            "mutmut_run_s": round(run_s, 1),
+            "mutants": len(codes),
             "mutmut_counts": dict(Counter(statuses.values())),
-            "rechecked": rechecked, "rechecked_counts": dict(Counter(rechecked.values())),
-            "survivors": survivors, "statuses": dict(sorted(statuses.items())),
-            "mutmut_output_tail": "\n".join(line for line in (run.stdout + run.stderr).splitlines()
-                                             if line.strip() and not SPINNER.match(line))[-1500:],
+            "rechecked": rechecked,
+            "rechecked_counts": dict(Counter(rechecked.values())),
+            "survivors": survivors,
+            "statuses": dict(sorted(statuses.items())),
+            "mutmut_output_tail": "\n".join(
+                line for line in (run.stdout + run.stderr).splitlines() if line.strip() and not SPINNER.match(line)
+            )[-1500:],
         }
     out = args.out or ROOT / "benchmarks" / "results" / f"mutmut-{args.group}-{short}.json"
     out.write_text(json.dumps(summary, indent=1) + "\n")

@@ -16,11 +16,11 @@ import numpy as np
 
 def main() -> None:
     from ctxeval.cli.options import parse_depths, parse_lengths
+    from ctxeval.data.presets import load_task
     from ctxeval.evals.needle import NeedleConfig, NeedlePreset, NeedleRunner, PromptBuilder, haystack_tokens
-    from ctxeval.specs import expand_specs
     from ctxeval.models.load import load_model
     from ctxeval.rope.patching import apply_method
-    from ctxeval.data.presets import load_task
+    from ctxeval.specs import expand_specs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -53,14 +53,29 @@ def main() -> None:
     keys = sorted(results["forced"])
     agree = float(np.mean([results["forced"][k] == results["generate"][k] for k in keys]))
     summary = {
-        "model": args.model, "method": spec.label, "haystack": args.haystack, "needle": args.needle,
-        "lengths": lengths, "depths": depths, "samples": args.samples, "cells": len(keys),
+        "model": args.model,
+        "method": spec.label,
+        "haystack": args.haystack,
+        "needle": args.needle,
+        "lengths": lengths,
+        "depths": depths,
+        "samples": args.samples,
+        "cells": len(keys),
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
         "time_ratio_generate_over_forced": round(seconds["generate"] / seconds["forced"], 3),
         "agreement": round(agree, 4),
         "accuracy": {k: round(float(np.mean(list(v.values()))), 4) for k, v in results.items()},
-        "disagreements": [{"length": k[0], "depth": k[1], "sample": k[2], "forced": results["forced"][k],
-                           "generate": results["generate"][k]} for k in keys if results["forced"][k] != results["generate"][k]],
+        "disagreements": [
+            {
+                "length": k[0],
+                "depth": k[1],
+                "sample": k[2],
+                "forced": results["forced"][k],
+                "generate": results["generate"][k],
+            }
+            for k in keys
+            if results["forced"][k] != results["generate"][k]
+        ],
     }
     print(json.dumps(summary, indent=2))
     if args.json:

@@ -63,8 +63,8 @@ def main() -> None:
     from ctxeval.cli.options import parse_lengths
     from ctxeval.data.corpora import select_long_documents
     from ctxeval.evals.perplexity import PplConfig, PplRunner
-    from ctxeval.specs import expand_specs
     from ctxeval.models.load import load_model
+    from ctxeval.specs import expand_specs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -116,8 +116,13 @@ def main() -> None:
     med = {k: {m: statistics.median(v[m]) for m in v} for k, v in results.items()}
     rel = max(abs(ppls["ctxeval"][L] - ppls["naive"][L]) / ppls["naive"][L] for L in lengths)
     summary = {
-        "model": args.model, "device": lm.device, "dtype": lm.dtype, "document": doc.doc_id, "lengths": lengths,
-        "repeats": args.repeats, "torch_threads": torch.get_num_threads(),
+        "model": args.model,
+        "device": lm.device,
+        "dtype": lm.dtype,
+        "document": doc.doc_id,
+        "lengths": lengths,
+        "repeats": args.repeats,
+        "torch_threads": torch.get_num_threads(),
         "median_seconds": {k: round(v["seconds"], 3) for k, v in med.items()},
         "median_peak_mib": {k: round(v["peak"] / 2**20, 1) for k, v in med.items()},
         "time_ratio_naive_over_ctxeval": round(med["naive"]["seconds"] / med["ctxeval"]["seconds"], 3),

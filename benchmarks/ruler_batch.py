@@ -41,17 +41,30 @@ def main() -> None:
         times, predictions = [], []
         for _ in range(args.repeats):
             start = time.perf_counter()
-            predictions = [p for i in range(0, len(samples), batch)
-                           for p in runner.predict([s.prompt for s in samples[i:i + batch]], budget)[0]]
+            predictions = [
+                p
+                for i in range(0, len(samples), batch)
+                for p in runner.predict([s.prompt for s in samples[i : i + batch]], budget)[0]
+            ]
             times.append(time.perf_counter() - start)
         results[batch] = {"seconds": statistics.median(times), "predictions": predictions}
     base = next(iter(results.values()))
-    report = {"model": args.model, "task": args.task, "length": args.length, "samples": args.samples,
-              "tokens_to_generate": budget, "rows": []}
+    report = {
+        "model": args.model,
+        "task": args.task,
+        "length": args.length,
+        "samples": args.samples,
+        "tokens_to_generate": budget,
+        "rows": [],
+    }
     for batch, r in results.items():
         same = sum(a == b for a, b in zip(r["predictions"], base["predictions"]))
-        row = {"batch_size": batch, "seconds": round(r["seconds"], 2), "speedup": round(base["seconds"] / r["seconds"], 2),
-               "same_predictions": f"{same}/{len(samples)}"}
+        row = {
+            "batch_size": batch,
+            "seconds": round(r["seconds"], 2),
+            "speedup": round(base["seconds"] / r["seconds"], 2),
+            "same_predictions": f"{same}/{len(samples)}",
+        }
         report["rows"].append(row)
         print(row, flush=True)
     if args.out:

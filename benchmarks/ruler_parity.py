@@ -30,29 +30,53 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from ctxeval.data.offline import held_out_documents
 from ctxeval.evals.ruler.generate import generate
 from ctxeval.evals.ruler.sources import Sources, english_words
 from ctxeval.evals.ruler.tasks import FAMILIES, OFFLINE_TASKS, TASKS
-from ctxeval.data.offline import held_out_documents
 from ctxeval.util.paths import TINY_MODEL_DIR
 
-SCRIPTS = {"niah": "niah.py", "variable_tracking": "variable_tracking.py", "qa": "qa.py",
-           "common_words_extraction": "common_words_extraction.py", "freq_words_extraction": "freq_words_extraction.py"}
+SCRIPTS = {
+    "niah": "niah.py",
+    "variable_tracking": "variable_tracking.py",
+    "qa": "qa.py",
+    "common_words_extraction": "common_words_extraction.py",
+    "freq_words_extraction": "freq_words_extraction.py",
+}
 STUB = "import punkt\n\n\ndef sent_tokenize(text, language='english'):\n    return punkt.sent_tokenize(text)\n"
 
 
 def ruler_samples(scratch: Path, task: str, length: int, samples: int, tokenizer: str, template: str) -> list[dict]:
     spec = TASKS[task]
     family = FAMILIES[spec.family]
-    args = [sys.executable, str(scratch / "data" / "synthetic" / SCRIPTS[spec.family]), "--save_dir", str(scratch / "out"),
-            "--save_name", f"{task}-{length}", "--subset", "validation", "--tokenizer_path", tokenizer,
-            "--tokenizer_type", "hf", "--max_seq_length", str(length), "--tokens_to_generate",
-            str(family.tokens_to_generate), "--num_samples", str(samples), "--random_seed", "42"]
+    args = [
+        sys.executable,
+        str(scratch / "data" / "synthetic" / SCRIPTS[spec.family]),
+        "--save_dir",
+        str(scratch / "out"),
+        "--save_name",
+        f"{task}-{length}",
+        "--subset",
+        "validation",
+        "--tokenizer_path",
+        tokenizer,
+        "--tokenizer_type",
+        "hf",
+        "--max_seq_length",
+        str(length),
+        "--tokens_to_generate",
+        str(family.tokens_to_generate),
+        "--num_samples",
+        str(samples),
+        "--random_seed",
+        "42",
+    ]
     for key, value in spec.args.items():
         args += [f"--{key}", str(value)]
     # prepare.py: model_template.format(task_template=...) + answer_prefix, with RULER's own Templates
     sys.path.insert(0, str(scratch / "data"))
     from template import Templates  # noqa: PLC0415  (the checkout's scripts/data/template.py)
+
     args += ["--template", Templates[template].format(task_template=family.template) + family.answer_prefix]
     env = {**os.environ, "PYTHONPATH": str(scratch / "stub")}
     result = subprocess.run(args, capture_output=True, text=True, env=env, cwd=scratch, timeout=1800)
@@ -69,11 +93,19 @@ def main() -> int:
     parser.add_argument("--lengths", default="1024,4096")
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--tasks", default=",".join(OFFLINE_TASKS))
-    parser.add_argument("--qa-data", type=Path, default=None,
-                        help="a folder with squad.json and hotpotqa.json: adds qa_1 and qa_2 (both sides read them)")
+    parser.add_argument(
+        "--qa-data",
+        type=Path,
+        default=None,
+        help="a folder with squad.json and hotpotqa.json: adds qa_1 and qa_2 (both sides read them)",
+    )
     parser.add_argument("--template", default="base", help="RULER's --model_template_type (its template.py)")
-    parser.add_argument("--cwe-words", type=Path, default=None,
-                        help="a word-per-line list for cwe past wonderwords (e.g. /usr/share/dict/american-english)")
+    parser.add_argument(
+        "--cwe-words",
+        type=Path,
+        default=None,
+        help="a word-per-line list for cwe past wonderwords (e.g. /usr/share/dict/american-english)",
+    )
     args = parser.parse_args()
     essay = "\n\n".join(text for _, text in held_out_documents())
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,8 +136,10 @@ def main() -> int:
             sources.extra_words, sources.extra_words_source = extra
         all_same = True
         print(f"template {args.template}; cwe words past wonderwords: {extra[1] if extra else 'none'}")
-        print(f"{'task':<16} {'length':>6}  samples  identical (input, outputs, length, answer_prefix, "
-              "token_position_answer)  seconds")
+        print(
+            f"{'task':<16} {'length':>6}  samples  identical (input, outputs, length, answer_prefix, "
+            "token_position_answer)  seconds"
+        )
         tasks = args.tasks.split(",") + (["qa_1", "qa_2"] if args.qa_data else [])
         for task in tasks:
             for length in (int(x) for x in args.lengths.split(",")):
@@ -113,15 +147,20 @@ def main() -> int:
                 theirs = ruler_samples(scratch, task, length, args.samples, args.tokenizer, args.template)
                 ruler_seconds = time.perf_counter() - start
                 start = time.perf_counter()
-                ours = [s.record() for s in generate(task, length, args.samples, tokenizer, sources,
-                                                     model_template=args.template)]
+                ours = [
+                    s.record()
+                    for s in generate(task, length, args.samples, tokenizer, sources, model_template=args.template)
+                ]
                 ours_seconds = time.perf_counter() - start
                 fields = ("input", "outputs", "length", "answer_prefix", "token_position_answer")  # the last: niah's
                 same = [all(a.get(f) == b.get(f) for f in fields) for a, b in zip(ours, theirs)]
                 ok = len(ours) == len(theirs) and all(same)
                 all_same &= ok
-                print(f"{task:<16} {length:>6}  {len(theirs):>7}  {sum(same)}/{len(theirs)}"
-                      f"{'':<40}  RULER {ruler_seconds:.1f} / ctxeval {ours_seconds:.1f}", flush=True)
+                print(
+                    f"{task:<16} {length:>6}  {len(theirs):>7}  {sum(same)}/{len(theirs)}"
+                    f"{'':<40}  RULER {ruler_seconds:.1f} / ctxeval {ours_seconds:.1f}",
+                    flush=True,
+                )
     print("every sample identical" if all_same else "DIFFERENCES FOUND")
     return 0 if all_same else 1
 

@@ -53,16 +53,33 @@ def main() -> int:
                 rows[b] = runner._sliding_at(spec, doc, args.length)
                 seconds[b].append(time.perf_counter() - start)
     base = statistics.median(seconds[1]) if 1 in seconds else None
-    report = {"model": args.model, "device": lm.device, "dtype": lm.dtype, "length": args.length,
-              "stride": args.stride, "document": doc.doc_id, "doc_tokens": len(doc.ids),
-              "windows": rows[batches[0]]["n_windows"], "repeats": args.repeats,
-              "rows": [{"batch_size": b, "seconds": [round(s, 2) for s in seconds[b]],
-                        "median_s": round(statistics.median(seconds[b]), 2),
-                        "time_ratio": round(statistics.median(seconds[b]) / base, 3) if base else None,
-                        "ppl": rows[b]["ppl"], "nll_sum": rows[b]["nll_sum"], "n_tokens": rows[b]["n_tokens"]}
-                       for b in batches]}
-    print(f"{args.model} on {lm.device} ({lm.dtype}): sliding L={args.length} S={args.stride}, "
-          f"{report['windows']} windows over {len(doc.ids):,} tokens, median of {args.repeats}")
+    report = {
+        "model": args.model,
+        "device": lm.device,
+        "dtype": lm.dtype,
+        "length": args.length,
+        "stride": args.stride,
+        "document": doc.doc_id,
+        "doc_tokens": len(doc.ids),
+        "windows": rows[batches[0]]["n_windows"],
+        "repeats": args.repeats,
+        "rows": [
+            {
+                "batch_size": b,
+                "seconds": [round(s, 2) for s in seconds[b]],
+                "median_s": round(statistics.median(seconds[b]), 2),
+                "time_ratio": round(statistics.median(seconds[b]) / base, 3) if base else None,
+                "ppl": rows[b]["ppl"],
+                "nll_sum": rows[b]["nll_sum"],
+                "n_tokens": rows[b]["n_tokens"],
+            }
+            for b in batches
+        ],
+    }
+    print(
+        f"{args.model} on {lm.device} ({lm.dtype}): sliding L={args.length} S={args.stride}, "
+        f"{report['windows']} windows over {len(doc.ids):,} tokens, median of {args.repeats}"
+    )
     print(f"{'batch':>5} {'median s':>9} {'x B=1':>6} {'ppl':>12} {'nll_sum':>16}")
     for r in report["rows"]:
         print(f"{r['batch_size']:>5} {r['median_s']:>9} {r['time_ratio']:>6} {r['ppl']:>12.6f} {r['nll_sum']:>16.6f}")

@@ -25,8 +25,11 @@ import time
 from pathlib import Path
 
 REPLY = {"ruler": "prediction", "needle": "response", "passkey": "response"}
-KEYS = {"ruler": ("label", "ruler_task", "length", "sample"), "needle": ("label", "length", "depth", "sample"),
-        "passkey": ("label", "length", "sample")}
+KEYS = {
+    "ruler": ("label", "ruler_task", "length", "sample"),
+    "needle": ("label", "length", "depth", "sample"),
+    "passkey": ("label", "length", "sample"),
+}
 
 
 def run(args: list[str], log: Path) -> float:
@@ -45,45 +48,83 @@ def rows(run_dir: Path) -> list[dict]:
 
 def compare(kind: str, hf: Path, vllm: Path) -> dict:
     """Replies of the two runs, point by point: counts and every differing sample with both replies."""
+
     def replies(d: Path) -> dict:
         return {tuple(r.get(k) for k in KEYS[kind]): r for r in rows(d) if r.get("status") == "ok"}
 
     a, b = replies(hf), replies(vllm)
-    differing = [{"point": list(k), "hf": a[k][REPLY[kind]], "vllm": b[k][REPLY[kind]],
-                  "scores": [a[k].get("value"), b[k].get("value")]}
-                 for k in sorted(a, key=str) if k in b and a[k][REPLY[kind]] != b[k][REPLY[kind]]]
-    return {"points_hf": len(a), "points_vllm": len(b), "compared": len(set(a) & set(b)),
-            "equal": len(set(a) & set(b)) - len(differing), "differing": differing}
+    differing = [
+        {
+            "point": list(k),
+            "hf": a[k][REPLY[kind]],
+            "vllm": b[k][REPLY[kind]],
+            "scores": [a[k].get("value"), b[k].get("value")],
+        }
+        for k in sorted(a, key=str)
+        if k in b and a[k][REPLY[kind]] != b[k][REPLY[kind]]
+    ]
+    return {
+        "points_hf": len(a),
+        "points_vllm": len(b),
+        "compared": len(set(a) & set(b)),
+        "equal": len(set(a) & set(b)) - len(differing),
+        "differing": differing,
+    }
 
 
 def measured(run_dir: Path) -> dict:
     ok = [r for r in rows(run_dir) if r.get("status") == "ok"]
     seconds = sum(r["seconds"] for r in ok)
     tokens = sum(r.get("prompt_tokens", 0) for r in ok)
-    return {"points": len(ok), "measure_seconds": round(seconds, 1), "prompt_tokens": tokens,
-            "seconds_per_point": round(seconds / len(ok), 3) if ok else None,
-            "prompt_tokens_per_s": round(tokens / seconds, 1) if seconds else None,
-            "median_seconds_per_point": round(statistics.median(r["seconds"] for r in ok), 3) if ok else None,
-            "mean_score": round(statistics.mean(float(r["value"]) for r in ok), 2) if ok else None}
+    return {
+        "points": len(ok),
+        "measure_seconds": round(seconds, 1),
+        "prompt_tokens": tokens,
+        "seconds_per_point": round(seconds / len(ok), 3) if ok else None,
+        "prompt_tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+        "median_seconds_per_point": round(statistics.median(r["seconds"] for r in ok), 3) if ok else None,
+        "mean_score": round(statistics.mean(float(r["value"]) for r in ok), 2) if ok else None,
+    }
 
 
 def speed(opts: argparse.Namespace) -> dict:
     runs = Path(opts.runs)
-    common = ["ruler", "--model", opts.model, "--tasks", opts.tasks, "--lengths", opts.length, "--samples",
-              str(opts.samples), "-m", "none", "--overwrite"]
+    common = [
+        "ruler",
+        "--model",
+        opts.model,
+        "--tasks",
+        opts.tasks,
+        "--lengths",
+        opts.length,
+        "--samples",
+        str(opts.samples),
+        "-m",
+        "none",
+        "--overwrite",
+    ]
     out: dict = {"command": common, "runs": {}}
     first = runs / "speed-hf-b1"
-    plan = [("hf batch 1", first, ["--batch-size", "1"]),
-            (f"hf batch {opts.hf_batch}", runs / f"speed-hf-b{opts.hf_batch}",
-             ["--batch-size", str(opts.hf_batch), "--samples-from", str(first / "samples")]),
-            ("vllm", runs / "speed-vllm", ["--backend", "vllm", "--samples-from", str(first / "samples")])]
+    plan = [
+        ("hf batch 1", first, ["--batch-size", "1"]),
+        (
+            f"hf batch {opts.hf_batch}",
+            runs / f"speed-hf-b{opts.hf_batch}",
+            ["--batch-size", str(opts.hf_batch), "--samples-from", str(first / "samples")],
+        ),
+        ("vllm", runs / "speed-vllm", ["--backend", "vllm", "--samples-from", str(first / "samples")]),
+    ]
     for name, run_dir, extra in plan:
         if opts.reuse and (run_dir / "rows.jsonl").is_file():  # measured earlier (possibly stopped part way)
             wall = None
         else:
             wall = round(run(common + ["--out", str(run_dir), *extra], run_dir.with_suffix(".log")), 1)
-        out["runs"][name] = {"wall_seconds": wall, **measured(run_dir), "dir": str(run_dir),
-                             "vs_hf_batch_1": compare("ruler", first, run_dir) if run_dir != first else None}
+        out["runs"][name] = {
+            "wall_seconds": wall,
+            **measured(run_dir),
+            "dir": str(run_dir),
+            "vs_hf_batch_1": compare("ruler", first, run_dir) if run_dir != first else None,
+        }
         print(name, json.dumps({k: v for k, v in out["runs"][name].items() if k != "vs_hf_batch_1"}), flush=True)
     base = out["runs"]["hf batch 1"]["seconds_per_point"]
     for name, r in out["runs"].items():  # per point (the mean: vLLM's replies finish together, so its median says
@@ -97,10 +138,22 @@ def _factors(n: int, low: float, high: float) -> str:
 
 
 METHODS = {  # longrope: factors rising over the pairs, short ones too (the short regime is checked at 2k on SmolLM2)
-    "tiny": ["none", "pi:factor=4", "ntk:factor=4", "yarn:factor=4", "llama3:factor=4",
-             f"longrope:factor=4,short_factor={_factors(16, 1.0, 1.5)},long_factor={_factors(16, 1.0, 4.0)}"],
-    "smollm2": ["none", "pi:factor=2", "ntk:factor=2", "yarn:factor=2", "llama3:factor=2",
-                f"longrope:factor=2,short_factor={_factors(32, 1.0, 1.5)},long_factor={_factors(32, 1.0, 2.0)}"],
+    "tiny": [
+        "none",
+        "pi:factor=4",
+        "ntk:factor=4",
+        "yarn:factor=4",
+        "llama3:factor=4",
+        f"longrope:factor=4,short_factor={_factors(16, 1.0, 1.5)},long_factor={_factors(16, 1.0, 4.0)}",
+    ],
+    "smollm2": [
+        "none",
+        "pi:factor=2",
+        "ntk:factor=2",
+        "yarn:factor=2",
+        "llama3:factor=2",
+        f"longrope:factor=2,short_factor={_factors(32, 1.0, 1.5)},long_factor={_factors(32, 1.0, 2.0)}",
+    ],
 }
 SIZES = {  # (needle lengths, passkey lengths, ruler lengths): tiny past its 128 trained tokens; SmolLM2 inside its 8k
     "tiny": ("256,512", "256,500", "512"),  # yarn:factor=4 has 512 rows on vLLM: passkey prompts under 500 + 10 fit
@@ -123,16 +176,26 @@ def equality(opts: argparse.Namespace) -> dict:
         hf, vllm = runs / f"{kind}-hf", runs / f"{kind}-vllm"
         extra = ["--samples-from", str(hf / "samples")] if kind == "ruler" else []
         wall_hf = run(args + methods + ["--out", str(hf), "--overwrite"], hf.with_suffix(".log"))
-        wall_vllm = run(args + methods + ["--out", str(vllm), "--overwrite", "--backend", "vllm", *extra],
-                        vllm.with_suffix(".log"))
+        wall_vllm = run(
+            args + methods + ["--out", str(vllm), "--overwrite", "--backend", "vllm", *extra], vllm.with_suffix(".log")
+        )
         record = json.loads((vllm / "run.json").read_text())
-        readback = {label: {"rotary_class": m.get("rotary_class"), "table_dtype": m.get("table_dtype"),
-                            "max_angle_diff": max(e["max_angle_diff"] for e in m["effective"]),
-                            "max_magnitude_rel_diff": max(e["max_magnitude_rel_diff"] for e in m["effective"]),
-                            "positions_checked": max(e["positions_checked"] for e in m["effective"])}
-                    for label, m in record["methods"].items()}
-        out["commands"][kind] = {"args": args, "wall_seconds": {"hf": round(wall_hf, 1), "vllm": round(wall_vllm, 1)},
-                                 **compare(kind, hf, vllm), "readback": readback}
+        readback = {
+            label: {
+                "rotary_class": m.get("rotary_class"),
+                "table_dtype": m.get("table_dtype"),
+                "max_angle_diff": max(e["max_angle_diff"] for e in m["effective"]),
+                "max_magnitude_rel_diff": max(e["max_magnitude_rel_diff"] for e in m["effective"]),
+                "positions_checked": max(e["positions_checked"] for e in m["effective"]),
+            }
+            for label, m in record["methods"].items()
+        }
+        out["commands"][kind] = {
+            "args": args,
+            "wall_seconds": {"hf": round(wall_hf, 1), "vllm": round(wall_vllm, 1)},
+            **compare(kind, hf, vllm),
+            "readback": readback,
+        }
         print(kind, json.dumps({k: v for k, v in out["commands"][kind].items() if k not in ("readback",)}), flush=True)
     return out
 
@@ -146,8 +209,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--hf-batch", type=int, default=4)
     parser.add_argument("--runs", default="/tmp/ctxeval-vllm-bench")
-    parser.add_argument("--reuse", action="store_true", help="speed: keep a run directory that has rows (a run "
-                        "stopped part way is reported with the points it has)")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="speed: keep a run directory that has rows (a run stopped part way is reported with the points it has)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     opts = parser.parse_args()
     Path(opts.runs).mkdir(parents=True, exist_ok=True)
@@ -158,9 +224,13 @@ def main() -> None:
     import transformers
     import vllm
 
-    result["environment"] = {"python": platform.python_version(), "torch": torch.__version__,
-                             "transformers": transformers.__version__, "vllm": vllm.__version__,
-                             "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPU cores"}
+    result["environment"] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "vllm": vllm.__version__,
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPU cores",
+    }
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     opts.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {opts.out}")

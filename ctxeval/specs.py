@@ -19,6 +19,7 @@ from .attention.methods import ATTENTION_METHODS, AttentionSpec, check_combinati
 from .errors import CtxevalError
 from .rope.methods import METHODS, Geometry, compute, get_method, resolve_params
 
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str  # the frequency method (none under an attention method written alone)
@@ -71,8 +72,10 @@ def unknown_method(name: str, spec: str) -> CtxevalError:
     frequency, attention = method_names()
     nearest = difflib.get_close_matches(name.lower(), frequency + attention, n=1, cutoff=0.6)
     hint = f"did you mean '{nearest[0]}'? " if nearest else ""
-    return CtxevalError(f"unknown method '{name}' in '{spec}'; {hint}frequency methods: {', '.join(frequency)}; "
-                        f"attention methods (alone or after '+'): {', '.join(attention)} (see 'ctxeval methods')")
+    return CtxevalError(
+        f"unknown method '{name}' in '{spec}'; {hint}frequency methods: {', '.join(frequency)}; "
+        f"attention methods (alone or after '+'): {', '.join(attention)} (see 'ctxeval methods')"
+    )
 
 
 def _is_frequency_method(name: str) -> bool:
@@ -89,7 +92,9 @@ def _parts(text: str, spec: str) -> tuple[str, dict[str, Any]]:
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip() or not value.strip():
-            raise CtxevalError(f"bad method spec '{spec}': write NAME:key=value,key=value (e.g. yarn:factor=4,beta_fast=32)")
+            raise CtxevalError(
+                f"bad method spec '{spec}': write NAME:key=value,key=value (e.g. yarn:factor=4,beta_fast=32)"
+            )
         params[key.strip()] = value.strip()
     return name.strip(), params
 
@@ -110,8 +115,10 @@ def parse_spec(spec: str) -> MethodSpec:
     attention = []
     for name, params in pieces[1:]:
         if name not in ATTENTION_METHODS and _is_frequency_method(name):
-            raise CtxevalError(f"bad method spec '{spec}': one frequency method, written first ({name} after '+'); "
-                               "attention methods follow it: ntk:factor=2+logn")
+            raise CtxevalError(
+                f"bad method spec '{spec}': one frequency method, written first ({name} after '+'); "
+                "attention methods follow it: ntk:factor=2+logn"
+            )
         attention.append(resolve_attention(name, params))
     check_combination(tuple(attention))
     return MethodSpec(method.name, first_params, attention=tuple(attention))
@@ -121,12 +128,17 @@ def factor_open(name: str, given: dict[str, Any]) -> bool:
     """Whether method `name` with the parameters `given` leaves its factor to --factor (or to the default factor):
     it takes one and was given neither it nor what replaces it (ntk's alpha/base, dynamic-ntk's rule=paper)."""
     method = get_method(name)
-    return (method.takes_factor and "factor" not in given
-            and not any(given.get(k) is not None for k in ("alpha", "base")) and given.get("rule") != "paper")
+    return (
+        method.takes_factor
+        and "factor" not in given
+        and not any(given.get(k) is not None for k in ("alpha", "base"))
+        and given.get("rule") != "paper"
+    )
 
 
-def expand_specs(specs: list[str], factors: list[float] | None = None,
-                 temperatures: list[float] | None = None) -> list[MethodSpec]:
+def expand_specs(
+    specs: list[str], factors: list[float] | None = None, temperatures: list[float] | None = None
+) -> list[MethodSpec]:
     """Parse --method values and sweep --factor over every method that takes a factor and did not set one; every
     method is crossed with every attention temperature (default [1.0]).
 
@@ -169,8 +181,9 @@ def takes_default_factor(name: str) -> bool:
     return method.takes_factor and not method.length_dependent and method.param("factor").default == 1.0
 
 
-def with_default_factors(specs: list[MethodSpec], longest: int | None, geometry: Geometry | None
-                         ) -> tuple[list[MethodSpec], list[str]]:
+def with_default_factors(
+    specs: list[MethodSpec], longest: int | None, geometry: Geometry | None
+) -> tuple[list[MethodSpec], list[str]]:
     """Give every static method that takes a factor, and was named without one (`-m yarn`, no --factor), the factor
     that covers the longest asked length: longest / trained length (the method's original_max_position_embeddings
     when given). Methods whose default factor is not 1 (llama3's 8, Llama 3.1's own) and length-dependent ones
@@ -191,10 +204,16 @@ def with_default_factors(specs: list[MethodSpec], longest: int | None, geometry:
             spec = MethodSpec(spec.name, params, spec.temperature, spec.attention)
         if spec.label not in {s.label for s in out}:
             out.append(spec)
-    notes = [(f"{', '.join(labels)}: factor {format_param(f)} = the longest length {longest:,} / the trained length "
-              f"{trained:,}{'' if f * trained == longest else ' (rounded up)'}" if f > 1 else
-              f"{', '.join(labels)}: factor 1, as the longest length {longest:,} is within the trained length {trained:,}")
-             + "; give --factor or NAME:factor=S to choose" for (f, trained), labels in chosen.items()]
+    notes = [
+        (
+            f"{', '.join(labels)}: factor {format_param(f)} = the longest length {longest:,} / the trained length "
+            f"{trained:,}{'' if f * trained == longest else ' (rounded up)'}"
+            if f > 1
+            else f"{', '.join(labels)}: factor 1, as the longest length {longest:,} is within the trained length {trained:,}"
+        )
+        + "; give --factor or NAME:factor=S to choose"
+        for (f, trained), labels in chosen.items()
+    ]
     return out, notes
 
 
@@ -215,14 +234,20 @@ def plain_rope_notes(specs: list[MethodSpec], lengths: list[int], geometry: Geom
         except CtxevalError:
             continue  # a method that cannot be computed here fails with its own error when applied
         if same and method.length_dependent:
-            notes.append(f"{spec.label} is plain RoPE at every length asked (up to {max(lengths):,}; trained "
-                         f"{geometry.original_length:,}): it measures the same as none; it rescales only longer sequences")
+            notes.append(
+                f"{spec.label} is plain RoPE at every length asked (up to {max(lengths):,}; trained "
+                f"{geometry.original_length:,}): it measures the same as none; it rescales only longer sequences"
+            )
         elif same:
-            notes.append(f"{spec.label} is plain RoPE at this factor: it measures the same as none; give a factor > 1 "
-                         "(--factor or NAME:factor=S)")
+            notes.append(
+                f"{spec.label} is plain RoPE at this factor: it measures the same as none; give a factor > 1 "
+                "(--factor or NAME:factor=S)"
+            )
     return notes
 
 
 def _same_freqs(a: Any, b: Any) -> bool:
-    return bool(np.allclose(a.inv_freq, b.inv_freq, rtol=1e-12, atol=0)
-                and math.isclose(a.attention_factor, b.attention_factor, rel_tol=1e-12))
+    return bool(
+        np.allclose(a.inv_freq, b.inv_freq, rtol=1e-12, atol=0)
+        and math.isclose(a.attention_factor, b.attention_factor, rel_tol=1e-12)
+    )

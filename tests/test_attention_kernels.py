@@ -7,38 +7,56 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_llama
 
 import ctxeval.attention.kernels as kernels
-from conftest import tiny_llama
-from ctxeval.attention.patching import attention_methods, kernel_of, verify_attention_methods
-from ctxeval.attention.kernels import (FarKeyCache, MaskVerdicts, attention_with_lse, choose_kernel, fused_attend,
-                                       key_starts, merge_into)
+from ctxeval.attention.kernels import (
+    FarKeyCache,
+    MaskVerdicts,
+    attention_with_lse,
+    choose_kernel,
+    fused_attend,
+    key_starts,
+    merge_into,
+)
 from ctxeval.attention.methods import attend
+from ctxeval.attention.patching import attention_methods, kernel_of, verify_attention_methods
 from ctxeval.errors import CtxevalError
 from ctxeval.rope.patching import find_rotary_modules
 from ctxeval.specs import expand_specs
 
-SPECS = ["self-extend:group_size=4,neighbor_window=64",
-         "self-extend:group_size=3,neighbor_window=50",  # W not a multiple of G, and divides no length below
-         "self-extend:group_size=2,neighbor_window=16+logn:length=64",
-         "rerope:window=100,logn=false",
-         "rerope:window=37",  # Su's log-n on, L = 64
-         "leaky-rerope:window=37,k=4,logn=false",
-         "leaky-rerope:window=300,k=16,logn=false"]
+SPECS = [
+    "self-extend:group_size=4,neighbor_window=64",
+    "self-extend:group_size=3,neighbor_window=50",  # W not a multiple of G, and divides no length below
+    "self-extend:group_size=2,neighbor_window=16+logn:length=64",
+    "rerope:window=100,logn=false",
+    "rerope:window=37",  # Su's log-n on, L = 64
+    "leaky-rerope:window=37,k=4,logn=false",
+    "leaky-rerope:window=300,k=16,logn=false",
+]
 
 
 def inputs(batch=1, heads=4, kv_heads=2, keys=700, queries=None, dim=16, pairs=8, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, heads, keys, dim, generator=gen)[:, :, keys - (queries or keys):]
+    q = torch.randn(batch, heads, keys, dim, generator=gen)[:, :, keys - (queries or keys) :]
     k, v = (torch.randn(batch, kv_heads, keys, dim, generator=gen) for _ in range(2))
     inv_freq = 1.0 / 10000 ** (torch.arange(0, 2 * pairs, 2, dtype=torch.float64) / (2 * pairs))
     k_pos = torch.arange(keys)[None].expand(batch, keys)
-    return q, k, v, k_pos[:, keys - (queries or keys):], k_pos, inv_freq
+    return q, k, v, k_pos[:, keys - (queries or keys) :], k_pos, inv_freq
 
 
 @pytest.mark.parametrize("text", SPECS)
-@pytest.mark.parametrize("shape", [dict(), dict(queries=1), dict(queries=77), dict(keys=1000, dim=32, pairs=12),
-                                   dict(heads=6, kv_heads=1, keys=333), dict(heads=4, kv_heads=4, keys=129)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(),
+        dict(queries=1),
+        dict(queries=77),
+        dict(keys=1000, dim=32, pairs=12),
+        dict(heads=6, kv_heads=1, keys=333),
+        dict(heads=4, kv_heads=4, keys=129),
+    ],
+)
 def test_fused_equals_the_chunked_reference(text, shape, monkeypatch):
     """Prefill (queries = keys), a decoding step (1 query), a chunk after a cache (77), partial rotary (12 of 16
     pairs), grouped-query heads (6 on 1 key head), lengths no block or window divides."""
@@ -53,8 +71,11 @@ def test_fused_equals_the_chunked_reference(text, shape, monkeypatch):
 
 def test_merge_is_one_softmax_over_the_union_of_keys():
     gen = torch.Generator().manual_seed(2)
-    q, k, v = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 2, 30, 8, generator=gen), torch.randn(
-        1, 2, 30, 8, generator=gen)
+    q, k, v = (
+        torch.randn(1, 2, 5, 8, generator=gen),
+        torch.randn(1, 2, 30, 8, generator=gen),
+        torch.randn(1, 2, 30, 8, generator=gen),
+    )
     parts = [attention_with_lse(q, k[:, :, a:b], v[:, :, a:b], 0.3) for a, b in ((0, 4), (4, 21), (21, 30))]
     scores = (q @ k.transpose(-1, -2)) * 0.3
     assert torch.allclose(parts[1][1], torch.logsumexp(scores[..., 4:21], -1), atol=1e-5)
@@ -75,7 +96,9 @@ def test_left_padding_is_recognised_and_other_masks_go_to_the_reference():
     starts = [0, 17, 140]
     mask = padded_mask(starts, 300, 300)
     assert key_starts(mask, 300, 300) == starts
-    assert key_starts(torch.zeros(3, 1, 300, 300).masked_fill(~mask, torch.finfo(torch.float32).min), 300, 300) == starts
+    assert (
+        key_starts(torch.zeros(3, 1, 300, 300).masked_fill(~mask, torch.finfo(torch.float32).min), 300, 300) == starts
+    )
     assert key_starts(padded_mask(starts, 1, 300), 1, 300) == starts  # a decoding step
     right = padded_mask([0, 0, 0], 300, 300)
     right[1, :, :, 250:] = False  # right padding
@@ -115,14 +138,48 @@ def test_far_key_cache_serves_decoding_steps_and_starts_afresh():
     real_rotate = kernels.rotate
     kernels.rotate = lambda x, delta, f: rotated.append(x.shape[2]) or real_rotate(x, delta, f)
     try:
-        fused_attend(q[:, :, :150], k[:, :, :150], v[:, :, :150], k_pos[:, :150], k_pos[:, :150], None, 0.25,
-                     inv_freq, specs, 64, module=layer, cache=cache)
+        fused_attend(
+            q[:, :, :150],
+            k[:, :, :150],
+            v[:, :, :150],
+            k_pos[:, :150],
+            k_pos[:, :150],
+            None,
+            0.25,
+            inv_freq,
+            specs,
+            64,
+            module=layer,
+            cache=cache,
+        )
         assert layer not in cache.layers  # a prefill stores nothing (ppl never decodes)
         for t in range(150, 200):  # decoding steps: one new key each
-            got = fused_attend(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], k_pos[:, t:t + 1],
-                               k_pos[:, :t + 1], None, 0.25, inv_freq, specs, 64, module=layer, cache=cache)
-            want = attend(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], k_pos[:, t:t + 1], k_pos[:, :t + 1],
-                          None, 0.25, inv_freq, specs, 64)
+            got = fused_attend(
+                q[:, :, t : t + 1],
+                k[:, :, : t + 1],
+                v[:, :, : t + 1],
+                k_pos[:, t : t + 1],
+                k_pos[:, : t + 1],
+                None,
+                0.25,
+                inv_freq,
+                specs,
+                64,
+                module=layer,
+                cache=cache,
+            )
+            want = attend(
+                q[:, :, t : t + 1],
+                k[:, :, : t + 1],
+                v[:, :, : t + 1],
+                k_pos[:, t : t + 1],
+                k_pos[:, : t + 1],
+                None,
+                0.25,
+                inv_freq,
+                specs,
+                64,
+            )
             assert (got - want).abs().max() < 1e-5
     finally:
         kernels.rotate = real_rotate
@@ -133,8 +190,9 @@ def test_far_key_cache_serves_decoding_steps_and_starts_afresh():
     gen = torch.Generator().manual_seed(9)
     other, other_v = torch.randn(1, 2, 201, 16, generator=gen), torch.randn(1, 2, 201, 16, generator=gen)
     pos = torch.arange(201)[None]
-    got = fused_attend(q[:, :, -1:], other, other_v, pos[:, 200:], pos, None, 0.25, inv_freq, specs, 64,
-                       module=layer, cache=cache)
+    got = fused_attend(
+        q[:, :, -1:], other, other_v, pos[:, 200:], pos, None, 0.25, inv_freq, specs, 64, module=layer, cache=cache
+    )
     want = attend(q[:, :, -1:], other, other_v, pos[:, 200:], pos, None, 0.25, inv_freq, specs, 64)
     assert cache.layers[layer].count == 201 and (got - want).abs().max() < 1e-5
 
@@ -148,8 +206,17 @@ def tiny_neox():
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     torch.manual_seed(0)
-    return GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=128, hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
-                                            intermediate_size=128, max_position_embeddings=64, rotary_pct=0.5)).eval()
+    return GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            vocab_size=128,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            max_position_embeddings=64,
+            rotary_pct=0.5,
+        )
+    ).eval()
 
 
 def run_model(model, text, ids, kernel, monkeypatch, **generate):
@@ -162,9 +229,16 @@ def run_model(model, text, ids, kernel, monkeypatch, **generate):
         return model(input_ids=ids).logits
 
 
-@pytest.mark.parametrize("text", ["self-extend:group_size=4,neighbor_window=24", "rerope:window=30",
-                                  "leaky-rerope:window=20,k=4,logn=false", "logn:length=32",
-                                  "self-extend:group_size=2,neighbor_window=10+logn:length=32"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "self-extend:group_size=4,neighbor_window=24",
+        "rerope:window=30",
+        "leaky-rerope:window=20,k=4,logn=false",
+        "logn:length=32",
+        "self-extend:group_size=2,neighbor_window=10+logn:length=32",
+    ],
+)
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("arch", ["llama", "gpt-neox"])
 def test_in_a_model_fast_equals_chunked_forward_and_generation(text, impl, arch, monkeypatch):
@@ -175,14 +249,18 @@ def test_in_a_model_fast_equals_chunked_forward_and_generation(text, impl, arch,
     exact = run_model(model, text, ids, "chunked", monkeypatch)
     assert (fast - exact).abs().max() < 1e-5
     prompt = ids[:1, :60]
-    assert torch.equal(run_model(model, text, prompt, "", monkeypatch, max_new_tokens=20),
-                       run_model(model, text, prompt, "chunked", monkeypatch, max_new_tokens=20))
+    assert torch.equal(
+        run_model(model, text, prompt, "", monkeypatch, max_new_tokens=20),
+        run_model(model, text, prompt, "chunked", monkeypatch, max_new_tokens=20),
+    )
     padded = torch.cat([torch.zeros(1, 13, dtype=torch.long), ids[1:, :47]], 1)  # a left-padded batch of two
     mask = torch.ones(2, 60, dtype=torch.long)
     mask[1, :13] = 0
     batch = torch.cat([prompt, padded])
-    assert torch.equal(run_model(model, text, batch, "", monkeypatch, attention_mask=mask, max_new_tokens=12),
-                       run_model(model, text, batch, "chunked", monkeypatch, attention_mask=mask, max_new_tokens=12))
+    assert torch.equal(
+        run_model(model, text, batch, "", monkeypatch, attention_mask=mask, max_new_tokens=12),
+        run_model(model, text, batch, "chunked", monkeypatch, attention_mask=mask, max_new_tokens=12),
+    )
 
 
 def test_log_n_alone_runs_the_models_own_attention_function(monkeypatch):
@@ -213,8 +291,24 @@ def test_the_kernel_is_chosen_in_one_place_and_recorded(tmp_path, monkeypatch):
     monkeypatch.setenv(kernels.KERNEL_ENV, "chunk")  # a typo is refused in one line, through the CLI too
     with pytest.raises(CtxevalError, match="is not a kernel choice"):
         choose_kernel(spec, "cpu")
-    typo = CliRunner().invoke(app, ["ppl", "--model", "tiny", "--docs", "1", "--lengths", "256", "-m",
-                                    "rerope:window=64", "--device", "cpu", "--out", str(tmp_path / "typo")])
+    typo = CliRunner().invoke(
+        app,
+        [
+            "ppl",
+            "--model",
+            "tiny",
+            "--docs",
+            "1",
+            "--lengths",
+            "256",
+            "-m",
+            "rerope:window=64",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "typo"),
+        ],
+    )
     assert typo.exit_code == 2 and "is not a kernel choice" in typo.stderr and "Traceback" not in typo.output
     monkeypatch.delenv(kernels.KERNEL_ENV)
 
@@ -225,9 +319,26 @@ def test_the_kernel_is_chosen_in_one_place_and_recorded(tmp_path, monkeypatch):
     assert check["attention_kernel"] == "fused" and check["max_abs_diff_vs_reference"] < 1e-5
 
     out = tmp_path / "ppl"
-    result = CliRunner().invoke(app, ["ppl", "--model", "tiny", "--docs", "1", "--lengths", "256", "-m",
-                                      "rerope:window=64", "-m", "ntk:factor=2+logn", "--device", "cpu", "--out",
-                                      str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "ppl",
+            "--model",
+            "tiny",
+            "--docs",
+            "1",
+            "--lengths",
+            "256",
+            "-m",
+            "rerope:window=64",
+            "-m",
+            "ntk:factor=2+logn",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     methods = json.loads((out / "run.json").read_text())["methods"]
     assert methods["rerope(window=64)"]["attention_kernel"] == "fused"
@@ -240,8 +351,14 @@ def test_dry_run_counts_each_kernels_workspace_and_the_far_key_cache(monkeypatch
     from ctxeval.attention.methods import SCORE_BUDGET_BYTES
     from ctxeval.models.memory import estimate
 
-    cfg = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=30,
-                      intermediate_size=1536, vocab_size=49152)
+    cfg = LlamaConfig(
+        hidden_size=576,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        num_hidden_layers=30,
+        intermediate_size=1536,
+        vocab_size=49152,
+    )
     L, b, q, k = 16384, 4, 16384 * 9 * 64, 16384 * 3 * 64
     (plain,) = estimate(cfg, (L,), "float32", "sdpa", 1024)
     rerope = expand_specs(["rerope:window=2048"])[0].attention

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
-
 from conftest import tiny_llama
-from ctxeval.attention.patching import attention_methods, verify_attention_methods
+
 from ctxeval.attention.methods import attend, relative_position
+from ctxeval.attention.patching import attention_methods, verify_attention_methods
 from ctxeval.errors import CtxevalError
 from ctxeval.rope.patching import apply_method, find_rotary_modules
 from ctxeval.specs import expand_specs
@@ -24,7 +24,7 @@ def rope(x, pos, inv_freq):
     angle = pos[..., None].double() * inv_freq.double()
     cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
     head, rest = x[..., :rd].double(), x[..., rd:].double()
-    turned = torch.cat((-head[..., rd // 2:], head[..., :rd // 2]), -1)
+    turned = torch.cat((-head[..., rd // 2 :], head[..., : rd // 2]), -1)
     return torch.cat((head * cos + turned * sin, rest), -1)
 
 
@@ -83,17 +83,18 @@ def test_attention_equals_the_papers_formula(text, logn_length, rotary_pairs, ch
     inv_freq = 1.0 / 10000 ** (torch.arange(0, 2 * rotary_pairs, 2, dtype=torch.float64) / (2 * rotary_pairs))
     specs = spec_of(text)
     remap = next((s for s in specs if s.name != "logn"), None)
-    want = paper_attention(q, k, v, inv_freq, remap.name if remap else "none", remap.params if remap else {},
-                           logn_length)
+    want = paper_attention(
+        q, k, v, inv_freq, remap.name if remap else "none", remap.params if remap else {}, logn_length
+    )
     pos = torch.arange(t)
     query = rope(q, pos.double(), inv_freq).float()[None]  # what RoPE hands the attention function
     key = rope(k, pos.double(), inv_freq).float()[None]
-    got = attend(query, key, v[None], pos[None], pos[None], None, dim ** -0.5, inv_freq, specs, 16, chunk=chunk)
+    got = attend(query, key, v[None], pos[None], pos[None], None, dim**-0.5, inv_freq, specs, 16, chunk=chunk)
     assert got.shape == (1, t, heads, dim)
     assert torch.allclose(got[0].transpose(0, 1).double(), want, atol=1e-5), text
     causal = torch.tril(torch.ones(t, t, dtype=torch.bool))[None, None]
     for mask in (causal, torch.zeros(1, 1, t, t).masked_fill(~causal, torch.finfo(torch.float32).min)):
-        again = attend(query, key, v[None], pos[None], pos[None], mask, dim ** -0.5, inv_freq, specs, 16, chunk=chunk)
+        again = attend(query, key, v[None], pos[None], pos[None], mask, dim**-0.5, inv_freq, specs, 16, chunk=chunk)
         assert torch.allclose(again, got, atol=1e-6)  # bool, additive and implicit causal masks agree
 
 
@@ -114,19 +115,30 @@ def test_far_pairs_change_and_near_pairs_do_not():
 def reference_attention_fn(inv_freq, name, p, logn_length=None):
     """An attention function computing the papers' formula from the post-RoPE q, k transformers hands it: rotate
     back to pre-RoPE (positions 0..T-1, prefill only), then paper_attention."""
+
     def fn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         t = query.shape[2]
         pos = torch.arange(t).double()
         back = lambda x: rope(x, -pos, inv_freq())  # noqa: E731  (R(-i) undoes R(i))
-        out = torch.stack([paper_attention(back(query[b]), back(key[b]), value[b], inv_freq(), name, p, logn_length)
-                           for b in range(query.shape[0])])
+        out = torch.stack(
+            [
+                paper_attention(back(query[b]), back(key[b]), value[b], inv_freq(), name, p, logn_length)
+                for b in range(query.shape[0])
+            ]
+        )
         return out.transpose(1, 2).float(), None
+
     return fn
 
 
-@pytest.mark.parametrize("freq,text", [("none", "self-extend:group_size=2,neighbor_window=8"),
-                                       ("ntk:factor=2", "rerope:window=12,logn=false"),
-                                       ("yarn:factor=2", "leaky-rerope:window=8,k=4,logn=false")])
+@pytest.mark.parametrize(
+    "freq,text",
+    [
+        ("none", "self-extend:group_size=2,neighbor_window=8"),
+        ("ntk:factor=2", "rerope:window=12,logn=false"),
+        ("yarn:factor=2", "leaky-rerope:window=8,k=4,logn=false"),
+    ],
+)
 def test_in_a_model_equals_the_reference_and_restores_exactly(freq, text):
     from transformers.modeling_utils import AttentionInterface
 
@@ -190,13 +202,15 @@ def test_cached_generation_equals_recomputing_without_a_cache():
 
 
 def test_bad_specs_are_one_line_errors():
-    for text, message in (("self-extend:group_size=0", "group_size must be >= 1"),
-                          ("self-extend:group_size=2.5", "group_size must be an integer"),
-                          ("self-extend:group_size=8,neighbor_window=4", "must be >= group_size"),
-                          ("rerope+self-extend", "combine at most one of"),
-                          ("logn+ntk", "one frequency method, written first"),
-                          ("rerope+logn", "already applies logn"),
-                          ("self-extend:window=3", "does not take 'window'")):
+    for text, message in (
+        ("self-extend:group_size=0", "group_size must be >= 1"),
+        ("self-extend:group_size=2.5", "group_size must be an integer"),
+        ("self-extend:group_size=8,neighbor_window=4", "must be >= group_size"),
+        ("rerope+self-extend", "combine at most one of"),
+        ("logn+ntk", "one frequency method, written first"),
+        ("rerope+logn", "already applies logn"),
+        ("self-extend:window=3", "does not take 'window'"),
+    ):
         with pytest.raises(CtxevalError, match=message):
             expand_specs([text])
 
@@ -210,9 +224,30 @@ def test_through_the_cli(tmp_path):
 
     runner = CliRunner()
     out = tmp_path / "ppl"
-    result = runner.invoke(app, ["ppl", "--model", "tiny", "--docs", "1", "--lengths", "128,256", "-m", "none",
-                                 "-m", "self-extend:group_size=4,neighbor_window=64", "-m", "ntk:factor=2+logn",
-                                 "-m", "rerope:window=512,logn=false", "--device", "cpu", "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "ppl",
+            "--model",
+            "tiny",
+            "--docs",
+            "1",
+            "--lengths",
+            "128,256",
+            "-m",
+            "none",
+            "-m",
+            "self-extend:group_size=4,neighbor_window=64",
+            "-m",
+            "ntk:factor=2+logn",
+            "-m",
+            "rerope:window=512,logn=false",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "note: rerope(logn=False,window=512): rerope's window 512 >= the longest length 256" in result.stderr
     record = json.loads((out / "run.json").read_text())
@@ -223,8 +258,26 @@ def test_through_the_cli(tmp_path):
     assert {r["method"] for r in rows} == {"none", "self-extend", "ntk+logn", "rerope"}
     assert by[("rerope(logn=False,window=512)", 256)] == pytest.approx(by[("none", 256)], rel=1e-5)  # a no-op here
     assert by[("self-extend(group_size=4,neighbor_window=64)", 256)] != pytest.approx(by[("none", 256)], rel=1e-3)
-    needle = runner.invoke(app, ["needle", "--model", "tiny", "--lengths", "256", "--depths", "50", "--samples", "1",
-                                 "-m", "leaky-rerope:window=64,k=4", "--device", "cpu", "--out", str(tmp_path / "n")])
+    needle = runner.invoke(
+        app,
+        [
+            "needle",
+            "--model",
+            "tiny",
+            "--lengths",
+            "256",
+            "--depths",
+            "50",
+            "--samples",
+            "1",
+            "-m",
+            "leaky-rerope:window=64,k=4",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "n"),
+        ],
+    )
     assert needle.exit_code == 0, needle.output  # greedy generation with a KV cache under the method
     entropy = runner.invoke(app, ["entropy", "--model", "tiny", "-m", "rerope", "--out", str(tmp_path / "e")])
     assert entropy.exit_code == 2 and "entropy reads the q.k scores of plain attention" in entropy.stderr

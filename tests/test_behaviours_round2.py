@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_llama
 from typer.testing import CliRunner
 
-from conftest import tiny_llama
 from ctxeval.cli import app
 from ctxeval.evals.common import point_row
 from ctxeval.report import tables
@@ -42,10 +42,19 @@ def _write_run(path, record, rows):
 
 def _record(task, spec, **extra):
     """A run.json as ctxeval writes it, with the fields the report reads (model m, trained length 128)."""
-    return {"status": "success", "started": "2026-01-01T00:00:00+00:00", "finished": "2026-01-01T00:00:00+00:00",
-            "spec": {"task": task, "model": "m", "dtype": "float32", **spec},
-            "model": {"name": "m", "dtype": "float32", "max_position_embeddings": 128},
-            "methods": {}, "seed": 0, "environment": {}, "history": [], "error": None, **extra}
+    return {
+        "status": "success",
+        "started": "2026-01-01T00:00:00+00:00",
+        "finished": "2026-01-01T00:00:00+00:00",
+        "spec": {"task": task, "model": "m", "dtype": "float32", **spec},
+        "model": {"name": "m", "dtype": "float32", "max_position_embeddings": 128},
+        "methods": {},
+        "seed": 0,
+        "environment": {},
+        "history": [],
+        "error": None,
+        **extra,
+    }
 
 
 def _table(rep, kind):
@@ -70,15 +79,35 @@ def test_ruler_generation_under_dynamic_methods_uses_the_rope_of_the_tasks_lengt
     def probe(module, args, output):
         # the rotary module's own read-back feeds it a (1, 3, rotary_dim) dummy: only the model's forwards count
         if hasattr(module, "inv_freq") and args and args[0].dim() == 3 and args[0].shape[-1] == hidden:
-            forwards.append((int(args[0].shape[1]), module.inv_freq.detach().double().clone(),
-                             float(module.attention_scaling)))
+            forwards.append(
+                (int(args[0].shape[1]), module.inv_freq.detach().double().clone(), float(module.attention_scaling))
+            )
 
     out = tmp_path / "run"
     hook = torch.nn.modules.module.register_module_forward_hook(probe)
     try:
-        result = runner.invoke(app, ["ruler", "--model", "tiny", "--tasks", "fwe", "--lengths", "256,512",
-                                     "--samples", "1", "--device", "cpu", "-m", "dynamic-ntk", "-m", "dynamic-yarn",
-                                     "--out", str(out)])
+        result = runner.invoke(
+            app,
+            [
+                "ruler",
+                "--model",
+                "tiny",
+                "--tasks",
+                "fwe",
+                "--lengths",
+                "256,512",
+                "--samples",
+                "1",
+                "--device",
+                "cpu",
+                "-m",
+                "dynamic-ntk",
+                "-m",
+                "dynamic-yarn",
+                "--out",
+                str(out),
+            ],
+        )
     finally:
         hook.remove()
     assert result.exit_code == 0, result.output
@@ -99,12 +128,14 @@ def test_ruler_generation_under_dynamic_methods_uses_the_rope_of_the_tasks_lengt
     for label in ("dynamic-ntk", "dynamic-yarn"):
         effective = {e["length"]: e for e in record["methods"][label]["effective"]}
         for length in (256, 512):
-            expected[(label, length)] = (torch.tensor(effective[length]["inv_freq"], dtype=torch.float64),
-                                         effective[length]["attention_factor"])
+            expected[(label, length)] = (
+                torch.tensor(effective[length]["inv_freq"], dtype=torch.float64),
+                effective[length]["attention_factor"],
+            )
     # the four RoPEs differ from each other, so each generation can be told apart by the one it used
     keys = list(expected)
     for i, a in enumerate(keys):
-        for b in keys[i + 1:]:
+        for b in keys[i + 1 :]:
             assert not torch.allclose(expected[a][0], expected[b][0], rtol=1e-4), (a, b)
 
     prompt_tokens = {(r["label"], r["length"]): r["prompt_tokens"] for r in rows}
@@ -113,15 +144,18 @@ def test_ruler_generation_under_dynamic_methods_uses_the_rope_of_the_tasks_lengt
         prompt = steps[0][0]
         assert len(steps) > 1, "the tiny model stopped at once: nothing was generated under the cache"
         first = [k for k in keys if torch.allclose(steps[0][1], expected[k][0], rtol=1e-5)]
-        assert first, (f"the prompt's forward ({prompt} tokens) used a RoPE that is none of the task lengths' "
-                       f"{keys}: not frozen at the task's length")
+        assert first, (
+            f"the prompt's forward ({prompt} tokens) used a RoPE that is none of the task lengths' "
+            f"{keys}: not frozen at the task's length"
+        )
         key = first[0]
         assert prompt_tokens[key] == prompt and prompt < key[1]  # this generation is that point's prompt
         for i, (n, inv_freq, scaling) in enumerate(steps):
             assert torch.allclose(inv_freq, expected[key][0], rtol=1e-5), (
                 f"{key}: forward {i} of the generation ({prompt} prompt tokens + {i} generated) used another RoPE "
                 f"than the task's length {key[1]}: max rel diff "
-                f"{float(((inv_freq - expected[key][0]).abs() / expected[key][0]).max()):.3g}")
+                f"{float(((inv_freq - expected[key][0]).abs() / expected[key][0]).max()):.3g}"
+            )
             assert scaling == pytest.approx(expected[key][1], rel=1e-6), (key, i, scaling)
         matched.append(key)
     assert sorted(matched) == sorted(keys)
@@ -143,14 +177,37 @@ def _ruler_rows(failed_status):
         for length in RULER_LENGTHS:
             for sample in (0, 1):
                 if (task, length, sample) == ("vt", 2048, 1):
-                    rows.append(point_row("m", spec, "ruler", ruler_task=task, length=length, sample=sample,
-                                          status=failed_status, note="out of memory" if failed_status == "oom"
-                                          else "RuntimeError: boom"))
+                    rows.append(
+                        point_row(
+                            "m",
+                            spec,
+                            "ruler",
+                            ruler_task=task,
+                            length=length,
+                            sample=sample,
+                            status=failed_status,
+                            note="out of memory" if failed_status == "oom" else "RuntimeError: boom",
+                        )
+                    )
                 else:
-                    rows.append(point_row("m", spec, "ruler", value=1.0, ruler_task=task, length=length,
-                                          sample=sample, score=1.0, prediction="x", outputs=["x"],
-                                          metric_fn="string_match_all", prompt_tokens=length - 200, seconds=0.1,
-                                          status="ok"))
+                    rows.append(
+                        point_row(
+                            "m",
+                            spec,
+                            "ruler",
+                            value=1.0,
+                            ruler_task=task,
+                            length=length,
+                            sample=sample,
+                            score=1.0,
+                            prediction="x",
+                            outputs=["x"],
+                            metric_fn="string_match_all",
+                            prompt_tokens=length - 200,
+                            seconds=0.1,
+                            status="ok",
+                        )
+                    )
     return spec, rows
 
 
@@ -186,10 +243,22 @@ def test_a_ruler_task_with_a_failed_sample_has_no_score_mean_or_effective_length
     assert summary["2048"] == "" and summary["1024"] == "100.0" and summary["effective length"] == "1024"
 
     # `ctxeval report`
-    run = _write_run(tmp_path / "run", _record("ruler", {"tasks": RULER_TASKS, "lengths": list(RULER_LENGTHS),
-                                                         "samples": 2, "seed": 42, "template": "base",
-                                                         "methods": ["none"]},
-                                               protocol={"threshold": 85.6}), rows)
+    run = _write_run(
+        tmp_path / "run",
+        _record(
+            "ruler",
+            {
+                "tasks": RULER_TASKS,
+                "lengths": list(RULER_LENGTHS),
+                "samples": 2,
+                "seed": 42,
+                "template": "base",
+                "methods": ["none"],
+            },
+            protocol={"threshold": 85.6},
+        ),
+        rows,
+    )
     table = _table(build_report([run]), "ruler")
     record = table.records()[0]
     assert record["1024"] == 100.0 and record["4096"] == 100.0
@@ -214,14 +283,40 @@ def _ppl_rows(failed_status):
     for doc, nll, key_nll, keys in (("d1", 2.0, 1.0, 4), ("d2", 3.0, 2.5, 2)):
         for length in (256, 512):
             if (doc, length) == ("d2", 512):
-                rows.append(point_row("m", spec, "ppl", protocol="truncate", length=length, doc=doc,
-                                      status=failed_status, note="out of memory"))
+                rows.append(
+                    point_row(
+                        "m",
+                        spec,
+                        "ppl",
+                        protocol="truncate",
+                        length=length,
+                        doc=doc,
+                        status=failed_status,
+                        note="out of memory",
+                    )
+                )
                 continue
             n = length
-            rows.append(point_row("m", spec, "ppl", protocol="truncate", length=length, doc=doc, status="ok",
-                                  value=nll, ppl=math.exp(nll), nll_sum=nll * (n - 1), n_tokens=n - 1,
-                                  window_nll_sum=nll, n_windows=1, key_nll_sum=key_nll * keys, key_tokens=keys,
-                                  seconds=0.1))
+            rows.append(
+                point_row(
+                    "m",
+                    spec,
+                    "ppl",
+                    protocol="truncate",
+                    length=length,
+                    doc=doc,
+                    status="ok",
+                    value=nll,
+                    ppl=math.exp(nll),
+                    nll_sum=nll * (n - 1),
+                    n_tokens=n - 1,
+                    window_nll_sum=nll,
+                    n_windows=1,
+                    key_nll_sum=key_nll * keys,
+                    key_tokens=keys,
+                    seconds=0.1,
+                )
+            )
     return spec, rows
 
 
@@ -251,12 +346,26 @@ def test_longppl_with_a_failed_document_is_missing_as_ppl_is(tmp_path, failed_st
     assert csv[512]["longppl"] == "" and csv[512]["key_tokens"] == "" and csv[512]["status"] == failed_status
 
     # `ctxeval report`
-    run = _write_run(tmp_path / "run", _record(
-        "ppl", {"data": "pydoc", "text_field": "text", "protocol": "truncate", "stride": None, "bos": False,
-                "docs": 2, "lengths": [256, 512], "methods": ["none"]},
-        data={"spec": "pydoc", "documents": [{"doc": "d1", "tokens": 1000}, {"doc": "d2", "tokens": 1000}]},
-        protocol={"name": "truncate", "stride": None, "bos": False, "aggregate": "token"},
-        key_tokens={"evaluator": "m", "method": "none", "context": 64, "window": 16}), rows)
+    run = _write_run(
+        tmp_path / "run",
+        _record(
+            "ppl",
+            {
+                "data": "pydoc",
+                "text_field": "text",
+                "protocol": "truncate",
+                "stride": None,
+                "bos": False,
+                "docs": 2,
+                "lengths": [256, 512],
+                "methods": ["none"],
+            },
+            data={"spec": "pydoc", "documents": [{"doc": "d1", "tokens": 1000}, {"doc": "d2", "tokens": 1000}]},
+            protocol={"name": "truncate", "stride": None, "bos": False, "aggregate": "token"},
+            key_tokens={"evaluator": "m", "method": "none", "context": 64, "window": 16},
+        ),
+        rows,
+    )
     rep = build_report([run])
     main = _table(rep, "ppl").records()[0]
     assert main["512"] is None
@@ -292,7 +401,7 @@ def test_a_key_token_at_the_last_position_counts_in_that_lengths_longppl(method,
         run.measure(spec, doc, [32, 64], rows.extend, {})
         want = {}
         for length in (32, 64):
-            seq = ([bos_id] if bos else []) + doc.ids[:length - (1 if bos else 0)].tolist()
+            seq = ([bos_id] if bos else []) + doc.ids[: length - (1 if bos else 0)].tolist()
             assert len(seq) == length
             with torch.no_grad():
                 logits = model(torch.tensor([seq])).logits[0, :-1].double()
@@ -305,7 +414,8 @@ def test_a_key_token_at_the_last_position_counts_in_that_lengths_longppl(method,
     for length, (n, total) in want.items():
         assert got[length]["key_tokens"] == n, (
             f"at {length} tokens {got[length]['key_tokens']} key token(s) counted, {n} inside the sequence "
-            f"(positions {[int(t) for t in keys if t < length]})")
+            f"(positions {[int(t) for t in keys if t < length]})"
+        )
         assert got[length]["key_nll_sum"] == pytest.approx(total, rel=1e-4, abs=1e-5)
     lp = tables.longppl_long(rows).set_index("length")
     assert lp.loc[32, "longppl"] == pytest.approx(math.exp(want[32][1]), rel=1e-4)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ctxeval.rope import bound as BD
 from ctxeval.cli.bound import fmt_base
-
+from ctxeval.rope import bound as BD
 
 # ---------------------------------------------------------------------------------------------------------------
 # the reference: B_m = sum_i cos(m * b^(-2i/d)), every m, float64, no tricks
+
 
 def ref_values(base, d, length):
     theta = np.array([base ** (-2 * i / d) for i in range(d // 2)])  # (d/2,)
@@ -48,6 +48,7 @@ def ref_bounds(d, length, top):
 
 # ---------------------------------------------------------------------------------------------------------------
 # the math
+
 
 def test_grid_has_two_significant_digits():
     grid = BD.base_grid(1.1, 1e5)
@@ -123,9 +124,17 @@ def test_bad_input():
 
 # what the two-digit ascending scan gives: (first feasible, all feasible above)
 EXPECTED = {
-    1_000: (4.3e3, 6.1e3), 2_000: (1.6e4, 1.8e4), 4_000: (2.7e4, 5.8e4), 8_000: (8.4e4, 1.4e5),
-    16_000: (3.2e5, 7.0e5), 32_000: (6.3e5, 1.9e6), 64_000: (2.1e6, 8.1e6), 128_000: (7.8e6, 2.3e7),
-    256_000: (3.3e7, 5.0e7), 512_000: (6.5e7, 3.7e8), 1_000_000: (3.5e8, 7.9e8),
+    1_000: (4.3e3, 6.1e3),
+    2_000: (1.6e4, 1.8e4),
+    4_000: (2.7e4, 5.8e4),
+    8_000: (8.4e4, 1.4e5),
+    16_000: (3.2e5, 7.0e5),
+    32_000: (6.3e5, 1.9e6),
+    64_000: (2.1e6, 8.1e6),
+    128_000: (7.8e6, 2.3e7),
+    256_000: (3.3e7, 5.0e7),
+    512_000: (6.5e7, 3.7e8),
+    1_000_000: (3.5e8, 7.9e8),
 }
 # rows where the paper's value itself violates the criterion: (length, a position m <= L where B_m < 0)
 PAPER_FAILS = {16_000: 12_223, 32_000: 27_685, 256_000: 207_455, 512_000: 511_210, 1_000_000: 874_868}
@@ -155,6 +164,7 @@ def test_paper_values_that_do_not_match_violate_the_criterion(length):
 
 # ---------------------------------------------------------------------------------------------------------------
 # the command
+
 
 @pytest.fixture
 def cli():
@@ -193,9 +203,15 @@ def test_cli_json_and_csv(cli):
 def test_cli_model_from_local_config(cli, tmp_path):
     from transformers import LlamaConfig
 
-    LlamaConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=32,
-                max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 500.0}
-                ).save_pretrained(tmp_path)
+    LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        vocab_size=32,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+    ).save_pretrained(tmp_path)
     result = cli("bound", "--model", str(tmp_path), "--lengths", "100", "--format", "json")
     assert result.exit_code == 0, result.output
     model = json.loads(result.stdout)["model"]
@@ -207,14 +223,17 @@ def test_cli_model_from_local_config(cli, tmp_path):
     assert f"its base supports L = {model['max_context']:,}" in result.stdout and "64 (trained)" in result.stdout
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--head-dim", "7"], "even number >= 2"),
-    (["--head-dim", "0"], "even number >= 2"),
-    (["--head-dim", "128", "--lengths", "1k,zz"], "bad length"),
-    (["--head-dim", "128", "--lengths", "99999999"], "out of range"),
-    ([], "needs --head-dim"),
-    (["--head-dim", "64", "--model", "smollm2"], "not both"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--head-dim", "7"], "even number >= 2"),
+        (["--head-dim", "0"], "even number >= 2"),
+        (["--head-dim", "128", "--lengths", "1k,zz"], "bad length"),
+        (["--head-dim", "128", "--lengths", "99999999"], "out of range"),
+        ([], "needs --head-dim"),
+        (["--head-dim", "64", "--model", "smollm2"], "not both"),
+    ],
+)
 def test_cli_bad_input_is_one_line_exit_2(cli, args, fragment):
     result = cli("bound", *args)
     assert result.exit_code == 2, result.output

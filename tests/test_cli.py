@@ -17,7 +17,9 @@ def run(*args):
     return runner.invoke(app, list(args))
 
 
-@pytest.mark.parametrize("command", [[], ["methods"], ["plan"], ["ppl"], ["needle"], ["passkey"], ["entropy"], ["report"], ["bound"]])
+@pytest.mark.parametrize(
+    "command", [[], ["methods"], ["plan"], ["ppl"], ["needle"], ["passkey"], ["entropy"], ["report"], ["bound"]]
+)
 def test_help(command):
     result = run(*command, "--help")
     assert result.exit_code == 0, result.output
@@ -28,18 +30,35 @@ def test_methods_lists_every_method():
     result = run("methods", "--format", "json")
     assert result.exit_code == 0
     names = [m["name"] for m in json.loads(result.stdout)]
-    assert names == ["none", "native", "pi", "ntk", "dynamic-ntk", "ntk-by-parts", "yarn", "dynamic-yarn", "llama3", "longrope",
-                     "self-extend", "rerope", "leaky-rerope", "logn"]
+    assert names == [
+        "none",
+        "native",
+        "pi",
+        "ntk",
+        "dynamic-ntk",
+        "ntk-by-parts",
+        "yarn",
+        "dynamic-yarn",
+        "llama3",
+        "longrope",
+        "self-extend",
+        "rerope",
+        "leaky-rerope",
+        "logn",
+    ]
     table = run("methods")
     assert "beta_fast=32" in table.stdout and "alpha=beta_slow" in table.stdout
 
 
-@pytest.mark.parametrize("spec,flags,length", [
-    ("yarn:factor=4,beta_fast=32,beta_slow=1", [], None),
-    ("yarn", ["--factor", "8"], None),
-    ("dynamic-ntk:factor=2", ["--length", "8192"], 8192),
-    ("llama3", [], None),
-])
+@pytest.mark.parametrize(
+    "spec,flags,length",
+    [
+        ("yarn:factor=4,beta_fast=32,beta_slow=1", [], None),
+        ("yarn", ["--factor", "8"], None),
+        ("dynamic-ntk:factor=2", ["--length", "8192"], 8192),
+        ("llama3", [], None),
+    ],
+)
 def test_plan_json_equals_methods(spec, flags, length):
     result = run("plan", "--method", spec, *flags, *GEOM, "--format", "json")
     assert result.exit_code == 0, result.output
@@ -58,7 +77,11 @@ def test_plan_json_equals_methods(spec, flags, length):
 def test_plan_table_csv_and_plot(tmp_path):
     table = run("plan", "--method", "yarn", "--factor", "16", *GEOM)
     assert table.exit_code == 0
-    assert "interpolated" in table.stdout and "extrapolated" in table.stdout and "attention factor 1.277259" in table.stdout
+    assert (
+        "interpolated" in table.stdout
+        and "extrapolated" in table.stdout
+        and "attention factor 1.277259" in table.stdout
+    )
     csv_out = run("plan", "--method", "pi:factor=2", *GEOM, "--format", "csv")
     lines = csv_out.stdout.strip().splitlines()
     assert lines[0] == "pair,wavelength,ratio,inv_freq,scale,group" and len(lines) == 33
@@ -76,14 +99,17 @@ def test_plan_from_model_dir(tmp_path):
     assert json.loads(result.stdout)["geometry"]["original_length"] == 64
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["plan", "--method", "warp", *GEOM], "unknown method"),
-    (["plan", "--method", "pi:factor=0.5", *GEOM], "factor must be >= 1"),
-    (["plan", "--method", "yarn", "--factor", "0.5", *GEOM], "factor must be >= 1"),
-    (["plan", "--method", "yarn:beta_slow=32,beta_fast=1", *GEOM], "beta_slow"),
-    (["plan", "--method", "yarn", "--head-dim", "64"], "needs --base"),
-    (["plan", "--method", "yarn", "--model", "/no/such/dir"], "neither a model directory"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["plan", "--method", "warp", *GEOM], "unknown method"),
+        (["plan", "--method", "pi:factor=0.5", *GEOM], "factor must be >= 1"),
+        (["plan", "--method", "yarn", "--factor", "0.5", *GEOM], "factor must be >= 1"),
+        (["plan", "--method", "yarn:beta_slow=32,beta_fast=1", *GEOM], "beta_slow"),
+        (["plan", "--method", "yarn", "--head-dim", "64"], "needs --base"),
+        (["plan", "--method", "yarn", "--model", "/no/such/dir"], "neither a model directory"),
+    ],
+)
 def test_user_errors_are_one_line_exit_2(args, fragment):
     result = run(*args)
     assert result.exit_code == 2
@@ -103,8 +129,10 @@ def test_the_cli_starts_without_the_heavy_libraries():
     import subprocess
     import sys
 
-    code = ("import sys, ctxeval.cli\n"
-            "print(sorted(m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules))")
+    code = (
+        "import sys, ctxeval.cli\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

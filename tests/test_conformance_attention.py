@@ -161,20 +161,32 @@ def apply_rotary_pos_emb_rerope(q, k, cos, sin, position_ids):
     sin = sin.squeeze(1).squeeze(0)  # [seq_len, dim]
     cos = cos[position_ids].unsqueeze(1)  # [bs, 1, seq_len, dim]
     sin = sin[position_ids].unsqueeze(1)  # [bs, 1, seq_len, dim]
-    q_embed = (q * cos[:, :, -q.shape[2]:]) + (rotate_half(q) * sin[:, :, -q.shape[2]:]) if q is not None else None
+    q_embed = (q * cos[:, :, -q.shape[2] :]) + (rotate_half(q) * sin[:, :, -q.shape[2] :]) if q is not None else None
     k_embed = (k * cos) + (rotate_half(k) * sin) if k is not None else None
     return q_embed, k_embed
 
 
-def forward_with_rerope(query_states, key_states, value_states, position_ids, attention_mask, past_key_value,
-                        rotary_emb, *, window, training_length):
+def forward_with_rerope(
+    query_states,
+    key_states,
+    value_states,
+    position_ids,
+    attention_mask,
+    past_key_value,
+    rotary_emb,
+    *,
+    window,
+    training_length,
+):
     """rerope_patch.py forward_with_rerope from the projected states on (l. 53-55 made them (bsz, heads, q_len, D),
     pre-RoPE); self.rotary_emb = LlamaRotaryEmbedding (transformers 4.31). Returns attn_output before o_proj
     (l. 114)."""
     bsz, _, q_len, head_dim = query_states.shape
     num_heads = query_states.shape[1]
     num_key_value_groups = num_heads // key_states.shape[1]
-    query_states *= ((position_ids + 1)[:, None, :, None].log() / np.log(training_length)).clip(1).to(query_states.dtype)  # l. 56
+    query_states *= (
+        ((position_ids + 1)[:, None, :, None].log() / np.log(training_length)).clip(1).to(query_states.dtype)
+    )  # l. 56
 
     kv_seq_len = key_states.shape[-2]  # l. 58
     if past_key_value is not None:  # l. 59-64
@@ -220,15 +232,29 @@ def forward_with_rerope(query_states, key_states, value_states, position_ids, at
     return attn_output
 
 
-def forward_with_leaky_rerope(query_states, key_states, value_states, position_ids, attention_mask, past_key_value,
-                              rotary_emb, rotary_emb2, *, window, training_length, scaling_factor):
+def forward_with_leaky_rerope(
+    query_states,
+    key_states,
+    value_states,
+    position_ids,
+    attention_mask,
+    past_key_value,
+    rotary_emb,
+    rotary_emb2,
+    *,
+    window,
+    training_length,
+    scaling_factor,
+):
     """leaky_rerope_patch.py forward_with_leaky_rerope from the projected states on (l. 58-60); _init_rope (l. 22-24):
     rotary_emb = LlamaRotaryEmbedding, rotary_emb2 = LlamaLinearScalingRotaryEmbedding(scaling_factor). Returns
     attn_output before o_proj (l. 123)."""
     bsz, _, q_len, head_dim = query_states.shape
     num_heads = query_states.shape[1]
     num_key_value_groups = num_heads // key_states.shape[1]
-    query_states *= ((position_ids + 1)[:, None, :, None].log() / np.log(training_length)).clip(1).to(query_states.dtype)  # l. 61
+    query_states *= (
+        ((position_ids + 1)[:, None, :, None].log() / np.log(training_length)).clip(1).to(query_states.dtype)
+    )  # l. 61
 
     kv_seq_len = key_states.shape[-2]  # l. 63
     if past_key_value is not None:  # l. 64-69
@@ -243,8 +269,8 @@ def forward_with_leaky_rerope(query_states, key_states, value_states, position_i
     cos2, sin2 = rotary_emb2(value_states, seq_len=kv_seq_len + offset)  # l. 75
     if q_len == 1:  # l. 76-83
         position_ids = position_ids[:, -1:] - position_ids
-        cos = torch.cat([cos[:, :, :window], cos2[:, :, window + offset:]], axis=2)
-        sin = torch.cat([sin[:, :, :window], sin2[:, :, window + offset:]], axis=2)
+        cos = torch.cat([cos[:, :, :window], cos2[:, :, window + offset :]], axis=2)
+        sin = torch.cat([sin[:, :, :window], sin2[:, :, window + offset :]], axis=2)
         _, key_states = apply_rotary_pos_emb_rerope(None, key_states, cos, -sin, position_ids)
         key_states = repeat_kv(key_states, num_key_value_groups)
         value_states = repeat_kv(value_states, num_key_value_groups)
@@ -286,13 +312,24 @@ def forward_with_leaky_rerope(query_states, key_states, value_states, position_i
 def apply_rotary_pos_emb_se(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
-    q_embed = (q * cos) + (rotate_half(q) * sin) if not q is None else None
-    k_embed = (k * cos) + (rotate_half(k) * sin) if not k is None else None
+    q_embed = (q * cos) + (rotate_half(q) * sin) if q is not None else None
+    k_embed = (k * cos) + (rotate_half(k) * sin) if k is not None else None
     return q_embed, k_embed
 
 
-def self_extend_forward(query_states, key_states, value_states, position_ids, attention_mask, past_key_value,
-                        rotary_emb, *, group_size_1=8, group_size_2=1024, scale_base=-1):
+def self_extend_forward(
+    query_states,
+    key_states,
+    value_states,
+    position_ids,
+    attention_mask,
+    past_key_value,
+    rotary_emb,
+    *,
+    group_size_1=8,
+    group_size_2=1024,
+    scale_base=-1,
+):
     """Llama_4_40.py self_extend_forward from the projected states on (l. 104-106); self.rotary_emb = transformers
     4.40's LlamaRotaryEmbedding; past_key_value: the (keys, values) a DynamicCache holds (pre-RoPE, l. 118 stores
     them before any rotation; update = concatenation); cache_position None. Returns attn_output before o_proj
@@ -301,7 +338,9 @@ def self_extend_forward(query_states, key_states, value_states, position_ids, at
     num_key_value_groups = num_heads // key_states.shape[1]
 
     if scale_base > 0:  # l. 108-112
-        scaled_query = query_states * ((position_ids + 1)[:, None, :, None].log() / np.log(scale_base)).clip(1).to(query_states.dtype) # log scale
+        scaled_query = query_states * ((position_ids + 1)[:, None, :, None].log() / np.log(scale_base)).clip(1).to(
+            query_states.dtype
+        )  # log scale
     else:
         scaled_query = query_states
 
@@ -311,19 +350,27 @@ def self_extend_forward(query_states, key_states, value_states, position_ids, at
     kv_seq_len = key_states.shape[-2]  # l. 119
 
     query_position = position_ids  # l. 121
-    key_position = position_ids if q_len != 1 else torch.arange(kv_seq_len, dtype=position_ids.dtype).to(query_position.device).view(1, kv_seq_len) # l. 122
+    key_position = (
+        position_ids
+        if q_len != 1
+        else torch.arange(kv_seq_len, dtype=position_ids.dtype).to(query_position.device).view(1, kv_seq_len)
+    )  # l. 122
 
     neighbor_q_cos, neighbor_q_sin = rotary_emb(value_states, query_position)  # l. 126
     neighbor_k_cos, neighbor_k_sin = rotary_emb(value_states, key_position)  # l. 127
 
-    _re_group_size_2 = 0 if query_position.max() < group_size_2 else group_size_2 # l. 130
-    group_query_position = query_position // group_size_1 + _re_group_size_2 - _re_group_size_2 // group_size_1  # l. 131
+    _re_group_size_2 = 0 if query_position.max() < group_size_2 else group_size_2  # l. 130
+    group_query_position = (
+        query_position // group_size_1 + _re_group_size_2 - _re_group_size_2 // group_size_1
+    )  # l. 131
     group_key_position = key_position // group_size_1  # l. 132
 
     group_q_cos, group_q_sin = rotary_emb(value_states, group_query_position)  # l. 134
     group_k_cos, group_k_sin = rotary_emb(value_states, group_key_position)  # l. 135
 
-    neighbor_query_states, _ = apply_rotary_pos_emb_se(scaled_query, None, neighbor_q_cos, neighbor_q_sin, None)  # l. 139
+    neighbor_query_states, _ = apply_rotary_pos_emb_se(
+        scaled_query, None, neighbor_q_cos, neighbor_q_sin, None
+    )  # l. 139
     _, neighbor_key_states = apply_rotary_pos_emb_se(None, key_states, neighbor_k_cos, neighbor_k_sin, None)  # l. 140
     group_query_states, _ = apply_rotary_pos_emb_se(scaled_query, None, group_q_cos, group_q_sin, None)  # l. 141
     _, group_key_states = apply_rotary_pos_emb_se(None, key_states, group_k_cos, group_k_sin, None)  # l. 142
@@ -332,8 +379,12 @@ def self_extend_forward(query_states, key_states, value_states, position_ids, at
     group_key_states = repeat_kv(group_key_states, num_key_value_groups)  # l. 147
     value_states = repeat_kv(value_states, num_key_value_groups)  # l. 148
 
-    neighbor_attn_weights = torch.matmul(neighbor_query_states, neighbor_key_states.transpose(2, 3)) / math.sqrt(head_dim)  # l. 152
-    group_attn_weights = torch.matmul(group_query_states, group_key_states.transpose(2, 3)) / math.sqrt(head_dim)  # l. 153
+    neighbor_attn_weights = torch.matmul(neighbor_query_states, neighbor_key_states.transpose(2, 3)) / math.sqrt(
+        head_dim
+    )  # l. 152
+    group_attn_weights = torch.matmul(group_query_states, group_key_states.transpose(2, 3)) / math.sqrt(
+        head_dim
+    )  # l. 153
 
     if attention_mask is not None:  # l. 156-162 (cache_position None)
         causal_mask = attention_mask
@@ -346,8 +397,10 @@ def self_extend_forward(query_states, key_states, value_states, position_ids, at
     elif q_len == kv_seq_len:
         neighbor_attention_mask = torch.ones((q_len, kv_seq_len), device=neighbor_attn_weights.device)
         neighbor_attention_mask = torch.tril(neighbor_attention_mask)
-        if q_len-group_size_2 > 0:
-            group_attention_mask =  torch.tril(torch.ones((q_len-group_size_2, kv_seq_len-group_size_2), device=group_attn_weights.device))
+        if q_len - group_size_2 > 0:
+            group_attention_mask = torch.tril(
+                torch.ones((q_len - group_size_2, kv_seq_len - group_size_2), device=group_attn_weights.device)
+            )
             neighbor_attention_mask[group_size_2:, :-group_size_2] -= group_attention_mask
     else:
         raise ValueError("q_len should be 1 or seq_len.")
@@ -389,17 +442,27 @@ def run_original(kind, params, q, k, v, decode):
     else:
         args = (q.clone(), k, v, pos, _make_causal_mask((1, T), torch.float32), None)
     if kind == "rerope":
-        return forward_with_rerope(*args, LlamaRotaryEmbedding431(D), window=params["window"],
-                                   training_length=params["training_length"])
+        return forward_with_rerope(
+            *args, LlamaRotaryEmbedding431(D), window=params["window"], training_length=params["training_length"]
+        )
     if kind == "leaky-rerope":
-        return forward_with_leaky_rerope(*args, LlamaRotaryEmbedding431(D),
-                                         LlamaLinearScalingRotaryEmbedding431(D, scaling_factor=params["k"]),
-                                         window=params["window"], training_length=params["training_length"],
-                                         scaling_factor=params["k"])
+        return forward_with_leaky_rerope(
+            *args,
+            LlamaRotaryEmbedding431(D),
+            LlamaLinearScalingRotaryEmbedding431(D, scaling_factor=params["k"]),
+            window=params["window"],
+            training_length=params["training_length"],
+            scaling_factor=params["k"],
+        )
     if decode:
         args = args[:5] + (args[5][:2],)
-    return self_extend_forward(*args, LlamaRotaryEmbedding440(D), group_size_1=params["G"], group_size_2=params["W"],
-                               scale_base=params["scale_base"])
+    return self_extend_forward(
+        *args,
+        LlamaRotaryEmbedding440(D),
+        group_size_1=params["G"],
+        group_size_2=params["W"],
+        scale_base=params["scale_base"],
+    )
 
 
 # (query chunk, mask): attend's paths, and the fused kernel of attention_kernels (causal and left-padding masks)
@@ -423,14 +486,19 @@ def ctxeval_variants(text, original_length, q, k, v, decode, variants=VARIANTS):
     if decode:
         qr = qr[:, :, -1:]
     allowed = (torch.arange(T)[None, :] <= q_pos[0, :, None])[None, None]  # (1, 1, Tq, T)
-    masks = {"none": None, "bool": allowed, "additive": torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)}
+    masks = {
+        "none": None,
+        "bool": allowed,
+        "additive": torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min),
+    }
     out = {}
     for chunk, name in variants:
         if chunk == "fused":
-            got = fused_attend(qr, kr, v, q_pos, pos, masks[name], D ** -0.5, rotary.inv_freq, specs, original_length)
+            got = fused_attend(qr, kr, v, q_pos, pos, masks[name], D**-0.5, rotary.inv_freq, specs, original_length)
         else:
-            got = attend(qr, kr, v, q_pos, pos, masks[name], D ** -0.5, rotary.inv_freq, specs, original_length,
-                         chunk=chunk)
+            got = attend(
+                qr, kr, v, q_pos, pos, masks[name], D**-0.5, rotary.inv_freq, specs, original_length, chunk=chunk
+            )
         out[(chunk, name)] = got.reshape(1, q_pos.shape[1], H * D)
     return out
 
@@ -446,23 +514,66 @@ CASES = [
     ("rerope-w8-logn-off", "rerope", {"window": 8, "training_length": 4096}, "rerope:window=8,logn=false", 16),
     ("rerope-w8-logn-length", "rerope", {"window": 8, "training_length": 32}, "rerope:window=8,length=32", 4096),
     ("leaky-w8-k4-L16", "leaky-rerope", {"window": 8, "k": 4, "training_length": 16}, "leaky-rerope:window=8,k=4", 16),
-    ("leaky-w12-k2-L16", "leaky-rerope", {"window": 12, "k": 2, "training_length": 16}, "leaky-rerope:window=12,k=2", 16),
+    (
+        "leaky-w12-k2-L16",
+        "leaky-rerope",
+        {"window": 12, "k": 2, "training_length": 16},
+        "leaky-rerope:window=12,k=2",
+        16,
+    ),
     ("leaky-w5-k3-L16", "leaky-rerope", {"window": 5, "k": 3, "training_length": 16}, "leaky-rerope:window=5,k=3", 16),
-    ("leaky-w16-k16-L32", "leaky-rerope", {"window": 16, "k": 16, "training_length": 32},
-     "leaky-rerope:window=16,k=16", 32),
-    ("leaky-w8-k4-logn-off", "leaky-rerope", {"window": 8, "k": 4, "training_length": 4096},
-     "leaky-rerope:window=8,k=4,logn=false", 16),
+    (
+        "leaky-w16-k16-L32",
+        "leaky-rerope",
+        {"window": 16, "k": 16, "training_length": 32},
+        "leaky-rerope:window=16,k=16",
+        32,
+    ),
+    (
+        "leaky-w8-k4-logn-off",
+        "leaky-rerope",
+        {"window": 8, "k": 4, "training_length": 4096},
+        "leaky-rerope:window=8,k=4,logn=false",
+        16,
+    ),
     ("se-G2-W8", "self-extend", {"G": 2, "W": 8, "scale_base": -1}, "self-extend:group_size=2,neighbor_window=8", 32),
-    ("se-G4-W16", "self-extend", {"G": 4, "W": 16, "scale_base": -1}, "self-extend:group_size=4,neighbor_window=16", 32),
+    (
+        "se-G4-W16",
+        "self-extend",
+        {"G": 4, "W": 16, "scale_base": -1},
+        "self-extend:group_size=4,neighbor_window=16",
+        32,
+    ),
     ("se-G3-W7", "self-extend", {"G": 3, "W": 7, "scale_base": -1}, "self-extend:group_size=3,neighbor_window=7", 32),
-    ("se-G8-W24", "self-extend", {"G": 8, "W": 24, "scale_base": -1}, "self-extend:group_size=8,neighbor_window=24", 32),
+    (
+        "se-G8-W24",
+        "self-extend",
+        {"G": 8, "W": 24, "scale_base": -1},
+        "self-extend:group_size=8,neighbor_window=24",
+        32,
+    ),
     ("se-G5-W5", "self-extend", {"G": 5, "W": 5, "scale_base": -1}, "self-extend:group_size=5,neighbor_window=5", 32),
-    ("se-G4-W80-no-crossing", "self-extend", {"G": 4, "W": 80, "scale_base": -1},
-     "self-extend:group_size=4,neighbor_window=80", 32),
-    ("se-G4-W16-logn32", "self-extend", {"G": 4, "W": 16, "scale_base": 32},
-     "self-extend:group_size=4,neighbor_window=16+logn:length=32", 4096),
-    ("se-G3-W7-logn16", "self-extend", {"G": 3, "W": 7, "scale_base": 16},
-     "self-extend:group_size=3,neighbor_window=7+logn", 16),
+    (
+        "se-G4-W80-no-crossing",
+        "self-extend",
+        {"G": 4, "W": 80, "scale_base": -1},
+        "self-extend:group_size=4,neighbor_window=80",
+        32,
+    ),
+    (
+        "se-G4-W16-logn32",
+        "self-extend",
+        {"G": 4, "W": 16, "scale_base": 32},
+        "self-extend:group_size=4,neighbor_window=16+logn:length=32",
+        4096,
+    ),
+    (
+        "se-G3-W7-logn16",
+        "self-extend",
+        {"G": 3, "W": 7, "scale_base": 16},
+        "self-extend:group_size=3,neighbor_window=7+logn",
+        16,
+    ),
 ]
 CROSSING = {c[0] for c in CASES if "no-crossing" not in c[0]}
 
@@ -487,10 +598,11 @@ def test_attend_equals_the_original_patch(case, decode):
             want = run_original(kind, params, q, k, v, decode)
             for (chunk, mask), got in ctxeval_variants(text, original_length, q, k, v, decode).items():
                 assert got.shape == want.shape
-                torch.testing.assert_close(got, want, atol=ATOL, rtol=0, msg=lambda m: f"{name} chunk={chunk} mask={mask}: {m}")
+                torch.testing.assert_close(
+                    got, want, atol=ATOL, rtol=0, msg=lambda m: f"{name} chunk={chunk} mask={mask}: {m}"
+                )
                 worst, n = max(worst, float((got - want).abs().max())), n + want.numel()
             if name in CROSSING:  # the method matters here: plain causal attention is far from the original
                 plain = ctxeval_variants("", original_length, q, k, v, decode, ((None, "none"),))[(None, "none")]
                 assert float((plain - want).abs().max()) > 1e-2
     print(f"{name} {'decode' if decode else 'prefill'}: max abs diff {worst:.3g} over {n} values")
-

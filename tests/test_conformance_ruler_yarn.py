@@ -34,8 +34,8 @@ import torch
 from ctxeval.evals.common import point_row
 from ctxeval.evals.ruler.generate import postprocess, score
 from ctxeval.evals.ruler.tasks import FAMILIES, TASKS
-from ctxeval.rope.methods import Geometry, compute
 from ctxeval.report.tables import ruler_task_scores
+from ctxeval.rope.methods import Geometry, compute
 from ctxeval.specs import expand_specs
 
 # ===================================================================================================================
@@ -44,13 +44,23 @@ from ctxeval.specs import expand_specs
 
 # scripts/eval/synthetic/constants.py l. 24-26
 def string_match_part(preds, refs):
-    score = sum([max([1.0 if r.lower() in pred.lower() else 0.0 for r in ref]) for pred, ref in zip(preds, refs)]) / len(preds) * 100
+    score = (
+        sum([max([1.0 if r.lower() in pred.lower() else 0.0 for r in ref]) for pred, ref in zip(preds, refs)])
+        / len(preds)
+        * 100
+    )
     return round(score, 2)
 
 
 # scripts/eval/synthetic/constants.py l. 28-30
 def string_match_all(preds, refs):
-    score = sum([sum([1.0 if r.lower() in pred.lower() else 0.0 for r in ref]) / len(ref) for pred, ref in zip(preds, refs)]) / len(preds) * 100
+    score = (
+        sum(
+            [sum([1.0 if r.lower() in pred.lower() else 0.0 for r in ref]) / len(ref) for pred, ref in zip(preds, refs)]
+        )
+        / len(preds)
+        * 100
+    )
     return round(score, 2)
 
 
@@ -75,11 +85,19 @@ RULER_FAMILY_METRIC = {
 # scripts/synthetic.yaml: `<task>:` / `  task: <family>` (l. 15-16, 25-26, 35-36, 45-46, 55-56, 65-66, 75-76, 85-86,
 # 95-96, 102-103, 109-110, 114-115, 119-120)
 RULER_TASK_FAMILY = {
-    "niah_single_1": "niah", "niah_single_2": "niah", "niah_single_3": "niah",
-    "niah_multikey_1": "niah", "niah_multikey_2": "niah", "niah_multikey_3": "niah",
-    "niah_multivalue": "niah", "niah_multiquery": "niah",
-    "vt": "variable_tracking", "cwe": "common_words_extraction", "fwe": "freq_words_extraction",
-    "qa_1": "qa", "qa_2": "qa",
+    "niah_single_1": "niah",
+    "niah_single_2": "niah",
+    "niah_single_3": "niah",
+    "niah_multikey_1": "niah",
+    "niah_multikey_2": "niah",
+    "niah_multikey_3": "niah",
+    "niah_multivalue": "niah",
+    "niah_multiquery": "niah",
+    "vt": "variable_tracking",
+    "cwe": "common_words_extraction",
+    "fwe": "freq_words_extraction",
+    "qa_1": "qa",
+    "qa_2": "qa",
 }
 
 
@@ -89,8 +107,8 @@ def postprocess_pred(predict_str: str, task_config: dict):
     predict_str = predict_str.strip()
 
     # Remove all non-printable characters
-    np_pattern = re.compile(r'[\x00-\x1f]')
-    predict_str = np_pattern.sub('\n', predict_str).strip()
+    np_pattern = re.compile(r"[\x00-\x1f]")
+    predict_str = np_pattern.sub("\n", predict_str).strip()
 
     return predict_str
 
@@ -100,14 +118,14 @@ def ruler_task_score(lines, task_config):
     file: get_pred_and_ref's loop (l. 76-86) and the score (l. 96-101). Returns (task_score, task_nulls, predicts)."""
     predicts, references = [], []
     for line in lines:  # l. 76
-        predict = line['pred']  # l. 78
+        predict = line["pred"]  # l. 78
         predict = postprocess_pred(predict, task_config)  # l. 79
-        reference = line.get('outputs', [line.get('output', '')])  # l. 80
+        reference = line.get("outputs", [line.get("output", "")])  # l. 80
         predicts.append(predict)  # l. 84
         references.append(reference)  # l. 85
-    task_nulls = f'{sum([len(x)==0 for x in predicts])}/{len(predicts)}'  # l. 96
+    task_nulls = f"{sum([len(x) == 0 for x in predicts])}/{len(predicts)}"  # l. 96
     if len(references) > 0 and references[0][0] is not None:  # l. 98
-        task_score = task_config['metric_fn'](predicts, references)  # l. 99
+        task_score = task_config["metric_fn"](predicts, references)  # l. 99
     else:
         task_score = 0.0  # l. 101
     return task_score, task_nulls, predicts
@@ -123,7 +141,7 @@ FILL = "abcXYZ0123456789 .,:;-_'\"()" + "ÉéßİıΣσ\u00a0\u2028" + CONTROL
 def random_reference(rng):
     kind = rng.randrange(6)
     if kind == 0:
-        return str(rng.randint(10 ** 6, 10 ** 7 - 1))  # niah numbers
+        return str(rng.randint(10**6, 10**7 - 1))  # niah numbers
     if kind == 1:
         return "-".join("".join(rng.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12))  # uuid
     if kind == 2:
@@ -167,9 +185,24 @@ def ctxeval_rows(task, length, samples, spec):
     for index, (raw, refs) in enumerate(samples):
         prediction = postprocess(raw)
         value = score(family.metric, prediction, refs)
-        rows.append(point_row("m", spec, "ruler", value=value, ruler_task=task, length=length, sample=index,
-                              score=value, prediction=prediction, outputs=refs, metric_fn=family.metric,
-                              prompt_tokens=length, seconds=0.0, status="ok"))
+        rows.append(
+            point_row(
+                "m",
+                spec,
+                "ruler",
+                value=value,
+                ruler_task=task,
+                length=length,
+                sample=index,
+                score=value,
+                prediction=prediction,
+                outputs=refs,
+                metric_fn=family.metric,
+                prompt_tokens=length,
+                seconds=0.0,
+                status="ok",
+            )
+        )
     return rows
 
 
@@ -221,16 +254,19 @@ def test_task_scores_equal_rulers_evaluate():
         task, spec, length = rng.choice(tasks), rng.choice(specs), 1024 + trial
         n = rng.choice([1, 2, 3, 7, 8, 9, 16, 25, 50, 128, 150]) if trial % 10 == 0 else rng.randint(1, 25)
         samples = random_task(rng, n)
-        lines = [{"index": i, "input": "...", "outputs": refs, "pred": raw, "others": {}}
-                 for i, (raw, refs) in enumerate(samples)]
+        lines = [
+            {"index": i, "input": "...", "outputs": refs, "pred": raw, "others": {}}
+            for i, (raw, refs) in enumerate(samples)
+        ]
         config = {"task": RULER_TASK_FAMILY[task], "metric_fn": RULER_FAMILY_METRIC[RULER_TASK_FAMILY[task]]}
         expected[(spec.label, task, length)] = ruler_task_score(lines, config)[0]
         rows += ctxeval_rows(task, length, samples, spec)
     got = ruler_task_scores(rows)
     assert len(got) == len(expected)
     diffs = []
-    for label, task, length, value, n, status in zip(got["label"], got["ruler_task"], got["length"], got["score"],
-                                                     got["samples"], got["status"]):
+    for label, task, length, value, n, status in zip(
+        got["label"], got["ruler_task"], got["length"], got["score"], got["samples"], got["status"]
+    ):
         want = expected[(label, task, int(length))]
         assert status == "ok"
         diffs.append(abs(float(value) - want))
@@ -242,9 +278,11 @@ def test_task_scores_equal_rulers_evaluate():
 
 
 def test_empty_predictions_score_zero_and_count_as_rulers_nulls():
-    lines = [{"index": 0, "outputs": ["123"], "pred": " \x00\n", "others": {}},
-             {"index": 1, "outputs": ["ABC", "def"], "pred": "abc", "others": {}},
-             {"index": 2, "outputs": ["x"], "pred": "", "others": {}}]
+    lines = [
+        {"index": 0, "outputs": ["123"], "pred": " \x00\n", "others": {}},
+        {"index": 1, "outputs": ["ABC", "def"], "pred": "abc", "others": {}},
+        {"index": 2, "outputs": ["x"], "pred": "", "others": {}},
+    ]
     config = {"task": "niah", "metric_fn": string_match_all}
     ruler_score, nulls, predicts = ruler_task_score(lines, config)
     assert nulls == "2/3" and predicts == ["", "abc", ""]
@@ -262,17 +300,15 @@ def test_empty_predictions_score_zero_and_count_as_rulers_nulls():
 # scaled_rope/LlamaYaRNScaledRotaryEmbedding.py l. 4-6
 # Inverse dim formula to find dim based on number of rotations
 def find_correction_dim(num_rotations, dim, base=10000, max_position_embeddings=2048):
-    return (dim * math.log(max_position_embeddings/(num_rotations * 2 * math.pi)))/(2 * math.log(base))
+    return (dim * math.log(max_position_embeddings / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
 
 
 # l. 8-14
 # Find dim range bounds based on rotations
 def find_correction_range(low_rot, high_rot, dim, base=10000, max_position_embeddings=2048):
-    low = math.floor(find_correction_dim(
-        low_rot, dim, base, max_position_embeddings))
-    high = math.ceil(find_correction_dim(
-        high_rot, dim, base, max_position_embeddings))
-    return max(low, 0), min(high, dim-1)  # Clamp values just in case
+    low = math.floor(find_correction_dim(low_rot, dim, base, max_position_embeddings))
+    high = math.ceil(find_correction_dim(high_rot, dim, base, max_position_embeddings))
+    return max(low, 0), min(high, dim - 1)  # Clamp values just in case
 
 
 # l. 16-22 (torch.float32 -> torch.float64 at l. 20)
@@ -296,8 +332,20 @@ class StaticYaRN:
     """LlamaYaRNScaledRotaryEmbedding's frequencies: __init__ (l. 30-43, the attributes yarn() reads) and yarn()
     (l. 74-84; `.float()` -> `.double()` at l. 75 and 80, register_buffer -> attribute)."""
 
-    def __init__(self, dim, max_position_embeddings=2048, base=10000, scale=1, original_max_position_embeddings=2048,
-                 extrapolation_factor=1, attn_factor=1, beta_fast=32, beta_slow=1, finetuned=False, device=None):
+    def __init__(
+        self,
+        dim,
+        max_position_embeddings=2048,
+        base=10000,
+        scale=1,
+        original_max_position_embeddings=2048,
+        extrapolation_factor=1,
+        attn_factor=1,
+        beta_fast=32,
+        beta_slow=1,
+        finetuned=False,
+        device=None,
+    ):
         self.dim = dim
         self.max_position_embeddings = max_position_embeddings
         self.base = base
@@ -315,12 +363,18 @@ class StaticYaRN:
         inv_freq_extrapolation = 1.0 / pos_freqs
         inv_freq_interpolation = 1.0 / (self.scale * pos_freqs)
 
-        low, high = find_correction_range(self.beta_fast, self.beta_slow, self.dim, self.base, self.original_max_position_embeddings)
-        inv_freq_mask = (1 - linear_ramp_mask(low, high, self.dim // 2).double().to(device)) * self.extrapolation_factor # Get n-d rotational scaling corrected for extrapolation
+        low, high = find_correction_range(
+            self.beta_fast, self.beta_slow, self.dim, self.base, self.original_max_position_embeddings
+        )
+        inv_freq_mask = (
+            1 - linear_ramp_mask(low, high, self.dim // 2).double().to(device)
+        ) * self.extrapolation_factor  # Get n-d rotational scaling corrected for extrapolation
         inv_freq = inv_freq_interpolation * (1 - inv_freq_mask) + inv_freq_extrapolation * inv_freq_mask
 
         self.inv_freq = inv_freq
-        self.mscale = float(get_mscale(self.scale) * self.attn_factor) # Get n-d magnitude scaling corrected for interpolation
+        self.mscale = float(
+            get_mscale(self.scale) * self.attn_factor
+        )  # Get n-d magnitude scaling corrected for interpolation
 
 
 # scaled_rope/modeling_llama_together_yarn.py l. 91-114: _yarn_find_correction_dim, _yarn_find_correction_range,
@@ -335,19 +389,37 @@ class FlashYaRN:
     (l. 178-186), _compute_inv_freq_original (l. 188-191) and _update_cos_sin_cache's rescaling (l. 193-213; the cos/sin
     tables of l. 215-235 are left out). `.float()` / torch.float32 -> float64 at l. 179, 184, 190."""
 
-    def __init__(self, dim, base=10000.0, interleaved=False, scaling_factor=1.0, pos_idx_in_fp32=True,
-                 max_position_embeddings=2048, original_max_position_embeddings=2048, extrapolation_factor=1,
-                 attn_factor=1, beta_fast=32, beta_slow=1, dynamic=False, finetuned=False, device=None):
+    def __init__(
+        self,
+        dim,
+        base=10000.0,
+        interleaved=False,
+        scaling_factor=1.0,
+        pos_idx_in_fp32=True,
+        max_position_embeddings=2048,
+        original_max_position_embeddings=2048,
+        extrapolation_factor=1,
+        attn_factor=1,
+        beta_fast=32,
+        beta_slow=1,
+        dynamic=False,
+        finetuned=False,
+        device=None,
+    ):
         self.dim = dim
         self.base = float(base)
         self.scaling_factor = scaling_factor
         self.max_position_embeddings = max_position_embeddings
-        self.original_max_position_embeddings = original_max_position_embeddings if original_max_position_embeddings else max_position_embeddings
+        self.original_max_position_embeddings = (
+            original_max_position_embeddings if original_max_position_embeddings else max_position_embeddings
+        )
         self.extrapolation_factor = extrapolation_factor
         self.attn_factor = attn_factor
         self.beta_fast = beta_fast
         self.beta_slow = beta_slow
-        self.mscale = float(_yarn_get_mscale(self.scaling_factor) * attn_factor) # Get n-d magnitude scaling corrected for interpolation
+        self.mscale = float(
+            _yarn_get_mscale(self.scaling_factor) * attn_factor
+        )  # Get n-d magnitude scaling corrected for interpolation
         self.dynamic = dynamic
         self.finetuned = finetuned
 
@@ -362,14 +434,17 @@ class FlashYaRN:
         inv_freq_extrapolation = 1.0 / pos_freqs
         inv_freq_interpolation = 1.0 / (scaling_factor * pos_freqs)
 
-        low, high = _yarn_find_correction_range(self.beta_fast, self.beta_slow, self.dim, self.base, self.original_max_position_embeddings)
-        inv_freq_mask = (1 - _yarn_linear_ramp_mask(low, high, self.dim // 2).double().to(device)) * self.extrapolation_factor # Get n-d rotational scaling corrected for extrapolation
+        low, high = _yarn_find_correction_range(
+            self.beta_fast, self.beta_slow, self.dim, self.base, self.original_max_position_embeddings
+        )
+        inv_freq_mask = (
+            1 - _yarn_linear_ramp_mask(low, high, self.dim // 2).double().to(device)
+        ) * self.extrapolation_factor  # Get n-d rotational scaling corrected for extrapolation
         inv_freq = inv_freq_interpolation * (1 - inv_freq_mask) + inv_freq_extrapolation * inv_freq_mask
         self.inv_freq = inv_freq
 
     def _compute_inv_freq_original(self, device=None):
-        inv_freq = 1 / (self.base ** (torch.arange(0, self.dim, 2, device=device,
-                                                 dtype=torch.float64) / self.dim))
+        inv_freq = 1 / (self.base ** (torch.arange(0, self.dim, 2, device=device, dtype=torch.float64) / self.dim))
         self.inv_freq = inv_freq
 
     def _update_cos_sin_cache(self, seqlen, device=None, dtype=None):
@@ -396,9 +471,20 @@ def rel_diff(got, want):
 
 # (rotary dim, base, L, s): Llama-2 / Llama-3 / Mistral-like, a small base, a tiny L where the correction range is
 # clamped (L = 8: high < low), and (16, 100, 1e6) where low == high (linear_ramp_mask's +0.001)
-GEOMETRIES = [(64, 1e4, 2048, 2.0), (128, 5e5, 8192, 16.0), (128, 1e4, 4096, 4.0), (64, 1e5, 8192, 8.0),
-              (128, 5e5, 2048, 3.0), (64, 25.0, 4096, 4.0), (128, 1e4, 4096, 32.0), (64, 1e4, 128, 8.0),
-              (64, 1e4, 8, 4.0), (32, 10.0, 4096, 2.5), (16, 100.0, 10 ** 6, 8.0), (64, 1e4, 4096, 1.0)]
+GEOMETRIES = [
+    (64, 1e4, 2048, 2.0),
+    (128, 5e5, 8192, 16.0),
+    (128, 1e4, 4096, 4.0),
+    (64, 1e5, 8192, 8.0),
+    (128, 5e5, 2048, 3.0),
+    (64, 25.0, 4096, 4.0),
+    (128, 1e4, 4096, 32.0),
+    (64, 1e4, 128, 8.0),
+    (64, 1e4, 8, 4.0),
+    (32, 10.0, 4096, 2.5),
+    (16, 100.0, 10**6, 8.0),
+    (64, 1e4, 4096, 1.0),
+]
 BETAS = [(32, 1), (16, 2), (4, 0.25), (64, 0.5)]
 
 
@@ -408,8 +494,15 @@ def test_static_yarn_equals_the_yarn_repos_class():
     branches = set()
     for d, b, L, s in GEOMETRIES:
         for bf, bs in BETAS:
-            rope = StaticYaRN(d, max_position_embeddings=16, base=b, scale=s, original_max_position_embeddings=L,
-                              beta_fast=bf, beta_slow=bs)
+            rope = StaticYaRN(
+                d,
+                max_position_embeddings=16,
+                base=b,
+                scale=s,
+                original_max_position_embeddings=L,
+                beta_fast=bf,
+                beta_slow=bs,
+            )
             got = compute("yarn", Geometry(d, b, L), {"factor": s, "beta_fast": bf, "beta_slow": bs})
             want = rope.inv_freq.numpy()
             np.testing.assert_allclose(got.inv_freq, want, rtol=1e-12, atol=0, err_msg=f"{(d, b, L, s, bf, bs)}")
@@ -442,8 +535,15 @@ def test_dynamic_yarn_equals_the_yarn_repos_flash_class(finetuned):
         for length in dynamic_lengths(L, f):
             if length < 1:
                 continue
-            rope = FlashYaRN(d, base=b, scaling_factor=f, max_position_embeddings=int(f * L),
-                             original_max_position_embeddings=L, dynamic=True, finetuned=finetuned)
+            rope = FlashYaRN(
+                d,
+                base=b,
+                scaling_factor=f,
+                max_position_embeddings=int(f * L),
+                original_max_position_embeddings=L,
+                dynamic=True,
+                finetuned=finetuned,
+            )
             rope._update_cos_sin_cache(length, device="cpu", dtype=torch.float64)
             got = compute("dynamic-yarn", Geometry(d, b, L), {"finetuned_factor": f}, length)
             want = rope.inv_freq.numpy()
@@ -454,20 +554,30 @@ def test_dynamic_yarn_equals_the_yarn_repos_flash_class(finetuned):
             n += want.size
             seen.add("below" if length < f * L else "at" if length == f * L else "above")
     assert seen == {"below", "at", "above"}
-    print(f"dynamic yarn ({'finetuned' if finetuned else 'not finetuned'}): inv_freq max rel diff {worst_f:.3g} "
-          f"over {n} values, mscale {worst_m:.3g}")
+    print(
+        f"dynamic yarn ({'finetuned' if finetuned else 'not finetuned'}): inv_freq max rel diff {worst_f:.3g} "
+        f"over {n} values, mscale {worst_m:.3g}"
+    )
 
 
 def test_the_dynamic_transcription_discriminates():
     """Guard against a vacuous comparison: the repo's rule changes the frequencies across f L, and finetuned mode
     differs from plain dynamic YaRN below f L."""
     d, b, L, f = 64, 1e4, 2048, 4.0
+
     def inv(length, finetuned):
-        rope = FlashYaRN(d, base=b, scaling_factor=f if finetuned else 1.0,
-                         max_position_embeddings=int(f * L) if finetuned else L,
-                         original_max_position_embeddings=L, dynamic=True, finetuned=finetuned)
+        rope = FlashYaRN(
+            d,
+            base=b,
+            scaling_factor=f if finetuned else 1.0,
+            max_position_embeddings=int(f * L) if finetuned else L,
+            original_max_position_embeddings=L,
+            dynamic=True,
+            finetuned=finetuned,
+        )
         rope._update_cos_sin_cache(length)
         return rope.inv_freq.numpy(), rope.mscale
+
     assert rel_diff(inv(3 * L, True)[0], inv(3 * L, False)[0]) > 0.1
     assert inv(3 * L, True)[1] > inv(3 * L, False)[1]
     assert rel_diff(inv(8 * L, True)[0], inv(4 * L, True)[0]) > 0.1

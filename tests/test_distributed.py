@@ -42,8 +42,25 @@ def test_shard_is_a_balanced_partition():
 
 @pytest.mark.skipif(not Path(TORCHRUN).exists(), reason="torchrun not installed")
 def test_torchrun_two_ranks_equals_one_process(tmp_path, tiny_model_dir, text_dir):
-    ppl = ["ppl", "--model", str(tiny_model_dir), "--data", str(text_dir), "--docs", "2", "--lengths", "32,64,128",
-           "-m", "none", "-m", "yarn:factor=2", "-m", "dynamic-ntk", "--device", "cpu"]
+    ppl = [
+        "ppl",
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        str(text_dir),
+        "--docs",
+        "2",
+        "--lengths",
+        "32,64,128",
+        "-m",
+        "none",
+        "-m",
+        "yarn:factor=2",
+        "-m",
+        "dynamic-ntk",
+        "--device",
+        "cpu",
+    ]
     _torchrun([*ppl, "--out", str(tmp_path / "dist")], tmp_path)
     single = runner.invoke(app, [*ppl, "--out", str(tmp_path / "one")])
     assert single.exit_code == 0, single.output
@@ -57,9 +74,27 @@ def test_torchrun_two_ranks_equals_one_process(tmp_path, tiny_model_dir, text_di
     assert record["status"] == "success" and record["distributed"] == {"world_size": 2}
     assert set(record["methods"]) == {"none", "yarn(factor=2)", "dynamic-ntk"}
 
-    needle = ["needle", "--model", str(tiny_model_dir), "--haystack", str(text_dir), "--lengths", "320,384",
-              "--depths", "0,100", "--samples", "2", "--scoring", "forced", "-m", "none", "-m", "pi:factor=2",
-              "--device", "cpu"]
+    needle = [
+        "needle",
+        "--model",
+        str(tiny_model_dir),
+        "--haystack",
+        str(text_dir),
+        "--lengths",
+        "320,384",
+        "--depths",
+        "0,100",
+        "--samples",
+        "2",
+        "--scoring",
+        "forced",
+        "-m",
+        "none",
+        "-m",
+        "pi:factor=2",
+        "--device",
+        "cpu",
+    ]
     _torchrun([*needle, "--out", str(tmp_path / "ndist")], tmp_path)
     assert runner.invoke(app, [*needle, "--out", str(tmp_path / "none")]).exit_code == 0
     nkey = lambda r: (r["label"], r["length"], r["depth"], r["sample"])  # noqa: E731
@@ -71,8 +106,23 @@ def test_torchrun_two_ranks_equals_one_process(tmp_path, tiny_model_dir, text_di
 
 @pytest.mark.skipif(not Path(TORCHRUN).exists(), reason="torchrun not installed")
 def test_torchrun_ruler_equals_one_process(tmp_path):
-    args = ["ruler", "--model", "tiny", "--tasks", "niah_single_1,vt,fwe", "--lengths", "1k", "--samples", "2",
-            "-m", "none", "-m", "yarn:factor=4", "--device", "cpu"]
+    args = [
+        "ruler",
+        "--model",
+        "tiny",
+        "--tasks",
+        "niah_single_1,vt,fwe",
+        "--lengths",
+        "1k",
+        "--samples",
+        "2",
+        "-m",
+        "none",
+        "-m",
+        "yarn:factor=4",
+        "--device",
+        "cpu",
+    ]
     _torchrun([*args, "--out", str(tmp_path / "dist")], tmp_path)
     assert runner.invoke(app, [*args, "--out", str(tmp_path / "one")]).exit_code == 0
     key = lambda r: (r["label"], r["ruler_task"], r["length"], r["sample"])  # noqa: E731
@@ -89,8 +139,23 @@ def test_torchrun_ruler_equals_one_process(tmp_path):
 def test_crashed_two_rank_run_resumes_with_one_rank(tmp_path, tiny_model_dir, text_dir):
     """A 2-rank run that died: its rows are spread over rows.rank0/1.jsonl, some points missing, run.json
     'running'. One process measures only the missing points and folds everything into rows.jsonl."""
-    args = ["ppl", "--model", str(tiny_model_dir), "--data", str(text_dir), "--docs", "2", "--lengths", "32,64",
-            "-m", "none", "-m", "ntk:factor=2", "--out", str(tmp_path / "r")]
+    args = [
+        "ppl",
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        str(text_dir),
+        "--docs",
+        "2",
+        "--lengths",
+        "32,64",
+        "-m",
+        "none",
+        "-m",
+        "ntk:factor=2",
+        "--out",
+        str(tmp_path / "r"),
+    ]
     assert runner.invoke(app, args).exit_code == 0
     run_dir = tmp_path / "r"
     rows = _rows(run_dir / "rows.jsonl")
@@ -117,8 +182,23 @@ def test_crashed_two_rank_run_resumes_with_one_rank(tmp_path, tiny_model_dir, te
 def test_default_run_directory_is_rank_0s_and_a_failing_rank_fails_the_run(tmp_path, tiny_model_dir, text_dir):
     """Without --out every rank writes into rank 0's directory; when one rank raises, the run ends as error (not
     success), rows of the other rank are kept, and a 1-process rerun completes it."""
-    args = ["ppl", "--model", str(tiny_model_dir), "--data", str(text_dir), "--docs", "2", "--lengths", "32,64",
-            "-m", "none", "-m", "pi:factor=2", "--device", "cpu"]
+    args = [
+        "ppl",
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        str(text_dir),
+        "--docs",
+        "2",
+        "--lengths",
+        "32,64",
+        "-m",
+        "none",
+        "-m",
+        "pi:factor=2",
+        "--device",
+        "cpu",
+    ]
     _torchrun(args, tmp_path)
     runs = list((tmp_path / "runs").iterdir())
     assert len(runs) == 1 and len(_rows(runs[0] / "rows.jsonl")) == 8
@@ -135,12 +215,28 @@ def test_default_run_directory_is_rank_0s_and_a_failing_rank_fails_the_run(tmp_p
         "P.PplRunner.measure = measure\n"
         "from ctxeval.cli import main\n"
         "sys.argv = ['ctxeval'] + sys.argv[1:]\n"
-        "main()\n")
+        "main()\n"
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
     out = tmp_path / "crashed"
-    result = subprocess.run([TORCHRUN, "--nproc-per-node", "2", "--master-port", str(30500 + os.getpid() % 1000),
-                             str(script), *args, "--out", str(out)], capture_output=True, text=True, env=env,
-                            cwd=tmp_path, timeout=300)
+    result = subprocess.run(
+        [
+            TORCHRUN,
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(30500 + os.getpid() % 1000),
+            str(script),
+            *args,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode != 0
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "error" and "another rank failed" in record["error"]

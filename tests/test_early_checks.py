@@ -6,9 +6,9 @@ from importlib.metadata import version
 import pytest
 from typer.testing import CliRunner
 
+from ctxeval.cli import app, entropy, needle, ppl, ruler
 from ctxeval.data import corpora
 from ctxeval.data import offline as oc
-from ctxeval.cli import app, entropy, needle, ppl, ruler
 from ctxeval.errors import CtxevalError
 
 runner = CliRunner()
@@ -17,6 +17,7 @@ runner = CliRunner()
 @pytest.fixture
 def no_model(monkeypatch, tmp_path):
     """Loading a model fails the test loudly; no offline corpus package is installed; the cache is empty."""
+
     def load(*args, **kwargs):
         raise AssertionError("the model was loaded before the data spec was checked")
 
@@ -30,21 +31,29 @@ def no_model(monkeypatch, tmp_path):
 
 
 CASES = {
-    "ppl, corpus package missing": (["ppl", "--model", "smollm2", "--data", "austen", "--lengths", "1k"],
-                                    "needs the Debian package r-cran-janeaustenr"),
+    "ppl, corpus package missing": (
+        ["ppl", "--model", "smollm2", "--data", "austen", "--lengths", "1k"],
+        "needs the Debian package r-cran-janeaustenr",
+    ),
     "ppl, no such file": (["ppl", "--model", "tiny", "--data", "missing.txt"], "--data 'missing.txt': no such file"),
     "ppl, glob matches nothing": (["ppl", "--model", "tiny", "--data", "nowhere/*.txt"], "matches no files"),
     "ppl, hf without a name": (["ppl", "--model", "tiny", "--data", "hf:@test"], "write hf:NAME[:CONFIG][@SPLIT]"),
     "ppl, unsupported file": (["ppl", "--model", "tiny", "--data", "book.pdf"], "unsupported file type '.pdf'"),
     "ppl, empty records": (["ppl", "--model", "tiny", "--data", "empty.jsonl"], "is empty"),
     "needle haystack": (["needle", "--model", "tiny", "--haystack", "mobydick"], "r-cran-tokenizers"),
-    "passkey haystack": (["passkey", "--model", "tiny", "--protocol", "ctxeval", "--haystack", "missing.txt"],
-                         "--haystack 'missing.txt': no such file"),
+    "passkey haystack": (
+        ["passkey", "--model", "tiny", "--protocol", "ctxeval", "--haystack", "missing.txt"],
+        "--haystack 'missing.txt': no such file",
+    ),
     "entropy data": (["entropy", "--model", "tiny", "--data", "austen"], "r-cran-janeaustenr"),
-    "ruler essay substitute": (["ruler", "--model", "tiny", "--tasks", "niah_single_2", "--essay-substitute",
-                                "austen"], "r-cran-janeaustenr"),
-    "ruler essays": (["ruler", "--model", "tiny", "--tasks", "niah_single_2", "--essays", "missing.json"],
-                     "--essays missing.json"),
+    "ruler essay substitute": (
+        ["ruler", "--model", "tiny", "--tasks", "niah_single_2", "--essay-substitute", "austen"],
+        "r-cran-janeaustenr",
+    ),
+    "ruler essays": (
+        ["ruler", "--model", "tiny", "--tasks", "niah_single_2", "--essays", "missing.json"],
+        "--essays missing.json",
+    ),
 }
 
 

@@ -6,14 +6,14 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_llama
 from typer.testing import CliRunner
 
-from conftest import tiny_llama
+from ctxeval.attention.patching import attention_temperature
 from ctxeval.cli import app
 from ctxeval.data.corpora import TokenDoc
 from ctxeval.evals.entropy import EntropyConfig, EntropyRunner, capture, uniform_entropy
 from ctxeval.specs import expand_specs
-from ctxeval.attention.patching import attention_temperature
 
 runner = CliRunner()
 N = 48
@@ -96,8 +96,23 @@ def test_uniform_entropy():
 
 
 def test_cli_entropy_run_and_resume(tmp_path, tiny_model_dir, text_dir):
-    args = ["entropy", "--model", str(tiny_model_dir), "--data", str(text_dir), "--lengths", "32,64,128",
-            "-m", "none", "-m", "yarn:factor=2", "-m", "dynamic-ntk", "--out", str(tmp_path / "e")]
+    args = [
+        "entropy",
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        str(text_dir),
+        "--lengths",
+        "32,64,128",
+        "-m",
+        "none",
+        "-m",
+        "yarn:factor=2",
+        "-m",
+        "dynamic-ntk",
+        "--out",
+        str(tmp_path / "e"),
+    ]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     rows = [json.loads(x) for x in (tmp_path / "e" / "rows.jsonl").read_text().splitlines()]
@@ -141,8 +156,11 @@ def test_native_is_length_dependent_only_for_a_shipped_dynamic_rope():
 
     native = expand_specs(["native"])[0]
     plain = SimpleNamespace(rope=rope_info_from_config(tiny_llama().config))
-    dynamic = SimpleNamespace(rope=rope_info_from_config(
-        tiny_llama(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}).config))
+    dynamic = SimpleNamespace(
+        rope=rope_info_from_config(
+            tiny_llama(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}).config
+        )
+    )
     assert not length_dependent(native, plain) and length_dependent(native, dynamic)
     assert length_dependent(expand_specs(["dynamic-ntk"])[0], plain)
 

@@ -9,9 +9,31 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_gpu_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--device", "cpu", "--dtype",
-                             "float32", "--config", "tiny", "--lengths", "64,128", "--repeats", "1", "--new-tokens", "4",
-                             "--peak-tflops", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu.py"),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--config",
+            "tiny",
+            "--lengths",
+            "64,128",
+            "--repeats",
+            "1",
+            "--new-tokens",
+            "4",
+            "--peak-tflops",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "gpu-benchmark.json").read_text())
     (model,) = report["models"]
@@ -23,6 +45,7 @@ def test_gpu_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
         assert point["ctxeval_over_naive_time"] > 0 and point["forward_tflops"] > 0
     # the FLOP formula: 2 N L + 2 n_layers L^2 d_attn, N without the embedding table
     import torch  # noqa: F401
+
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu
 
@@ -35,10 +58,33 @@ def test_gpu_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
 
 def test_gpu_attention_benchmark_runs_on_cpu_with_a_tiny_config(tmp_path):
     methods = "none;yarn:factor=4;self-extend:group_size=4,neighbor_window=16;rerope:window=16;ntk:factor=2+logn"
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_attention.py"), "--device", "cpu",
-                             "--dtype", "float32", "--config", "tiny", "--lengths", "64,128", "--methods", methods,
-                             "--new-tokens", "3", "--check-length", "100", "--peak-tflops", "1", "--out",
-                             str(tmp_path)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_attention.py"),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--config",
+            "tiny",
+            "--lengths",
+            "64,128",
+            "--methods",
+            methods,
+            "--new-tokens",
+            "3",
+            "--check-length",
+            "100",
+            "--peak-tflops",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "gpu-attention.json").read_text())
     (model,) = report["models"]

@@ -7,16 +7,14 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
+from conftest import TINY, tiny_llama
+from test_ppl import FakeLM, docs
 
 from ctxeval.evals import perplexity as P
 from ctxeval.models.generation import greedy_config, stop_ids
 from ctxeval.rope.patching import apply_method
-from ctxeval.specs import expand_specs
 from ctxeval.runs.store import RunStore
-
-from conftest import TINY, tiny_llama
-from test_ppl import FakeLM, docs
+from ctxeval.specs import expand_specs
 
 L = TINY["max_position_embeddings"]
 
@@ -73,8 +71,9 @@ def test_generation_really_stops_at_a_shipped_stop_id():
     first = int(free[0, prompt.shape[1]])
     assert first != 0
     model.generation_config.eos_token_id = [0, first]
-    stopped = model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                             generation_config=greedy_config(tok, 6, model))
+    stopped = model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), generation_config=greedy_config(tok, 6, model)
+    )
     assert stopped.shape[1] == prompt.shape[1] + 1  # the stop token itself, then nothing
 
 
@@ -112,13 +111,15 @@ def test_ppl_on_local_files_runs_without_datasets_rdata_or_gguf(tmp_path, tiny_m
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "for name in ('datasets', 'rdata', 'gguf'):\n"
-            "    sys.modules[name] = None  # import name -> ImportError\n"
-            "from ctxeval.cli import main\n"
-            f"sys.argv = ['ctxeval', 'ppl', '--model', {str(tiny_model_dir)!r}, '--data', {str(text_dir)!r}, "
-            f"'--lengths', '32,64', '-m', 'none', '-m', 'yarn:factor=2', '--out', {str(tmp_path / 'r')!r}]\n"
-            "main()\n")
+    code = (
+        "import sys\n"
+        "for name in ('datasets', 'rdata', 'gguf'):\n"
+        "    sys.modules[name] = None  # import name -> ImportError\n"
+        "from ctxeval.cli import main\n"
+        f"sys.argv = ['ctxeval', 'ppl', '--model', {str(tiny_model_dir)!r}, '--data', {str(text_dir)!r}, "
+        f"'--lengths', '32,64', '-m', 'none', '-m', 'yarn:factor=2', '--out', {str(tmp_path / 'r')!r}]\n"
+        "main()\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(l) for l in (tmp_path / "r" / "rows.jsonl").read_text().splitlines()]
@@ -181,20 +182,30 @@ def test_out_of_memory_halves_the_window_batch_before_giving_up():
     row = runner_._sliding_at(expand_specs(["none"])[0], doc, L)
     assert sizes[:3] == [8, 4, 2] and max(sizes[3:]) <= 2
     unbatched = P.PplRunner(model, "cpu", P.PplConfig((L,), "sliding", stride=L // 4), 1, "tiny")
-    assert row["nll_sum"] == pytest.approx(unbatched._sliding_at(expand_specs(["none"])[0], doc, L)["nll_sum"], rel=1e-6)
+    assert row["nll_sum"] == pytest.approx(
+        unbatched._sliding_at(expand_specs(["none"])[0], doc, L)["nll_sum"], rel=1e-6
+    )
 
 
 def test_sliding_window_models_are_warned_about_and_their_mask_counted(tmp_path, text_dir):
+    from conftest import build_tokenizer
     from transformers import MistralConfig, MistralForCausalLM
     from typer.testing import CliRunner
 
-    from conftest import build_tokenizer
     from ctxeval.cli import app
     from ctxeval.models.memory import estimate, sliding_window_of
 
     tok = build_tokenizer()
-    cfg = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=32)
+    cfg = MistralConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=32,
+    )
     torch.manual_seed(0)
     path = tmp_path / "mistral"
     MistralForCausalLM(cfg).save_pretrained(path)
@@ -202,10 +213,11 @@ def test_sliding_window_models_are_warned_about_and_their_mask_counted(tmp_path,
     assert sliding_window_of(cfg) == 32
     plain = estimate(MistralConfig(**{**cfg.to_dict(), "sliding_window": None}), (131072,), "bfloat16", "sdpa", 1024)
     windowed = estimate(cfg, (131072,), "bfloat16", "sdpa", 1024)
-    assert windowed[0].attention - plain[0].attention == 131072 ** 2  # 16 GiB of mask at 128k
+    assert windowed[0].attention - plain[0].attention == 131072**2  # 16 GiB of mask at 128k
     assert estimate(cfg, (131072,), "bfloat16", "flash_attention_2", 1024)[0].attention == 0
-    result = CliRunner().invoke(app, ["ppl", "--model", str(path), "--data", str(text_dir), "--lengths", "32,64",
-                                      "--out", str(tmp_path / "r")])
+    result = CliRunner().invoke(
+        app, ["ppl", "--model", str(path), "--data", str(text_dir), "--lengths", "32,64", "--out", str(tmp_path / "r")]
+    )
     assert result.exit_code == 0, result.output
     assert "sliding window" in result.stderr and "--attn flash_attention_2" in result.stderr
 
@@ -214,14 +226,16 @@ def test_forced_needle_carries_the_batch_that_fitted_to_longer_lengths():
     """Out of memory at 4 prompts per forward at one length: the longer lengths start at the halved batch instead
     of failing at the full batch again (each failed attempt at 70 GB costs a forward)."""
     from conftest import build_tokenizer
-    from ctxeval.evals import needle as N
+
     from ctxeval.data.presets import load_task
+    from ctxeval.evals import needle as N
 
     tok = build_tokenizer()
     model = tiny_llama(vocab_size=len(tok))
     hay, _ = N.haystack_tokens(tok, "filler", 4000)
-    builder = N.PromptBuilder(tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay,
-                              chat_template=False)
+    builder = N.PromptBuilder(
+        tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay, chat_template=False
+    )
     cfg = N.NeedleConfig((256, 288, 320), (0.0, 50.0, 100.0), samples=2, scoring="forced", batch_size=4)
     runner_ = N.NeedleRunner(model, tok, "cpu", builder, cfg, "tiny", "needle")
     attempts = []
@@ -235,8 +249,9 @@ def test_forced_needle_carries_the_batch_that_fitted_to_longer_lengths():
 
     runner_._forced = limited
     rows = []
-    runner_.measure(expand_specs(["none"])[0], [(L, d, s) for L in (256, 288, 320) for d in range(3) for s in range(2)],
-                    rows.extend)
+    runner_.measure(
+        expand_specs(["none"])[0], [(L, d, s) for L in (256, 288, 320) for d in range(3) for s in range(2)], rows.extend
+    )
     assert len(rows) == 18 and all(r["status"] == "ok" for r in rows)
     assert attempts[0] == (256, 4) and attempts[1] == (256, 2)
     assert all(size <= 2 for length, size in attempts if length > 256)  # no full-batch retry at 288 and 320
@@ -305,8 +320,13 @@ def test_documents_batched_under_truncate_equal_one_document_at_a_time(tmp_path,
         widths.clear()
         store = RunStore(tmp_path / f"b{batch}", {"t": 1})
         store.start({})
-        P.sweep(FakeLM(model), specs, documents, P.PplConfig(lengths, position_edges=(1, 32, 64, 128),
-                                                             batch_size=batch), store)
+        P.sweep(
+            FakeLM(model),
+            specs,
+            documents,
+            P.PplConfig(lengths, position_edges=(1, 32, 64, 128), batch_size=batch),
+            store,
+        )
         got[batch] = {(r["doc"], r["length"]): r for r in store.rows()}
         assert max(widths) == batch  # documents really shared forwards (and none did with batch 1)
     assert len(got[1]) == 15
@@ -339,19 +359,28 @@ def test_a_document_batch_that_runs_out_of_memory_is_halved(tmp_path, monkeypatc
 
 def test_generated_needle_answers_batched_equal_one_prompt_at_a_time():
     from conftest import build_tokenizer
-    from ctxeval.evals import needle as N
+
     from ctxeval.data.presets import load_task
+    from ctxeval.evals import needle as N
 
     tok = build_tokenizer()
     model = tiny_llama(vocab_size=len(tok))
     hay, _ = N.haystack_tokens(tok, "filler", 4000)
-    builder = N.PromptBuilder(tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay,
-                              chat_template=False)
+    builder = N.PromptBuilder(
+        tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay, chat_template=False
+    )
     cells = [(256, d, s) for d in range(3) for s in range(3)]
     rows, calls = {}, []
     for batch in (1, 4):
-        runner_ = N.NeedleRunner(model, tok, "cpu", builder,
-                                 N.NeedleConfig((256,), (0.0, 50.0, 100.0), samples=3, batch_size=batch), "tiny", "needle")
+        runner_ = N.NeedleRunner(
+            model,
+            tok,
+            "cpu",
+            builder,
+            N.NeedleConfig((256,), (0.0, 50.0, 100.0), samples=3, batch_size=batch),
+            "tiny",
+            "needle",
+        )
         real = runner_._generate_batch
         runner_._generate_batch = lambda items, handle, real=real: (calls.append(len(items)), real(items, handle))[1]
         got = []

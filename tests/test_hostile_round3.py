@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ctxeval.util import textfiles
 from ctxeval.cli import app
 from ctxeval.cli.options import MAX_LENGTHS, parse_depths, parse_indices, parse_lengths, parse_numbers
 from ctxeval.errors import CtxevalError
 from ctxeval.evals.positions import MAX_BUCKETS, parse_position_buckets
-from ctxeval.util.numbers import MAX_TOKENS, parse_number, parse_token_count, parse_whole, whole_number
 from ctxeval.runs.rows import KINDS, row_problem
-from ctxeval.specs import expand_specs
 from ctxeval.runs.store import load_rows
+from ctxeval.specs import expand_specs
+from ctxeval.util import textfiles
+from ctxeval.util.numbers import MAX_TOKENS, parse_number, parse_token_count, parse_whole, whole_number
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 runner = CliRunner()
@@ -92,13 +92,22 @@ def f(tmp_path_factory):
         (d / name).write_bytes(data)
     os.mkfifo(d / "fifo")
     (d / "adir").mkdir()
-    llama = {"model_type": "llama", "rope_theta": 10000, "hidden_size": 64, "num_attention_heads": 4,
-             "max_position_embeddings": 128}
-    configs = {"m-deep": b"[" * 100_000 + b"]" * 100_000, "m-latin1": '{"name": "caf\u00e9"}'.encode("latin-1"),
-               "m-list": b"[1]", "m-theta": json.dumps({**llama, "rope_theta": "abc"}).encode(),
-               "m-inf": json.dumps({**llama, "rope_theta": float("inf")}).encode(),
-               "m-length": json.dumps({**llama, "max_position_embeddings": -5}).encode(),
-               "m-heads": json.dumps({**llama, "num_attention_heads": 0}).encode()}
+    llama = {
+        "model_type": "llama",
+        "rope_theta": 10000,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 128,
+    }
+    configs = {
+        "m-deep": b"[" * 100_000 + b"]" * 100_000,
+        "m-latin1": '{"name": "caf\u00e9"}'.encode("latin-1"),
+        "m-list": b"[1]",
+        "m-theta": json.dumps({**llama, "rope_theta": "abc"}).encode(),
+        "m-inf": json.dumps({**llama, "rope_theta": float("inf")}).encode(),
+        "m-length": json.dumps({**llama, "max_position_embeddings": -5}).encode(),
+        "m-heads": json.dumps({**llama, "num_attention_heads": 0}).encode(),
+    }
     for name, config in configs.items():
         (d / name).mkdir()
         (d / name / "config.json").write_bytes(config)
@@ -169,8 +178,25 @@ def test_ruler_refuses_in_one_line(tmp_path, f, args, fragment):
 @pytest.mark.parametrize("content, fragment", SAMPLES_FROM, ids=[frag[:40] for _, frag in SAMPLES_FROM])
 def test_ruler_samples_from_files_that_are_not_right(tmp_path, content, fragment):
     source = samples_dir(tmp_path / "src", 1024, "vt", content)
-    result = invoke(["ruler", "--model", "tiny", "--device", "cpu", "--tasks", "vt", "--lengths", "1k",
-                     "--samples", "1", "--samples-from", source, "--out", tmp_path / "r"])
+    result = invoke(
+        [
+            "ruler",
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--tasks",
+            "vt",
+            "--lengths",
+            "1k",
+            "--samples",
+            "1",
+            "--samples-from",
+            source,
+            "--out",
+            tmp_path / "r",
+        ]
+    )
     refused(result, fragment)
 
 
@@ -195,8 +221,13 @@ def test_an_essay_that_cannot_grow_the_prompt_is_refused_not_measured_short():
 
     tok = load_model("tiny", device="cpu").tokenizer
     with pytest.raises(CtxevalError, match=r"the essay haystack \(blank\) cannot fill 2048 tokens"):
-        generate("niah_single_2", 2048, 1, tok, Sources(essay_words=["", ""], essay_source="blank",
-                                                        _wonderwords={"keys": ["able-cat", "big-dog"]}))
+        generate(
+            "niah_single_2",
+            2048,
+            1,
+            tok,
+            Sources(essay_words=["", ""], essay_source="blank", _wonderwords={"keys": ["able-cat", "big-dog"]}),
+        )
 
 
 # -- longrope factor files and attention specs (checked by `plan`, the same parser every command uses) ------------
@@ -265,8 +296,10 @@ PPL = [
 @pytest.mark.parametrize("args, fragment", PPL, ids=[" ".join(a)[:50] for a, _ in PPL])
 def test_ppl_refuses_in_one_line(tmp_path, f, args, fragment):
     args = [f(a[1:-1]) if a.startswith("{") else a for a in args]
-    refused(invoke(["ppl", "--model", "tiny", "--device", "cpu", "--lengths", "64,128", "--out", tmp_path / "r",
-                    *args]), fragment)
+    refused(
+        invoke(["ppl", "--model", "tiny", "--device", "cpu", "--lengths", "64,128", "--out", tmp_path / "r", *args]),
+        fragment,
+    )
 
 
 # -- lm-eval -------------------------------------------------------------------------------------------------------
@@ -285,8 +318,12 @@ LM_EVAL = [
 @pytest.mark.parametrize("args, fragment", LM_EVAL, ids=[" ".join(a)[:40] for a, _ in LM_EVAL])
 def test_lm_eval_refuses_in_one_line(tmp_path, args, fragment):
     pytest.importorskip("lm_eval")
-    refused(invoke(["lm-eval", "--tasks", "anything", "--model", "tiny", "--device", "cpu", "--out",
-                    tmp_path / "r", *args]), fragment)
+    refused(
+        invoke(
+            ["lm-eval", "--tasks", "anything", "--model", "tiny", "--device", "cpu", "--out", tmp_path / "r", *args]
+        ),
+        fragment,
+    )
 
 
 # -- other commands' shared parsers and writers ---------------------------------------------------------------------
@@ -299,8 +336,10 @@ OTHERS = [
     (["plan", "--method", "yarn", "--factor", "4", *GEOM, "--plot", "/dev/full"], "No space left on device"),
     (["plan", "--method", "yarn", "--factor", "4", *GEOM, "--plot", "{adir}/x.xyz"], "not an image format"),
     (["ppl", "--model", "tiny", "--lengths", "64", "--out", "/dev/full/run"], "cannot create the run directory"),
-    (["ruler", "--model", "tiny", "--tasks", "vt", "--lengths", "1k", "--out", "/dev/full/run"],
-     "cannot create the run directory"),
+    (
+        ["ruler", "--model", "tiny", "--tasks", "vt", "--lengths", "1k", "--out", "/dev/full/run"],
+        "cannot create the run directory",
+    ),
     # model directories whose config.json another tool (or a hand) wrote
     (["plan", "--method", "yarn", "--model", "{m-deep}"], "config.json is nested deeper than 64 levels"),
     (["plan", "--method", "yarn", "--model", "{m-latin1}"], "config.json is not UTF-8 text"),
@@ -316,7 +355,7 @@ OTHERS = [
 @pytest.mark.parametrize("args, fragment", OTHERS, ids=[" ".join(a)[:50] for a, _ in OTHERS])
 def test_other_commands_refuse_in_one_line(tmp_path, f, args, fragment, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = [f(a[1:a.index("}")]) + a[a.index("}") + 1:] if a.startswith("{") else a for a in args]
+    args = [f(a[1 : a.index("}")]) + a[a.index("}") + 1 :] if a.startswith("{") else a for a in args]
     refused(invoke(args), fragment)
     assert not (tmp_path / "runs").exists()
 
@@ -337,6 +376,7 @@ def edit_row(index, **fields):
         row.update(fields)
         lines[index] = json.dumps(row).encode()  # NaN and Infinity as Python's json writes them
         return lines
+
     return edit
 
 
@@ -344,6 +384,7 @@ def insert(index, raw):
     def edit(lines):
         lines.insert(index, raw)
         return lines
+
     return edit
 
 
@@ -360,8 +401,11 @@ SKIPPED = [  # (run, edit of rows.jsonl's lines, why the note gives)
     ("ppl-tiny-pydoc", edit_row(0, n_tokens=0), "perplexity would overflow"),
     ("ppl-tiny-pydoc", edit_row(0, model=["tiny"]), "model is not text"),
     ("ppl-tiny-pydoc", edit_row(0, label={"a": 1}), "label is not text"),
-    ("ppl-tiny-pydoc", edit_row(0, position_edges=[1, 32], position_nll_sum=[float("inf")], position_tokens=[3]),
-     "position bucket"),
+    (
+        "ppl-tiny-pydoc",
+        edit_row(0, position_edges=[1, 32], position_nll_sum=[float("inf")], position_tokens=[3]),
+        "position bucket",
+    ),
     ("needle-tiny-pydoc", edit_row(0, correct=5), "correct of an ok row is not a number in [0, 1]"),
     ("needle-tiny-pydoc", edit_row(0, depth=float("nan")), "depth is not a finite number"),
     ("ruler-tiny-pydoc", edit_row(0, score="abc"), "score of an ok row is not a number in [0, 1]"),
@@ -375,6 +419,7 @@ SKIPPED = [  # (run, edit of rows.jsonl's lines, why the note gives)
 def _strict(text):
     def refuse(name):
         raise AssertionError(f"{name} in strict JSON output")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -399,16 +444,24 @@ def test_a_row_a_report_cannot_use_is_skipped_and_counted(tmp_path, run, edit, w
 REFUSED_DIRS = [  # (run, what is done to the directory, fragment)
     ("ppl-tiny-pydoc", lambda d: (d / "run.json").write_text("[1]"), "not a JSON object"),
     ("ppl-tiny-pydoc", lambda d: (d / "run.json").write_text("[" * 5000 + "]" * 5000), "nested deeper than 64"),
-    ("ppl-tiny-pydoc", lambda d: (d / "run.json").write_bytes('{"status": "caf\u00e9"}'.encode("latin-1")),
-     "not UTF-8 text"),
+    (
+        "ppl-tiny-pydoc",
+        lambda d: (d / "run.json").write_bytes('{"status": "caf\u00e9"}'.encode("latin-1")),
+        "not UTF-8 text",
+    ),
     ("ppl-tiny-pydoc", lambda d: _record(d, model=["tiny"]), "'model' is not a JSON object"),
     ("ppl-tiny-pydoc", lambda d: _record(d, key_tokens=[1]), "'key_tokens' is not a JSON object"),
     ("ppl-tiny-pydoc", lambda d: _record(d, spec="ppl"), "'spec' is not a JSON object"),
     ("ruler-tiny-pydoc", lambda d: _record(d, protocol={"threshold": "abc"}), "threshold 'abc' is not a number"),
     ("ruler-tiny-pydoc", lambda d: _record(d, protocol={"threshold": float("inf")}), "is not a number in (0, 100]"),
     ("ppl-tiny-pydoc", lambda d: (d / "rows.jsonl").write_bytes(b"[1]\n[2]\n"), "holds no usable rows"),
-    ("ppl-tiny-pydoc", lambda d: (d / "rows.jsonl").write_bytes(
-        (RESULTS / "ppl-tiny-pydoc" / "rows.jsonl").read_text().encode("utf-16")), "line 1: not UTF-8"),
+    (
+        "ppl-tiny-pydoc",
+        lambda d: (d / "rows.jsonl").write_bytes(
+            (RESULTS / "ppl-tiny-pydoc" / "rows.jsonl").read_text().encode("utf-16")
+        ),
+        "line 1: not UTF-8",
+    ),
     ("ppl-tiny-pydoc", lambda d: ((d / "rows.jsonl").unlink(), (d / "rows.jsonl").mkdir()), "is a directory"),
     ("ppl-tiny-pydoc", lambda d: ((d / "run.json").unlink(), os.mkfifo(d / "run.json")), "not a regular file"),
     ("ppl-tiny-pydoc", lambda d: _record(d, spec={"task": ["ppl"]}), "unknown task"),
@@ -485,8 +538,21 @@ def ppl_run(tmp_path_factory):
     return out
 
 
-PPL_ARGS = ["ppl", "--model", "tiny", "--device", "cpu", "--lengths", "64,128", "--docs", "1", "-m", "none", "-m",
-            "pi:factor=2"]
+PPL_ARGS = [
+    "ppl",
+    "--model",
+    "tiny",
+    "--device",
+    "cpu",
+    "--lengths",
+    "64,128",
+    "--docs",
+    "1",
+    "-m",
+    "none",
+    "-m",
+    "pi:factor=2",
+]
 
 
 def test_a_resume_keeps_every_measured_byte_and_measures_only_what_it_cannot_use(ppl_run, tmp_path):
@@ -505,7 +571,7 @@ def test_a_resume_keeps_every_measured_byte_and_measures_only_what_it_cannot_use
     assert "note: skipped 5 of 8 lines of" in result.stderr
     after = (run / "rows.jsonl").read_bytes()
     assert after.startswith(before)  # nothing already written is lost or rewritten
-    new = [json.loads(line) for line in after[len(before):].splitlines()]
+    new = [json.loads(line) for line in after[len(before) :].splitlines()]
     assert [(r["label"], r["length"]) for r in new] == [("pi(factor=2)", 128)]  # the one point it cannot use
 
 
@@ -515,20 +581,37 @@ def test_a_run_json_that_is_not_ctxeval_s_is_refused_unless_overwritten(ppl_run,
     (run / "run.json").write_text('["not", "a", "run"]')
     refused(invoke(PPL_ARGS + ["--out", run]), "run.json cannot be read as a ctxeval run")
     assert (run / "rows.jsonl").read_bytes() == (ppl_run / "rows.jsonl").read_bytes()
-    (run / "run.json").write_text(json.dumps({**json.loads((ppl_run / "run.json").read_text()), "history": "x",
-                                              "methods": [1]}))
+    (run / "run.json").write_text(
+        json.dumps({**json.loads((ppl_run / "run.json").read_text()), "history": "x", "methods": [1]})
+    )
     assert invoke(PPL_ARGS + ["--out", run]).exit_code == 0  # same spec, odd history/methods: resumed
 
 
 def test_a_key_tokens_file_that_is_not_right_is_found_again(tmp_path):
     out = tmp_path / "kt"
-    args = ["ppl", "--model", "tiny", "--device", "cpu", "--lengths", "64,128", "--docs", "1", "--key-tokens", "tiny",
-            "--out", out]
+    args = [
+        "ppl",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--lengths",
+        "64,128",
+        "--docs",
+        "1",
+        "--key-tokens",
+        "tiny",
+        "--out",
+        out,
+    ]
     assert invoke(args).exit_code == 0
     good = json.loads((out / "key-tokens.json").read_text())
     doc = next(iter(good["documents"]))
-    for bad in ("[1]", '{"settings": 5}', json.dumps({**good, "documents": {doc: {"sequence_tokens": 128,
-                                                                                "positions": [0, -5]}}})):
+    for bad in (
+        "[1]",
+        '{"settings": 5}',
+        json.dumps({**good, "documents": {doc: {"sequence_tokens": 128, "positions": [0, -5]}}}),
+    ):
         (out / "key-tokens.json").write_text(bad)
         result = invoke(args)
         assert result.exit_code == 0, result.output
@@ -537,14 +620,54 @@ def test_a_key_tokens_file_that_is_not_right_is_found_again(tmp_path):
 
 # -- fuzz: the shared parsers and the rows reader ---------------------------------------------------------------------
 
-PIECES = ["1", "2", "16", "128", "4k", "1.5k", "0", "-1", "inf", "-inf", "nan", "1e999", "1e3", "x2", "x1.0001", "xabc",
-          ":", ",", ".", "k", "K", " ", "e", "9" * 30, "\u00e9", "\x00", "2.5", "+", "=", "yarn", "ntk", "logn",
-          "rerope", "self-extend", "factor", "window", "group_size", "@", ";", "\n"]
+PIECES = [
+    "1",
+    "2",
+    "16",
+    "128",
+    "4k",
+    "1.5k",
+    "0",
+    "-1",
+    "inf",
+    "-inf",
+    "nan",
+    "1e999",
+    "1e3",
+    "x2",
+    "x1.0001",
+    "xabc",
+    ":",
+    ",",
+    ".",
+    "k",
+    "K",
+    " ",
+    "e",
+    "9" * 30,
+    "\u00e9",
+    "\x00",
+    "2.5",
+    "+",
+    "=",
+    "yarn",
+    "ntk",
+    "logn",
+    "rerope",
+    "self-extend",
+    "factor",
+    "window",
+    "group_size",
+    "@",
+    ";",
+    "\n",
+]
 
 
 def _number(rng):
-    return rng.choice(["1", "2", "16", "64", "128", "300", "2048", "0", "1.5", "0.5", "1e3", "-4", "inf", "nan",
-                       "1e999", "9" * 30]) + rng.choice(["", "", "k", "K", "x"])
+    return rng.choice(
+        ["1", "2", "16", "64", "128", "300", "2048", "0", "1.5", "0.5", "1e3", "-4", "inf", "nan", "1e999", "9" * 30]
+    ) + rng.choice(["", "", "k", "K", "x"])
 
 
 def _text(rng, pieces=PIECES, most=8):
@@ -560,18 +683,67 @@ def _text(rng, pieces=PIECES, most=8):
 
 
 def _spec(rng):
-    name = rng.choice(["yarn", "ntk", "pi", "dynamic-ntk", "llama3", "none", "longrope", "rerope", "self-extend",
-                       "logn", "leaky-rerope", "warp", ""])
-    keys = ["factor", "beta_fast", "beta_slow", "alpha", "window", "group_size", "neighbor_window", "k", "length",
-            "logn", "rule", "short_factor", "x", ""]
+    name = rng.choice(
+        [
+            "yarn",
+            "ntk",
+            "pi",
+            "dynamic-ntk",
+            "llama3",
+            "none",
+            "longrope",
+            "rerope",
+            "self-extend",
+            "logn",
+            "leaky-rerope",
+            "warp",
+            "",
+        ]
+    )
+    keys = [
+        "factor",
+        "beta_fast",
+        "beta_slow",
+        "alpha",
+        "window",
+        "group_size",
+        "neighbor_window",
+        "k",
+        "length",
+        "logn",
+        "rule",
+        "short_factor",
+        "x",
+        "",
+    ]
     params = ",".join(f"{rng.choice(keys)}={_text(rng, PIECES, 3)}" for _ in range(rng.randint(0, 3)))
     spec = name + (":" + params if params else "")
     return spec + (("+" + _spec(rng)) if rng.random() < 0.2 else "")
 
 
 def _json_text(rng):
-    atoms = ["1", "-0", "1e999", "NaN", "Infinity", "-Infinity", '"s"', "true", "null", "9" * 5000, "[", "]", "{",
-             "}", ",", ":", '"k"', "\ufeff", "1.5", " "]
+    atoms = [
+        "1",
+        "-0",
+        "1e999",
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        '"s"',
+        "true",
+        "null",
+        "9" * 5000,
+        "[",
+        "]",
+        "{",
+        "}",
+        ",",
+        ":",
+        '"k"',
+        "\ufeff",
+        "1.5",
+        " ",
+    ]
     if rng.random() < 0.1:
         depth = rng.choice([10, 63, 64, 65, 1000, 100_000])
         return "[" * depth + "]" * depth
@@ -579,26 +751,66 @@ def _json_text(rng):
 
 
 GOOD_ROWS = {
-    "ppl": {"nll_sum": 262.8, "n_tokens": 63, "window_nll_sum": 4.17, "n_windows": 1, "doc": "a",
-            "position_edges": [1, 32, 64], "position_nll_sum": [120.0, 140.0], "position_tokens": [31, 32],
-            "key_nll_sum": 3.0, "key_tokens": 2},
+    "ppl": {
+        "nll_sum": 262.8,
+        "n_tokens": 63,
+        "window_nll_sum": 4.17,
+        "n_windows": 1,
+        "doc": "a",
+        "position_edges": [1, 32, 64],
+        "position_nll_sum": [120.0, 140.0],
+        "position_tokens": [31, 32],
+        "key_nll_sum": 3.0,
+        "key_tokens": 2,
+    },
     "needle": {"depth": 50.0, "sample": 0, "correct": 1},
     "passkey": {"sample": 1, "correct": 0},
     "entropy": {"doc": "a", "entropy": 2.3, "uniform_entropy": 3.2, "layers": [0, 1], "entropy_per_layer": [2.0, 2.6]},
     "ruler": {"ruler_task": "vt", "sample": 0, "score": 0.5},
     "lm-eval": {"lm_eval_task": "t", "subtask": "t", "metric": "acc", "filter": "none", "value": 0.5, "stderr": 0.1},
-    "tune": {"phase": "search", "trial": 3, "doc": "tuning", "value": 98.2, "ppl_short": 79.2, "short_rise": 0.01,
-             "feasible": True, "params": {"beta_fast": 2.0}},
+    "tune": {
+        "phase": "search",
+        "trial": 3,
+        "doc": "tuning",
+        "value": 98.2,
+        "ppl_short": 79.2,
+        "short_rise": 0.01,
+        "feasible": True,
+        "params": {"beta_fast": 2.0},
+    },
 }
-HOSTILE = [0, -1, 0.5, 1e30, float("nan"), float("inf"), float("-inf"), "abc", None, True, [], {}, [1, 2], 2**70,
-           "64", 1e6]
+HOSTILE = [
+    0,
+    -1,
+    0.5,
+    1e30,
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    "abc",
+    None,
+    True,
+    [],
+    {},
+    [1, 2],
+    2**70,
+    "64",
+    1e6,
+]
 
 
 def _row(rng, kind):
     """A row of `kind` as ctxeval writes it, then 0 to 2 of its fields replaced by hostile values or removed."""
-    row = {"model": "tiny", "method": "none", "label": rng.choice(["none", "yarn(factor=2)"]), "params": {},
-           "task": kind, "status": rng.choice(["ok", "ok", "ok", "oom"]), "length": rng.choice([64, 128]),
-           **GOOD_ROWS[kind]}
+    row = {
+        "model": "tiny",
+        "method": "none",
+        "label": rng.choice(["none", "yarn(factor=2)"]),
+        "params": {},
+        "task": kind,
+        "status": rng.choice(["ok", "ok", "ok", "oom"]),
+        "length": rng.choice([64, 128]),
+        **GOOD_ROWS[kind],
+    }
     for _ in range(rng.choice([0, 0, 1, 1, 2])):
         name = rng.choice(list(row))
         if rng.random() < 0.15:
@@ -658,8 +870,11 @@ def test_fuzz_the_shared_parsers_and_the_rows_reader(tmp_path):
                 assert list(edges) == sorted(set(edges)) and len(edges) <= MAX_BUCKETS + 1
             except CtxevalError as exc:
                 assert "\n" not in str(exc)
-            for fn in (lambda t: parse_depths(t, "linear"), lambda t: parse_numbers(t, "--factor", "2"),
-                       lambda t: parse_indices(t, "--layers")):
+            for fn in (
+                lambda t: parse_depths(t, "linear"),
+                lambda t: parse_numbers(t, "--factor", "2"),
+                lambda t: parse_indices(t, "--layers"),
+            ):
                 _check_parser(fn, text)
             try:
                 specs = expand_specs([_spec(rng)], None)
@@ -678,7 +893,8 @@ def test_fuzz_the_shared_parsers_and_the_rows_reader(tmp_path):
             kind = rng.choice(KINDS)
             raw = [json.dumps(_row(rng, kind)).encode() for _ in range(rng.randint(0, 6))]
             raw += [_json_text(rng).encode(), bytes(rng.randrange(256) for _ in range(rng.randint(0, 8)))][
-                : rng.randint(0, 2)]
+                : rng.randint(0, 2)
+            ]
             rng.shuffle(raw)
             path = tmp_path / f"rows{i}.jsonl"
             path.write_bytes(b"\n".join(raw))
@@ -695,8 +911,11 @@ def test_fuzz_the_shared_parsers_and_the_rows_reader(tmp_path):
                 from ctxeval.report import tables
 
                 signal.alarm(5)
-                {"ppl": lambda rows: (tables.ppl_long(rows), tables.positions_long(rows), tables.longppl_long(rows)),
-                 "needle": tables.needle_long, "ruler": tables.ruler_task_scores}[kind](found.rows)
+                {
+                    "ppl": lambda rows: (tables.ppl_long(rows), tables.positions_long(rows), tables.longppl_long(rows)),
+                    "needle": tables.needle_long,
+                    "ruler": tables.ruler_task_scores,
+                }[kind](found.rows)
                 signal.alarm(0)
     finally:
         signal.alarm(0)
@@ -716,7 +935,7 @@ def _mutate(rng, value, depth=0):
         return out
     if isinstance(value, list) and value and rng.random() < 0.5:
         i = rng.randrange(len(value))
-        return value[:i] + [_mutate(rng, value[i], depth + 1)] + value[i + 1:]
+        return value[:i] + [_mutate(rng, value[i], depth + 1)] + value[i + 1 :]
     return rng.choice(HOSTILE + ["x" * 300, [[[[1]]]], {"a": {"b": [None]}}])
 
 

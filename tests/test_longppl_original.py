@@ -46,8 +46,21 @@ def original_aggregate(per_doc: list[dict]) -> float:
 @pytest.fixture(scope="module")
 def ctxeval_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("longppl") / "run"
-    args = ["ppl", "--model", "tiny", "--docs", "3", "--lengths", f"128,{LENGTH}", "--key-tokens", "tiny",
-            "--key-tokens-method", EVALUATOR, "--out", str(out)]
+    args = [
+        "ppl",
+        "--model",
+        "tiny",
+        "--docs",
+        "3",
+        "--lengths",
+        f"128,{LENGTH}",
+        "--key-tokens",
+        "tiny",
+        "--key-tokens-method",
+        EVALUATOR,
+        "--out",
+        str(out),
+    ]
     for spec in EVALUATED:
         args += ["-m", spec]
     result = runner.invoke(app, args)
@@ -83,8 +96,14 @@ def original_outputs(ctxeval_run):
                     assert tok(text, add_special_tokens=False)["input_ids"] == doc.ids[:LENGTH].tolist()
                     with torch.no_grad():
                         outputs.setdefault(spec.label, {})[doc_id] = longppl.compute_longppl(
-                            text, model, evaluator, tokenizer=tok, evaluator_tokenizer=tok, trunc_len=CONTEXT,
-                            sliding_window=WINDOW)
+                            text,
+                            model,
+                            evaluator,
+                            tokenizer=tok,
+                            evaluator_tokenizer=tok,
+                            trunc_len=CONTEXT,
+                            sliding_window=WINDOW,
+                        )
     return outputs
 
 
@@ -185,7 +204,8 @@ def test_evaluator_reads_its_prefix_and_the_same_document_tokens():
         direct = K.key_positions(model, "cpu", list(prefix) + ids, **loose)
         assert len(direct) > 5
         for bos in (False, True):
-            settings = K.KeyTokenSettings("m", "none", loose["context"], loose["window"], prefix, bos,
-                                          loose["alpha"], loose["beta"])
+            settings = K.KeyTokenSettings(
+                "m", "none", loose["context"], loose["window"], prefix, bos, loose["alpha"], loose["beta"]
+            )
             got = K.evaluator_keys(model, "cpu", ids, settings, chunk_size=64)
             assert got.tolist() == [int(e) - len(prefix) + bos for e in direct]

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ctxeval.report import merged, render
-from ctxeval.runs.rows import UNIFORM_LABEL, UNIFORM_MODEL
 from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
+from ctxeval.report import merged, render
+from ctxeval.runs.rows import UNIFORM_LABEL, UNIFORM_MODEL
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -35,81 +35,247 @@ def write_run(path, record, rows):
 
 
 def _record(task, spec, model, started, status, original, dtype, **extra):
-    return {"status": status, "started": started, "finished": started, "spec": {"task": task, "model": model,
-                                                                                "dtype": dtype, **spec},
-            "model": {"name": model, "dtype": dtype, "max_position_embeddings": original},
-            "methods": {"none": {"method": "none", "params": {}, "geometry": {"rotary_dim": 16, "base": 10000.0,
-                                                                               "original_length": original}}},
-            "seed": 0, "environment": {}, "history": [], "error": None, **extra}
+    return {
+        "status": status,
+        "started": started,
+        "finished": started,
+        "spec": {"task": task, "model": model, "dtype": dtype, **spec},
+        "model": {"name": model, "dtype": dtype, "max_position_embeddings": original},
+        "methods": {
+            "none": {
+                "method": "none",
+                "params": {},
+                "geometry": {"rotary_dim": 16, "base": 10000.0, "original_length": original},
+            }
+        },
+        "seed": 0,
+        "environment": {},
+        "history": [],
+        "error": None,
+        **extra,
+    }
 
 
-def ppl_run(root, name, *, model="m1", ppl=None, docs=("d1",), bos=True, aggregate="token", data="austen",
-            started="2026-01-01T00:00:00+00:00", status="success", original=128, dtype="float32", failed=()):
+def ppl_run(
+    root,
+    name,
+    *,
+    model="m1",
+    ppl=None,
+    docs=("d1",),
+    bos=True,
+    aggregate="token",
+    data="austen",
+    started="2026-01-01T00:00:00+00:00",
+    status="success",
+    original=128,
+    dtype="float32",
+    failed=(),
+):
     """ppl: {label: {length: ppl}}; failed: (label, length, status) points recorded as failures."""
     ppl = ppl or {"none": {64: 10.0, 128: 12.0}, "yarn(factor=2)": {64: 11.0, 128: 11.5}}
     lengths = sorted({L for v in ppl.values() for L in v} | {f[1] for f in failed})
-    spec = {"data": data, "text_field": "text", "protocol": "truncate", "stride": None, "bos": bos, "docs": len(docs),
-            "lengths": lengths, "methods": list(ppl), "seed": 0, "preset": None}
-    record = _record("ppl", spec, model, started, status, original, dtype,
-                     data={"spec": data, "documents": [{"doc": d, "tokens": 1000} for d in docs]},
-                     protocol={"name": "truncate", "stride": None, "bos": bos, "bos_token": "<s>" if bos else None,
-                               "aggregate": aggregate, "chunk_size": 1024, "one_forward_per_document": True})
+    spec = {
+        "data": data,
+        "text_field": "text",
+        "protocol": "truncate",
+        "stride": None,
+        "bos": bos,
+        "docs": len(docs),
+        "lengths": lengths,
+        "methods": list(ppl),
+        "seed": 0,
+        "preset": None,
+    }
+    record = _record(
+        "ppl",
+        spec,
+        model,
+        started,
+        status,
+        original,
+        dtype,
+        data={"spec": data, "documents": [{"doc": d, "tokens": 1000} for d in docs]},
+        protocol={
+            "name": "truncate",
+            "stride": None,
+            "bos": bos,
+            "bos_token": "<s>" if bos else None,
+            "aggregate": aggregate,
+            "chunk_size": 1024,
+            "one_forward_per_document": True,
+        },
+    )
     rows = []
     for label, values in ppl.items():
         for length, value in values.items():
             for doc in docs:
                 n = length - 1
-                rows.append({"model": model, "method": label.split("(")[0], "label": label, "params": {},
-                             "task": "ppl", "protocol": "truncate", "length": length, "doc": doc, "status": "ok",
-                             "metric": "nll", "value": math.log(value), "ppl": value, "nll_sum": math.log(value) * n,
-                             "n_tokens": n, "window_nll_sum": math.log(value), "n_windows": 1, "seconds": 0.1})
+                rows.append(
+                    {
+                        "model": model,
+                        "method": label.split("(")[0],
+                        "label": label,
+                        "params": {},
+                        "task": "ppl",
+                        "protocol": "truncate",
+                        "length": length,
+                        "doc": doc,
+                        "status": "ok",
+                        "metric": "nll",
+                        "value": math.log(value),
+                        "ppl": value,
+                        "nll_sum": math.log(value) * n,
+                        "n_tokens": n,
+                        "window_nll_sum": math.log(value),
+                        "n_windows": 1,
+                        "seconds": 0.1,
+                    }
+                )
     for label, length, st in failed:
         for doc in docs:
-            rows.append({"model": model, "method": label, "label": label, "params": {}, "task": "ppl",
-                         "protocol": "truncate", "length": length, "doc": doc, "status": st, "seconds": 0.0})
+            rows.append(
+                {
+                    "model": model,
+                    "method": label,
+                    "label": label,
+                    "params": {},
+                    "task": "ppl",
+                    "protocol": "truncate",
+                    "length": length,
+                    "doc": doc,
+                    "status": st,
+                    "seconds": 0.0,
+                }
+            )
     return write_run(root / name, record, rows)
 
 
-def needle_run(root, name, *, task="needle", model="m1", acc=None, depths=(0.0, 50.0, 100.0), samples=1,
-               haystack="austen", scoring="generate", started="2026-01-01T00:00:00+00:00", original=128,
-               dtype="float32", extra_spec=None):
+def needle_run(
+    root,
+    name,
+    *,
+    task="needle",
+    model="m1",
+    acc=None,
+    depths=(0.0, 50.0, 100.0),
+    samples=1,
+    haystack="austen",
+    scoring="generate",
+    started="2026-01-01T00:00:00+00:00",
+    original=128,
+    dtype="float32",
+    extra_spec=None,
+):
     """acc: {label: {length: correct (0/1) for every depth and sample, or a list per sample}}."""
     acc = acc or {"none": {64: 1, 128: 1}}
     lengths = sorted({L for v in acc.values() for L in v})
-    preset = {"name": "passkey" if task == "passkey" else "ruler", "needle": "The magic number is {value}.",
-              "value": "digits:7", "keys": 1, "match": "all"}
-    spec = {"preset": preset, "haystack": haystack, "text_field": "text", "lengths": lengths,
-            "depths": [] if task == "passkey" else list(depths), "random_depth": task == "passkey",
-            "samples": samples, "scoring": scoring, "max_new_tokens": None, "snap": False, "chat_template": False,
-            "methods": list(acc), "seed": 0, **(extra_spec or {})}
-    record = _record(task, spec, model, started, "success", original, dtype,
-                     haystack={"haystack": haystack}, scoring={"name": scoring, "rule": "all", "llm_judge": False})
+    preset = {
+        "name": "passkey" if task == "passkey" else "ruler",
+        "needle": "The magic number is {value}.",
+        "value": "digits:7",
+        "keys": 1,
+        "match": "all",
+    }
+    spec = {
+        "preset": preset,
+        "haystack": haystack,
+        "text_field": "text",
+        "lengths": lengths,
+        "depths": [] if task == "passkey" else list(depths),
+        "random_depth": task == "passkey",
+        "samples": samples,
+        "scoring": scoring,
+        "max_new_tokens": None,
+        "snap": False,
+        "chat_template": False,
+        "methods": list(acc),
+        "seed": 0,
+        **(extra_spec or {}),
+    }
+    record = _record(
+        task,
+        spec,
+        model,
+        started,
+        "success",
+        original,
+        dtype,
+        haystack={"haystack": haystack},
+        scoring={"name": scoring, "rule": "all", "llm_judge": False},
+    )
     rows = []
     for label, values in acc.items():
         for length, correct in values.items():
             per_sample = correct if isinstance(correct, list) else [correct] * samples
             for d_i, depth in enumerate([None] if task == "passkey" else depths):
                 for s, c in enumerate(per_sample):
-                    rows.append({"model": model, "method": label, "label": label, "params": {}, "task": task,
-                                 "preset": preset["name"], "scoring": scoring, "length": length,
-                                 "depth": float(depth if depth is not None else 10.0 * s), "sample": s,
-                                 "answer": "1234567", "prompt_tokens": length - 8, "status": "ok", "seconds": 0.1,
-                                 "correct": int(c), "response": "1234567" if c else "no"})
+                    rows.append(
+                        {
+                            "model": model,
+                            "method": label,
+                            "label": label,
+                            "params": {},
+                            "task": task,
+                            "preset": preset["name"],
+                            "scoring": scoring,
+                            "length": length,
+                            "depth": float(depth if depth is not None else 10.0 * s),
+                            "sample": s,
+                            "answer": "1234567",
+                            "prompt_tokens": length - 8,
+                            "status": "ok",
+                            "seconds": 0.1,
+                            "correct": int(c),
+                            "response": "1234567" if c else "no",
+                        }
+                    )
     return write_run(root / name, record, rows)
 
 
-def entropy_run(root, name, *, model="m1", ent=None, docs=("d1", "d2"), layers="all", heads="all", bos=True,
-                data="pydoc", started="2026-01-01T00:00:00+00:00", status="success", original=128, dtype="float32",
-                failed=(), skip_docs=()):
+def entropy_run(
+    root,
+    name,
+    *,
+    model="m1",
+    ent=None,
+    docs=("d1", "d2"),
+    layers="all",
+    heads="all",
+    bos=True,
+    data="pydoc",
+    started="2026-01-01T00:00:00+00:00",
+    status="success",
+    original=128,
+    dtype="float32",
+    failed=(),
+    skip_docs=(),
+):
     """ent: {label: {length: entropy (every document: that value + 0.1 x document index)}}; failed: (label, length,
     status) points recorded as failures for every document; skip_docs: (label, length, doc) points not written."""
     ent = ent or {"none": {64: 2.0, 128: 2.5}, "yarn(factor=2)": {64: 1.9, 128: 2.2}}
     lengths = sorted({L for v in ent.values() for L in v} | {f[1] for f in failed})
-    spec = {"data": data, "text_field": "text", "docs": len(docs), "lengths": lengths, "methods": list(ent),
-            "layers": layers, "heads": heads, "bos": bos}
-    record = _record("entropy", spec, model, started, status, original, dtype,
-                     data={"spec": data, "documents": [{"doc": d, "tokens": 1000} for d in docs]},
-                     protocol={"name": "truncate", "bos": bos, "attention": "sdpa", "query_chunk": 512})
+    spec = {
+        "data": data,
+        "text_field": "text",
+        "docs": len(docs),
+        "lengths": lengths,
+        "methods": list(ent),
+        "layers": layers,
+        "heads": heads,
+        "bos": bos,
+    }
+    record = _record(
+        "entropy",
+        spec,
+        model,
+        started,
+        status,
+        original,
+        dtype,
+        data={"spec": data, "documents": [{"doc": d, "tokens": 1000} for d in docs]},
+        protocol={"name": "truncate", "bos": bos, "attention": "sdpa", "query_chunk": 512},
+    )
     n_layers = [0, 1] if layers == "all" else list(layers)
     rows = []
     for label, values in ent.items():
@@ -118,15 +284,39 @@ def entropy_run(root, name, *, model="m1", ent=None, docs=("d1", "d2"), layers="
                 if (label, length, doc) in skip_docs:
                     continue
                 e = value + 0.1 * i
-                rows.append({"model": model, "method": label.split("(")[0], "label": label, "params": {},
-                             "task": "entropy", "length": length, "doc": doc, "layers": n_layers,
-                             "entropy_per_layer": [e] * len(n_layers), "entropy": e,
-                             "uniform_entropy": math.lgamma(length + 1) / length,
-                             "heads": heads, "seconds": 0.1, "status": "ok"})
+                rows.append(
+                    {
+                        "model": model,
+                        "method": label.split("(")[0],
+                        "label": label,
+                        "params": {},
+                        "task": "entropy",
+                        "length": length,
+                        "doc": doc,
+                        "layers": n_layers,
+                        "entropy_per_layer": [e] * len(n_layers),
+                        "entropy": e,
+                        "uniform_entropy": math.lgamma(length + 1) / length,
+                        "heads": heads,
+                        "seconds": 0.1,
+                        "status": "ok",
+                    }
+                )
     for label, length, st in failed:
         for doc in docs:
-            rows.append({"model": model, "method": label.split("(")[0], "label": label, "params": {},
-                         "task": "entropy", "length": length, "doc": doc, "status": st, "error": "out of memory"})
+            rows.append(
+                {
+                    "model": model,
+                    "method": label.split("(")[0],
+                    "label": label,
+                    "params": {},
+                    "task": "entropy",
+                    "length": length,
+                    "doc": doc,
+                    "status": st,
+                    "error": "out of memory",
+                }
+            )
     return write_run(root / name, record, rows)
 
 
@@ -147,22 +337,34 @@ def cells_of(table, model, method):
 
 def test_two_models_one_ppl_table_missing_cells_stay_missing(tmp_path):
     a = ppl_run(tmp_path, "a", model="m1")
-    b = ppl_run(tmp_path, "b", model="m2", original=256,
-                ppl={"none": {64: 9.0, 128: 9.5, 256: 30.0}, "yarn(factor=2)": {64: 9.2, 128: 9.4, 256: 9.9}})
+    b = ppl_run(
+        tmp_path,
+        "b",
+        model="m2",
+        original=256,
+        ppl={"none": {64: 9.0, 128: 9.5, 256: 30.0}, "yarn(factor=2)": {64: 9.2, 128: 9.4, 256: 9.9}},
+    )
     rep = merged.build_report([a, b])
     assert [g.id for g in rep.groups] == ["ppl-1"]
     table = main_table(rep, "ppl-1")
     assert table.columns == ["model", "method", "64", "128", "256"]
-    assert [(r[0], r[1]) for r in table.rows] == [("m1", "none"), ("m1", "yarn(factor=2)"), ("m2", "none"),
-                                                 ("m2", "yarn(factor=2)")]
+    assert [(r[0], r[1]) for r in table.rows] == [
+        ("m1", "none"),
+        ("m1", "yarn(factor=2)"),
+        ("m2", "none"),
+        ("m2", "yarn(factor=2)"),
+    ]
     assert row_of(table, "m1", "none")["128"] == pytest.approx(12.0)
     assert row_of(table, "m2", "none")["256"] == pytest.approx(30.0)
     # m1 never ran 256: missing, not zero, everywhere
     assert row_of(table, "m1", "none")["256"] is None
     assert cells_of(table, "m1", "none")["256"] == "—"
     tidy = list(csv.DictReader(io.StringIO(render.to_csv(rep))))
-    cell = next(r for r in tidy if r["table"] == "ppl-1" and r["model"] == "m1" and r["method"] == "none"
-                and r["column"] == "256")
+    cell = next(
+        r
+        for r in tidy
+        if r["table"] == "ppl-1" and r["model"] == "m1" and r["method"] == "none" and r["column"] == "256"
+    )
     assert cell["value"] == "" and cell["status"] == "missing"
     data = json.loads(json.dumps(render.to_json(rep), allow_nan=False))
     jrow = data["groups"][0]["tables"][0]["rows"][0]
@@ -178,23 +380,31 @@ def test_two_models_one_ppl_table_missing_cells_stay_missing(tmp_path):
 
 
 def test_failed_cells_show_their_status_not_zero(tmp_path):
-    a = ppl_run(tmp_path, "a", ppl={"none": {64: 10.0, 128: 12.0}, "yarn(factor=2)": {64: 11.0}},
-                failed=[("yarn(factor=2)", 128, "oom")])
+    a = ppl_run(
+        tmp_path,
+        "a",
+        ppl={"none": {64: 10.0, 128: 12.0}, "yarn(factor=2)": {64: 11.0}},
+        failed=[("yarn(factor=2)", 128, "oom")],
+    )
     rep = merged.build_report([a])
     table = main_table(rep, "ppl-1")
     assert row_of(table, "m1", "yarn(factor=2)")["128"] is None
     assert cells_of(table, "m1", "yarn(factor=2)")["128"] == "OOM"
     tidy = list(csv.DictReader(io.StringIO(render.to_csv(rep))))
-    assert [r["status"] for r in tidy if r["method"] == "yarn(factor=2)" and r["column"] == "128"
-            and r["table"] == "ppl-1"] == ["oom"]
+    assert [
+        r["status"] for r in tidy if r["method"] == "yarn(factor=2)" and r["column"] == "128" and r["table"] == "ppl-1"
+    ] == ["oom"]
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(bos=False), "bos"),
-    (dict(docs=("d2",)), "documents"),
-    (dict(aggregate="window"), "aggregate"),
-    (dict(data="mobydick"), "data"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(bos=False), "bos"),
+        (dict(docs=("d2",)), "documents"),
+        (dict(aggregate="window"), "aggregate"),
+        (dict(data="mobydick"), "data"),
+    ],
+)
 def test_ppl_runs_that_differ_in_protocol_are_not_mixed(tmp_path, change, field):
     a = ppl_run(tmp_path, "a")
     b = ppl_run(tmp_path, "b", model="m2", **change)
@@ -220,8 +430,12 @@ def test_aggregate_override_puts_runs_in_one_table(tmp_path):
 
 def test_needle_runs_split_by_depths_merged_across_lengths(tmp_path):
     short = needle_run(tmp_path, "short", acc={"none": {64: 1, 128: 1}})
-    long = needle_run(tmp_path, "long", acc={"none": {256: 0}, "yarn(factor=2)": {256: 1, 512: 1}},
-                      started="2026-01-02T00:00:00+00:00")
+    long = needle_run(
+        tmp_path,
+        "long",
+        acc={"none": {256: 0}, "yarn(factor=2)": {256: 1, 512: 1}},
+        started="2026-01-02T00:00:00+00:00",
+    )
     other = needle_run(tmp_path, "other", depths=(0.0, 100.0), acc={"none": {64: 1}})
     rep = merged.build_report([short, long, other])
     assert [g.id for g in rep.groups] == ["needle-1", "needle-2"]
@@ -240,8 +454,13 @@ def test_needle_runs_split_by_depths_merged_across_lengths(tmp_path):
 
 def test_same_model_and_method_in_two_runs_later_wins_failure_never_replaces_value(tmp_path):
     old = ppl_run(tmp_path, "old", ppl={"none": {64: 10.0, 128: 12.0}}, started="2026-01-01T00:00:00+00:00")
-    new = ppl_run(tmp_path, "new", ppl={"none": {128: 13.0, 256: 20.0}}, failed=[("none", 64, "oom")],
-                  started="2026-01-02T00:00:00+00:00")
+    new = ppl_run(
+        tmp_path,
+        "new",
+        ppl={"none": {128: 13.0, 256: 20.0}},
+        failed=[("none", 64, "oom")],
+        started="2026-01-02T00:00:00+00:00",
+    )
     for order in ([old, new], [new, old]):  # time decides, not the command line
         rep = merged.build_report(order)
         row = row_of(main_table(rep, "ppl-1"), "m1", "none")
@@ -251,7 +470,8 @@ def test_same_model_and_method_in_two_runs_later_wins_failure_never_replaces_val
         assert sorted(rep.groups[0].notes) == [
             f"m1 · none: 1 point(s) measured by both {old} and {new}; kept {new}'s (started later)",
             f"m1 · none: 1 point(s) measured by both {old} and {new}; kept {old}'s values ({new} has oom there; "
-            "a failure never replaces a value)"]
+            "a failure never replaces a value)",
+        ]
 
 
 def test_unfinished_run_is_used_with_a_note_and_run_json_path_is_accepted(tmp_path):
@@ -290,8 +510,14 @@ def test_passkey_runs_of_two_protocols_never_share_a_table(tmp_path):
 def test_ppl_needle_and_passkey_together(tmp_path):
     p = ppl_run(tmp_path, "p")
     n = needle_run(tmp_path, "n", model="m2", acc={"none": {64: 1, 128: 0}})
-    k = needle_run(tmp_path, "k", task="passkey", samples=5, haystack="filler",
-                   acc={"none": {64: [1, 1, 1, 1, 1], 128: [1, 1, 1, 0, 0], 256: [1, 1, 1, 1, 0]}})
+    k = needle_run(
+        tmp_path,
+        "k",
+        task="passkey",
+        samples=5,
+        haystack="filler",
+        acc={"none": {64: [1, 1, 1, 1, 1], 128: [1, 1, 1, 0, 0], 256: [1, 1, 1, 1, 0]}},
+    )
     rep = merged.build_report([k, n, p])
     assert [g.id for g in rep.groups] == ["ppl-1", "needle-1", "passkey-1"]
     pk = main_table(rep, "passkey-1")
@@ -302,13 +528,28 @@ def test_ppl_needle_and_passkey_together(tmp_path):
     assert row["effective length"] == 64 and row["256"] == pytest.approx(0.8)
     assert row_of(main_table(rep, "needle-1"), "m2", "none")["effective length"] == 64
     md = render.to_markdown(rep)
-    for heading in ("## Perplexity", "## Needle in a haystack", "## Passkey retrieval",
-                    "passkey context (YaRN: longest >= 80%)", "effective length (>= 80%)"):
+    for heading in (
+        "## Perplexity",
+        "## Needle in a haystack",
+        "## Passkey retrieval",
+        "passkey context (YaRN: longest >= 80%)",
+        "effective length (>= 80%)",
+    ):
         assert heading in md
     written = render.write_report(rep, tmp_path / "out")
     names = {w.name for w in written}
-    assert {"table.md", "report.csv", "report.json", "ppl-1.csv", "ppl-1-valid.csv", "needle-1.csv",
-            "passkey-1.csv", "ppl-m1.png", "needle-m2.png", "passkey-m1.png"} <= names
+    assert {
+        "table.md",
+        "report.csv",
+        "report.json",
+        "ppl-1.csv",
+        "ppl-1-valid.csv",
+        "needle-1.csv",
+        "passkey-1.csv",
+        "ppl-m1.png",
+        "needle-m2.png",
+        "passkey-m1.png",
+    } <= names
     assert "![" in (tmp_path / "out" / "table.md").read_text()
     json.loads((tmp_path / "out" / "report.json").read_text())
 
@@ -332,15 +573,25 @@ def _uniform(length):
 
 def test_two_models_entropy_runs_share_one_table_missing_cells_stay_missing(tmp_path):
     a = entropy_run(tmp_path, "a", model="m1")
-    b = entropy_run(tmp_path, "b", model="m2", original=256,
-                    ent={"none": {64: 2.1, 128: 2.6, 256: 3.2}, "yarn(factor=2)": {256: 2.9}})
+    b = entropy_run(
+        tmp_path,
+        "b",
+        model="m2",
+        original=256,
+        ent={"none": {64: 2.1, 128: 2.6, 256: 3.2}, "yarn(factor=2)": {256: 2.9}},
+    )
     rep = merged.build_report([a, b])
     assert [g.id for g in rep.groups] == ["entropy-1"]
     assert rep.groups[0].title == "Attention entropy"
     table = main_table(rep, "entropy-1")
     assert table.kind == "entropy" and table.columns == ["model", "method", "64", "128", "256"]
-    assert [(r[0], r[1]) for r in table.rows] == [("m1", "none"), ("m1", "yarn(factor=2)"), ("m2", "none"),
-                                                 ("m2", "yarn(factor=2)"), (UNIFORM_MODEL, UNIFORM_LABEL)]
+    assert [(r[0], r[1]) for r in table.rows] == [
+        ("m1", "none"),
+        ("m1", "yarn(factor=2)"),
+        ("m2", "none"),
+        ("m2", "yarn(factor=2)"),
+        (UNIFORM_MODEL, UNIFORM_LABEL),
+    ]
     # mean over the two documents (value, value + 0.1)
     assert row_of(table, "m1", "none")["128"] == pytest.approx(2.55)
     assert cells_of(table, "m2", "none")["256"] == "3.250"
@@ -353,8 +604,11 @@ def test_two_models_entropy_runs_share_one_table_missing_cells_stay_missing(tmp_
     assert cells_of(table, UNIFORM_MODEL, UNIFORM_LABEL)["64"] == f"{_uniform(64):.3f}"
     assert "nats" in table.caption and "2 document(s)" in table.caption and "m1 128, m2 256" in table.caption
     tidy = list(csv.DictReader(io.StringIO(render.to_csv(rep))))
-    cell = next(r for r in tidy if r["table"] == "entropy-1" and r["model"] == "m1" and r["method"] == "none"
-                and r["column"] == "256")
+    cell = next(
+        r
+        for r in tidy
+        if r["table"] == "entropy-1" and r["model"] == "m1" and r["method"] == "none" and r["column"] == "256"
+    )
     assert cell["value"] == "" and cell["status"] == "missing"
     data = json.loads(json.dumps(render.to_json(rep), allow_nan=False))
     group = data["groups"][0]
@@ -369,26 +623,37 @@ def test_two_models_entropy_runs_share_one_table_missing_cells_stay_missing(tmp_
 
 
 def test_entropy_failures_show_their_status_and_partial_documents_are_noted(tmp_path):
-    a = entropy_run(tmp_path, "a", ent={"none": {64: 2.0, 128: 2.5}, "yarn(factor=2)": {64: 1.9}},
-                    failed=[("yarn(factor=2)", 128, "oom")], skip_docs=[("none", 128, "d2")], status="interrupted")
+    a = entropy_run(
+        tmp_path,
+        "a",
+        ent={"none": {64: 2.0, 128: 2.5}, "yarn(factor=2)": {64: 1.9}},
+        failed=[("yarn(factor=2)", 128, "oom")],
+        skip_docs=[("none", 128, "d2")],
+        status="interrupted",
+    )
     rep = merged.build_report([a])
     table = main_table(rep, "entropy-1")
     assert row_of(table, "m1", "yarn(factor=2)")["128"] is None
     assert cells_of(table, "m1", "yarn(factor=2)")["128"] == "OOM"
     assert row_of(table, "m1", "none")["128"] == pytest.approx(2.5)  # only d1 was measured
-    assert rep.groups[0].notes == ["m1 · none: averaged over fewer documents than the protocol's at 128 (1 of 2); "
-                                   "the run did not measure the others"]
+    assert rep.groups[0].notes == [
+        "m1 · none: averaged over fewer documents than the protocol's at 128 (1 of 2); "
+        "the run did not measure the others"
+    ]
     assert any("incomplete (status interrupted)" in n for n in rep.notes)
     tidy = list(csv.DictReader(io.StringIO(render.to_csv(rep))))
     assert [r["status"] for r in tidy if r["method"] == "yarn(factor=2)" and r["column"] == "128"] == ["oom"]
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(layers=[0, 3]), "layers"),
-    (dict(heads=[0]), "heads"),
-    (dict(bos=False), "bos"),
-    (dict(docs=("d3",)), "documents"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(layers=[0, 3]), "layers"),
+        (dict(heads=[0]), "heads"),
+        (dict(bos=False), "bos"),
+        (dict(docs=("d3",)), "documents"),
+    ],
+)
 def test_entropy_runs_that_differ_in_protocol_are_not_mixed(tmp_path, change, field):
     a = entropy_run(tmp_path, "a")
     b = entropy_run(tmp_path, "b", model="m2", **change)
@@ -406,8 +671,13 @@ def test_entropy_runs_that_differ_in_protocol_are_not_mixed(tmp_path, change, fi
 
 def test_entropy_same_model_in_two_runs_later_wins_failure_never_replaces_value(tmp_path):
     old = entropy_run(tmp_path, "old", ent={"none": {64: 2.0, 128: 2.5}})
-    new = entropy_run(tmp_path, "new", ent={"none": {128: 2.7, 256: 3.0}}, failed=[("none", 64, "oom")],
-                      started="2026-01-02T00:00:00+00:00")
+    new = entropy_run(
+        tmp_path,
+        "new",
+        ent={"none": {128: 2.7, 256: 3.0}},
+        failed=[("none", 64, "oom")],
+        started="2026-01-02T00:00:00+00:00",
+    )
     for order in ([old, new], [new, old]):
         rep = merged.build_report(order)
         row = row_of(main_table(rep, "entropy-1"), "m1", "none")
@@ -417,7 +687,8 @@ def test_entropy_same_model_in_two_runs_later_wins_failure_never_replaces_value(
         assert sorted(rep.groups[0].notes) == [
             f"m1 · none: 2 point(s) measured by both {old} and {new}; kept {new}'s (started later)",
             f"m1 · none: 2 point(s) measured by both {old} and {new}; kept {old}'s values ({new} has oom there; "
-            "a failure never replaces a value)"]
+            "a failure never replaces a value)",
+        ]
 
 
 def test_ppl_and_entropy_together(tmp_path):
@@ -443,8 +714,14 @@ def test_committed_entropy_run_merges_with_the_ppl_run():
     rep = merged.build_report([RESULTS / "entropy-tiny-pydoc", RESULTS / "ppl-tiny-pydoc"])
     assert [g.id for g in rep.groups] == ["ppl-1", "entropy-1"]
     group = rep.groups[1]
-    assert group.key == {"data": "pydoc", "documents": ["specialnames", "string-methods", "execmodel"],
-                         "text_field": "text", "bos": True, "layers": "all", "heads": "all"}
+    assert group.key == {
+        "data": "pydoc",
+        "documents": ["specialnames", "string-methods", "execmodel"],
+        "text_field": "text",
+        "bos": True,
+        "layers": "all",
+        "heads": "all",
+    }
     table = main_table(rep, "entropy-1")
     assert table.columns == ["model", "method", "64", "128", "256", "512", "1024", "2048"]
     # the run's own table.md, to 3 decimals
@@ -485,8 +762,16 @@ def test_cli_markdown_csv_json_and_out(tmp_path):
     out = cli(a, b, "--out", tmp_path / "rep")
     assert out.exit_code == 0 and "wrote" in out.stderr
     rep = tmp_path / "rep"
-    assert sorted(p.name for p in rep.iterdir()) == ["needle-1.csv", "needle-m1.png", "ppl-1-valid.csv", "ppl-1.csv",
-                                                     "ppl-m1.png", "report.csv", "report.json", "table.md"]
+    assert sorted(p.name for p in rep.iterdir()) == [
+        "needle-1.csv",
+        "needle-m1.png",
+        "ppl-1-valid.csv",
+        "ppl-1.csv",
+        "ppl-m1.png",
+        "report.csv",
+        "report.json",
+        "table.md",
+    ]
     assert all((rep / f"{g}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for g in ("ppl-m1", "needle-m1"))
     assert header in (rep / "table.md").read_text() and "](ppl-m1.png)" in (rep / "table.md").read_text()
     assert list(csv.DictReader((rep / "report.csv").open())) == rows  # the file holds what --format csv printed
@@ -499,8 +784,11 @@ def with_positions(run_dir):
     """Loss-by-position sums on every measured row, as ctxeval ppl writes them: the group gets a positions figure."""
     rows = [json.loads(line) for line in (run_dir / "rows.jsonl").read_text().splitlines()]
     for r in rows:
-        r.update(position_edges=[0, 8, r["length"]], position_tokens=[8, r["length"] - 9],
-                 position_nll_sum=[8 * 2.0, (r["length"] - 9) * 1.5])
+        r.update(
+            position_edges=[0, 8, r["length"]],
+            position_tokens=[8, r["length"] - 9],
+            position_nll_sum=[8 * 2.0, (r["length"] - 9) * 1.5],
+        )
     (run_dir / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run_dir
 
@@ -508,34 +796,56 @@ def with_positions(run_dir):
 def test_report_figures_are_named_by_what_sets_their_group_apart(tmp_path):
     """Issue 26: figures were ppl-1.png .. ppl-5.png; each is named by its models and the fields that tell its group
     from the others (the fewest that do), consistently in table.md and report.json."""
-    runs = [ppl_run(tmp_path, "a", model="smollm2", docs=("Emma",)),
-            ppl_run(tmp_path, "b", model="smollm2", docs=("Emma",), bos=False),
-            with_positions(ppl_run(tmp_path, "c", model="org/Tiny", data="pydoc", docs=("d1", "d2", "d3", "d4"))),
-            ppl_run(tmp_path, "d", model="smollm2", docs=("Emma!",), data="AUSTEN"),  # the same name as a's, lowercased
-            ppl_run(tmp_path, "e", model="smollm2", docs=("Emma?",), data="AUSTEN"),
-            needle_run(tmp_path, "n")]
+    runs = [
+        ppl_run(tmp_path, "a", model="smollm2", docs=("Emma",)),
+        ppl_run(tmp_path, "b", model="smollm2", docs=("Emma",), bos=False),
+        with_positions(ppl_run(tmp_path, "c", model="org/Tiny", data="pydoc", docs=("d1", "d2", "d3", "d4"))),
+        ppl_run(tmp_path, "d", model="smollm2", docs=("Emma!",), data="AUSTEN"),  # the same name as a's, lowercased
+        ppl_run(tmp_path, "e", model="smollm2", docs=("Emma?",), data="AUSTEN"),
+        needle_run(tmp_path, "n"),
+    ]
     rep = merged.build_report(runs)
     assert [g.distinguishing for g in rep.groups][0] == ["data", "documents", "bos"]
     # documents tell no group from another that data and bos do not (Emma! and Emma? are both emma): left out
     assert render.figure_stems(rep.groups) == {
-        "ppl-1": "ppl-smollm2-austen-bos-on", "ppl-2": "ppl-smollm2-austen-bos-off", "ppl-3": "ppl-tiny-pydoc-bos-on",
-        "ppl-4": "ppl-smollm2-austen-bos-on-2", "ppl-5": "ppl-smollm2-austen-bos-on-3", "needle-1": "needle-m1"}
+        "ppl-1": "ppl-smollm2-austen-bos-on",
+        "ppl-2": "ppl-smollm2-austen-bos-off",
+        "ppl-3": "ppl-tiny-pydoc-bos-on",
+        "ppl-4": "ppl-smollm2-austen-bos-on-2",
+        "ppl-5": "ppl-smollm2-austen-bos-on-3",
+        "needle-1": "needle-m1",
+    }
     out = tmp_path / "out"
     written = {w.name for w in render.write_report(rep, out)}
     pngs = {p.name for p in out.glob("*.png")}
-    assert pngs <= written and pngs == {"ppl-smollm2-austen-bos-on.png", "ppl-smollm2-austen-bos-off.png",
-                                        "ppl-tiny-pydoc-bos-on.png", "ppl-tiny-pydoc-bos-on-positions.png",
-                                        "ppl-smollm2-austen-bos-on-2.png", "ppl-smollm2-austen-bos-on-3.png",
-                                        "needle-m1.png"}
+    assert pngs <= written and pngs == {
+        "ppl-smollm2-austen-bos-on.png",
+        "ppl-smollm2-austen-bos-off.png",
+        "ppl-tiny-pydoc-bos-on.png",
+        "ppl-tiny-pydoc-bos-on-positions.png",
+        "ppl-smollm2-austen-bos-on-2.png",
+        "ppl-smollm2-austen-bos-on-3.png",
+        "needle-m1.png",
+    }
     md = (out / "table.md").read_text()
     assert set(re.findall(r"!\[[^]]*\]\(([^)]+)\)", md)) == pngs  # every figure referenced, each by its file
     record = json.loads((out / "report.json").read_text())
     assert {g["plot"] for g in record["groups"]} | {g["positions_plot"] for g in record["groups"]} - {None} == pngs
-    assert next(g for g in record["groups"] if g["id"] == "ppl-3")["positions_plot"] == "ppl-tiny-pydoc-bos-on-positions.png"
-    assert [render.name_part(*p) for p in (("documents", ["Emma", "Mansfield Park"]), ("documents", list("abcd")),
-                                           ("bos", False), ("stride", 256), ("tasks", ["niah_single_2"]),
-                                           ("essays", "austen (substitute for RULER's Paul Graham essays)"))] == [
-        "emma-mansfield-park", "4-documents", "bos-off", "stride-256", "niah_single_2", "austen"]
+    assert (
+        next(g for g in record["groups"] if g["id"] == "ppl-3")["positions_plot"]
+        == "ppl-tiny-pydoc-bos-on-positions.png"
+    )
+    assert [
+        render.name_part(*p)
+        for p in (
+            ("documents", ["Emma", "Mansfield Park"]),
+            ("documents", list("abcd")),
+            ("bos", False),
+            ("stride", 256),
+            ("tasks", ["niah_single_2"]),
+            ("essays", "austen (substitute for RULER's Paul Graham essays)"),
+        )
+    ] == ["emma-mansfield-park", "4-documents", "bos-off", "stride-256", "niah_single_2", "austen"]
 
     # the same directory again with fewer groups: the earlier report's figures it no longer draws go; others stay
     (out / "mine.png").write_bytes(b"\x89PNG\r\n\x1a\n")
@@ -547,7 +857,10 @@ def test_a_long_protocol_value_is_shortened_at_a_word_end():
     """Issue 26: headings and figure titles read `Paul Graham es...`."""
     from ctxeval.report.runs import fmt_value
 
-    assert fmt_value("austen (substitute for RULER's Paul Graham essays)") == "austen (substitute for RULER's Paul Graham..."
+    assert (
+        fmt_value("austen (substitute for RULER's Paul Graham essays)")
+        == "austen (substitute for RULER's Paul Graham..."
+    )
     assert fmt_value("x" * 60) == "x" * 45 + "..."  # no word end near: cut where the room ends
     assert fmt_value("short enough to stay whole") == "short enough to stay whole"
 
@@ -576,9 +889,20 @@ def _bad_inputs(tmp_path):
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "not a run", "no rows", "only a file", "nothing is a run",
-                                  "broken run.json",
-                                  "bad format", "out is a run", "single"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "not a run",
+        "no rows",
+        "only a file",
+        "nothing is a run",
+        "broken run.json",
+        "bad format",
+        "out is a run",
+        "single",
+    ],
+)
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, case):
     args, fragment = _bad_inputs(tmp_path)[case]
     result = cli(*args)
@@ -601,14 +925,17 @@ def test_report_arguments_a_folder_of_runs_is_expanded_and_what_is_not_a_run_is_
     assert folder.exit_code == 0, folder.output
     assert [r["path"] for r in json.loads(folder.stdout)["runs"]] == [str(a), str(b)]  # in name order
     notes = [line for line in folder.stderr.splitlines() if "is a folder of run directories" in line]
-    assert notes == [f"note: {results} is a folder of run directories: using the 2 directly inside it, in name "
-                     "order (2 other entries in it not run directories)"]
+    assert notes == [
+        f"note: {results} is a folder of run directories: using the 2 directly inside it, in name "
+        "order (2 other entries in it not run directories)"
+    ]
 
     mixed = cli(*sorted(results.iterdir()), empty)  # what the shell makes of results/* empty
     assert mixed.exit_code == 0, mixed.output
     skipped = [line for line in mixed.stderr.splitlines() if line.endswith("; skipped")]
-    assert skipped == [f"note: {results / 'README.md'} is a file, not a run directory; skipped",
-                       f"note: {results / 'report-all'} holds a report written by ctxeval report --out, not a run; "
-                       "skipped",
-                       f"note: {empty} is not a ctxeval run directory (no run.json); skipped"]
+    assert skipped == [
+        f"note: {results / 'README.md'} is a file, not a run directory; skipped",
+        f"note: {results / 'report-all'} holds a report written by ctxeval report --out, not a run; skipped",
+        f"note: {empty} is not a ctxeval run directory (no run.json); skipped",
+    ]
     assert "| m1" in mixed.stdout and "Traceback" not in mixed.output

@@ -6,7 +6,6 @@ import re
 
 import numpy as np
 import pytest
-import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -15,8 +14,14 @@ from ctxeval.rope.methods import METHODS, Geometry, compute, plan
 from ctxeval.specs import expand_specs, parse_spec
 
 # rotary dim, base, original length, factor
-GEOMETRIES = [(64, 1e4, 2048, 2.0), (128, 5e5, 8192, 16.0), (128, 1e4, 4096, 4.0), (64, 1e5, 8192, 8.0), (128, 5e5, 2048, 3.0),
-              (64, 25.0, 4096, 4.0)]  # base 25: YaRN's correction range starts below d/2 and is clamped at d - 1
+GEOMETRIES = [
+    (64, 1e4, 2048, 2.0),
+    (128, 5e5, 8192, 16.0),
+    (128, 1e4, 4096, 4.0),
+    (64, 1e5, 8192, 8.0),
+    (128, 5e5, 2048, 3.0),
+    (64, 25.0, 4096, 4.0),
+]  # base 25: YaRN's correction range starts below d/2 and is clamped at d - 1
 RTOL = 1e-6  # transformers computes in float32
 
 
@@ -26,7 +31,9 @@ def _transformers(rope_type, d, b, L, rope_params, seq_len=None):
     if rope_type in ("yarn", "llama3"):
         rp["original_max_position_embeddings"] = L
         max_pos = int(L * rope_params.get("factor", 1))
-    cfg = LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d, max_position_embeddings=max_pos, rope_parameters=rp)
+    cfg = LlamaConfig(
+        hidden_size=4 * d, num_attention_heads=4, head_dim=d, max_position_embeddings=max_pos, rope_parameters=rp
+    )
     inv, attention = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu", seq_len=seq_len)
     return inv.double().numpy(), attention
 
@@ -64,10 +71,16 @@ def test_golden_against_transformers(d, b, L, s, rope_type, method, extra, lengt
 def test_longrope_golden_against_transformers(d, b, L, s, length_mult):
     rng = np.random.default_rng(d + L)
     short, long = (1 + rng.random(d // 2)).round(4).tolist(), (1 + 8 * rng.random(d // 2)).round(4).tolist()
-    rp = {"rope_type": "longrope", "rope_theta": b, "short_factor": short, "long_factor": long,
-          "original_max_position_embeddings": L}
-    cfg = LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d, max_position_embeddings=int(L * s),
-                      rope_parameters=rp)  # transformers' factor: max_position_embeddings / original
+    rp = {
+        "rope_type": "longrope",
+        "rope_theta": b,
+        "short_factor": short,
+        "long_factor": long,
+        "original_max_position_embeddings": L,
+    }
+    cfg = LlamaConfig(
+        hidden_size=4 * d, num_attention_heads=4, head_dim=d, max_position_embeddings=int(L * s), rope_parameters=rp
+    )  # transformers' factor: max_position_embeddings / original
     seq_len = None if length_mult is None else length_mult * L
     want, want_attention = ROPE_INIT_FUNCTIONS["longrope"](cfg, "cpu", seq_len=seq_len)
     got = compute("longrope", Geometry(d, b, L), {"short_factor": short, "long_factor": long, "factor": s}, seq_len)
@@ -80,8 +93,9 @@ def test_longrope_factor_lists_from_text_files_and_configs(tmp_path):
     d = 8
     (tmp_path / "f.json").write_text('{"short_factor": [1, 1, 1, 1], "long_factor": [1, 2, 4, 8]}')
     (tmp_path / "f.toml").write_text("short_factor = [1.0, 1.0, 1.0, 1.0]\nlong_factor = [1.0, 2.0, 4.0, 8.0]\n")
-    (tmp_path / "config.json").write_text('{"rope_scaling": {"type": "longrope", "short_factor": [1, 1, 1, 1], '
-                                          '"long_factor": [1, 2, 4, 8]}}')
+    (tmp_path / "config.json").write_text(
+        '{"rope_scaling": {"type": "longrope", "short_factor": [1, 1, 1, 1], "long_factor": [1, 2, 4, 8]}}'
+    )
     geom = Geometry(d, 1e4, 100)
     theta = geom.default_inv_freq()
     for source in ("f.json", "f.toml", "config.json"):
@@ -93,11 +107,15 @@ def test_longrope_factor_lists_from_text_files_and_configs(tmp_path):
     np.testing.assert_allclose(compute("longrope", geom, inline, 500).inv_freq, theta / [1, 2, 4, 8], rtol=1e-15)
     spec = expand_specs(["longrope:short_factor=1;1;1;1,long_factor=1;2;4;8,factor=4"])[0]
     assert re.fullmatch(r"longrope\(factor=4,long_factor=4x[0-9a-f]{8},short_factor=4x[0-9a-f]{8}\)", spec.label)
-    for params, message in (({"short_factor": "1;1", "long_factor": "1;2;4;8"}, "short_factor has 2 values; this "
-                                                                                 "model's rotary dim 8 needs 4"),
-                            ({"short_factor": "1;0;1;1", "long_factor": "1;2;4;8"}, "positive finite"),
-                            ({"short_factor": f"@{tmp_path / 'nope.json'}"}, "cannot read"),
-                            ({"long_factor": "1;2;4;8"}, "longrope needs short_factor")):
+    for params, message in (
+        (
+            {"short_factor": "1;1", "long_factor": "1;2;4;8"},
+            "short_factor has 2 values; this model's rotary dim 8 needs 4",
+        ),
+        ({"short_factor": "1;0;1;1", "long_factor": "1;2;4;8"}, "positive finite"),
+        ({"short_factor": f"@{tmp_path / 'nope.json'}"}, "cannot read"),
+        ({"long_factor": "1;2;4;8"}, "longrope needs short_factor"),
+    ):
         with pytest.raises(CtxevalError, match=message):
             compute("longrope", geom, params, 500)
 
@@ -105,7 +123,12 @@ def test_longrope_factor_lists_from_text_files_and_configs(tmp_path):
 @pytest.mark.parametrize("d,b,L,s", GEOMETRIES)
 def test_ntk_is_default_rope_at_ntk_base(d, b, L, s):
     new_base = b * s ** (d / (d - 2))
-    cfg = LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d, rope_parameters={"rope_type": "default", "rope_theta": new_base})
+    cfg = LlamaConfig(
+        hidden_size=4 * d,
+        num_attention_heads=4,
+        head_dim=d,
+        rope_parameters={"rope_type": "default", "rope_theta": new_base},
+    )
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     want = LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)[0].double().numpy()
@@ -134,10 +157,14 @@ def test_factor_one_is_identity(name):
 def test_pi_is_default_over_factor():
     for s in (2, 4, 16):
         np.testing.assert_allclose(compute("pi", G, {"factor": s}).inv_freq, G.default_inv_freq() / s, rtol=1e-15)
-    np.testing.assert_array_equal(compute("linear", G, {"factor": 4}).inv_freq, compute("pi", G, {"factor": 4}).inv_freq)
+    np.testing.assert_array_equal(
+        compute("linear", G, {"factor": 4}).inv_freq, compute("pi", G, {"factor": 4}).inv_freq
+    )
 
 
-@pytest.mark.parametrize("name,params", [("dynamic-ntk", {"factor": 4}), ("dynamic-ntk", {"rule": "paper"}), ("dynamic-yarn", {})])
+@pytest.mark.parametrize(
+    "name,params", [("dynamic-ntk", {"factor": 4}), ("dynamic-ntk", {"rule": "paper"}), ("dynamic-yarn", {})]
+)
 def test_dynamic_at_or_below_original_length_is_default(name, params):
     for length in (1, 2048, 4096):
         np.testing.assert_allclose(compute(name, G, params, length).inv_freq, G.default_inv_freq(), rtol=1e-12)
@@ -172,8 +199,12 @@ def test_yarn_ratio_ramp_follows_the_paper():
     assert got.attention_factor == pytest.approx(0.1 * math.log(s) + 1)
     # kept exactly where wavelength < L/beta, fully interpolated where wavelength > L/alpha
     wavelength = 2 * math.pi / theta
-    np.testing.assert_array_equal(got.inv_freq[wavelength < G.original_length / beta], theta[wavelength < G.original_length / beta])
-    np.testing.assert_allclose(got.inv_freq[wavelength > G.original_length / alpha], theta[wavelength > G.original_length / alpha] / s)
+    np.testing.assert_array_equal(
+        got.inv_freq[wavelength < G.original_length / beta], theta[wavelength < G.original_length / beta]
+    )
+    np.testing.assert_allclose(
+        got.inv_freq[wavelength > G.original_length / alpha], theta[wavelength > G.original_length / alpha] / s
+    )
 
 
 def test_ratio_and_index_ramps_differ_only_in_the_blend_region():
@@ -232,6 +263,7 @@ def test_dynamic_yarn_finetuned_factor_is_the_yarn_repos_finetuned_mode():
 
 # ---------------------------------------------------------------------------------------------------------- errors
 
+
 @pytest.mark.parametrize(
     "spec,fragment",
     [
@@ -285,7 +317,9 @@ def test_interpolation_factor_of_each_method_from_its_definition():
     assert _interpolation_factor("dynamic-ntk", {"rule": "paper"}, 3 * L) == pytest.approx(3)  # max(1, l/L)
     assert _interpolation_factor("dynamic-yarn", {}, 3 * L) == pytest.approx(3)
     factors = {"short_factor": [1.0] * 31 + [1.5], "long_factor": [1.0] * 16 + [4.0] * 16}
-    assert _interpolation_factor("longrope", factors, L) == 1.5 and _interpolation_factor("longrope", factors, 2 * L) == 4
+    assert (
+        _interpolation_factor("longrope", factors, L) == 1.5 and _interpolation_factor("longrope", factors, 2 * L) == 4
+    )
 
 
 def test_plan_rows_for_ntk_pi_and_a_dynamic_method():
@@ -304,13 +338,16 @@ def test_plan_rows_for_ntk_pi_and_a_dynamic_method():
     assert {r.group for r in plan("dynamic-ntk", geom, {"factor": 2})[1]} == {"extrapolated"}  # at L: unchanged
 
 
-@pytest.mark.parametrize("args, message", [
-    ((63, 1e4, 64), "rotary dim must be an even number >= 2, got 63"),
-    ((0, 1e4, 64), "rotary dim must be an even number >= 2, got 0"),
-    ((64, 1.0, 64), "RoPE base must be a finite number > 1, got 1.0"),
-    ((64, float("inf"), 64), "RoPE base must be a finite number > 1, got inf"),
-    ((64, 1e4, 0), "original length must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((63, 1e4, 64), "rotary dim must be an even number >= 2, got 63"),
+        ((0, 1e4, 64), "rotary dim must be an even number >= 2, got 0"),
+        ((64, 1.0, 64), "RoPE base must be a finite number > 1, got 1.0"),
+        ((64, float("inf"), 64), "RoPE base must be a finite number > 1, got inf"),
+        ((64, 1e4, 0), "original length must be >= 1, got 0"),
+    ],
+)
 def test_impossible_geometries_are_refused(args, message):
     with pytest.raises(CtxevalError) as caught:
         Geometry(*args)
@@ -328,57 +365,97 @@ def test_compute_refuses_a_length_below_one_and_frequencies_that_are_not_positiv
         compute("dynamic-ntk", G, {}, 0)
     assert str(caught.value) == "sequence length must be >= 1, got 0"
     for bad in (np.inf, 0.0, -1.0):
-        method = Method("broken", "test", lambda geom, params, length, bad=bad: RopeFreqs(
-            np.array([1.0, bad]), 1.0))
+        method = Method("broken", "test", lambda geom, params, length, bad=bad: RopeFreqs(np.array([1.0, bad]), 1.0))
         with pytest.raises(CtxevalError) as caught:
             compute(method, Geometry(4, 1e4, 64), {})
-        assert str(caught.value) == ("broken with {} gives non-finite or non-positive frequencies for "
-                                     "Geometry(rotary_dim=4, base=10000.0, original_length=64)")
+        assert str(caught.value) == (
+            "broken with {} gives non-finite or non-positive frequencies for "
+            "Geometry(rotary_dim=4, base=10000.0, original_length=64)"
+        )
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("warp", "unknown method 'warp' in 'warp'; frequency methods: none, native, pi, linear, ntk, dynamic-ntk, "
-             "ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after '+'): self-extend, "
-             "rerope, leaky-rerope, logn (see 'ctxeval methods')"),
-    ("yarm", "unknown method 'yarm' in 'yarm'; did you mean 'yarn'? frequency methods: none, native, pi, linear, ntk, "
-             "dynamic-ntk, ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after "
-             "'+'): self-extend, rerope, leaky-rerope, logn (see 'ctxeval methods')"),
-    ("ntk:factor=2+self_extend", "unknown method 'self_extend' in 'ntk:factor=2+self_extend'; did you mean "
-                                 "'self-extend'? frequency methods: none, native, pi, linear, ntk, dynamic-ntk, "
-                                 "ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after "
-                                 "'+'): self-extend, rerope, leaky-rerope, logn (see 'ctxeval methods')"),
-    ("native", "native is the checkpoint's own RoPE as shipped (e.g. Llama 3.1's llama3 scaling): it has no formula "
-               "here; ctxeval reads it back from the model instead"),
-    ("yarn:beta_fast=4,beta_slow=4", "yarn: beta_slow (alpha) must be smaller than beta_fast (beta), got beta_slow=4 "
-                                     "beta_fast=4; the paper uses alpha=1, beta=32"),
-    ("llama3:low_freq_factor=4,high_freq_factor=4", "llama3: low_freq_factor must be smaller than high_freq_factor, "
-                                                    "got 4 >= 4"),
-    ("dynamic-ntk:rule=paper,factor=2", "dynamic-ntk: rule=paper uses s = max(1, l/L) and takes no factor; drop "
-                                        "factor or use rule=transformers"),
-    ("ntk:alpha=2,base=20000", "ntk: give either alpha or base, not both"),
-    ("ntk:factor=2,base=20000", "ntk: give either factor or base, not both"),
-    ("yarn:foo=1", "method 'yarn' does not take 'foo'; it takes: factor, original_max_position_embeddings, beta_fast, "
-                   "beta_slow, ramp, truncate, attention_factor, mscale, mscale_all_dim (aliases: alpha=beta_slow, "
-                   "beta=beta_fast)"),
-    ("none:factor=2", "method 'none' does not take 'factor'; it takes: no parameters"),
-    ("yarn:alpha=2,beta_slow=2", "yarn: 'beta_slow' given twice (as 'alpha' and 'beta_slow'); keep one"),
-    ("yarn:truncate=maybe", "yarn: truncate must be true or false, got 'maybe'"),
-    ("yarn:factor=abc", "yarn: factor must be a number, got 'abc'"),
-    ("yarn:factor=inf", "yarn: factor must be finite, got 'inf'"),
-    ("yarn:factor=0.5", "yarn: factor must be >= 1, got 0.5 (factor < 1 would shrink the context; use 1 for no "
-                        "scaling)"),
-    ("ntk:alpha=0.5", "ntk: alpha must be >= 1, got 0.5 (factor < 1 would shrink the context; use 1 for no scaling)"),
-    ("yarn:mscale=-1", "yarn: mscale must be >= 0, got -1"),
-    ("yarn:beta_fast=0", "yarn: beta_fast must be > 0, got 0"),
-    ("yarn:original_max_position_embeddings=1000.5", "yarn: original_max_position_embeddings must be an integer, got "
-                                                     "'1000.5'"),
-    ("yarn:original_max_position_embeddings=abc", "yarn: original_max_position_embeddings must be an integer, got "
-                                                  "'abc'"),
-    ("longrope:long_factor=1;2", "longrope needs short_factor: 64 per-pair factors, e.g. short_factor=@factors.json (a "
-                                 "JSON or TOML file, or a checkpoint's config.json) or short_factor=1.0;1.1;..."),
-    ("longrope:short_factor=1;abc", "longrope: short_factor must be a list of numbers (1.0;1.1;... or @FILE), got "
-                                    "'['1', 'abc']'"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            "warp",
+            "unknown method 'warp' in 'warp'; frequency methods: none, native, pi, linear, ntk, dynamic-ntk, "
+            "ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after '+'): self-extend, "
+            "rerope, leaky-rerope, logn (see 'ctxeval methods')",
+        ),
+        (
+            "yarm",
+            "unknown method 'yarm' in 'yarm'; did you mean 'yarn'? frequency methods: none, native, pi, linear, ntk, "
+            "dynamic-ntk, ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after "
+            "'+'): self-extend, rerope, leaky-rerope, logn (see 'ctxeval methods')",
+        ),
+        (
+            "ntk:factor=2+self_extend",
+            "unknown method 'self_extend' in 'ntk:factor=2+self_extend'; did you mean "
+            "'self-extend'? frequency methods: none, native, pi, linear, ntk, dynamic-ntk, "
+            "ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after "
+            "'+'): self-extend, rerope, leaky-rerope, logn (see 'ctxeval methods')",
+        ),
+        (
+            "native",
+            "native is the checkpoint's own RoPE as shipped (e.g. Llama 3.1's llama3 scaling): it has no formula "
+            "here; ctxeval reads it back from the model instead",
+        ),
+        (
+            "yarn:beta_fast=4,beta_slow=4",
+            "yarn: beta_slow (alpha) must be smaller than beta_fast (beta), got beta_slow=4 "
+            "beta_fast=4; the paper uses alpha=1, beta=32",
+        ),
+        (
+            "llama3:low_freq_factor=4,high_freq_factor=4",
+            "llama3: low_freq_factor must be smaller than high_freq_factor, got 4 >= 4",
+        ),
+        (
+            "dynamic-ntk:rule=paper,factor=2",
+            "dynamic-ntk: rule=paper uses s = max(1, l/L) and takes no factor; drop factor or use rule=transformers",
+        ),
+        ("ntk:alpha=2,base=20000", "ntk: give either alpha or base, not both"),
+        ("ntk:factor=2,base=20000", "ntk: give either factor or base, not both"),
+        (
+            "yarn:foo=1",
+            "method 'yarn' does not take 'foo'; it takes: factor, original_max_position_embeddings, beta_fast, "
+            "beta_slow, ramp, truncate, attention_factor, mscale, mscale_all_dim (aliases: alpha=beta_slow, "
+            "beta=beta_fast)",
+        ),
+        ("none:factor=2", "method 'none' does not take 'factor'; it takes: no parameters"),
+        ("yarn:alpha=2,beta_slow=2", "yarn: 'beta_slow' given twice (as 'alpha' and 'beta_slow'); keep one"),
+        ("yarn:truncate=maybe", "yarn: truncate must be true or false, got 'maybe'"),
+        ("yarn:factor=abc", "yarn: factor must be a number, got 'abc'"),
+        ("yarn:factor=inf", "yarn: factor must be finite, got 'inf'"),
+        (
+            "yarn:factor=0.5",
+            "yarn: factor must be >= 1, got 0.5 (factor < 1 would shrink the context; use 1 for no scaling)",
+        ),
+        (
+            "ntk:alpha=0.5",
+            "ntk: alpha must be >= 1, got 0.5 (factor < 1 would shrink the context; use 1 for no scaling)",
+        ),
+        ("yarn:mscale=-1", "yarn: mscale must be >= 0, got -1"),
+        ("yarn:beta_fast=0", "yarn: beta_fast must be > 0, got 0"),
+        (
+            "yarn:original_max_position_embeddings=1000.5",
+            "yarn: original_max_position_embeddings must be an integer, got '1000.5'",
+        ),
+        (
+            "yarn:original_max_position_embeddings=abc",
+            "yarn: original_max_position_embeddings must be an integer, got 'abc'",
+        ),
+        (
+            "longrope:long_factor=1;2",
+            "longrope needs short_factor: 64 per-pair factors, e.g. short_factor=@factors.json (a "
+            "JSON or TOML file, or a checkpoint's config.json) or short_factor=1.0;1.1;...",
+        ),
+        (
+            "longrope:short_factor=1;abc",
+            "longrope: short_factor must be a list of numbers (1.0;1.1;... or @FILE), got '['1', 'abc']'",
+        ),
+    ],
+)
 def test_every_refusal_is_one_line_that_says_what_to_do(spec, message):
     with pytest.raises(CtxevalError) as caught:
         for s in expand_specs([spec]):
@@ -386,9 +463,21 @@ def test_every_refusal_is_one_line_that_says_what_to_do(spec, message):
     assert str(caught.value) == message
 
 
-@pytest.mark.parametrize("text, value", [("true", True), ("TRUE", True), (" yes ", True), ("on", True), ("1", True),
-                                         ("false", False), ("False", False), ("no", False), ("OFF", False),
-                                         ("0", False)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("true", True),
+        ("TRUE", True),
+        (" yes ", True),
+        ("on", True),
+        ("1", True),
+        ("false", False),
+        ("False", False),
+        ("no", False),
+        ("OFF", False),
+        ("0", False),
+    ],
+)
 def test_boolean_parameters_as_users_write_them(text, value):
     (s,) = expand_specs([f"yarn:factor=4,truncate={text}"])
     expected = compute("yarn", G, {"factor": 4, "truncate": value})
@@ -400,7 +489,9 @@ def test_an_integer_parameter_is_an_int():
     from ctxeval.rope.methods import get_method, resolve_params
 
     params = resolve_params(get_method("yarn"), {"original_max_position_embeddings": "4096"})
-    assert params["original_max_position_embeddings"] == 4096 and type(params["original_max_position_embeddings"]) is int
+    assert (
+        params["original_max_position_embeddings"] == 4096 and type(params["original_max_position_embeddings"]) is int
+    )
     assert type(resolve_params(get_method("yarn"), {"factor": "4"})["factor"]) is float
 
 
@@ -409,16 +500,25 @@ def test_factor_lists_from_files_that_are_not_right(tmp_path):
     bad_json.write_text("{not json")
     bad_toml.write_text("short_factor = [1, ")
     cases = [
-        (f"@{bad_json}", f"longrope: short_factor: {bad_json} is not JSON (Expecting property name enclosed in "
-                         "double quotes at line 1 column 2)"),
+        (
+            f"@{bad_json}",
+            f"longrope: short_factor: {bad_json} is not JSON (Expecting property name enclosed in "
+            "double quotes at line 1 column 2)",
+        ),
         (f"@{bad_toml}", f"longrope: short_factor: {bad_toml} is not valid TOML ("),
-        (f"@{tmp_path / 'none.json'}", f"longrope: short_factor: cannot read {tmp_path / 'none.json'} (No such file or "
-                                       "directory)"),
+        (
+            f"@{tmp_path / 'none.json'}",
+            f"longrope: short_factor: cannot read {tmp_path / 'none.json'} (No such file or directory)",
+        ),
     ]
     empty = tmp_path / "config.json"
     empty.write_text(json.dumps({"rope_scaling": {"long_factor": [1.0] * 64}}))
-    cases.append((f"@{empty}", f"longrope: short_factor: {empty} holds no 'short_factor' (top level, rope_parameters or "
-                               "rope_scaling)"))
+    cases.append(
+        (
+            f"@{empty}",
+            f"longrope: short_factor: {empty} holds no 'short_factor' (top level, rope_parameters or rope_scaling)",
+        )
+    )
     for value, message in cases:
         with pytest.raises(CtxevalError) as caught:
             compute("longrope", G, {"short_factor": value, "long_factor": [1.0] * 64})
@@ -433,4 +533,5 @@ def test_longrope_attention_factor_override():
     factors = {"short_factor": [1.0] * 64, "long_factor": [2.0] * 64, "factor": 4}
     assert compute("longrope", G, {**factors, "attention_factor": 1.25}, 4096).attention_factor == 1.25
     assert compute("longrope", G, factors, 4096).attention_factor == pytest.approx(
-        math.sqrt(1 + math.log(4) / math.log(G.original_length)))
+        math.sqrt(1 + math.log(4) / math.log(G.original_length))
+    )

@@ -9,8 +9,8 @@ import pytest
 from ctxeval.errors import CtxevalError
 from ctxeval.evals.positions import MAX_BUCKETS, default_edges, key_sums, parse_position_buckets
 
-
 # ------------------------------------------------------------------------------------------------ positions.py
+
 
 def test_default_edges_without_a_trained_length_are_the_octaves():
     assert default_edges(1024) == (1, 32, 64, 128, 256, 512, 1024)
@@ -35,8 +35,11 @@ def test_no_position_buckets_means_octaves_with_the_trained_length(text):
 
 
 def test_a_bucket_count_above_the_limit_names_the_range():
-    with pytest.raises(CtxevalError, match=rf"^--position-buckets must be a bucket count in 1\.\.{MAX_BUCKETS}, "
-                                           r"got '1025'$"):
+    with pytest.raises(
+        CtxevalError,
+        match=rf"^--position-buckets must be a bucket count in 1\.\.{MAX_BUCKETS}, "
+        r"got '1025'$",
+    ):
         parse_position_buckets("1025", 4096, None)
     edges = parse_position_buckets(str(MAX_BUCKETS), 10**6, None)  # the limit itself is allowed
     assert edges[:3] == (1, 2, 3) and edges[-1] == 10**6
@@ -77,6 +80,7 @@ def test_key_sums_add_float32_losses_in_float64():
 
 # ----------------------------------------------------------------------------------------------- key_tokens.py
 
+
 class _Tokenizer:
     """A tokenizer's surface as key_tokens reads it: vocabulary, BOS id, ids with and without default specials."""
 
@@ -101,9 +105,17 @@ def test_a_tokenizer_is_the_same_as_itself_and_as_an_equal_copy():
     assert same_tokenizer(a, b) is True and same_tokenizer(a, _Tokenizer(bos=None)) is True
 
 
-@pytest.mark.parametrize("other", [_Tokenizer(vocab_size=51), _Tokenizer(bos=2), _Tokenizer(bos=None),
-                                   _Tokenizer(prefix=()), _Tokenizer(prefix=(1, 2))],
-                         ids=["vocabulary", "bos", "no-bos", "no-prefix", "longer-prefix"])
+@pytest.mark.parametrize(
+    "other",
+    [
+        _Tokenizer(vocab_size=51),
+        _Tokenizer(bos=2),
+        _Tokenizer(bos=None),
+        _Tokenizer(prefix=()),
+        _Tokenizer(prefix=(1, 2)),
+    ],
+    ids=["vocabulary", "bos", "no-bos", "no-prefix", "longer-prefix"],
+)
 def test_tokenizers_differing_in_one_respect_are_not_the_same(other):
     from ctxeval.evals.key_tokens import same_tokenizer
 
@@ -111,8 +123,9 @@ def test_tokenizers_differing_in_one_respect_are_not_the_same(other):
     assert same_tokenizer(other, _Tokenizer()) is False
 
 
-@pytest.mark.parametrize("bos, prefix, candidates", [(False, (), 12), (False, (7, 8), 14), (True, (), 11),
-                                                     (True, (7, 8), 13)])
+@pytest.mark.parametrize(
+    "bos, prefix, candidates", [(False, (), 12), (False, (7, 8), 14), (True, (), 11), (True, (7, 8), 13)]
+)
 def test_summary_counts_the_evaluators_candidate_tokens(bos, prefix, candidates):
     """The evaluator reads its prefix + the document without the evaluated model's BOS: a 20-token sequence with
     context 8 leaves 20 - bos + len(prefix) - 8 tokens that can be key tokens."""
@@ -124,14 +137,24 @@ def test_summary_counts_the_evaluators_candidate_tokens(bos, prefix, candidates)
     assert out["file"] == CACHE_FILE and out["evaluator"] == "ev" and out["context"] == 8
     assert out["documents"] == [
         {"doc": "a", "key_tokens": 3, "candidates": candidates, "fraction": round(3 / candidates, 6)},
-        {"doc": "b", "key_tokens": 0, "candidates": 0, "fraction": None}]
+        {"doc": "b", "key_tokens": 0, "candidates": 0, "fraction": None},
+    ]
 
 
 def _settings(**kw):
     from ctxeval.evals.key_tokens import KeyTokenSettings
 
-    return KeyTokenSettings(**{"evaluator": "ev", "method": "yarn(factor=2)", "context": 8, "window": 2,
-                               "evaluator_prefix": (1,), "bos": False, **kw})
+    return KeyTokenSettings(
+        **{
+            "evaluator": "ev",
+            "method": "yarn(factor=2)",
+            "context": 8,
+            "window": 2,
+            "evaluator_prefix": (1,),
+            "bos": False,
+            **kw,
+        }
+    )
 
 
 def _cache(path, settings, documents):
@@ -144,29 +167,42 @@ def _cache(path, settings, documents):
 def test_a_cache_of_these_settings_and_documents_is_read_back(tmp_path):
     from ctxeval.evals.key_tokens import read_cache
 
-    path = _cache(tmp_path / "k.json", _settings(), {"a": {"sequence_tokens": 20, "positions": [1, 5, 19]},
-                                                     "b": {"sequence_tokens": 12, "positions": []},
-                                                     "c": {"sequence_tokens": 30, "positions": [3.0, 4]}})
+    path = _cache(
+        tmp_path / "k.json",
+        _settings(),
+        {
+            "a": {"sequence_tokens": 20, "positions": [1, 5, 19]},
+            "b": {"sequence_tokens": 12, "positions": []},
+            "c": {"sequence_tokens": 30, "positions": [3.0, 4]},
+        },
+    )
     got = read_cache(path, _settings(), {"a": 20, "b": 12, "c": 30})
     assert {k: (v.tolist(), v.dtype) for k, v in got.items()} == {
-        "a": ([1, 5, 19], np.int64), "b": ([], np.int64), "c": ([3, 4], np.int64)}
+        "a": ([1, 5, 19], np.int64),
+        "b": ([], np.int64),
+        "c": ([3, 4], np.int64),
+    }
     assert list(read_cache(path, _settings(), {"b": 12})) == ["b"]  # documents the run does not read are left
 
 
-@pytest.mark.parametrize("entry", [
-    {"sequence_tokens": 21, "positions": [1, 5]},  # another length
-    {"positions": [1, 5]},
-    {"sequence_tokens": 20, "positions": "1,5"},
-    {"sequence_tokens": 20},
-    {"sequence_tokens": 20, "positions": [0, 5]},  # position 0 has no loss
-    {"sequence_tokens": 20, "positions": [5, 20]},  # past the sequence
-    {"sequence_tokens": 20, "positions": [5, 5]},  # not increasing
-    {"sequence_tokens": 20, "positions": [6, 5]},
-    {"sequence_tokens": 20, "positions": [1.5]},
-    {"sequence_tokens": 20, "positions": ["3"]},
-    {"sequence_tokens": 20, "positions": [True]},
-    [1, 5],
-], ids=lambda e: str(e))
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"sequence_tokens": 21, "positions": [1, 5]},  # another length
+        {"positions": [1, 5]},
+        {"sequence_tokens": 20, "positions": "1,5"},
+        {"sequence_tokens": 20},
+        {"sequence_tokens": 20, "positions": [0, 5]},  # position 0 has no loss
+        {"sequence_tokens": 20, "positions": [5, 20]},  # past the sequence
+        {"sequence_tokens": 20, "positions": [5, 5]},  # not increasing
+        {"sequence_tokens": 20, "positions": [6, 5]},
+        {"sequence_tokens": 20, "positions": [1.5]},
+        {"sequence_tokens": 20, "positions": ["3"]},
+        {"sequence_tokens": 20, "positions": [True]},
+        [1, 5],
+    ],
+    ids=lambda e: str(e),
+)
 def test_a_cache_entry_that_does_not_fit_the_document_is_stale(tmp_path, entry):
     from ctxeval.evals.key_tokens import read_cache
 
@@ -175,8 +211,18 @@ def test_a_cache_entry_that_does_not_fit_the_document_is_stale(tmp_path, entry):
     assert read_cache(path, _settings(), {"b": 12})["b"].tolist() == [2]  # the other document alone is fine
 
 
-@pytest.mark.parametrize("change", [dict(evaluator="other"), dict(context=9), dict(window=3), dict(bos=True),
-                                    dict(evaluator_prefix=()), dict(alpha=2.5), dict(beta=1.0)])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(evaluator="other"),
+        dict(context=9),
+        dict(window=3),
+        dict(bos=True),
+        dict(evaluator_prefix=()),
+        dict(alpha=2.5),
+        dict(beta=1.0),
+    ],
+)
 def test_a_cache_of_other_settings_is_stale(tmp_path, change):
     from ctxeval.evals.key_tokens import read_cache
 
@@ -210,9 +256,17 @@ def test_default_context_is_the_papers_4096_only_past_it():
 
 def test_the_settings_record_is_what_run_json_and_the_cache_hold():
     s = _settings(evaluator_prefix=(1, 5), bos=True, alpha=1.5)
-    assert s.record() == {"evaluator": "ev", "method": "yarn(factor=2)", "context": 8, "window": 2,
-                          "evaluator_prefix": [1, 5], "bos": True, "alpha": 1.5, "beta": 2.0,
-                          "rule": "LongPPL find_key_token: short loss - long loss > alpha and long loss < beta"}
+    assert s.record() == {
+        "evaluator": "ev",
+        "method": "yarn(factor=2)",
+        "context": 8,
+        "window": 2,
+        "evaluator_prefix": [1, 5],
+        "bos": True,
+        "alpha": 1.5,
+        "beta": 2.0,
+        "rule": "LongPPL find_key_token: short loss - long loss > alpha and long loss < beta",
+    }
 
 
 def test_the_truncate_sequence_is_bos_and_the_documents_first_tokens():
@@ -256,8 +310,11 @@ def _find(tmp_path, monkeypatch, bos, spec="none", found=None, load=None, shippe
 
     monkeypatch.setattr(K, "applying", applying)
     monkeypatch.setattr(K, "evaluator_keys", keys)
-    lm = SimpleNamespace(model="evaluator-model", device="cpu",
-                         rope=None if shipped is None else SimpleNamespace(shipped={"rope_type": shipped}))
+    lm = SimpleNamespace(
+        model="evaluator-model",
+        device="cpu",
+        rope=None if shipped is None else SimpleNamespace(shipped={"rope_type": shipped}),
+    )
 
     def load_evaluator():
         events.append("load")
@@ -267,8 +324,9 @@ def _find(tmp_path, monkeypatch, bos, spec="none", found=None, load=None, shippe
     store = _Store(tmp_path)
     settings = _settings(bos=bos is not None, context=4)
     notes = SimpleNamespace(note=lambda text: events.append(("note", text)))
-    got = K.find_key_tokens(store, settings, load or load_evaluator, expand_specs([spec])[0], docs, 16, bos,
-                            chunk_size=8, progress=notes)
+    got = K.find_key_tokens(
+        store, settings, load or load_evaluator, expand_specs([spec])[0], docs, 16, bos, chunk_size=8, progress=notes
+    )
     return got, seen, events, store, settings
 
 
@@ -280,40 +338,64 @@ def test_the_evaluator_reads_each_document_without_the_evaluated_models_bos(tmp_
 
     got, seen, events, store, settings = _find(tmp_path, monkeypatch, bos)
     n = 15 if bos is not None else 16  # document tokens in a 16-token sequence
-    assert seen == [("evaluator-model", "cpu", list(range(100, 100 + n)), 8),
-                    ("evaluator-model", "cpu", list(range(200, 200 + n)), 8)]
-    assert events == ["load", ("apply", "none", (16,)), ("note", "key tokens: ev under none on a"),
-                      ("note", "key tokens: ev under none on b"), "release"]
+    assert seen == [
+        ("evaluator-model", "cpu", list(range(100, 100 + n)), 8),
+        ("evaluator-model", "cpu", list(range(200, 200 + n)), 8),
+    ]
+    assert events == [
+        "load",
+        ("apply", "none", (16,)),
+        ("note", "key tokens: ev under none on a"),
+        ("note", "key tokens: ev under none on b"),
+        "release",
+    ]
     assert {k: v.tolist() for k, v in got.items()} == {"a": [2, n - 1], "b": [2, n - 1]}
     assert (tmp_path / CACHE_FILE).read_text().count("\n") == 1
     cache = json.loads((tmp_path / CACHE_FILE).read_text())
     assert cache["documents"] == {d: {"sequence_tokens": 16, "positions": [2, n - 1]} for d in ("a", "b")}
-    assert {k: v.tolist() for k, v in read_cache(tmp_path / CACHE_FILE, settings, {"a": 16, "b": 16}).items()} == \
-        {"a": [2, n - 1], "b": [2, n - 1]}
+    assert {k: v.tolist() for k, v in read_cache(tmp_path / CACHE_FILE, settings, {"a": 16, "b": 16}).items()} == {
+        "a": [2, n - 1],
+        "b": [2, n - 1],
+    }
     assert store.updates == [{"key_tokens": summary(settings, got, {"a": 16, "b": 16})}]
     # a second run reads the file: no evaluator is loaded
-    again, seen2, events2, store2, _ = _find(tmp_path, monkeypatch, bos,
-                                             load=lambda: (_ for _ in ()).throw(AssertionError("loaded again")))
-    assert seen2 == [] and events2 == [] and {k: v.tolist() for k, v in again.items()} == \
-        {k: v.tolist() for k, v in got.items()}
+    again, seen2, events2, store2, _ = _find(
+        tmp_path, monkeypatch, bos, load=lambda: (_ for _ in ()).throw(AssertionError("loaded again"))
+    )
+    assert (
+        seen2 == []
+        and events2 == []
+        and {k: v.tolist() for k, v in again.items()} == {k: v.tolist() for k, v in got.items()}
+    )
     assert store2.updates == store.updates
 
 
 @pytest.mark.parametrize("spec, shipped", [("dynamic-ntk", None), ("native", "dynamic"), ("native", "longrope")])
-def test_a_length_dependent_evaluator_method_is_refused_and_the_evaluator_released(tmp_path, monkeypatch, spec,
-                                                                                    shipped):
+def test_a_length_dependent_evaluator_method_is_refused_and_the_evaluator_released(
+    tmp_path, monkeypatch, spec, shipped
+):
     from types import SimpleNamespace
 
     from ctxeval.evals.key_tokens import CACHE_FILE
 
     events = []
     rope = None if shipped is None else SimpleNamespace(shipped={"rope_type": shipped})
-    with pytest.raises(CtxevalError, match=rf"^--key-tokens-method {spec} depends on the sequence length; key tokens "
-                                           r"are found once per document: give a static method \(e\.g\. "
-                                           r"yarn:factor=2\)$"):
-        _find(tmp_path, monkeypatch, None, spec=spec, load=lambda: (
-            events.append("load") or (SimpleNamespace(model=None, device="cpu", rope=rope),
-                                      lambda: events.append("release"))))
+    with pytest.raises(
+        CtxevalError,
+        match=rf"^--key-tokens-method {spec} depends on the sequence length; key tokens "
+        r"are found once per document: give a static method \(e\.g\. "
+        r"yarn:factor=2\)$",
+    ):
+        _find(
+            tmp_path,
+            monkeypatch,
+            None,
+            spec=spec,
+            load=lambda: (
+                events.append("load")
+                or (SimpleNamespace(model=None, device="cpu", rope=rope), lambda: events.append("release"))
+            ),
+        )
     assert events == ["load", "release"] and not (tmp_path / CACHE_FILE).exists()
 
 
@@ -356,21 +438,36 @@ def test_another_rank_reads_the_main_ranks_file_and_refuses_a_missing_one(tmp_pa
 def test_a_non_finite_value_in_a_document_the_run_does_not_read_leaves_the_cache_usable(tmp_path):
     from ctxeval.evals.key_tokens import read_cache
 
-    path = _cache(tmp_path / "k.json", _settings(), {"a": {"sequence_tokens": 20, "positions": [3]},
-                                                     "other": {"sequence_tokens": 20, "positions": [float("nan")]}})
+    path = _cache(
+        tmp_path / "k.json",
+        _settings(),
+        {"a": {"sequence_tokens": 20, "positions": [3]}, "other": {"sequence_tokens": 20, "positions": [float("nan")]}},
+    )
     assert "NaN" in path.read_text()
     assert read_cache(path, _settings(), {"a": 20})["a"].tolist() == [3]
     assert read_cache(path, _settings(), {"a": 20, "other": 20}) is None
 
 
-@pytest.mark.parametrize("change, fragment", [
-    (dict(protocol="sliding"), r"^--key-tokens \(LongPPL\) scores one long context per document: use --protocol truncate$"),
-    (dict(context=0), r"^--key-tokens-context must be at least 1 token \(its stride a quarter of it, at least 1\), got 0$"),
-    (dict(window=0), r"^--key-tokens-context must be at least 1 token .*, got 8$"),
-    (dict(context=64), r"^--key-tokens-context 64 is not shorter than the longest length 64: no token would have more "
-                       r"than the short context; use a smaller --key-tokens-context or longer --lengths$"),
-    (dict(context=100), r"^--key-tokens-context 100 is not shorter than the longest length 64"),
-])
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (
+            dict(protocol="sliding"),
+            r"^--key-tokens \(LongPPL\) scores one long context per document: use --protocol truncate$",
+        ),
+        (
+            dict(context=0),
+            r"^--key-tokens-context must be at least 1 token \(its stride a quarter of it, at least 1\), got 0$",
+        ),
+        (dict(window=0), r"^--key-tokens-context must be at least 1 token .*, got 8$"),
+        (
+            dict(context=64),
+            r"^--key-tokens-context 64 is not shorter than the longest length 64: no token would have more "
+            r"than the short context; use a smaller --key-tokens-context or longer --lengths$",
+        ),
+        (dict(context=100), r"^--key-tokens-context 100 is not shorter than the longest length 64"),
+    ],
+)
 def test_key_token_settings_are_checked(change, fragment):
     from ctxeval.evals.key_tokens import check_settings
 
@@ -396,7 +493,7 @@ class _Wrapping(_Tokenizer):
     def __call__(self, text, add_special_tokens=True):
         ids = super().__call__(text, add_special_tokens)["input_ids"]
         if add_special_tokens and self.merge:
-            ids = ids[:len(self.prefix)] + [99] + ids[len(self.prefix) + 2:]  # the first two text tokens as one
+            ids = ids[: len(self.prefix)] + [99] + ids[len(self.prefix) + 2 :]  # the first two text tokens as one
         return {"input_ids": ids + (self.after if add_special_tokens else [])}
 
 
@@ -411,13 +508,17 @@ def test_special_prefix_is_what_comes_before_the_texts_own_tokens(before, after)
 def test_a_tokenizer_that_changes_the_texts_tokens_is_refused(before, after):
     from ctxeval.evals.key_tokens import special_prefix
 
-    with pytest.raises(CtxevalError, match=r"^the tokenizer's default special tokens change the text's own tokens; "
-                                           r"LongPPL's key tokens cannot be placed: use an evaluator whose tokenizer "
-                                           r"only adds tokens around the text$"):
+    with pytest.raises(
+        CtxevalError,
+        match=r"^the tokenizer's default special tokens change the text's own tokens; "
+        r"LongPPL's key tokens cannot be placed: use an evaluator whose tokenizer "
+        r"only adds tokens around the text$",
+    ):
         special_prefix(_Wrapping(before, after, merge=True))
 
 
 # ------------------------------------------------------------------------------------------------- entropy.py
+
 
 def _reference_entropy(query, key, heads, scale, allowed=None, additive=None):
     """Per query: mean over `heads` of -sum p ln p, p = causal softmax(q k^T * scale) (float64, one head at a time)."""
@@ -500,10 +601,15 @@ def test_observe_applies_the_modules_mask(kind):
     n = 9
     q, k = _qk(n=n)
     i = torch.arange(n)
-    window = (i[None, :] > i[:, None] - 3)  # key j within 3 of query i (the causal part is the capture's own)
+    window = i[None, :] > i[:, None] - 3  # key j within 3 of query i (the causal part is the capture's own)
     mask = window if kind.startswith("bool") else torch.zeros(n, n).masked_fill(~window, float("-inf"))
-    mask = mask[None, None] if kind.endswith("4") else mask[None, None].expand(1, 2, n, n) if kind.endswith("4h") \
+    mask = (
+        mask[None, None]
+        if kind.endswith("4")
+        else mask[None, None].expand(1, 2, n, n)
+        if kind.endswith("4h")
         else mask[None]
+    )
     cap = EntropyCapture(None, None, 4)
     cap.observe(SimpleNamespace(layer_idx=0), q, k, mask, 0.5, {})
     want = _reference_entropy(q, k, range(4), 0.5, allowed=window)
@@ -537,9 +643,15 @@ def test_observe_refuses_what_it_does_not_model():
 
     q, k = _qk()
     cap = EntropyCapture(None, None, 4)
-    for module, kwargs in ((SimpleNamespace(layer_idx=0), {"softcap": 50.0}), (SimpleNamespace(layer_idx=0, sinks=1), {})):
-        with pytest.raises(CtxevalError, match=r"^entropy: this model's attention uses logit soft-capping or sinks, "
-                                               r"which the entropy measurement does not model$"):
+    for module, kwargs in (
+        (SimpleNamespace(layer_idx=0), {"softcap": 50.0}),
+        (SimpleNamespace(layer_idx=0, sinks=1), {}),
+    ):
+        with pytest.raises(
+            CtxevalError,
+            match=r"^entropy: this model's attention uses logit soft-capping or sinks, "
+            r"which the entropy measurement does not model$",
+        ):
             cap.observe(module, q, k, None, 0.5, kwargs)
     cap.observe(SimpleNamespace(layer_idx=0, sinks=None), q, k, None, 0.5, {"softcap": None})  # absent: fine
     one = r"^entropy measures one full-sequence forward at a time \(batch 1, no cache\)$"
@@ -583,11 +695,40 @@ def test_an_entropy_row_holds_the_per_layer_means_over_its_length():
     per_layer = {1: torch.arange(16, dtype=torch.float64), 0: torch.ones(16, dtype=torch.float64)}
     spec = expand_specs(["yarn:factor=2"])[0]
     row = runner._row(spec, TokenDoc("d", np.arange(20)), 8, per_layer, 1.25)
-    assert {k: row[k] for k in ("model", "label", "task", "metric", "length", "doc", "layers", "entropy_per_layer",
-                                "entropy", "value", "uniform_entropy", "heads", "seconds", "status")} == {
-        "model": "tiny", "label": "yarn(factor=2)", "task": "entropy", "metric": row["metric"], "length": 8,
-        "doc": "d", "layers": [0, 1], "entropy_per_layer": [1.0, 3.5], "entropy": 2.25, "value": 2.25,
-        "uniform_entropy": uniform_entropy(8), "heads": [0, 3], "seconds": 1.25, "status": "ok"}
+    assert {
+        k: row[k]
+        for k in (
+            "model",
+            "label",
+            "task",
+            "metric",
+            "length",
+            "doc",
+            "layers",
+            "entropy_per_layer",
+            "entropy",
+            "value",
+            "uniform_entropy",
+            "heads",
+            "seconds",
+            "status",
+        )
+    } == {
+        "model": "tiny",
+        "label": "yarn(factor=2)",
+        "task": "entropy",
+        "metric": row["metric"],
+        "length": 8,
+        "doc": "d",
+        "layers": [0, 1],
+        "entropy_per_layer": [1.0, 3.5],
+        "entropy": 2.25,
+        "value": 2.25,
+        "uniform_entropy": uniform_entropy(8),
+        "heads": [0, 3],
+        "seconds": 1.25,
+        "status": "ok",
+    }
     assert _runner()[0]._row(spec, TokenDoc("d", np.arange(20)), 8, per_layer, 1.0)["heads"] == "all"
 
 
@@ -635,10 +776,18 @@ def test_a_length_dependent_method_runs_one_forward_per_length_and_an_oom_ends_i
     assert calls == [8, 16, 24]  # the length after the one that ran out of memory is still measured
     assert [(r["length"], r["status"]) for r in rows] == [(8, "ok"), (16, "oom"), (24, "ok")]
     assert {k: rows[1][k] for k in ("model", "label", "task", "doc", "note", "value")} == {
-        "model": "tiny", "label": "dynamic-ntk", "task": "entropy", "doc": "d", "note": "out of memory (injected)",
-        "value": None}
-    assert notes.events == [("advance", 8, "dynamic-ntk d L=8"), ("note", "dynamic-ntk: out of memory at 16 tokens"),
-                            ("advance", 24, "dynamic-ntk d L=24")]
+        "model": "tiny",
+        "label": "dynamic-ntk",
+        "task": "entropy",
+        "doc": "d",
+        "note": "out of memory (injected)",
+        "value": None,
+    }
+    assert notes.events == [
+        ("advance", 8, "dynamic-ntk d L=8"),
+        ("note", "dynamic-ntk: out of memory at 16 tokens"),
+        ("advance", 24, "dynamic-ntk d L=24"),
+    ]
 
 
 def test_a_static_method_that_runs_out_of_memory_says_so_and_measures_length_by_length():
@@ -654,8 +803,11 @@ def test_a_static_method_that_runs_out_of_memory_says_so_and_measures_length_by_
         runner.measure(expand_specs(["none"])[0], TokenDoc("d", np.arange(5, 45)), [16, 8], cap, rows.extend)
     assert calls == [16, 8, 16]
     assert [(r["length"], r["status"]) for r in rows] == [(8, "ok"), (16, "oom")]
-    assert notes.events == [("note", "none: out of memory at 16 tokens; measuring length by length"),
-                            ("advance", 8, "none d L=8"), ("note", "none: out of memory at 16 tokens")]
+    assert notes.events == [
+        ("note", "none: out of memory at 16 tokens; measuring length by length"),
+        ("advance", 8, "none d L=8"),
+        ("note", "none: out of memory at 16 tokens"),
+    ]
 
 
 def test_a_static_method_measures_every_length_in_one_forward():
@@ -687,6 +839,7 @@ def test_layers_are_checked_against_the_models():
 
 # ------------------------------------------------------------------------------------------ attention/methods.py
 
+
 def _att(name, **given):
     from ctxeval.attention.methods import resolve_attention
 
@@ -696,16 +849,18 @@ def _att(name, **given):
 def test_an_unknown_attention_method_names_the_known_ones():
     from ctxeval.attention.methods import ATTENTION_METHODS, get_attention_method
 
-    with pytest.raises(CtxevalError, match=r"^unknown attention method 'yarn'; choose one of: self-extend, rerope, "
-                                           r"leaky-rerope, logn$"):
+    with pytest.raises(
+        CtxevalError,
+        match=r"^unknown attention method 'yarn'; choose one of: self-extend, rerope, "
+        r"leaky-rerope, logn$",
+    ):
         get_attention_method("yarn")
     assert get_attention_method("rerope") is ATTENTION_METHODS["rerope"]
     assert [m.remaps for m in ATTENTION_METHODS.values()] == [True, True, True, False]
 
 
 def test_attention_parameters_are_typed_and_defaults_filled():
-    assert (_att("self-extend").params, _att("self-extend").given) == (
-        {"group_size": 8, "neighbor_window": 1024}, {})
+    assert (_att("self-extend").params, _att("self-extend").given) == ({"group_size": 8, "neighbor_window": 1024}, {})
     assert _att("rerope").params == {"window": 512, "logn": True, "length": None}
     assert _att("leaky-rerope").params == {"window": 512, "k": 16.0, "logn": True, "length": None}
     assert _att("logn").params == {"length": None}
@@ -718,11 +873,17 @@ def test_attention_parameters_are_typed_and_defaults_filled():
 
 
 def test_bad_attention_parameters_are_one_line_errors():
-    with pytest.raises(CtxevalError, match=r"^attention method 'rerope' does not take 'k'; it takes: window, logn, "
-                                           r"length$"):
+    with pytest.raises(
+        CtxevalError,
+        match=r"^attention method 'rerope' does not take 'k'; it takes: window, logn, "
+        r"length$",
+    ):
         _att("rerope", k=2)
-    with pytest.raises(CtxevalError, match=r"^self-extend: neighbor_window \(4\) must be >= group_size \(8\): the "
-                                           r"grouped query position i//G \+ W - W//G assumes W >= G$"):
+    with pytest.raises(
+        CtxevalError,
+        match=r"^self-extend: neighbor_window \(4\) must be >= group_size \(8\): the "
+        r"grouped query position i//G \+ W - W//G assumes W >= G$",
+    ):
         _att("self-extend", neighbor_window=4)
     with pytest.raises(CtxevalError, match=r"^self-extend: neighbor_window \(3\) must be >= group_size \(4\)"):
         _att("self-extend", group_size=4, neighbor_window=3)
@@ -736,22 +897,35 @@ def test_attention_combinations():
     check_combination((_att("self-extend"), _att("logn")))
     check_combination((_att("rerope", logn=False), _att("logn")))
     check_combination((_att("leaky-rerope"),))
-    with pytest.raises(CtxevalError, match=r"^rerope and self-extend both change far pairs' positions; combine at most "
-                                           r"one of self-extend, rerope, leaky-rerope \(with logn and a frequency "
-                                           r"method\)$"):
+    with pytest.raises(
+        CtxevalError,
+        match=r"^rerope and self-extend both change far pairs' positions; combine at most "
+        r"one of self-extend, rerope, leaky-rerope \(with logn and a frequency "
+        r"method\)$",
+    ):
         check_combination((_att("rerope"), _att("logn"), _att("self-extend")))
     with pytest.raises(CtxevalError, match=r"^attention method given twice: logn\+logn$"):
         check_combination((_att("logn"), _att("logn")))
-    with pytest.raises(CtxevalError, match=r"^leaky-rerope already applies logn \(its logn=true\); drop \+logn or set "
-                                           r"logn=false$"):
+    with pytest.raises(
+        CtxevalError,
+        match=r"^leaky-rerope already applies logn \(its logn=true\); drop \+logn or set "
+        r"logn=false$",
+    ):
         check_combination((_att("leaky-rerope", window=8), _att("logn")))
 
 
 def test_window_and_logn_length_of_each_method():
     from ctxeval.attention.methods import logn_length, window_of
 
-    assert [window_of(s) for s in (_att("self-extend", neighbor_window=64), _att("rerope", window=32),
-                                   _att("leaky-rerope", window=16), _att("logn"))] == [64, 32, 16, None]
+    assert [
+        window_of(s)
+        for s in (
+            _att("self-extend", neighbor_window=64),
+            _att("rerope", window=32),
+            _att("leaky-rerope", window=16),
+            _att("logn"),
+        )
+    ] == [64, 32, 16, None]
     assert logn_length(_att("logn"), 4096) == 4096 and logn_length(_att("logn", length=100), 4096) == 100
     assert logn_length(_att("rerope"), 4096) == 4096 and logn_length(_att("rerope", length=8), 4096) == 8
     assert logn_length(_att("rerope", logn=False), 4096) is None
@@ -762,16 +936,22 @@ def test_noop_reason_says_why_the_methods_change_nothing():
     from ctxeval.attention.methods import noop_reason
 
     rerope = _att("rerope", window=512, logn=False)
-    assert noop_reason((rerope,), [128, 512], 64) == \
-        "rerope's window 512 >= the longest length 512: identical to the model without them"
+    assert (
+        noop_reason((rerope,), [128, 512], 64)
+        == "rerope's window 512 >= the longest length 512: identical to the model without them"
+    )
     assert noop_reason((rerope,), [513, 128], 64) is None
     assert noop_reason((_att("logn"),), [32, 64], 64) == "logn is 1 up to L=64: identical to the model without them"
     assert noop_reason((_att("logn"),), [65], 64) is None
-    assert noop_reason((_att("rerope", window=600), ), [512], 512) == \
-        "rerope's window 600 >= the longest length 512; logn is 1 up to L=512: identical to the model without them"
-    assert noop_reason((_att("rerope", window=600), ), [513], 512) is None  # logn scales past L
-    assert noop_reason((_att("self-extend", group_size=2, neighbor_window=8), _att("logn", length=8)), [8], 64) == \
-        "self-extend's window 8 >= the longest length 8; logn is 1 up to L=8: identical to the model without them"
+    assert (
+        noop_reason((_att("rerope", window=600),), [512], 512)
+        == "rerope's window 600 >= the longest length 512; logn is 1 up to L=512: identical to the model without them"
+    )
+    assert noop_reason((_att("rerope", window=600),), [513], 512) is None  # logn scales past L
+    assert (
+        noop_reason((_att("self-extend", group_size=2, neighbor_window=8), _att("logn", length=8)), [8], 64)
+        == "self-extend's window 8 >= the longest length 8; logn is 1 up to L=8: identical to the model without them"
+    )
     assert noop_reason((_att("logn", length=8), _att("self-extend", group_size=2, neighbor_window=4)), [8], 64) is None
 
 
@@ -831,8 +1011,11 @@ def test_a_model_whose_attention_is_not_seen_is_refused():
     from ctxeval.evals.entropy import EntropyCapture
 
     runner, _ = _runner()
-    with pytest.raises(CtxevalError, match=r"^entropy: no attention call was seen; this model does not use "
-                                           r"transformers' attention functions \(sdpa\)$"):
+    with pytest.raises(
+        CtxevalError,
+        match=r"^entropy: no attention call was seen; this model does not use "
+        r"transformers' attention functions \(sdpa\)$",
+    ):
         runner._forward(EntropyCapture(None, None, 8), TokenDoc("d", np.arange(5, 45)), 8)  # not watching sdpa
 
 
@@ -843,8 +1026,8 @@ def test_the_entropy_sweep_measures_what_the_runner_measures_with_bos_per_method
     from ctxeval.evals.entropy import EntropyConfig, EntropyRunner, capture, sweep
     from ctxeval.evals.sweep import applying
     from ctxeval.models.load import load_model
-    from ctxeval.specs import expand_specs
     from ctxeval.runs.store import RunStore
+    from ctxeval.specs import expand_specs
     from ctxeval.tiny import MODEL_DIR
 
     lm = load_model(str(MODEL_DIR), device="cpu", dtype="float32")
@@ -870,8 +1053,10 @@ def test_the_entropy_sweep_measures_what_the_runner_measures_with_bos_per_method
     assert got[("dynamic-ntk", 256)] != pytest.approx(got[("none", 256)], abs=1e-6)
     assert notes.events[0] == ("start", 256 + 64 + 256)  # the static method's longest length, the dynamic one's sum
     assert [e for e in notes.events if e[0] == "advance"] == [
-        ("advance", 256, "none d L=256"), ("advance", 64, "dynamic-ntk d L=64"),
-        ("advance", 256, "dynamic-ntk d L=256")]
+        ("advance", 256, "none d L=256"),
+        ("advance", 64, "dynamic-ntk d L=64"),
+        ("advance", 256, "dynamic-ntk d L=256"),
+    ]
 
 
 def test_the_query_chunk_is_the_largest_the_byte_budget_allows(monkeypatch):
@@ -906,8 +1091,8 @@ def test_native_with_a_shipped_dynamic_rope_is_measured_length_by_length(tmp_pat
     from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals.entropy import EntropyConfig, sweep
     from ctxeval.models.load import load_model
-    from ctxeval.specs import expand_specs
     from ctxeval.runs.store import RunStore
+    from ctxeval.specs import expand_specs
     from ctxeval.tiny import MODEL_DIR
 
     lm = load_model(str(MODEL_DIR), device="cpu", dtype="float32")
@@ -915,15 +1100,30 @@ def test_native_with_a_shipped_dynamic_rope_is_measured_length_by_length(tmp_pat
     store = RunStore(tmp_path / "run", {"t": 1})
     store.start({})
     notes = _Notes()
-    sweep(lm, expand_specs(["native"]), [TokenDoc("d", np.arange(5, 45))], EntropyConfig((16, 32), layers=(0,)),
-          store, notes)
+    sweep(
+        lm,
+        expand_specs(["native"]),
+        [TokenDoc("d", np.arange(5, 45))],
+        EntropyConfig((16, 32), layers=(0,)),
+        store,
+        notes,
+    )
     assert notes.events[0] == ("start", 16 + 32)
-    assert [e for e in notes.events if e[0] == "advance"] == [("advance", 16, "native d L=16"),
-                                                               ("advance", 32, "native d L=32")]
+    assert [e for e in notes.events if e[0] == "advance"] == [
+        ("advance", 16, "native d L=16"),
+        ("advance", 32, "native d L=32"),
+    ]
 
 
-@pytest.mark.parametrize("text", ["logn", "rerope:window=6", "leaky-rerope:window=6,k=2,logn=false",
-                                  "self-extend:group_size=2,neighbor_window=4+logn:length=8"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "logn",
+        "rerope:window=6",
+        "leaky-rerope:window=6,k=2,logn=false",
+        "self-extend:group_size=2,neighbor_window=4+logn:length=8",
+    ],
+)
 def test_the_reference_probe_equals_attend_with_logn_past_its_length(text):
     """reference_attention (the probe's per-pair float64 formula) and attend (the chunked kernel) agree, logn's
     query scaling included: positions run past L = 8 (the trained length, logn's default), where the scale exceeds 1."""
@@ -938,11 +1138,11 @@ def test_the_reference_probe_equals_attend_with_logn_past_its_length(text):
     q_raw, k_raw, v = (torch.randn(heads, t, dim, generator=g, dtype=torch.float64) for _ in range(3))
     pos = torch.arange(t)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    ref = reference_attention(q_raw, k_raw, v, pos, pos, inv_freq, specs, dim ** -0.5, 8)
+    ref = reference_attention(q_raw, k_raw, v, pos, pos, inv_freq, specs, dim**-0.5, 8)
     q, k = rotate(q_raw[None], pos[None], inv_freq), rotate(k_raw[None], pos[None], inv_freq)
-    got = attend(q, k, v[None], pos[None], pos[None], None, dim ** -0.5, inv_freq, specs, 8)[0]
+    got = attend(q, k, v[None], pos[None], pos[None], None, dim**-0.5, inv_freq, specs, 8)[0]
     assert float((ref - got).abs().max()) < 1e-5
-    plain = reference_attention(q_raw, k_raw, v, pos, pos, inv_freq, (), dim ** -0.5, 8)
+    plain = reference_attention(q_raw, k_raw, v, pos, pos, inv_freq, (), dim**-0.5, 8)
     assert float((ref[9:] - plain[9:]).abs().max()) > 1e-3 and float((ref[:4] - plain[:4]).abs().max()) < 1e-12
 
 
@@ -969,8 +1169,10 @@ def test_attend_on_a_batch_equals_each_sequence_alone(text):
     q, k, v, pos, inv_freq = _attend_inputs(batch=2)
     both = attend(q, k, v, pos, pos, None, 0.35, inv_freq, specs, 8)
     for b in (0, 1):
-        alone = attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], pos[b:b + 1], pos[b:b + 1], None, 0.35, inv_freq, specs, 8)
-        torch.testing.assert_close(both[b:b + 1], alone, atol=1e-6, rtol=1e-6)
+        alone = attend(
+            q[b : b + 1], k[b : b + 1], v[b : b + 1], pos[b : b + 1], pos[b : b + 1], None, 0.35, inv_freq, specs, 8
+        )
+        torch.testing.assert_close(both[b : b + 1], alone, atol=1e-6, rtol=1e-6)
 
 
 def test_attend_returns_the_querys_dtype():
@@ -1011,8 +1213,9 @@ def test_attends_query_chunk_is_the_largest_the_score_budget_allows(monkeypatch,
         torch.testing.assert_close(out, full, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("prefix, bos, want", [((), False, [1, 2, 5]), ((), True, [2, 3, 6]), ((7,), False, [1, 4]),
-                                               ((7,), True, [1, 2, 5])])
+@pytest.mark.parametrize(
+    "prefix, bos, want", [((), False, [1, 2, 5]), ((), True, [2, 3, 6]), ((7,), False, [1, 4]), ((7,), True, [1, 2, 5])]
+)
 def test_evaluator_key_tokens_map_to_the_evaluated_sequence_down_to_position_1(monkeypatch, prefix, bos, want):
     """With a one-token short context the evaluator's key token can be its position 1; it maps to the evaluated
     sequence's position 1 - len(prefix) + bos, and only position 0 (no loss) is dropped."""

@@ -18,8 +18,9 @@ def _lm_shipping(rope_type):
     return SimpleNamespace(rope=RopeInfo(None, {"rope_type": rope_type} if rope_type else {}))
 
 
-@pytest.mark.parametrize("shipped, expected", [("dynamic", True), ("longrope", True), ("yarn", False),
-                                               ("default", False), (None, False)])
+@pytest.mark.parametrize(
+    "shipped, expected", [("dynamic", True), ("longrope", True), ("yarn", False), ("default", False), (None, False)]
+)
 def test_native_is_length_dependent_exactly_when_the_checkpoint_ships_a_dynamic_or_longrope_scaling(shipped, expected):
     from ctxeval.evals.sweep import length_dependent
     from ctxeval.specs import expand_specs
@@ -38,8 +39,16 @@ def test_native_without_a_loaded_model_is_not_length_dependent():
     assert length_dependent(native, SimpleNamespace()) is False
 
 
-@pytest.mark.parametrize("method, expected", [("none", False), ("pi:factor=2", False), ("yarn:factor=2", False),
-                                              ("dynamic-ntk:factor=2", True), ("dynamic-yarn", True)])
+@pytest.mark.parametrize(
+    "method, expected",
+    [
+        ("none", False),
+        ("pi:factor=2", False),
+        ("yarn:factor=2", False),
+        ("dynamic-ntk:factor=2", True),
+        ("dynamic-yarn", True),
+    ],
+)
 def test_a_method_is_length_dependent_as_its_registry_entry_says_whatever_the_checkpoint_ships(method, expected):
     from ctxeval.evals.sweep import length_dependent
     from ctxeval.specs import expand_specs
@@ -64,15 +73,21 @@ def _docs(*ids):
 
 
 def _items(monkeypatch, world, specs, docs, lengths, done=(), dynamic=()):
-    from ctxeval.runs import distributed
     from ctxeval.evals import sweep
+    from ctxeval.runs import distributed
     from ctxeval.runs.rows import point_key
 
     monkeypatch.setattr(sweep, "current", lambda: distributed.Dist(0, world, 0))
     done = {point_key({"label": label, "length": L, "doc": d}, ("label", "length", "doc")) for label, L, d in done}
-    return sweep.document_items(specs, docs, lengths, done, per_length=lambda s: s.name in dynamic,
-                                windows=lambda doc: {"a": 3}.get(doc.doc_id, 1),
-                                tokens=lambda spec, doc, group: 10 * len(group) + len(doc.doc_id))
+    return sweep.document_items(
+        specs,
+        docs,
+        lengths,
+        done,
+        per_length=lambda s: s.name in dynamic,
+        windows=lambda doc: {"a": 3}.get(doc.doc_id, 1),
+        tokens=lambda spec, doc, group: 10 * len(group) + len(doc.doc_id),
+    )
 
 
 def test_document_items_one_forward_at_the_longest_length_for_a_static_method_weighted_by_windows(monkeypatch):
@@ -94,7 +109,7 @@ def test_document_items_one_forward_at_the_longest_length_for_a_static_method_we
         WorkItem(1, (b, [1024]), forward_cost(1024), 11, 1024),
         WorkItem(1, (b, [2048]), forward_cost(2048), 11, 2048),
     ]
-    assert items[0].cost == 3 * (2048 + 2048 ** 2 / 16384)  # written out: 3 windows of one 2048-token forward
+    assert items[0].cost == 3 * (2048 + 2048**2 / 16384)  # written out: 3 windows of one 2048-token forward
 
 
 @pytest.mark.parametrize("world, few", [(1, False), (2, False), (3, True), (4, True)])
@@ -126,7 +141,7 @@ def test_an_attention_method_reads_the_frequencies_the_rotary_module_holds_at_ca
     (spec,) = expand_specs(["self-extend"])
     lm = SimpleNamespace(model=llama, rope=rope_info_from_config(llama.config))
     get = rotary_frequencies(lm, spec)
-    (_, module), = find_rotary_modules(llama)
+    ((_, module),) = find_rotary_modules(llama)
     assert torch.equal(get(), module.inv_freq)
     module.inv_freq = module.inv_freq / 4  # what a method's patch does
     assert torch.equal(get(), module.inv_freq)
@@ -175,8 +190,8 @@ def _tiny_lm(llama):
 
 
 def _rank(monkeypatch, rank, world):
-    from ctxeval.runs import distributed
     from ctxeval.evals import sweep
+    from ctxeval.runs import distributed
 
     class Rank(distributed.Dist):
         def barrier(self):  # no process group in a test
@@ -192,14 +207,29 @@ def test_run_items_measures_one_method_at_a_time_shortest_first_under_that_metho
     from ctxeval.specs import expand_specs
 
     specs = expand_specs(["none", "ntk:factor=2", "pi:factor=4"])
-    items = [WorkItem(2, "p-long", 5.0, 300, 300), WorkItem(0, "n-long", 1.0, 200, 200),
-             WorkItem(2, "p-short", 1.0, 7, 100), WorkItem(0, "n-short", 1.0, 5, 100)]
+    items = [
+        WorkItem(2, "p-long", 5.0, 300, 300),
+        WorkItem(0, "n-long", 1.0, 200, 200),
+        WorkItem(2, "p-short", 1.0, 7, 100),
+        WorkItem(0, "n-short", 1.0, 5, 100),
+    ]
     store, progress, seen = _Store({"methods": {"earlier": {"method": "yarn"}}}), _Progress(), []
 
-    run_items(_tiny_lm(llama), specs, items, (100, 200, 300), store, progress,
-              lambda spec, payload, handle: seen.append((spec.label, payload, handle.method.name)))
-    assert seen == [("none", "n-short", "none"), ("none", "n-long", "none"),
-                                     (specs[2].label, "p-short", "pi"), (specs[2].label, "p-long", "pi")]
+    run_items(
+        _tiny_lm(llama),
+        specs,
+        items,
+        (100, 200, 300),
+        store,
+        progress,
+        lambda spec, payload, handle: seen.append((spec.label, payload, handle.method.name)),
+    )
+    assert seen == [
+        ("none", "n-short", "none"),
+        ("none", "n-long", "none"),
+        (specs[2].label, "p-short", "pi"),
+        (specs[2].label, "p-long", "pi"),
+    ]
     assert progress.total == 512
     # run.json's methods: the earlier record kept, the two measured methods' read-backs added, ntk not applied
     assert set(store.record["methods"]) == {"earlier", "none", specs[2].label}
@@ -209,8 +239,9 @@ def test_run_items_measures_one_method_at_a_time_shortest_first_under_that_metho
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_run_items_under_torchrun_rank0_records_every_method_and_each_rank_measures_its_lpt_share(llama, monkeypatch,
-                                                                                                  rank):
+def test_run_items_under_torchrun_rank0_records_every_method_and_each_rank_measures_its_lpt_share(
+    llama, monkeypatch, rank
+):
     """With 2 ranks the items are dealt by cost (longest first to the least-loaded rank); rank 0 also records every
     method's read-back first, even one it measures nothing of, so run.json is complete; rank 1 records only what it
     measures."""
@@ -220,11 +251,22 @@ def test_run_items_under_torchrun_rank0_records_every_method_and_each_rank_measu
     _rank(monkeypatch, rank, 2)
     specs = expand_specs(["none", "pi:factor=4"])
     # costs 10, 6, 5, 1 -> rank 0: 10 and 1 (spec 0 only); rank 1: 6 and 5 (spec 1 and spec 0)
-    items = [WorkItem(0, "a", 10.0, 1, 100), WorkItem(1, "b", 6.0, 2, 200), WorkItem(0, "c", 5.0, 4, 300),
-             WorkItem(0, "d", 1.0, 8, 50)]
+    items = [
+        WorkItem(0, "a", 10.0, 1, 100),
+        WorkItem(1, "b", 6.0, 2, 200),
+        WorkItem(0, "c", 5.0, 4, 300),
+        WorkItem(0, "d", 1.0, 8, 50),
+    ]
     store, progress, seen = _Store(), _Progress(), []
-    run_items(_tiny_lm(llama), specs, items, (50, 100, 200, 300), store, progress,
-              lambda spec, payload, handle: seen.append((spec.label, payload)))
+    run_items(
+        _tiny_lm(llama),
+        specs,
+        items,
+        (50, 100, 200, 300),
+        store,
+        progress,
+        lambda spec, payload, handle: seen.append((spec.label, payload)),
+    )
     if rank == 0:
         assert seen == [("none", "d"), ("none", "a")] and progress.total == 9
         assert set(store.record["methods"]) == {"none", specs[1].label}
@@ -242,8 +284,15 @@ def test_run_items_single_process_records_only_the_methods_it_measures(llama, mo
     _rank(monkeypatch, 0, 1)
     specs = expand_specs(["none", "pi:factor=4"])
     store = _Store()
-    run_items(_tiny_lm(llama), specs, [WorkItem(1, "b", 1.0, 1, 100)], (100,), store, _Progress(),
-              lambda spec, payload, handle: None)
+    run_items(
+        _tiny_lm(llama),
+        specs,
+        [WorkItem(1, "b", 1.0, 1, 100)],
+        (100,),
+        store,
+        _Progress(),
+        lambda spec, payload, handle: None,
+    )
     assert list(store.record["methods"]) == [specs[1].label] and len(store.updates) == 1
 
 
@@ -254,8 +303,12 @@ def test_run_items_single_process_records_only_the_methods_it_measures(llama, mo
 def test_latest_rows_keeps_the_last_row_of_a_key_in_the_order_the_kept_rows_were_written():
     from ctxeval.report.tables import latest_rows
 
-    rows = [{"label": "a", "length": 1, "v": 1}, {"label": "b", "length": 1, "v": 2},
-            {"label": "a", "length": 1, "v": 3}, {"label": "a", "length": 2, "v": 4}]
+    rows = [
+        {"label": "a", "length": 1, "v": 1},
+        {"label": "b", "length": 1, "v": 2},
+        {"label": "a", "length": 1, "v": 3},
+        {"label": "a", "length": 2, "v": 4},
+    ]
     df = latest_rows(rows, ("label", "length"))  # no status column: every row counts as measured
     assert list(zip(df["label"], df["length"], df["v"])) == [("b", 1, 2), ("a", 1, 3), ("a", 2, 4)]
     assert list(df.columns) == ["label", "length", "v"]
@@ -265,15 +318,19 @@ def test_latest_rows_keeps_the_last_row_of_a_key_in_the_order_the_kept_rows_were
 def test_latest_rows_keys_on_every_field_given():
     from ctxeval.report.tables import latest_rows
 
-    rows = [{"model": "m", "label": "a", "length": 1, "status": "ok", "v": 1},
-            {"model": "n", "label": "a", "length": 1, "status": "ok", "v": 2},
-            {"model": "m", "label": "a", "length": 1, "status": "oom", "v": 3}]
+    rows = [
+        {"model": "m", "label": "a", "length": 1, "status": "ok", "v": 1},
+        {"model": "n", "label": "a", "length": 1, "status": "ok", "v": 2},
+        {"model": "m", "label": "a", "length": 1, "status": "oom", "v": 3},
+    ]
     df = latest_rows(rows, ("model", "label", "length"))
     assert list(zip(df["model"], df["v"])) == [("m", 1), ("n", 2)]
     # a later measurement replaces an earlier one; among failures the later one is kept
-    rows += [{"model": "m", "label": "a", "length": 1, "status": "ok", "v": 5},
-             {"model": "x", "label": "a", "length": 1, "status": "oom", "v": 6},
-             {"model": "x", "label": "a", "length": 1, "status": "skipped", "v": 7}]
+    rows += [
+        {"model": "m", "label": "a", "length": 1, "status": "ok", "v": 5},
+        {"model": "x", "label": "a", "length": 1, "status": "oom", "v": 6},
+        {"model": "x", "label": "a", "length": 1, "status": "skipped", "v": 7},
+    ]
     df = latest_rows(rows, ("model", "label", "length"))
     assert list(zip(df["model"], df["v"])) == [("n", 2), ("m", 5), ("x", 7)]
 
@@ -285,8 +342,10 @@ def test_valid_lengths_a_ppl_exactly_at_the_tolerance_is_valid_and_the_x_columns
 
     # tolerance 25% (exact in binary): own reference 8.0 at 64, so 10.0 is exactly at the limit (valid), 10.5 is
     # not; the base (`none`) is 4.0 at 64, its limit 5.0
-    wide = pd.DataFrame({32: [9.0, 3.0], 64: [8.0, 4.0], 128: [10.0, 5.0], 256: [10.5, 5.0], 512: [9.0, 6.0]},
-                        index=["pi(factor=2)", "none"])
+    wide = pd.DataFrame(
+        {32: [9.0, 3.0], 64: [8.0, 4.0], 128: [10.0, 5.0], 256: [10.5, 5.0], 512: [9.0, 6.0]},
+        index=["pi(factor=2)", "none"],
+    )
     assert 8.0 * (1 + 0.25) == 10.0 and 4.0 * (1 + 0.25) == 5.0
     valid = valid_lengths(wide, 64, 0.25).set_index("method")
     own, base = "longest within 25% of own ppl", "longest within 25% of none"
@@ -342,7 +401,8 @@ def test_effective_length_an_accuracy_equal_to_the_threshold_passes_and_a_missin
     assert effective_length(pd.Series({1: 1.0, 2: float("nan"), 4: 1.0}), 0.5) == 1
     assert effective_length(pd.Series({1: 1.0, 2: None, 4: 1.0}, dtype=object), 0.5) == 1
     assert effective_length(pd.Series({1: 1.0, 2: 1.0}), 0.5) == 2 and isinstance(
-        effective_length(pd.Series({1.0: 1.0}), 0.5), int)
+        effective_length(pd.Series({1.0: 1.0}), 0.5), int
+    )
     assert effective_length(pd.Series(dtype=float), 0.5) is None
 
 
@@ -372,7 +432,8 @@ def test_ruler_effective_length_a_missing_mean_stops_it():
     assert ruler_effective_length({1024: 95.0, 2048: None, 4096: 99.0}, 85.6) == 1024
     assert ruler_effective_length({1024: 85.6}, 85.6) is None and ruler_effective_length({}, 85.6) is None
     assert ruler_effective_length({1024.0: 85.7}, 85.6) == 1024 and isinstance(
-        ruler_effective_length({1024.0: 85.7}, 85.6), int)
+        ruler_effective_length({1024.0: 85.7}, 85.6), int
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -403,37 +464,43 @@ def test_ruler_config_refuses_each_bad_field_in_one_line_naming_it():
     assert (cfg.samples, cfg.seed, cfg.template) == (1, 42, "meta-chat")
 
 
-@pytest.mark.parametrize("record, problem", [
-    ([1], "not a JSON object"),
-    ({"outputs": ["a"]}, "KeyError: 'input'"),
-    ({"input": "x"}, "KeyError: 'outputs'"),
-    ({"input": 3, "outputs": ["a"]}, "input is not text"),
-    ({"input": "x", "outputs": "a"}, "outputs is not a non-empty list of answers"),
-    ({"input": "x", "outputs": []}, "outputs is not a non-empty list of answers"),
-    ({"input": "x", "outputs": ["a", True]}, "outputs is not a non-empty list of answers"),
-    ({"input": "x", "outputs": ["a", None]}, "outputs is not a non-empty list of answers"),
-    ({"input": "x", "outputs": ["a"], "answer_prefix": 1}, "answer_prefix is not text"),
-    ({"input": "x", "outputs": ["a"], "length": 1.5}, "length is not a whole number of tokens"),
-    ({"input": "x", "outputs": ["a"], "length": -2}, "length is not a whole number of tokens"),
-    ({"input": "x", "outputs": ["a"], "length": None}, "length is not a whole number of tokens"),
-    ({"input": "x", "outputs": ["a"], "length": 2**31}, "length is not a whole number of tokens"),  # > MAX_TOKENS
-    ({"input": "x", "outputs": ["a"], "token_position_answer": "7"}, "token_position_answer is not a whole number"),
-    ({"input": "x", "outputs": ["a"], "token_position_answer": 2.5}, "token_position_answer is not a whole number"),
-])
+@pytest.mark.parametrize(
+    "record, problem",
+    [
+        ([1], "not a JSON object"),
+        ({"outputs": ["a"]}, "KeyError: 'input'"),
+        ({"input": "x"}, "KeyError: 'outputs'"),
+        ({"input": 3, "outputs": ["a"]}, "input is not text"),
+        ({"input": "x", "outputs": "a"}, "outputs is not a non-empty list of answers"),
+        ({"input": "x", "outputs": []}, "outputs is not a non-empty list of answers"),
+        ({"input": "x", "outputs": ["a", True]}, "outputs is not a non-empty list of answers"),
+        ({"input": "x", "outputs": ["a", None]}, "outputs is not a non-empty list of answers"),
+        ({"input": "x", "outputs": ["a"], "answer_prefix": 1}, "answer_prefix is not text"),
+        ({"input": "x", "outputs": ["a"], "length": 1.5}, "length is not a whole number of tokens"),
+        ({"input": "x", "outputs": ["a"], "length": -2}, "length is not a whole number of tokens"),
+        ({"input": "x", "outputs": ["a"], "length": None}, "length is not a whole number of tokens"),
+        ({"input": "x", "outputs": ["a"], "length": 2**31}, "length is not a whole number of tokens"),  # > MAX_TOKENS
+        ({"input": "x", "outputs": ["a"], "token_position_answer": "7"}, "token_position_answer is not a whole number"),
+        ({"input": "x", "outputs": ["a"], "token_position_answer": 2.5}, "token_position_answer is not a whole number"),
+    ],
+)
 def test_a_record_that_is_not_a_ruler_sample_is_named_by_its_first_problem(record, problem):
     from ctxeval.evals.ruler.run import sample_problem
 
     assert sample_problem(record) == problem
 
 
-@pytest.mark.parametrize("record", [
-    {"input": "x", "outputs": ["a", 1, 2.5]},
-    {"input": "", "outputs": [0], "answer_prefix": "", "length": -1},  # RULER's -1: length not recorded
-    {"input": "x", "outputs": ["a"], "length": 128.0, "token_position_answer": 0},
-    {"input": "x", "outputs": ["a"], "length": 0},
-    {"input": "x", "outputs": ["a"], "length": 2**31 - 1},  # MAX_TOKENS
-    {"input": "x", "outputs": ["a"], "token_position_answer": None, "index": "anything"},
-])
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"input": "x", "outputs": ["a", 1, 2.5]},
+        {"input": "", "outputs": [0], "answer_prefix": "", "length": -1},  # RULER's -1: length not recorded
+        {"input": "x", "outputs": ["a"], "length": 128.0, "token_position_answer": 0},
+        {"input": "x", "outputs": ["a"], "length": 0},
+        {"input": "x", "outputs": ["a"], "length": 2**31 - 1},  # MAX_TOKENS
+        {"input": "x", "outputs": ["a"], "token_position_answer": None, "index": "anything"},
+    ],
+)
 def test_a_ruler_sample_with_numbers_as_answers_and_optional_fields_is_accepted(record):
     from ctxeval.evals.ruler.run import sample_problem
 
@@ -451,8 +518,10 @@ def test_the_ruler_sweep_plans_pending_samples_in_batches_and_passes_each_to_mea
     prompts = {("vt", 1024): [sample(0), sample(1), sample(2)], ("fwe", 2048): [sample(0), sample(1)]}
     cfg = RE.RulerConfig(("vt", "fwe"), (1024, 2048), 3)
     runner = RE.RulerRunner(None, None, "cpu", "tiny", batch_size=2)
-    done = [{"label": "none", "ruler_task": "vt", "length": 1024, "sample": 1, "status": "ok"},
-            {"label": "none", "ruler_task": "fwe", "length": 2048, "sample": 0, "status": "oom"}]
+    done = [
+        {"label": "none", "ruler_task": "vt", "length": 1024, "sample": 1, "status": "ok"},
+        {"label": "none", "ruler_task": "fwe", "length": 2048, "sample": 0, "status": "oom"},
+    ]
 
     class Store:
         def __init__(self):
@@ -474,8 +543,13 @@ def test_the_ruler_sweep_plans_pending_samples_in_batches_and_passes_each_to_mea
             work(specs_[item.spec_index], item.payload, "handle")
 
     monkeypatch.setattr(RE, "run_items", run_items)
-    monkeypatch.setattr(runner, "measure", lambda spec, task, length, samples, emit, handle=None, of=None: measured.append(
-        (spec.label, task, length, [s.index for s in samples], emit.__name__, handle, of)))
+    monkeypatch.setattr(
+        runner,
+        "measure",
+        lambda spec, task, length, samples, emit, handle=None, of=None: measured.append(
+            (spec.label, task, length, [s.index for s in samples], emit.__name__, handle, of)
+        ),
+    )
     RE.sweep(None, specs, prompts, cfg, runner, Store())
     s = prompts[("vt", 1024)], prompts[("fwe", 2048)]
     assert planned["items"] == [
@@ -534,7 +608,10 @@ def test_merge_rows_without_a_start_time_a_run_counts_as_oldest_and_ties_go_to_t
     rows, notes = merge_rows(_group(undated, dated))
     assert [r["nll_sum"] for r in rows] == [2.0] and "kept dated's" in notes[0]
     same = "2026-01-01T00:00:00"
-    first, second = _run("first", 0, [_ppl("none", 64, value=1.0)], same), _run("second", 1, [_ppl("none", 64, value=2.0)], same)
+    first, second = (
+        _run("first", 0, [_ppl("none", 64, value=1.0)], same),
+        _run("second", 1, [_ppl("none", 64, value=2.0)], same),
+    )
     rows, notes = merge_rows(_group(second, first))
     assert [r["nll_sum"] for r in rows] == [2.0]
     assert notes == ["m · none: 1 point(s) measured by both first and second; kept second's (started later)"]
@@ -543,27 +620,59 @@ def test_merge_rows_without_a_start_time_a_run_counts_as_oldest_and_ties_go_to_t
 def test_merge_rows_a_failure_never_replaces_a_value_but_replaces_a_failure_and_a_value_replaces_a_failure():
     from ctxeval.report.runs import merge_rows
 
-    older = _run("a", 0, [_ppl("none", 64, value=1.0), _ppl("none", 128, status="oom", value=None),
-                          _ppl("none", 256, status="oom", value=None)], "2026-01-01T00:00:00")
-    newer = _run("b", 1, [_ppl("none", 64, status="oom", value=None), _ppl("none", 128, value=5.0),
-                          _ppl("none", 256, status="skipped", value=None)], "2026-01-02T00:00:00")
+    older = _run(
+        "a",
+        0,
+        [
+            _ppl("none", 64, value=1.0),
+            _ppl("none", 128, status="oom", value=None),
+            _ppl("none", 256, status="oom", value=None),
+        ],
+        "2026-01-01T00:00:00",
+    )
+    newer = _run(
+        "b",
+        1,
+        [
+            _ppl("none", 64, status="oom", value=None),
+            _ppl("none", 128, value=5.0),
+            _ppl("none", 256, status="skipped", value=None),
+        ],
+        "2026-01-02T00:00:00",
+    )
     rows, notes = merge_rows(_group(older, newer))
     assert sorted((r["length"], r["status"], r["nll_sum"]) for r in rows) == [
-        (64, "ok", 1.0), (128, "ok", 5.0), (256, "skipped", None)]
+        (64, "ok", 1.0),
+        (128, "ok", 5.0),
+        (256, "skipped", None),
+    ]
     assert sorted(notes) == [
         "m · none: 1 point(s) measured by both a and b; kept a's values (b has oom there; a failure never replaces "
         "a value)",
-        "m · none: 2 point(s) measured by both a and b; kept b's (started later)"]
+        "m · none: 2 point(s) measured by both a and b; kept b's (started later)",
+    ]
 
 
 def test_merge_rows_within_a_run_the_last_row_of_a_point_wins_and_points_differ_by_every_field():
     from ctxeval.report.runs import merge_rows
 
-    run = _run("r", 0, [_ppl("none", 64, status="oom", value=None), _ppl("none", 64, value=7.0),
-                        _ppl("none", 64, doc="e", value=8.0), _ppl("pi", 64, value=9.0)], "2026-01-01T00:00:00")
+    run = _run(
+        "r",
+        0,
+        [
+            _ppl("none", 64, status="oom", value=None),
+            _ppl("none", 64, value=7.0),
+            _ppl("none", 64, doc="e", value=8.0),
+            _ppl("pi", 64, value=9.0),
+        ],
+        "2026-01-01T00:00:00",
+    )
     rows, notes = merge_rows(_group(run))
-    assert [(r["label"], r["doc"], r["nll_sum"]) for r in rows] == [("none", "d", 7.0), ("none", "e", 8.0),
-                                                                   ("pi", "d", 9.0)]
+    assert [(r["label"], r["doc"], r["nll_sum"]) for r in rows] == [
+        ("none", "d", 7.0),
+        ("none", "e", 8.0),
+        ("pi", "d", 9.0),
+    ]
     assert notes == []
 
 
@@ -582,10 +691,19 @@ def test_row_order_models_as_they_first_appear_methods_in_each_runs_order_only_t
     from ctxeval.report.runs import merge_rows, row_order
 
     # run 0 (second on the list) names yarn before none in its spec; its rows add pi; run 1 adds model n
-    first = _run("first", 0, [_ppl("pi", 64, model="m"), _ppl("none", 64, model="m"), _ppl("yarn", 64, model="m")],
-                 "2026-01-02T00:00:00", methods=["yarn", "none", "ntk"])
-    second = _run("second", 1, [_ppl("none", 64, model="n"), _ppl("pi", 64, model="m"), _ppl("none", 128, model="m")],
-                  "2026-01-01T00:00:00")
+    first = _run(
+        "first",
+        0,
+        [_ppl("pi", 64, model="m"), _ppl("none", 64, model="m"), _ppl("yarn", 64, model="m")],
+        "2026-01-02T00:00:00",
+        methods=["yarn", "none", "ntk"],
+    )
+    second = _run(
+        "second",
+        1,
+        [_ppl("none", 64, model="n"), _ppl("pi", 64, model="m"), _ppl("none", 128, model="m")],
+        "2026-01-01T00:00:00",
+    )
     group = _group(second, first)
     rows, _ = merge_rows(group)
     assert row_order(group, rows) == [("m", "yarn"), ("m", "none"), ("m", "pi"), ("n", "none")]
@@ -599,6 +717,7 @@ def test_row_order_models_as_they_first_appear_methods_in_each_runs_order_only_t
 
 def test_the_size_search_returns_the_largest_fitting_size_in_the_range_else_the_start():
     from ctxeval.evals.ruler import generate as R
+
     probes = []
 
     def make(n):
@@ -619,6 +738,7 @@ def test_the_size_search_returns_the_largest_fitting_size_in_the_range_else_the_
 def test_the_size_search_refuses_a_haystack_that_never_fills_the_prompt():
     from ctxeval.errors import CtxevalError
     from ctxeval.evals.ruler import generate as R
+
     make = lambda n: ("same text whatever the size", [])  # noqa: E731 (an empty essay file)
     with pytest.raises(CtxevalError) as exc:
         R._search(make, lambda text: True, 5, 400, unfilled=lambda: "the essays are empty")
@@ -627,10 +747,12 @@ def test_the_size_search_refuses_a_haystack_that_never_fills_the_prompt():
     assert R._search(lambda n: ("ab" * n, []), lambda t: len(t) <= 10, 1, 400, unfilled=lambda: "x") == 5
 
 
-@pytest.mark.parametrize("family, expected", [("niah", 750), ("variable_tracking", 750),
-                                              ("common_words_extraction", 500)])
+@pytest.mark.parametrize(
+    "family, expected", [("niah", 750), ("variable_tracking", 750), ("common_words_extraction", 500)]
+)
 def test_the_search_bound_is_three_times_the_size_the_length_needs_twice_for_cwe(family, expected):
     from ctxeval.evals.ruler import generate as R
+
     calls = []
 
     def make(n):
@@ -645,6 +767,7 @@ def test_the_search_bound_is_three_times_the_size_the_length_needs_twice_for_cwe
 
 def test_the_search_bound_rounds_as_ruler_does():
     from ctxeval.evals.ruler import generate as R
+
     make = lambda n: ("x" * (3 * n), [])  # noqa: E731 (3 tokens per unit: 1000 / 3 = 333.3 units)
     assert R._upper(make, len, 1000, 10, 1, "niah") == 1000  # int(333.33 x 3)
     assert R._upper(make, len, 1000, 10, 1, "common_words_extraction") == 666  # int(1000 // 3) x 2
@@ -674,11 +797,24 @@ def test_a_ruler_sample_record_is_rulers_jsonl_line():
     from ctxeval.evals.ruler.tasks import RulerSample
 
     sample = RulerSample(3, "the input", ["a", "b"], 120, " Answer:", 17)
-    assert sample.record() == {"index": 3, "input": "the input", "outputs": ["a", "b"], "length": 120,
-                               "length_w_model_temp": 120, "answer_prefix": " Answer:", "token_position_answer": 17}
+    assert sample.record() == {
+        "index": 3,
+        "input": "the input",
+        "outputs": ["a", "b"],
+        "length": 120,
+        "length_w_model_temp": 120,
+        "answer_prefix": " Answer:",
+        "token_position_answer": 17,
+    }
     plain = RulerSample(0, "in", ["x"], 5, "", None).record()
-    assert plain == {"index": 0, "input": "in", "outputs": ["x"], "length": 5, "length_w_model_temp": 5,
-                     "answer_prefix": ""}
+    assert plain == {
+        "index": 0,
+        "input": "in",
+        "outputs": ["x"],
+        "length": 5,
+        "length_w_model_temp": 5,
+        "answer_prefix": "",
+    }
     assert RulerSample(0, "in", ["x"], 5, "", 0).record()["token_position_answer"] == 0  # position 0 is kept
     assert sample.prompt == "the input Answer:"
 
@@ -690,8 +826,9 @@ def test_templates_are_checked_by_name_and_wrap_the_task_template_before_the_ans
     assert check_template("meta-chat") == "meta-chat"
     with pytest.raises(CtxevalError) as exc:
         check_template("llama")
-    assert str(exc.value) == ("unknown RULER model template 'llama'; templates (RULER's template.py): "
-                              + ", ".join(MODEL_TEMPLATES))
+    assert str(exc.value) == (
+        "unknown RULER model template 'llama'; templates (RULER's template.py): " + ", ".join(MODEL_TEMPLATES)
+    )
     vt = FAMILIES["variable_tracking"]
     assert task_template(TASKS["vt"]) == vt.template + vt.answer_prefix
     assert task_template(TASKS["vt"], "meta-chat") == f"[INST] {vt.template} [/INST]{vt.answer_prefix}"
@@ -710,8 +847,10 @@ def test_the_samples_a_run_writes_read_back_as_the_same_prompts(tmp_path):
     from ctxeval.evals.ruler.run import read_samples, samples_path, write_samples
     from ctxeval.evals.ruler.tasks import RulerSample
 
-    samples = [RulerSample(0, "first input", ["a", "b"], 120, " Answer:", 17),
-               RulerSample(1, "second input", ["c"], 119, " The code is", None)]
+    samples = [
+        RulerSample(0, "first input", ["a", "b"], 120, " Answer:", 17),
+        RulerSample(1, "second input", ["c"], 119, " The code is", None),
+    ]
     path = samples_path(tmp_path, "vt", 1024)
     assert path == tmp_path / "1024" / "vt" / "validation.jsonl"
     write_samples(path, samples)

@@ -21,8 +21,11 @@ from ctxeval.errors import CtxevalError
 def _run(task, record, order=0, rows=None):
     from ctxeval.report.runs import Run
 
-    rows = rows if rows is not None else [{"model": "m", "label": "none", "doc": "d", "preset": "p",
-                                           "scoring": "generate"}]
+    rows = (
+        rows
+        if rows is not None
+        else [{"model": "m", "label": "none", "doc": "d", "preset": "p", "scoring": "generate"}]
+    )
     return Run(Path(f"run{order}"), f"run{order}", task, record, rows, order)
 
 
@@ -64,10 +67,20 @@ DIFFERING = [
     ("entropy", {"spec": {"heads": "0"}}, {}, "heads", "0"),
     ("entropy", {"spec": {"data": "pydoc"}}, {"spec": {"data": "austen"}}, "data", "pydoc"),
     ("needle", {"spec": {"preset": "single"}}, {"spec": {"preset": "multikey"}}, "preset", "single"),
-    ("needle", {"spec": {"preset": {"name": "custom", "keys": 1}}}, {"spec": {"preset": {"name": "custom", "keys": 2}}},
-     "preset.keys", "1"),
-    ("needle", {"spec": {"preset": {"name": "a", "keys": 1}}}, {"spec": {"preset": {"name": "b", "keys": 1}}},
-     "preset", "a"),
+    (
+        "needle",
+        {"spec": {"preset": {"name": "custom", "keys": 1}}},
+        {"spec": {"preset": {"name": "custom", "keys": 2}}},
+        "preset.keys",
+        "1",
+    ),
+    (
+        "needle",
+        {"spec": {"preset": {"name": "a", "keys": 1}}},
+        {"spec": {"preset": {"name": "b", "keys": 1}}},
+        "preset",
+        "a",
+    ),
     ("needle", {"spec": {"haystack": "pg"}}, {"spec": {"haystack": "pydoc"}}, "haystack", "pg"),
     ("needle", {"spec": {"text_field": "body"}}, {}, "text_field", "body"),
     ("needle", {"spec": {"depths": [0, 50]}}, {"spec": {"depths": [0, 100]}}, "depths", "0,50"),
@@ -84,10 +97,14 @@ DIFFERING = [
 ]
 
 
-@pytest.mark.parametrize("task, record_a, record_b, field, shown", DIFFERING,
-                         ids=[f"{t}-{f}-{i}" for i, (t, _, _, f, _) in enumerate(DIFFERING)])
-def test_runs_that_differ_in_one_protocol_field_get_two_tables_named_by_that_field(task, record_a, record_b, field,
-                                                                                   shown):
+@pytest.mark.parametrize(
+    "task, record_a, record_b, field, shown",
+    DIFFERING,
+    ids=[f"{t}-{f}-{i}" for i, (t, _, _, f, _) in enumerate(DIFFERING)],
+)
+def test_runs_that_differ_in_one_protocol_field_get_two_tables_named_by_that_field(
+    task, record_a, record_b, field, shown
+):
     from ctxeval.report.runs import field_label
 
     groups = _groups(task, record_a, record_b)
@@ -102,8 +119,11 @@ SAME = [
     ("ppl", {"spec": {"text_field": "text"}}, {}),
     ("ppl", {"protocol": {"aggregate": "token"}}, {}),
     ("ppl", {"spec": {"data": "pydoc"}}, {"data": {"spec": "pydoc"}}),
-    ("ppl", {"protocol": {"name": "sliding", "stride": 64, "bos": True}},
-     {"spec": {"protocol": "sliding", "stride": 64, "bos": True}}),
+    (
+        "ppl",
+        {"protocol": {"name": "sliding", "stride": 64, "bos": True}},
+        {"spec": {"protocol": "sliding", "stride": 64, "bos": True}},
+    ),
     ("entropy", {"spec": {"layers": "all", "heads": "all"}}, {}),
     ("entropy", {"protocol": {"bos": True}}, {"spec": {"bos": True}}),
     ("needle", {"spec": {"text_field": "text"}}, {}),
@@ -152,14 +172,17 @@ def _report_dir(tmp_path, content, run_json=False):
     return folder
 
 
-@pytest.mark.parametrize("content, run_json, expected", [
-    ('{"settings": {}, "runs": [], "groups": []}', False, True),
-    ('{"settings": {"x": NaN}, "runs": [], "groups": [], "more": 1}', False, True),  # a report may hold NaN
-    ('{"settings": {}, "runs": [], "groups": []}', True, False),  # run.json makes it a run
-    ('{"settings": {}, "runs": []}', False, False),
-    ('[1, 2]', False, False),
-    ('not json', False, False),
-])
+@pytest.mark.parametrize(
+    "content, run_json, expected",
+    [
+        ('{"settings": {}, "runs": [], "groups": []}', False, True),
+        ('{"settings": {"x": NaN}, "runs": [], "groups": [], "more": 1}', False, True),  # a report may hold NaN
+        ('{"settings": {}, "runs": [], "groups": []}', True, False),  # run.json makes it a run
+        ('{"settings": {}, "runs": []}', False, False),
+        ("[1, 2]", False, False),
+        ("not json", False, False),
+    ],
+)
 def test_a_report_directory_is_one_with_reports_three_sections_and_no_run_json(tmp_path, content, run_json, expected):
     from ctxeval.report.runs import is_report_dir
 
@@ -177,13 +200,28 @@ def test_a_folder_without_report_json_is_not_a_report_directory(tmp_path):
 
 
 def _pos(label, length, doc, edges, nll, tokens, status="ok", model="m"):
-    return {"model": model, "label": label, "length": length, "doc": doc, "status": status, "position_edges": edges,
-            "position_nll_sum": nll, "position_tokens": tokens}
+    return {
+        "model": model,
+        "label": label,
+        "length": length,
+        "doc": doc,
+        "status": status,
+        "position_edges": edges,
+        "position_nll_sum": nll,
+        "position_tokens": tokens,
+    }
 
 
 def _doc(label, length, doc, nll, tokens, status="ok", windows=None):
-    row = {"model": "m", "label": label, "length": length, "doc": doc, "status": status, "nll_sum": nll,
-           "n_tokens": tokens}
+    row = {
+        "model": "m",
+        "label": label,
+        "length": length,
+        "doc": doc,
+        "status": status,
+        "nll_sum": nll,
+        "n_tokens": tokens,
+    }
     if windows is not None:
         row.update({"window_nll_sum": windows[0], "n_windows": windows[1]})
     return row
@@ -192,14 +230,45 @@ def _doc(label, length, doc, nll, tokens, status="ok", windows=None):
 def test_ppl_long_pools_tokens_or_windows_and_a_failed_document_makes_the_point_missing_in_row_order():
     from ctxeval.report.tables import ppl_long
 
-    rows = [_doc("b", 64, "d1", 64.0, 32, windows=(3.0, 3)), _doc("b", 64, "d2", 0.0, 32, windows=(0.0, 1)),
-            _doc("b", 32, "d1", None, None, status="oom"), _doc("b", 32, "d2", None, None, status="skipped"),
-            _doc("a", 64, "d1", 10.0, 10, windows=(1.0, 1)), _doc("a", 64, "d2", None, None, status="oom")]
-    expected = pd.DataFrame([
-        {"model": "m", "label": "b", "length": 64, "ppl": math.exp(1.0), "n_tokens": 64, "n_docs": 2, "status": "ok"},
-        {"model": "m", "label": "b", "length": 32, "ppl": float("nan"), "n_tokens": 0, "n_docs": 0, "status": "oom"},
-        {"model": "m", "label": "a", "length": 64, "ppl": float("nan"), "n_tokens": 10, "n_docs": 1, "status": "oom"},
-    ])
+    rows = [
+        _doc("b", 64, "d1", 64.0, 32, windows=(3.0, 3)),
+        _doc("b", 64, "d2", 0.0, 32, windows=(0.0, 1)),
+        _doc("b", 32, "d1", None, None, status="oom"),
+        _doc("b", 32, "d2", None, None, status="skipped"),
+        _doc("a", 64, "d1", 10.0, 10, windows=(1.0, 1)),
+        _doc("a", 64, "d2", None, None, status="oom"),
+    ]
+    expected = pd.DataFrame(
+        [
+            {
+                "model": "m",
+                "label": "b",
+                "length": 64,
+                "ppl": math.exp(1.0),
+                "n_tokens": 64,
+                "n_docs": 2,
+                "status": "ok",
+            },
+            {
+                "model": "m",
+                "label": "b",
+                "length": 32,
+                "ppl": float("nan"),
+                "n_tokens": 0,
+                "n_docs": 0,
+                "status": "oom",
+            },
+            {
+                "model": "m",
+                "label": "a",
+                "length": 64,
+                "ppl": float("nan"),
+                "n_tokens": 10,
+                "n_docs": 1,
+                "status": "oom",
+            },
+        ]
+    )
     assert_frame_equal(ppl_long(rows), expected)
     assert ppl_long(rows, "window")["ppl"].iloc[0] == pytest.approx(math.exp(3.0 / 4), rel=1e-12)
     assert list(ppl_long([]).columns) == list(expected.columns)
@@ -222,18 +291,65 @@ def test_positions_long_sums_buckets_over_documents_at_each_methods_longest_leng
         _pos("c", 64, "d1", [0, 64], [64.0], [64]),
     ]
     got = positions_long(rows)
-    expected = pd.DataFrame([
-        {"model": "m", "label": "b", "length": 64, "start": 0, "stop": 1, "tokens": 2, "nll": 3.0,
-         "ppl": math.exp(3.0), "n_docs": 2},
-        {"model": "m", "label": "b", "length": 64, "start": 8, "stop": 16, "tokens": 16, "nll": 1.0,
-         "ppl": math.exp(1.0), "n_docs": 2},
-        {"model": "m", "label": "b", "length": 64, "start": 16, "stop": 64, "tokens": 96, "nll": 1.0,
-         "ppl": math.exp(1.0), "n_docs": 2},
-        {"model": "m", "label": "a", "length": 128, "start": 0, "stop": 128, "tokens": 128, "nll": 2.0,
-         "ppl": math.exp(2.0), "n_docs": 1},
-        {"model": "m", "label": "c", "length": 64, "start": 0, "stop": 64, "tokens": 64, "nll": 1.0,
-         "ppl": math.exp(1.0), "n_docs": 1},
-    ])
+    expected = pd.DataFrame(
+        [
+            {
+                "model": "m",
+                "label": "b",
+                "length": 64,
+                "start": 0,
+                "stop": 1,
+                "tokens": 2,
+                "nll": 3.0,
+                "ppl": math.exp(3.0),
+                "n_docs": 2,
+            },
+            {
+                "model": "m",
+                "label": "b",
+                "length": 64,
+                "start": 8,
+                "stop": 16,
+                "tokens": 16,
+                "nll": 1.0,
+                "ppl": math.exp(1.0),
+                "n_docs": 2,
+            },
+            {
+                "model": "m",
+                "label": "b",
+                "length": 64,
+                "start": 16,
+                "stop": 64,
+                "tokens": 96,
+                "nll": 1.0,
+                "ppl": math.exp(1.0),
+                "n_docs": 2,
+            },
+            {
+                "model": "m",
+                "label": "a",
+                "length": 128,
+                "start": 0,
+                "stop": 128,
+                "tokens": 128,
+                "nll": 2.0,
+                "ppl": math.exp(2.0),
+                "n_docs": 1,
+            },
+            {
+                "model": "m",
+                "label": "c",
+                "length": 64,
+                "start": 0,
+                "stop": 64,
+                "tokens": 64,
+                "nll": 1.0,
+                "ppl": math.exp(1.0),
+                "n_docs": 1,
+            },
+        ]
+    )
     assert_frame_equal(got.reset_index(drop=True), expected)
 
 
@@ -242,36 +358,71 @@ def test_positions_long_keeps_its_columns_when_nothing_has_positions():
 
     columns = ["model", "label", "length", "start", "stop", "tokens", "nll", "ppl", "n_docs"]
     assert list(positions_long([]).columns) == columns
-    assert list(positions_long([{"model": "m", "label": "a", "length": 8, "doc": "d", "status": "ok"}]).columns) == columns
+    assert (
+        list(positions_long([{"model": "m", "label": "a", "length": 8, "doc": "d", "status": "ok"}]).columns) == columns
+    )
     failed = [_pos("a", 8, "d", [0, 8], [1.0], [8], status="oom")]
     assert list(positions_long(failed).columns) == columns
 
 
 def _key(label, length, doc, key_tokens, key_nll, status="ok"):
-    return {"model": "m", "label": label, "length": length, "doc": doc, "status": status, "key_tokens": key_tokens,
-            "key_nll_sum": key_nll}
+    return {
+        "model": "m",
+        "label": label,
+        "length": length,
+        "doc": doc,
+        "status": status,
+        "key_tokens": key_tokens,
+        "key_nll_sum": key_nll,
+    }
 
 
 def test_longppl_long_pools_key_tokens_and_a_failed_or_uncounted_document_makes_the_point_missing():
     from ctxeval.report.tables import longppl_long
 
     rows = [
-        _key("b", 64, "d1", 3, 3.0), _key("b", 64, "d2", 1, 5.0, status="oom"),  # failed point first
-        _key("b", 128, "d1", 0, 0.0), _key("b", 128, "d2", 0, 0.0),  # no key tokens at all
-        _key("a", 64, "d1", 2, 1.0), _key("a", 64, "d2", 2, 3.0),
+        _key("b", 64, "d1", 3, 3.0),
+        _key("b", 64, "d2", 1, 5.0, status="oom"),  # failed point first
+        _key("b", 128, "d1", 0, 0.0),
+        _key("b", 128, "d2", 0, 0.0),  # no key tokens at all
+        _key("a", 64, "d1", 2, 1.0),
+        _key("a", 64, "d2", 2, 3.0),
         _key("a", 128, "d1", None, None),  # measured, but its key tokens were not counted
     ]
     got = longppl_long(rows)
     nan = float("nan")
-    expected = pd.DataFrame([
-        {"model": "m", "label": "b", "length": 64, "longppl": nan, "key_tokens": nan, "n_docs": 1, "status": "oom"},
-        {"model": "m", "label": "b", "length": 128, "longppl": nan, "key_tokens": 0, "n_docs": 2,
-         "status": "no key tokens"},
-        {"model": "m", "label": "a", "length": 64, "longppl": math.exp(1.0), "key_tokens": 4, "n_docs": 2,
-         "status": "ok"},
-        {"model": "m", "label": "a", "length": 128, "longppl": nan, "key_tokens": nan, "n_docs": 0,
-         "status": "missing"},
-    ])
+    expected = pd.DataFrame(
+        [
+            {"model": "m", "label": "b", "length": 64, "longppl": nan, "key_tokens": nan, "n_docs": 1, "status": "oom"},
+            {
+                "model": "m",
+                "label": "b",
+                "length": 128,
+                "longppl": nan,
+                "key_tokens": 0,
+                "n_docs": 2,
+                "status": "no key tokens",
+            },
+            {
+                "model": "m",
+                "label": "a",
+                "length": 64,
+                "longppl": math.exp(1.0),
+                "key_tokens": 4,
+                "n_docs": 2,
+                "status": "ok",
+            },
+            {
+                "model": "m",
+                "label": "a",
+                "length": 128,
+                "longppl": nan,
+                "key_tokens": nan,
+                "n_docs": 0,
+                "status": "missing",
+            },
+        ]
+    )
     assert_frame_equal(got, expected, check_dtype=False)
     assert list(longppl_long([]).columns) == list(expected.columns)
 
@@ -279,21 +430,36 @@ def test_longppl_long_pools_key_tokens_and_a_failed_or_uncounted_document_makes_
 def test_needle_long_makes_lengths_integers_and_keeps_the_last_row_of_a_sample():
     from ctxeval.report.tables import needle_long
 
-    rows = [{"model": "m", "label": "a", "length": 64.0, "depth": 0, "sample": 0, "status": "oom", "correct": None},
-            {"model": "m", "label": "a", "length": 64.0, "depth": 0, "sample": 0, "status": "ok", "correct": 1.0}]
+    rows = [
+        {"model": "m", "label": "a", "length": 64.0, "depth": 0, "sample": 0, "status": "oom", "correct": None},
+        {"model": "m", "label": "a", "length": 64.0, "depth": 0, "sample": 0, "status": "ok", "correct": 1.0},
+    ]
     got = needle_long(rows)
     assert got["length"].dtype == np.int64 and list(got["length"]) == [64] and list(got["status"]) == ["ok"]
 
 
 def _needle(label, length, depth, sample, correct, status="ok"):
-    return {"model": "m", "label": label, "length": length, "depth": depth, "sample": sample, "status": status,
-            "correct": correct}
+    return {
+        "model": "m",
+        "label": label,
+        "length": length,
+        "depth": depth,
+        "sample": sample,
+        "status": status,
+        "correct": correct,
+    }
 
 
 NEEDLE_ROWS = [
-    _needle("b", 128, 50, 0, 1.0), _needle("b", 128, 50, 1, 0.0), _needle("b", 128, 0, 0, 1.0),
-    _needle("b", 64, 50, 0, 1.0), _needle("b", 64, 0, 0, 1.0), _needle("b", 256, 0, 0, None, status="oom"),
-    _needle("a", 64, 0, 0, 0.0), _needle("a", 128, 0, 0, 1.0), _needle("b", 64, 100, 0, None, status="oom"),
+    _needle("b", 128, 50, 0, 1.0),
+    _needle("b", 128, 50, 1, 0.0),
+    _needle("b", 128, 0, 0, 1.0),
+    _needle("b", 64, 50, 0, 1.0),
+    _needle("b", 64, 0, 0, 1.0),
+    _needle("b", 256, 0, 0, None, status="oom"),
+    _needle("a", 64, 0, 0, 0.0),
+    _needle("a", 128, 0, 0, 1.0),
+    _needle("b", 64, 100, 0, None, status="oom"),
 ]
 
 
@@ -302,12 +468,16 @@ def test_accuracy_grid_is_mean_accuracy_by_depth_and_length_with_each_cells_stat
 
     grid, status = accuracy_grid(pd.DataFrame(NEEDLE_ROWS), "b")
     # depth 100 failed everywhere it was tried: its row stays, empty, beside its status
-    expected = pd.DataFrame({64: [1.0, 1.0, np.nan], 128: [1.0, 0.5, np.nan], 256: [np.nan, np.nan, np.nan]},
-                            index=[0, 50, 100])
+    expected = pd.DataFrame(
+        {64: [1.0, 1.0, np.nan], 128: [1.0, 0.5, np.nan], 256: [np.nan, np.nan, np.nan]}, index=[0, 50, 100]
+    )
     assert_frame_equal(grid, expected, check_names=False)
     assert list(grid.index) == [0, 50, 100] and list(grid.columns) == [64, 128, 256]
-    assert status.fillna("-").to_dict() == {64: {0: "ok", 50: "ok", 100: "oom"}, 128: {0: "ok", 50: "ok", 100: "-"},
-                                            256: {0: "oom", 50: "-", 100: "-"}}
+    assert status.fillna("-").to_dict() == {
+        64: {0: "ok", 50: "ok", 100: "oom"},
+        128: {0: "ok", 50: "ok", 100: "-"},
+        256: {0: "oom", 50: "-", 100: "-"},
+    }
 
 
 def test_needle_summary_is_mean_accuracy_per_method_in_the_given_order_with_every_length_and_the_effective_length():
@@ -325,8 +495,12 @@ def test_passkey_summary_has_the_yarn_figures_and_the_contiguous_effective_lengt
 
     got = passkey_summary(pd.DataFrame(NEEDLE_ROWS), ["b", "a"], threshold=0.75)
     assert list(got.columns) == ["method", "passkey context", "passkey accuracy", "effective length"]
-    assert got.to_dict("records")[0] == {"method": "b", "passkey context": 64, "passkey accuracy": 1.0,
-                                         "effective length": 64}
+    assert got.to_dict("records")[0] == {
+        "method": "b",
+        "passkey context": 64,
+        "passkey accuracy": 1.0,
+        "effective length": 64,
+    }
     a = got.to_dict("records")[1]
     assert (a["method"], a["passkey context"], a["passkey accuracy"]) == ("a", 128, 0.5)
     assert math.isnan(a["effective length"])  # a's 64 fails: no contiguous length
@@ -339,8 +513,15 @@ def _long(label, length, ppl, status="ok"):
 def test_ppl_wide_orders_methods_as_given_and_keeps_a_length_every_method_failed_at():
     from ctxeval.report.tables import ppl_wide, status_wide
 
-    long = pd.DataFrame([_long("a", 64, 3.0), _long("b", 64, 2.0), _long("a", 128, float("nan"), "oom"),
-                         _long("b", 128, float("nan"), "oom"), _long("c", 64, 9.0)])
+    long = pd.DataFrame(
+        [
+            _long("a", 64, 3.0),
+            _long("b", 64, 2.0),
+            _long("a", 128, float("nan"), "oom"),
+            _long("b", 128, float("nan"), "oom"),
+            _long("c", 64, 9.0),
+        ]
+    )
     wide = ppl_wide(long, ["c", "b", "a"])
     assert list(wide.index) == ["c", "b", "a"] and list(wide.columns) == [64, 128]
     assert wide.loc["b", 64] == 2.0 and math.isnan(wide.loc["a", 128])
@@ -358,9 +539,15 @@ def test_ppl_cells_writes_the_method_column_lengths_values_and_failure_marks():
     assert ppl_cells(wide)[1][1] == ["b", "—", "2.00"]
 
 
-@pytest.mark.parametrize("value, status, text", [
-    (1000.0, None, "1,000"), (999.994, None, "999.99"), (float("nan"), "oom", "OOM"), (None, "skipped", "skip"),
-])
+@pytest.mark.parametrize(
+    "value, status, text",
+    [
+        (1000.0, None, "1,000"),
+        (999.994, None, "999.99"),
+        (float("nan"), "oom", "OOM"),
+        (None, "skipped", "skip"),
+    ],
+)
 def test_fmt_ppl_uses_thousands_from_1000(value, status, text):
     from ctxeval.report.tables import fmt_ppl
 
@@ -373,10 +560,17 @@ def test_fmt_acc_shows_a_failed_cells_status():
     assert fmt_acc(float("nan"), "oom") == "OOM" and fmt_acc(0.5) == "50%"
 
 
-@pytest.mark.parametrize("start, stop, label, center", [
-    (5, 6, "5", 5.0), (0, 1, "0", 1.0), (0, 4, "0-4", math.sqrt(3)), (4, 8, "4-8", math.sqrt(28)),
-    (1024, 2048, "1k-2k", math.sqrt(1024 * 2047)), (2, 3, "2", 2.0),
-])
+@pytest.mark.parametrize(
+    "start, stop, label, center",
+    [
+        (5, 6, "5", 5.0),
+        (0, 1, "0", 1.0),
+        (0, 4, "0-4", math.sqrt(3)),
+        (4, 8, "4-8", math.sqrt(28)),
+        (1024, 2048, "1k-2k", math.sqrt(1024 * 2047)),
+        (2, 3, "2", 2.0),
+    ],
+)
 def test_bucket_label_and_center(start, stop, label, center):
     from ctxeval.report.tables import bucket_center, bucket_label
 
@@ -384,10 +578,23 @@ def test_bucket_label_and_center(start, stop, label, center):
     assert bucket_center(start, stop) == pytest.approx(center, rel=1e-12)
 
 
-@pytest.mark.parametrize("value, text", [
-    (None, ""), (float("nan"), ""), (float("inf"), ""), (3, "3"), (np.int64(4), "4"), (True, "1"), (2.5, "2.5"),
-    (1 / 3, "0.333333"), (1e-7, "1e-07"), (np.float32(0.5), "0.5"), (1234567, "1234567"), (1234567.0, "1.23457e+06"),
-])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (None, ""),
+        (float("nan"), ""),
+        (float("inf"), ""),
+        (3, "3"),
+        (np.int64(4), "4"),
+        (True, "1"),
+        (2.5, "2.5"),
+        (1 / 3, "0.333333"),
+        (1e-7, "1e-07"),
+        (np.float32(0.5), "0.5"),
+        (1234567, "1234567"),
+        (1234567.0, "1.23457e+06"),
+    ],
+)
 def test_csv_value(value, text):
     from ctxeval.report.tables import csv_value
 
@@ -405,30 +612,65 @@ def test_markdown_pads_every_column_to_its_widest_cell_under_a_dash_rule_two_wid
     from ctxeval.report.tables import markdown
 
     assert markdown(["method", "64"], [["a", "3.14"], ["yarn(factor=2)", "—"]]) == (
-        "| method         | 64   |\n"
-        "|----------------|------|\n"
-        "| a              | 3.14 |\n"
-        "| yarn(factor=2) | —    |\n")
+        "| method         | 64   |\n|----------------|------|\n| a              | 3.14 |\n| yarn(factor=2) | —    |\n"
+    )
 
 
 def _sample(label, task, length, sample, score, status="ok"):
-    return {"model": "m", "label": label, "ruler_task": task, "length": length, "sample": sample, "score": score,
-            "status": status}
+    return {
+        "model": "m",
+        "label": label,
+        "ruler_task": task,
+        "length": length,
+        "sample": sample,
+        "score": score,
+        "status": status,
+    }
 
 
 def test_ruler_task_scores_round_the_mean_to_two_decimals_and_a_failed_sample_makes_the_task_missing():
     from ctxeval.report.tables import ruler_task_scores
 
-    rows = [_sample("b", "vt", 64, 0, 1.0), _sample("b", "vt", 64, 1, 0.0), _sample("b", "vt", 64, 2, 0.0),
-            _sample("b", "cwe", 64, 0, 1.0), _sample("b", "cwe", 64, 1, None, status="oom"),
-            _sample("a", "vt", 64, 0, 1.0)]
+    rows = [
+        _sample("b", "vt", 64, 0, 1.0),
+        _sample("b", "vt", 64, 1, 0.0),
+        _sample("b", "vt", 64, 2, 0.0),
+        _sample("b", "cwe", 64, 0, 1.0),
+        _sample("b", "cwe", 64, 1, None, status="oom"),
+        _sample("a", "vt", 64, 0, 1.0),
+    ]
     got = ruler_task_scores(rows)
-    expected = pd.DataFrame([
-        {"model": "m", "label": "b", "ruler_task": "vt", "length": 64, "score": 33.33, "samples": 3, "status": "ok"},
-        {"model": "m", "label": "b", "ruler_task": "cwe", "length": 64, "score": float("nan"), "samples": 1,
-         "status": "oom"},
-        {"model": "m", "label": "a", "ruler_task": "vt", "length": 64, "score": 100.0, "samples": 1, "status": "ok"},
-    ])
+    expected = pd.DataFrame(
+        [
+            {
+                "model": "m",
+                "label": "b",
+                "ruler_task": "vt",
+                "length": 64,
+                "score": 33.33,
+                "samples": 3,
+                "status": "ok",
+            },
+            {
+                "model": "m",
+                "label": "b",
+                "ruler_task": "cwe",
+                "length": 64,
+                "score": float("nan"),
+                "samples": 1,
+                "status": "oom",
+            },
+            {
+                "model": "m",
+                "label": "a",
+                "ruler_task": "vt",
+                "length": 64,
+                "score": 100.0,
+                "samples": 1,
+                "status": "ok",
+            },
+        ]
+    )
     assert_frame_equal(got, expected)
     assert list(ruler_task_scores([]).columns) == list(expected.columns)
 
@@ -436,12 +678,14 @@ def test_ruler_task_scores_round_the_mean_to_two_decimals_and_a_failed_sample_ma
 def test_ruler_means_need_every_task_and_keep_the_rows_order():
     from ctxeval.report.tables import ruler_means
 
-    scores = pd.DataFrame([
-        {"model": "m", "label": "b", "ruler_task": "vt", "length": 64, "score": 50.0},
-        {"model": "m", "label": "b", "ruler_task": "cwe", "length": 64, "score": 100.0},
-        {"model": "m", "label": "a", "ruler_task": "vt", "length": 64, "score": 10.0},
-        {"model": "m", "label": "a", "ruler_task": "cwe", "length": 64, "score": float("nan")},
-    ])
+    scores = pd.DataFrame(
+        [
+            {"model": "m", "label": "b", "ruler_task": "vt", "length": 64, "score": 50.0},
+            {"model": "m", "label": "b", "ruler_task": "cwe", "length": 64, "score": 100.0},
+            {"model": "m", "label": "a", "ruler_task": "vt", "length": 64, "score": 10.0},
+            {"model": "m", "label": "a", "ruler_task": "cwe", "length": 64, "score": float("nan")},
+        ]
+    )
     got = ruler_means(scores, ["vt", "cwe"])
     assert list(got.columns) == ["model", "label", "length", "mean"]
     assert list(got["label"]) == ["b", "a"] and got["mean"].iloc[0] == 75.0 and math.isnan(got["mean"].iloc[1])
@@ -456,25 +700,53 @@ def test_ruler_means_need_every_task_and_keep_the_rows_order():
 def _ppl_run(folder: Path, status="success", extra_rows="") -> Path:
     folder.mkdir(parents=True)
     (folder / "run.json").write_text(json.dumps({"spec": {"task": "ppl"}, "status": status}))
-    row = {"task": "ppl", "model": "m", "label": "none", "length": 8, "doc": "d", "status": "ok", "nll_sum": 1.0,
-           "n_tokens": 4}
+    row = {
+        "task": "ppl",
+        "model": "m",
+        "label": "none",
+        "length": 8,
+        "doc": "d",
+        "status": "ok",
+        "nll_sum": 1.0,
+        "n_tokens": 4,
+    }
     (folder / "rows.jsonl").write_text(json.dumps(row) + "\n" + extra_rows)
     return folder
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("bad", "{nope", "bad/run.json cannot be read as a ctxeval run.json (it is not JSON (Expecting property name "
-                     "enclosed in double quotes at line 1 column 2)); leave this directory out"),
-    ("lst", "[1]", "lst/run.json is not a ctxeval run.json (not a JSON object); leave this directory out"),
-    ("fld", '{"spec": [1]}', "fld/run.json: 'spec' is not a JSON object, as ctxeval writes it; not a ctxeval "
-                            "run.json: leave this directory out"),
-    ("hist", '{"history": {"a": 1}}', "hist/run.json: 'history' is not a JSON list, as ctxeval writes it; not a "
-                                     "ctxeval run.json: leave this directory out"),
-    ("meth", '{"spec": {"methods": "none"}}', "meth/run.json: 'spec.methods' is not a JSON list, as ctxeval writes "
-                                             "it; not a ctxeval run.json: leave this directory out"),
-])
-def test_a_run_json_that_is_not_ctxevals_is_refused_in_one_line_naming_what_is_wrong(tmp_path, monkeypatch, name,
-                                                                                    content, message):
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        (
+            "bad",
+            "{nope",
+            "bad/run.json cannot be read as a ctxeval run.json (it is not JSON (Expecting property name "
+            "enclosed in double quotes at line 1 column 2)); leave this directory out",
+        ),
+        ("lst", "[1]", "lst/run.json is not a ctxeval run.json (not a JSON object); leave this directory out"),
+        (
+            "fld",
+            '{"spec": [1]}',
+            "fld/run.json: 'spec' is not a JSON object, as ctxeval writes it; not a ctxeval "
+            "run.json: leave this directory out",
+        ),
+        (
+            "hist",
+            '{"history": {"a": 1}}',
+            "hist/run.json: 'history' is not a JSON list, as ctxeval writes it; not a "
+            "ctxeval run.json: leave this directory out",
+        ),
+        (
+            "meth",
+            '{"spec": {"methods": "none"}}',
+            "meth/run.json: 'spec.methods' is not a JSON list, as ctxeval writes "
+            "it; not a ctxeval run.json: leave this directory out",
+        ),
+    ],
+)
+def test_a_run_json_that_is_not_ctxevals_is_refused_in_one_line_naming_what_is_wrong(
+    tmp_path, monkeypatch, name, content, message
+):
     from ctxeval.report.runs import load_run
 
     monkeypatch.chdir(tmp_path)
@@ -519,8 +791,10 @@ def test_load_runs_notes_a_run_given_twice_keeps_going_and_notes_skipped_lines_a
     assert len(notes) == 3  # a finished run gets no such note
     with pytest.raises(CtxevalError) as err:
         load_runs([])
-    assert str(err.value) == ("no run directories given; pass one or more directories written by ctxeval ppl, "
-                              "needle, passkey, entropy, ruler, lm-eval or tune")
+    assert str(err.value) == (
+        "no run directories given; pass one or more directories written by ctxeval ppl, "
+        "needle, passkey, entropy, ruler, lm-eval or tune"
+    )
 
 
 def test_single_accepts_one_table_per_kind_and_refuses_two_naming_each_runs_differing_fields():
@@ -531,16 +805,19 @@ def test_single_accepts_one_table_per_kind_and_refuses_two_naming_each_runs_diff
     two = [_run("ppl", {"spec": {"stride": 8, "bos": True}}, 0), _run("ppl", {"spec": {"stride": 16, "bos": False}}, 1)]
     with pytest.raises(CtxevalError) as err:
         group_runs(two, single=True)
-    assert str(err.value) == ("--single: the ppl runs differ in stride, bos (run0: stride 8, bos on; run1: stride 16, "
-                              "bos off); drop --single to get one table per protocol, or leave runs out")
+    assert str(err.value) == (
+        "--single: the ppl runs differ in stride, bos (run0: stride 8, bos on; run1: stride 16, "
+        "bos off); drop --single to get one table per protocol, or leave runs out"
+    )
 
 
 def test_canon_is_key_order_free_json_with_other_values_as_text():
     from ctxeval.report.runs import canon
 
     assert canon({"b": 1, "a": Path("x")}) == '{"a": "x", "b": 1}'
-    groups = _groups("ppl", {"spec": {"data": {"name": "pydoc", "split": "x"}}},
-                     {"spec": {"data": {"split": "x", "name": "pydoc"}}})
+    groups = _groups(
+        "ppl", {"spec": {"data": {"name": "pydoc", "split": "x"}}}, {"spec": {"data": {"split": "x", "name": "pydoc"}}}
+    )
     assert len(groups) == 1
 
 
@@ -557,22 +834,47 @@ def _samples_file(tmp_path, *lines):
 def test_read_samples_fills_rulers_optional_fields_with_their_defaults(tmp_path):
     from ctxeval.evals.ruler.run import read_samples
 
-    path = _samples_file(tmp_path, json.dumps({"input": "a", "outputs": [7]}),
-                         json.dumps({"index": 99, "input": "b", "outputs": ["x"], "length": 12, "answer_prefix": " A:",
-                                     "token_position_answer": 3}))
+    path = _samples_file(
+        tmp_path,
+        json.dumps({"input": "a", "outputs": [7]}),
+        json.dumps(
+            {
+                "index": 99,
+                "input": "b",
+                "outputs": ["x"],
+                "length": 12,
+                "answer_prefix": " A:",
+                "token_position_answer": 3,
+            }
+        ),
+    )
     first, second = read_samples(path, "vt", 64)
-    assert (first.index, first.input, first.outputs, first.length, first.answer_prefix, first.token_position_answer) \
-        == (0, "a", ["7"], -1, "", None)
+    assert (
+        first.index,
+        first.input,
+        first.outputs,
+        first.length,
+        first.answer_prefix,
+        first.token_position_answer,
+    ) == (0, "a", ["7"], -1, "", None)
     assert (second.index, second.length, second.answer_prefix, second.token_position_answer) == (1, 12, " A:", 3)
 
 
-@pytest.mark.parametrize("lines, message", [
-    (("[1, 2]",), "{path} line 1 is not a RULER sample (not a JSON object); it needs input, outputs and answer_prefix"),
-    (('{"input": "a", "outputs": ["x"]}', "{nope"),
-     "{path} line 2 is not a RULER sample ({why}); it needs a JSON object with input, outputs and answer_prefix, in "
-     "UTF-8"),
-    ((), "{path} holds no samples"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (
+            ("[1, 2]",),
+            "{path} line 1 is not a RULER sample (not a JSON object); it needs input, outputs and answer_prefix",
+        ),
+        (
+            ('{"input": "a", "outputs": ["x"]}', "{nope"),
+            "{path} line 2 is not a RULER sample ({why}); it needs a JSON object with input, outputs and answer_prefix, in "
+            "UTF-8",
+        ),
+        ((), "{path} holds no samples"),
+    ],
+)
 def test_read_samples_refuses_a_line_that_is_not_a_sample_naming_the_line(tmp_path, lines, message):
     from ctxeval.evals.ruler.run import read_samples
     from ctxeval.util.textfiles import read_jsonl
@@ -591,8 +893,10 @@ def test_read_samples_names_the_missing_file_and_what_writes_it(tmp_path):
     path = tmp_path / "64" / "vt" / "validation.jsonl"
     with pytest.raises(CtxevalError) as err:
         read_samples(path, "vt", 64)
-    assert str(err.value) == (f"no RULER samples for vt at length 64: {path} is missing (RULER's prepare.py writes "
-                              "DIR/<length>/<task>/validation.jsonl)")
+    assert str(err.value) == (
+        f"no RULER samples for vt at length 64: {path} is missing (RULER's prepare.py writes "
+        "DIR/<length>/<task>/validation.jsonl)"
+    )
 
 
 class _Progress:
@@ -627,18 +931,24 @@ def test_measure_scores_every_sample_once_in_batches_and_counts_them_in_the_prog
 
     def predict(prompts, max_new_tokens, handle, length):
         seen.append(list(prompts))
-        return [f" v{p.split()[1].rstrip(' Answer:')}\n" if p.endswith(" Answer:") else "" for p in prompts], \
-            [11] * len(prompts)
+        return [f" v{p.split()[1].rstrip(' Answer:')}\n" if p.endswith(" Answer:") else "" for p in prompts], [
+            11
+        ] * len(prompts)
 
     runner = _runner(2, predict)
     emitted = []
     runner.measure(expand_specs(["none"])[0], "vt", 64, _ruler_samples(3), emitted.append, handle="h")
     assert seen == [["prompt 0 Answer:", "prompt 1 Answer:"], ["prompt 2 Answer:"]]
     assert [[r["sample"] for r in rows] for rows in emitted] == [[0, 1], [2]]
-    assert all(r["status"] == "ok" and r["prompt_tokens"] == 11 and r["ruler_task"] == "vt" and r["length"] == 64
-               for rows in emitted for r in rows)
-    assert [text for _, text in runner.progress.lines] == ["none vt L=64 samples 1-2/3 100%",
-                                                           "none vt L=64 sample 3/3 100%"]
+    assert all(
+        r["status"] == "ok" and r["prompt_tokens"] == 11 and r["ruler_task"] == "vt" and r["length"] == 64
+        for rows in emitted
+        for r in rows
+    )
+    assert [text for _, text in runner.progress.lines] == [
+        "none vt L=64 samples 1-2/3 100%",
+        "none vt L=64 sample 3/3 100%",
+    ]
     assert [amount for amount, _ in runner.progress.lines] == [128, 64]
     runner.progress.lines.clear()
     runner.measure(expand_specs(["none"])[0], "vt", 64, _ruler_samples(1, first=4), lambda rows: None, of=9)
@@ -661,7 +971,14 @@ def test_measure_marks_a_batch_that_runs_out_of_memory_and_stops_that_point():
     assert all(r["status"] == "oom" and r["note"] == "CUDA out of memory. Tried to allocate 2 GiB" for r in emitted[0])
     assert runner.progress.notes == ["none: out of memory at vt 64 tokens"]
     assert {k: emitted[0][0][k] for k in ("model", "label", "task", "ruler_task", "length", "sample", "value")} == {
-        "model": "m", "label": "none", "task": "ruler", "ruler_task": "vt", "length": 64, "sample": 0, "value": None}
+        "model": "m",
+        "label": "none",
+        "task": "ruler",
+        "ruler_task": "vt",
+        "length": 64,
+        "sample": 0,
+        "value": None,
+    }
 
 
 def test_measure_rows_hold_the_score_prediction_answers_metric_and_seconds_per_sample(monkeypatch):
@@ -678,11 +995,40 @@ def test_measure_rows_hold_the_score_prediction_answers_metric_and_seconds_per_s
     emitted = []
     runner.measure(expand_specs(["none"])[0], "vt", 64, samples, emitted.append)
     first = emitted[0][0]
-    assert {k: first[k] for k in ("model", "label", "task", "ruler_task", "length", "sample", "value", "score",
-                                  "prediction", "outputs", "metric_fn", "prompt_tokens", "seconds", "status")} == {
-        "model": "m", "label": "none", "task": "ruler", "ruler_task": "vt", "length": 64, "sample": 0, "value": 0.5,
-        "score": 0.5, "prediction": "V1 and more", "outputs": ["v1", "v2"], "metric_fn": "string_match_all",
-        "prompt_tokens": 17, "seconds": 0.617, "status": "ok"}
+    assert {
+        k: first[k]
+        for k in (
+            "model",
+            "label",
+            "task",
+            "ruler_task",
+            "length",
+            "sample",
+            "value",
+            "score",
+            "prediction",
+            "outputs",
+            "metric_fn",
+            "prompt_tokens",
+            "seconds",
+            "status",
+        )
+    } == {
+        "model": "m",
+        "label": "none",
+        "task": "ruler",
+        "ruler_task": "vt",
+        "length": 64,
+        "sample": 0,
+        "value": 0.5,
+        "score": 0.5,
+        "prediction": "V1 and more",
+        "outputs": ["v1", "v2"],
+        "metric_fn": "string_match_all",
+        "prompt_tokens": 17,
+        "seconds": 0.617,
+        "status": "ok",
+    }
     assert emitted[0][1]["score"] == 0.0 and emitted[0][1]["prompt_tokens"] == 18
     runner.measure(expand_specs(["none"])[0], "vt", 64, [], emitted.append)  # nothing to measure: nothing emitted
     assert len(emitted) == 1
@@ -696,20 +1042,38 @@ def test_valid_cells_write_lengths_ppl_and_ratios_with_missing_marks():
     from ctxeval.report.tables import valid_cells, valid_lengths
 
     nan = float("nan")
-    wide = pd.DataFrame({64: [10.0, 12.0, nan], 128: [10.5, 30.0, 9.0], 2048: [10.9, nan, 9.0]},
-                        index=["none", "yarn", "pi"])
+    wide = pd.DataFrame(
+        {64: [10.0, 12.0, nan], 128: [10.5, 30.0, 9.0], 2048: [10.9, nan, 9.0]}, index=["none", "yarn", "pi"]
+    )
     valid = valid_lengths(wide, 64, 0.1)
     headers, rows = valid_cells(valid)
-    assert headers == ["method", "reference length", "ppl at reference", "longest within 10% of own ppl", "x original",
-                       "longest within 10% of none", "x original (vs base)"]
-    assert rows == [["none", "64", "10.00", "2k", "32.00", "2k", "32.00"],
-                    ["yarn", "64", "12.00", "64", "1.00", "—", "—"],
-                    ["pi", "64", "—", "—", "—", "—", "—"]]  # failed at the reference: no valid length either way
+    assert headers == [
+        "method",
+        "reference length",
+        "ppl at reference",
+        "longest within 10% of own ppl",
+        "x original",
+        "longest within 10% of none",
+        "x original (vs base)",
+    ]
+    assert rows == [
+        ["none", "64", "10.00", "2k", "32.00", "2k", "32.00"],
+        ["yarn", "64", "12.00", "64", "1.00", "—", "—"],
+        ["pi", "64", "—", "—", "—", "—", "—"],
+    ]  # failed at the reference: no valid length either way
 
 
 def _entropy_row(label, length, doc, entropy, per_layer, uniform=None, status="ok"):
-    row = {"task": "entropy", "label": label, "length": length, "doc": doc, "entropy": entropy, "status": status,
-           "layers": [0, 1], "entropy_per_layer": per_layer}
+    row = {
+        "task": "entropy",
+        "label": label,
+        "length": length,
+        "doc": doc,
+        "entropy": entropy,
+        "status": status,
+        "layers": [0, 1],
+        "entropy_per_layer": per_layer,
+    }
     if uniform is not None:
         row["uniform_entropy"] = uniform
     return row
@@ -719,11 +1083,15 @@ def test_entropy_tables_average_documents_per_method_and_layer_in_the_given_orde
     from ctxeval.report.tables import entropy_tables
     from ctxeval.runs.rows import UNIFORM_LABEL
 
-    rows = [_entropy_row("b", 8, "d1", 9.0, [9.0, 9.0], 2.0),  # replaced by the later row of the same point
-            _entropy_row("b", 8, "d1", 1.0, [0.5, 1.5], 2.0), _entropy_row("b", 8, "d2", 2.0, [1.5, 2.5], 2.0),
-            _entropy_row("b", 16, "d1", 3.0, [3.0, 3.0], 2.5), _entropy_row("a", 8, "d1", 4.0, [4.0, 4.0], 2.0),
-            _entropy_row("a", 16, "d1", 9.0, [9.0, 9.0], 2.5, status="oom"),
-            {"task": "ppl", "label": "a", "length": 8, "doc": "d1", "status": "ok"}]
+    rows = [
+        _entropy_row("b", 8, "d1", 9.0, [9.0, 9.0], 2.0),  # replaced by the later row of the same point
+        _entropy_row("b", 8, "d1", 1.0, [0.5, 1.5], 2.0),
+        _entropy_row("b", 8, "d2", 2.0, [1.5, 2.5], 2.0),
+        _entropy_row("b", 16, "d1", 3.0, [3.0, 3.0], 2.5),
+        _entropy_row("a", 8, "d1", 4.0, [4.0, 4.0], 2.0),
+        _entropy_row("a", 16, "d1", 9.0, [9.0, 9.0], 2.5, status="oom"),
+        {"task": "ppl", "label": "a", "length": 8, "doc": "d1", "status": "ok"},
+    ]
     wide, layers = entropy_tables(rows, ["b", "c", "a"])
     assert list(wide.index) == ["b", "a", UNIFORM_LABEL] and list(wide.columns) == [8, 16]
     assert wide.loc["b", 8] == 1.5 and wide.loc["b", 16] == 3.0 and wide.loc["a", 8] == 4.0
@@ -745,12 +1113,17 @@ def test_entropy_tables_without_uniform_entropies_or_ok_rows():
 def _write_rulers_files(root: Path, task: str, length: int, n: int) -> None:
     path = root / str(length) / task / "validation.jsonl"
     path.parent.mkdir(parents=True)
-    path.write_text("".join(json.dumps({"index": i, "input": f"{task} {length} {i}", "outputs": ["x"],
-                                        "answer_prefix": " A:"}) + "\n" for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps({"index": i, "input": f"{task} {length} {i}", "outputs": ["x"], "answer_prefix": " A:"}) + "\n"
+            for i in range(n)
+        )
+    )
 
 
-def test_prepare_takes_samples_from_rulers_files_then_from_the_run_then_generates_and_keeps_a_copy(tmp_path,
-                                                                                                   monkeypatch):
+def test_prepare_takes_samples_from_rulers_files_then_from_the_run_then_generates_and_keeps_a_copy(
+    tmp_path, monkeypatch
+):
     import ctxeval.evals.ruler.run as E
     from ctxeval.evals.ruler.tasks import RulerSample
 
@@ -777,8 +1150,12 @@ def test_prepare_takes_samples_from_rulers_files_then_from_the_run_then_generate
 
     told = []
     out = E.prepare(cfg, "tok", "src", tmp_path / "run2", progress=told.append)
-    assert calls == [("vt", 64, 2, "tok", "src", 7, "meta-chat"), ("vt", 128, 2, "tok", "src", 7, "meta-chat"),
-                     ("cwe", 64, 2, "tok", "src", 7, "meta-chat"), ("cwe", 128, 2, "tok", "src", 7, "meta-chat")]
+    assert calls == [
+        ("vt", 64, 2, "tok", "src", 7, "meta-chat"),
+        ("vt", 128, 2, "tok", "src", 7, "meta-chat"),
+        ("cwe", 64, 2, "tok", "src", 7, "meta-chat"),
+        ("cwe", 128, 2, "tok", "src", 7, "meta-chat"),
+    ]
     assert told[0] == "generating 2 vt prompts at 64 tokens" and len(told) == 4
     assert out[("cwe", 128)][1].input == "gen cwe 128 1"
     written = tmp_path / "run2" / E.SAMPLES_DIR / "128" / "cwe" / "validation.jsonl"
@@ -815,46 +1192,115 @@ def test_a_ruler_runner_measures_one_sample_per_batch_silently_by_default():
     assert [[r["sample"] for r in rows] for rows in emitted] == [[0], [1]]
 
 
-_ROW = json.dumps({"task": "ppl", "model": "m", "label": "none", "length": 8, "doc": "d", "status": "ok",
-                   "nll_sum": 1.0, "n_tokens": 4})
+_ROW = json.dumps(
+    {
+        "task": "ppl",
+        "model": "m",
+        "label": "none",
+        "length": 8,
+        "doc": "d",
+        "status": "ok",
+        "nll_sum": 1.0,
+        "n_tokens": 4,
+    }
+)
 _NOT_RUN_JSON = "not a ctxeval run.json: leave this directory out"
 
 
-@pytest.mark.parametrize("name, run_json, rows, message", [
-    ("lengths", '{"spec": {"task": "ppl", "lengths": 5}}', _ROW,
-     f"lengths/run.json: 'spec.lengths' is not a JSON list, as ctxeval writes it; {_NOT_RUN_JSON}"),
-    ("tasks", '{"spec": {"task": "ppl", "tasks": "vt"}}', _ROW,
-     f"tasks/run.json: 'spec.tasks' is not a JSON list, as ctxeval writes it; {_NOT_RUN_JSON}"),
-    ("docs", '{"spec": {"task": "ppl"}, "data": {"documents": {}}}', _ROW,
-     f"docs/run.json: 'data.documents' is not a JSON list, as ctxeval writes it; {_NOT_RUN_JSON}"),
-    ("agg", '{"spec": {"task": "ppl"}, "protocol": {"aggregate": "' + "m" * 50 + '"}}', _ROW,
-     f"agg/run.json: protocol aggregate '{'m' * 40}' is not one of token, window; {_NOT_RUN_JSON}"),
-    ("thr0", '{"spec": {"task": "ppl"}, "protocol": {"threshold": 0}}', _ROW,
-     f"thr0/run.json: protocol threshold 0 is not a number in (0, 100]; {_NOT_RUN_JSON}"),
-    ("thr1005", '{"spec": {"task": "ppl"}, "protocol": {"threshold": 100.5}}', _ROW,
-     f"thr1005/run.json: protocol threshold 100.5 is not a number in (0, 100]; {_NOT_RUN_JSON}"),
-    ("thrabc", '{"spec": {"task": "ppl"}, "protocol": {"threshold": "abc"}}', _ROW,
-     f"thrabc/run.json: protocol threshold 'abc' is not a number in (0, 100]; {_NOT_RUN_JSON}"),
-    ("task", '{"spec": {"task": "' + "b" * 50 + '"}}', _ROW,
-     f"task: unknown task '{'b' * 40}' in run.json; ctxeval report merges ppl, needle, passkey, entropy, ruler, "
-     "lm-eval and tune runs"),
-    ("tasknum", '{"spec": {"task": 5}}', _ROW,
-     "tasknum: unknown task '5' in run.json; ctxeval report merges ppl, needle, passkey, entropy, ruler, lm-eval "
-     "and tune runs"),
-    ("rulerempty", '{"spec": {"task": "ruler", "tasks": []}}', _ROW,
-     f"rulerempty/run.json: a RULER run's spec.tasks is not a list of task names; {_NOT_RUN_JSON}"),
-    ("rulerint", '{"spec": {"task": "ruler", "tasks": [1]}}', _ROW,
-     f"rulerint/run.json: a RULER run's spec.tasks is not a list of task names; {_NOT_RUN_JSON}"),
-    ("badrows", '{"spec": {"task": "ppl"}}', "not json\n[1]\n{bad\n",
-     "badrows/rows.jsonl holds no usable rows (line 1: not JSON; line 2: not a JSON object (a list); ctxeval writes "
-     "one UTF-8 JSON object per line); resume the run with its original command, or leave it out"),
-    ("norows", '{"spec": {"task": "ppl"}}', "",
-     "norows has no measured rows (rows.jsonl missing or empty); resume the run with its original command, or leave "
-     "it out"),
-    ("latin", b'{"spec": {"task": "ppl", "x": "\xe9"}}', _ROW,
-     "latin/run.json cannot be read as a ctxeval run.json (it is not UTF-8 text: byte 0xe9 at offset 31); leave this "
-     "directory out"),
-])
+@pytest.mark.parametrize(
+    "name, run_json, rows, message",
+    [
+        (
+            "lengths",
+            '{"spec": {"task": "ppl", "lengths": 5}}',
+            _ROW,
+            f"lengths/run.json: 'spec.lengths' is not a JSON list, as ctxeval writes it; {_NOT_RUN_JSON}",
+        ),
+        (
+            "tasks",
+            '{"spec": {"task": "ppl", "tasks": "vt"}}',
+            _ROW,
+            f"tasks/run.json: 'spec.tasks' is not a JSON list, as ctxeval writes it; {_NOT_RUN_JSON}",
+        ),
+        (
+            "docs",
+            '{"spec": {"task": "ppl"}, "data": {"documents": {}}}',
+            _ROW,
+            f"docs/run.json: 'data.documents' is not a JSON list, as ctxeval writes it; {_NOT_RUN_JSON}",
+        ),
+        (
+            "agg",
+            '{"spec": {"task": "ppl"}, "protocol": {"aggregate": "' + "m" * 50 + '"}}',
+            _ROW,
+            f"agg/run.json: protocol aggregate '{'m' * 40}' is not one of token, window; {_NOT_RUN_JSON}",
+        ),
+        (
+            "thr0",
+            '{"spec": {"task": "ppl"}, "protocol": {"threshold": 0}}',
+            _ROW,
+            f"thr0/run.json: protocol threshold 0 is not a number in (0, 100]; {_NOT_RUN_JSON}",
+        ),
+        (
+            "thr1005",
+            '{"spec": {"task": "ppl"}, "protocol": {"threshold": 100.5}}',
+            _ROW,
+            f"thr1005/run.json: protocol threshold 100.5 is not a number in (0, 100]; {_NOT_RUN_JSON}",
+        ),
+        (
+            "thrabc",
+            '{"spec": {"task": "ppl"}, "protocol": {"threshold": "abc"}}',
+            _ROW,
+            f"thrabc/run.json: protocol threshold 'abc' is not a number in (0, 100]; {_NOT_RUN_JSON}",
+        ),
+        (
+            "task",
+            '{"spec": {"task": "' + "b" * 50 + '"}}',
+            _ROW,
+            f"task: unknown task '{'b' * 40}' in run.json; ctxeval report merges ppl, needle, passkey, entropy, ruler, "
+            "lm-eval and tune runs",
+        ),
+        (
+            "tasknum",
+            '{"spec": {"task": 5}}',
+            _ROW,
+            "tasknum: unknown task '5' in run.json; ctxeval report merges ppl, needle, passkey, entropy, ruler, lm-eval "
+            "and tune runs",
+        ),
+        (
+            "rulerempty",
+            '{"spec": {"task": "ruler", "tasks": []}}',
+            _ROW,
+            f"rulerempty/run.json: a RULER run's spec.tasks is not a list of task names; {_NOT_RUN_JSON}",
+        ),
+        (
+            "rulerint",
+            '{"spec": {"task": "ruler", "tasks": [1]}}',
+            _ROW,
+            f"rulerint/run.json: a RULER run's spec.tasks is not a list of task names; {_NOT_RUN_JSON}",
+        ),
+        (
+            "badrows",
+            '{"spec": {"task": "ppl"}}',
+            "not json\n[1]\n{bad\n",
+            "badrows/rows.jsonl holds no usable rows (line 1: not JSON; line 2: not a JSON object (a list); ctxeval writes "
+            "one UTF-8 JSON object per line); resume the run with its original command, or leave it out",
+        ),
+        (
+            "norows",
+            '{"spec": {"task": "ppl"}}',
+            "",
+            "norows has no measured rows (rows.jsonl missing or empty); resume the run with its original command, or leave "
+            "it out",
+        ),
+        (
+            "latin",
+            b'{"spec": {"task": "ppl", "x": "\xe9"}}',
+            _ROW,
+            "latin/run.json cannot be read as a ctxeval run.json (it is not UTF-8 text: byte 0xe9 at offset 31); leave this "
+            "directory out",
+        ),
+    ],
+)
 def test_load_run_refuses_each_inconsistent_run_in_one_line(tmp_path, monkeypatch, name, run_json, rows, message):
     from ctxeval.report.runs import load_run
 
@@ -867,10 +1313,15 @@ def test_load_run_refuses_each_inconsistent_run_in_one_line(tmp_path, monkeypatc
     assert str(err.value) == message
 
 
-@pytest.mark.parametrize("run_json", ['{"spec": {"task": "ppl"}, "protocol": {"threshold": 1}}',
-                                      '{"spec": {"task": "ppl"}, "protocol": {"threshold": 100}}',
-                                      '{"spec": {}}',  # the task is read from the first row
-                                      '{"spec": {"task": "ruler", "tasks": ["vt"]}}'])
+@pytest.mark.parametrize(
+    "run_json",
+    [
+        '{"spec": {"task": "ppl"}, "protocol": {"threshold": 1}}',
+        '{"spec": {"task": "ppl"}, "protocol": {"threshold": 100}}',
+        '{"spec": {}}',  # the task is read from the first row
+        '{"spec": {"task": "ruler", "tasks": ["vt"]}}',
+    ],
+)
 def test_load_run_accepts_thresholds_up_to_100_and_takes_a_missing_task_from_the_rows(tmp_path, run_json):
     from ctxeval.report.runs import load_run
 
@@ -913,31 +1364,49 @@ def test_expand_run_args_replaces_folders_of_runs_keeps_runs_and_notes_what_it_d
     (tmp_path / "notes.txt").write_text("x")
     kept, notes = expand_run_args([single, str(folder) + "/", tmp_path / "notes.txt"])
     assert kept == [single, folder / "r1", folder / "r2"]
-    assert notes == [f"{tmp_path / 'notes.txt'} is a file, not a run directory; skipped",
-                     f"{folder} is a folder of run directories: using the 2 directly inside it, in name order (1 other "
-                     "entry in it not run directories)"]
+    assert notes == [
+        f"{tmp_path / 'notes.txt'} is a file, not a run directory; skipped",
+        f"{folder} is a folder of run directories: using the 2 directly inside it, in name order (1 other "
+        "entry in it not run directories)",
+    ]
     (folder / "more.md").write_text("x")
-    assert expand_run_args([folder])[1] == [f"{folder} is a folder of run directories: using the 2 directly inside "
-                                            "it, in name order (2 other entries in it not run directories)"]
+    assert expand_run_args([folder])[1] == [
+        f"{folder} is a folder of run directories: using the 2 directly inside "
+        "it, in name order (2 other entries in it not run directories)"
+    ]
     (folder / "README.md").unlink()
     (folder / "more.md").unlink()
-    assert expand_run_args([folder])[1] == [f"{folder} is a folder of run directories: using the 2 directly inside "
-                                            "it, in name order"]
+    assert expand_run_args([folder])[1] == [
+        f"{folder} is a folder of run directories: using the 2 directly inside it, in name order"
+    ]
     with pytest.raises(CtxevalError) as err:
         expand_run_args([tmp_path / "notes.txt"])
-    assert str(err.value) == (f"{tmp_path / 'notes.txt'} is a file, not a run directory; pass the directory that "
-                              "holds run.json and rows.jsonl")
+    assert str(err.value) == (
+        f"{tmp_path / 'notes.txt'} is a file, not a run directory; pass the directory that "
+        "holds run.json and rows.jsonl"
+    )
 
 
-@pytest.mark.parametrize("value, text", [
-    (True, "on"), (False, "off"), (None, "none"), (0.5, "0.5"), (1e-7, "1e-07"), ([], "none"), (["a", 1.5], "a,1.5"),
-    ({"b": 1, "a": 2}, '{"a": 2, "b": 1}'), ("  two   words ", "two words"),
-    ("x" * 48, "x" * 48), ("x" * 49, "x" * 45 + "..."),
-    ("a" * 30 + " " + "b" * 15 + " " + "c" * 10, "a" * 30 + "..."),  # the last space before 46, not the one at 46
-    ("a" * 24 + " " + "b" * 30, "a" * 24 + " " + "b" * 20 + "..."),  # a space at 24 is too early: cut at 45
-    ("a" * 25 + " " + "b" * 30, "a" * 25 + "..."),
-    ("X" * 29 + ", " + "y" * 20, "X" * 29 + "..."),  # no comma before the dots
-])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (True, "on"),
+        (False, "off"),
+        (None, "none"),
+        (0.5, "0.5"),
+        (1e-7, "1e-07"),
+        ([], "none"),
+        (["a", 1.5], "a,1.5"),
+        ({"b": 1, "a": 2}, '{"a": 2, "b": 1}'),
+        ("  two   words ", "two words"),
+        ("x" * 48, "x" * 48),
+        ("x" * 49, "x" * 45 + "..."),
+        ("a" * 30 + " " + "b" * 15 + " " + "c" * 10, "a" * 30 + "..."),  # the last space before 46, not the one at 46
+        ("a" * 24 + " " + "b" * 30, "a" * 24 + " " + "b" * 20 + "..."),  # a space at 24 is too early: cut at 45
+        ("a" * 25 + " " + "b" * 30, "a" * 25 + "..."),
+        ("X" * 29 + ", " + "y" * 20, "X" * 29 + "..."),  # no comma before the dots
+    ],
+)
 def test_fmt_value_writes_protocol_fields_for_headings(value, text):
     from ctxeval.report.runs import fmt_value
 
@@ -979,9 +1448,11 @@ def test_fwe_too_short_for_four_coded_words_names_the_template_and_the_length_it
     tok = AutoTokenizer.from_pretrained(str(TINY_MODEL_DIR))
     with pytest.raises(CtxevalError) as err:
         R.generate("fwe", 240, 1, tok, R.Sources())
-    assert str(err.value) == ("fwe: length 240 is shorter than the task's smallest prompt (RULER's coded vocabulary of "
-                              "(length - 50) // 50 words needs 4, and the template alone is 158 tokens with this "
-                              "tokenizer); use --lengths of at least 250")
+    assert str(err.value) == (
+        "fwe: length 240 is shorter than the task's smallest prompt (RULER's coded vocabulary of "
+        "(length - 50) // 50 words needs 4, and the template alone is 158 tokens with this "
+        "tokenizer); use --lengths of at least 250"
+    )
     assert len(R.generate("fwe", 250, 1, tok, R.Sources())) == 1
 
 
@@ -1001,8 +1472,10 @@ def test_cwe_takes_words_past_wonderwords_from_the_extra_list_while_it_is_long_e
     sources.extra_words = sources.extra_words[:-1]
     with pytest.raises(CtxevalError) as err:
         cwe._example(n, 1, 1, 2)
-    assert str(err.value) == (f"cwe at this length needs {n:,} distinct words, more than words.txt (its words); give "
-                              "a longer list with --cwe-words (RULER's english_words.json, or Debian wamerican)")
+    assert str(err.value) == (
+        f"cwe at this length needs {n:,} distinct words, more than words.txt (its words); give "
+        "a longer list with --cwe-words (RULER's english_words.json, or Debian wamerican)"
+    )
     sources.extra_words = []
     with pytest.raises(CtxevalError, match=f"more than wonderwords' {len(cwe.words):,}; give a longer list"):
         cwe._example(n, 1, 1, 2)

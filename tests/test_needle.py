@@ -6,16 +6,15 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import build_tokenizer, tiny_llama
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
 from ctxeval.cli.options import parse_depths
-from ctxeval.errors import CtxevalError
-from ctxeval.models import generation as G
-from ctxeval.evals import needle as N
 from ctxeval.data.presets import load_task, preset_names
-
-from conftest import build_tokenizer, tiny_llama
+from ctxeval.errors import CtxevalError
+from ctxeval.evals import needle as N
+from ctxeval.models import generation as G
 
 runner = CliRunner()
 PRESETS = [n.removeprefix("needle-") for n in preset_names("needle")]
@@ -36,8 +35,14 @@ def builder(tok, name, chat=False, snap=False, hay="filler"):
 
 
 def test_all_presets_listed():
-    assert set(PRESETS) == {"magic-number", "magic-number-multikey", "magic-number-multivalue", "magic-number-multiquery",
-                            "passkey", "gkamradt"}
+    assert set(PRESETS) == {
+        "magic-number",
+        "magic-number-multikey",
+        "magic-number-multivalue",
+        "magic-number-multiquery",
+        "passkey",
+        "gkamradt",
+    }
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -66,7 +71,10 @@ def test_prompt_length_exact_needles_intact_one_bos(tok, name, depth, chat):
             assert all(a in decoded for a in sample.answers)
             if b.preset.values_per_key > 1:  # forced answers list the values in reading order
                 by_text = sorted(sample.answers[: b.preset.values_per_key], key=lambda a: decoded.index(a))
-                by_span = [sample.answers[j] for j in sorted(range(b.preset.values_per_key), key=lambda j: p.needle_spans[j][0])]
+                by_span = [
+                    sample.answers[j]
+                    for j in sorted(range(b.preset.values_per_key), key=lambda j: p.needle_spans[j][0])
+                ]
                 assert by_text == by_span
     tok.chat_template = None
 
@@ -76,7 +84,7 @@ def test_snap_moves_needle_to_a_sentence_end(tok):
     sample = N.make_sample(b.preset, np.random.default_rng(0))
     p = b.build(600, 47.0, sample, np.random.default_rng(3), 10)
     start = p.needle_spans[0][0]
-    assert tok.decode(p.ids[start - 1:start]).rstrip(" ")[-1] in ".!?\n"
+    assert tok.decode(p.ids[start - 1 : start]).rstrip(" ")[-1] in ".!?\n"
     assert p.depth_tokens <= round(0.47 * p.haystack_tokens)
 
 
@@ -114,15 +122,18 @@ def test_forced_and_generate_agree(tok):
     r = N.NeedleRunner(model, tok, "cpu", b, cfg_forced, "tiny", "needle")
     item = r.item(400, 0, 0)
     with torch.no_grad():
-        greedy = model.generate(torch.tensor([item.prompt.ids]), max_new_tokens=4, do_sample=False,
-                                pad_token_id=tok.eos_token_id)[0, len(item.prompt.ids):].tolist()
+        greedy = model.generate(
+            torch.tensor([item.prompt.ids]), max_new_tokens=4, do_sample=False, pad_token_id=tok.eos_token_id
+        )[0, len(item.prompt.ids) :].tolist()
     for answer_ids, expect in ((greedy, 1), ([(greedy[0] + 1) % len(tok)] + greedy[1:], 0)):
         item.prompt.answer_ids = answer_ids
         forced = r._forced([item])[0]
         assert forced["correct"] == expect
         text = tok.decode(answer_ids)
         item.sample = N.Sample(item.sample.needles, 1, "q", "a", (text.strip(),))
-        gen_runner = N.NeedleRunner(model, tok, "cpu", b, N.NeedleConfig((400,), (50.0,), max_new_tokens=4), "tiny", "needle")
+        gen_runner = N.NeedleRunner(
+            model, tok, "cpu", b, N.NeedleConfig((400,), (50.0,), max_new_tokens=4), "tiny", "needle"
+        )
         r_preset = N.NeedlePreset.from_dict("exact", {**load_task("needle-magic-number", "needle")})
         gen_runner.builder.preset = r_preset
         generated = gen_runner._generate(item, None)
@@ -139,14 +150,31 @@ def test_depth_parsing():
 
 # ------------------------------------------------------------------------------------------------------- CLI
 
+
 def needle(*args):
     return runner.invoke(app, ["needle", *args])
 
 
 def test_needle_cli_outputs_and_resume(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
-    args = ["--model", str(tiny_model_dir), "--lengths", "400,500", "--depths", "0,50,100", "--samples", "2",
-            "--method", "none", "--method", "yarn:factor=4", "--scoring", "forced", "--out", str(out)]
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--lengths",
+        "400,500",
+        "--depths",
+        "0,50,100",
+        "--samples",
+        "2",
+        "--method",
+        "none",
+        "--method",
+        "yarn:factor=4",
+        "--scoring",
+        "forced",
+        "--out",
+        str(out),
+    ]
     first = needle(*args)
     assert first.exit_code == 0, first.output
     rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
@@ -164,8 +192,24 @@ def test_needle_cli_outputs_and_resume(tmp_path, tiny_model_dir):
 
 def test_passkey_cli(tmp_path, tiny_model_dir):
     out = tmp_path / "pk"
-    result = runner.invoke(app, ["passkey", "--model", str(tiny_model_dir), "--lengths", "300,400", "--samples", "3",
-                                 "--max-new-tokens", "6", "--protocol", "ctxeval", "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "passkey",
+            "--model",
+            str(tiny_model_dir),
+            "--lengths",
+            "300,400",
+            "--samples",
+            "3",
+            "--max-new-tokens",
+            "6",
+            "--protocol",
+            "ctxeval",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and len({r["depth"] for r in rows}) > 1  # random depth per sample
@@ -183,17 +227,20 @@ def test_passkey_cli(tmp_path, tiny_model_dir):
     assert float(mean) == pytest.approx(sum(upto) / len(upto)) if upto else mean == ""
 
 
-@pytest.mark.parametrize("extra,fragment", [
-    (["--depths", "0,150"], "0..100"),
-    (["--lengths", "40"], "shorter than the instruction"),
-    (["--samples", "0"], "--samples"),
-    (["--needle", "haystack-king"], "unknown needle preset"),
-    (["--haystack", "SHORT", "--lengths", "2000"], "haystack"),
-    (["--scoring", "judge"], "--scoring"),
-    (["--chat-template", "on"], "no chat template"),
-    (["--needle-text", "The {value} of {foo}."], "{foo}"),
-    (["--out", "AFILE"], "not a directory"),
-])
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (["--depths", "0,150"], "0..100"),
+        (["--lengths", "40"], "shorter than the instruction"),
+        (["--samples", "0"], "--samples"),
+        (["--needle", "haystack-king"], "unknown needle preset"),
+        (["--haystack", "SHORT", "--lengths", "2000"], "haystack"),
+        (["--scoring", "judge"], "--scoring"),
+        (["--chat-template", "on"], "no chat template"),
+        (["--needle-text", "The {value} of {foo}."], "{foo}"),
+        (["--out", "AFILE"], "not a directory"),
+    ],
+)
 def test_needle_bad_input(tmp_path, tiny_model_dir, extra, fragment):
     short = tmp_path / "short.txt"
     short.write_text("A short haystack. " * 20)
@@ -214,16 +261,39 @@ def test_a_needle_row_carries_what_was_asked_and_measured(tok):
     from ctxeval.specs import expand_specs
 
     model = tiny_llama(vocab_size=len(tok))
-    runner_ = N.NeedleRunner(model, tok, "cpu", builder(tok, "magic-number-multivalue"),
-                             N.NeedleConfig((900,), (25.0,), scoring="forced"), "tiny", "needle")
+    runner_ = N.NeedleRunner(
+        model,
+        tok,
+        "cpu",
+        builder(tok, "magic-number-multivalue"),
+        N.NeedleConfig((900,), (25.0,), scoring="forced"),
+        "tiny",
+        "needle",
+    )
     item = runner_.item(900, 0, 0)
     (spec,) = expand_specs(["pi:factor=2"])
     row = runner_._row(spec, item, status="ok", correct=1, response=None)
-    assert row == {"model": "tiny", "method": "pi", "label": spec.label, "params": spec.record_params, "task": "needle",
-                   "metric": "correct", "value": 1, "preset": "magic-number-multivalue", "scoring": "forced",
-                   "length": 900, "depth": 25.0, "sample": 0, "answer": ", ".join(item.sample.answers),
-                   "prompt_tokens": len(item.prompt.ids), "answer_tokens": len(item.prompt.answer_ids),
-                   "haystack_tokens": item.prompt.haystack_tokens, "status": "ok", "correct": 1, "response": None}
+    assert row == {
+        "model": "tiny",
+        "method": "pi",
+        "label": spec.label,
+        "params": spec.record_params,
+        "task": "needle",
+        "metric": "correct",
+        "value": 1,
+        "preset": "magic-number-multivalue",
+        "scoring": "forced",
+        "length": 900,
+        "depth": 25.0,
+        "sample": 0,
+        "answer": ", ".join(item.sample.answers),
+        "prompt_tokens": len(item.prompt.ids),
+        "answer_tokens": len(item.prompt.answer_ids),
+        "haystack_tokens": item.prompt.haystack_tokens,
+        "status": "ok",
+        "correct": 1,
+        "response": None,
+    }
     assert len(item.sample.answers) == 4 and row["haystack_tokens"] > 0
 
 
@@ -246,11 +316,19 @@ def test_every_stop_id_once_tokenizer_first():
 def test_greedy_decoding_ignores_the_checkpoints_own_settings():
     cfg = G.greedy_config(_Tok(2), 12, _Model([2, 9]))
     assert (cfg.do_sample, cfg.num_beams, cfg.max_new_tokens, cfg.pad_token_id, cfg.eos_token_id) == (
-        False, 1, 12, 2, [2, 9])  # no pad token: the first stop id pads
+        False,
+        1,
+        12,
+        2,
+        [2, 9],
+    )  # no pad token: the first stop id pads
     assert G.greedy_config(_Tok(2, pad=0), 5, _Model(None)).pad_token_id == 0
     empty = G.greedy_config(_Tok(None), 5)
     assert empty.pad_token_id is None and empty.eos_token_id is None
-    assert cfg.repetition_penalty in (None, 1.0) and cfg.no_repeat_ngram_size in (None, 0)  # fresh, not the checkpoint's
+    assert cfg.repetition_penalty in (None, 1.0) and cfg.no_repeat_ngram_size in (
+        None,
+        0,
+    )  # fresh, not the checkpoint's
 
 
 def test_several_values_per_key_are_expected_in_reading_order():
@@ -265,8 +343,15 @@ def test_several_values_per_key_are_expected_in_reading_order():
 
 def test_a_generate_batch_is_the_leading_prompts_of_one_shape(tok):
     model = tiny_llama(vocab_size=len(tok))
-    runner_ = N.NeedleRunner(model, tok, "cpu", builder(tok, "passkey"),
-                             N.NeedleConfig((600, 700), (50.0,), max_new_tokens=6), "tiny", "passkey")  # one budget
+    runner_ = N.NeedleRunner(
+        model,
+        tok,
+        "cpu",
+        builder(tok, "passkey"),
+        N.NeedleConfig((600, 700), (50.0,), max_new_tokens=6),
+        "tiny",
+        "passkey",
+    )  # one budget
     a, b, c = runner_.item(600, 0, 0), runner_.item(600, 0, 1), runner_.item(700, 0, 0)
     assert runner_._same_shape([a, b, c]) == [a, b] and runner_._same_shape([c, a]) == [c]
     assert runner_._same_shape([a]) == [a] and runner_._same_shape([a, b]) == [a, b]
@@ -280,8 +365,9 @@ def _enc(tok, text):
 def test_a_prompt_is_its_parts_in_order(tok, chat):
     """head = BOS + (chat prefix) + instruction + newline; the haystack a contiguous slice with the needles set in at
     their spans, the first at depth% of it; tail = newline + question + (chat suffix) + answer prefix."""
-    tok.chat_template = ("{% for m in messages %}<s>[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] "
-                         if chat else None)
+    tok.chat_template = (
+        "{% for m in messages %}<s>[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] " if chat else None
+    )
     b = builder(tok, "magic-number-multikey", chat=chat)
     sample = N.make_sample(b.preset, np.random.default_rng(3))
     p = b.build(1200, 40.0, sample, np.random.default_rng(5), 10)
@@ -291,16 +377,16 @@ def test_a_prompt_is_its_parts_in_order(tok, chat):
     else:
         head = [tok.bos_token_id] + _enc(tok, b.preset.instruction + "\n")
         tail = _enc(tok, "\n" + sample.question) + _enc(tok, " " + sample.answer_prefix)
-    assert p.ids[:len(head)] == head and p.ids[-len(tail):] == tail
-    middle, kept, cursor = p.ids[len(head):len(p.ids) - len(tail)], [], len(head)
+    assert p.ids[: len(head)] == head and p.ids[-len(tail) :] == tail
+    middle, kept, cursor = p.ids[len(head) : len(p.ids) - len(tail)], [], len(head)
     for start, end in sorted(p.needle_spans):
         kept += p.ids[cursor:start]
         cursor = end
-    kept += p.ids[cursor:len(p.ids) - len(tail)]
+    kept += p.ids[cursor : len(p.ids) - len(tail)]
     assert len(kept) == p.haystack_tokens == len(middle) - sum(e - s for s, e in p.needle_spans)
     hay = b.haystack.tolist()
-    offset = next(i for i in range(len(hay) - len(kept) + 1) if hay[i:i + len(kept)] == kept)  # one slice
-    assert hay[offset:offset + len(kept)] == kept
+    offset = next(i for i in range(len(hay) - len(kept) + 1) if hay[i : i + len(kept)] == kept)  # one slice
+    assert hay[offset : offset + len(kept)] == kept
     first_start = p.needle_spans[0][0] - len(head)
     assert p.depth_tokens == round(0.40 * p.haystack_tokens)
     assert first_start - sum(e - s for s, e in p.needle_spans if s < p.needle_spans[0][0]) == p.depth_tokens
@@ -312,8 +398,9 @@ def test_answer_tokens_are_the_values_comma_separated():
     tok = build_tokenizer()
     b = builder(tok, "magic-number-multivalue")
     sample = N.Sample(("x",), 1, "q", "a", ("1234", "5678", "90"))
-    assert b.answer_ids(sample) == (_enc(tok, " 1234") + _enc(tok, ",") + _enc(tok, " 5678") + _enc(tok, ",")
-                                   + _enc(tok, " 90"))
+    assert b.answer_ids(sample) == (
+        _enc(tok, " 1234") + _enc(tok, ",") + _enc(tok, " 5678") + _enc(tok, ",") + _enc(tok, " 90")
+    )
 
 
 def test_the_haystack_offset_stays_inside_the_haystack(tok):
@@ -338,14 +425,18 @@ def test_too_short_lengths_and_haystacks_say_what_is_needed(tok):
     for short in (need - 1, need - 6):
         with pytest.raises(CtxevalError) as caught:
             b.build(short, 50.0, sample, np.random.default_rng(0), 5)
-        assert str(caught.value) == (f"length {short} is shorter than the instruction, needle(s), question and answer "
-                                     f"({need} tokens with this tokenizer); use longer --lengths")
+        assert str(caught.value) == (
+            f"length {short} is shorter than the instruction, needle(s), question and answer "
+            f"({need} tokens with this tokenizer); use longer --lengths"
+        )
     small = N.PromptBuilder(tok, b.preset, b.haystack[:50], chat_template=False)
     assert small.build(need + 49, 50.0, sample, np.random.default_rng(0), 5).haystack_tokens == 50  # all of it
     with pytest.raises(CtxevalError) as caught:
         small.build(need + 50, 50.0, sample, np.random.default_rng(0), 5)
-    assert str(caught.value) == (f"the haystack has 50 tokens but length {need + 50} needs 51; use a longer "
-                                 "--haystack corpus or shorter --lengths")
+    assert str(caught.value) == (
+        f"the haystack has 50 tokens but length {need + 50} needs 51; use a longer "
+        "--haystack corpus or shorter --lengths"
+    )
 
 
 def test_snap_puts_the_needle_after_the_nearest_sentence_end_before_it(tok):
@@ -360,13 +451,13 @@ def test_snap_puts_the_needle_after_the_nearest_sentence_end_before_it(tok):
 
     for depth in (0.0, 12.5, 37.0, 61.0, 100.0):
         p = b.build(1500, depth, sample, np.random.default_rng(1), 6)
-        hay = p.ids[head:p.needle_spans[0][0]]  # the haystack before the needle
+        hay = p.ids[head : p.needle_spans[0][0]]  # the haystack before the needle
         unsnapped = round(depth / 100 * p.haystack_tokens)
         assert p.depth_tokens == len(hay) <= unsnapped
         if 0 < p.depth_tokens < p.haystack_tokens:
             assert ends_sentence(hay[-1])
         # no sentence end was skipped between the snapped and the unsnapped position
-        rest = p.ids[p.needle_spans[0][1]:p.needle_spans[0][1] + unsnapped - p.depth_tokens]
+        rest = p.ids[p.needle_spans[0][1] : p.needle_spans[0][1] + unsnapped - p.depth_tokens]
         assert len(rest) == unsnapped - p.depth_tokens and not any(ends_sentence(t) for t in rest)
 
 
@@ -379,13 +470,19 @@ def test_a_corpus_haystack_is_its_documents_joined_by_a_blank_line(tmp_path, tok
     docs = sorted(tmp_path.glob("*.txt"))
     expected = sum((_enc(tok, p.read_text()) + sep for p in docs), [])
     assert ids.tolist() == expected
-    assert info == {"haystack": str(tmp_path), "documents": [{"doc": str(p), "tokens": len(_enc(tok, p.read_text()))}
-                                                            for p in docs]}
+    assert info == {
+        "haystack": str(tmp_path),
+        "documents": [{"doc": str(p), "tokens": len(_enc(tok, p.read_text()))} for p in docs],
+    }
     few, info = N.haystack_tokens(tok, str(tmp_path), 5)  # the first document already holds 4 x the tokens asked
     assert [d["doc"] for d in info["documents"]] == [str(docs[0])] and few.tolist() == _enc(tok, texts[0]) + sep
     filler, info = N.haystack_tokens(tok, "filler", 1000)
     unit = _enc(tok, " " + N.FILLER)
-    assert len(filler) >= 1001 and filler.tolist()[:len(unit)] == unit and info == {"haystack": "filler", "text": N.FILLER}
+    assert (
+        len(filler) >= 1001
+        and filler.tolist()[: len(unit)] == unit
+        and info == {"haystack": "filler", "text": N.FILLER}
+    )
 
 
 def test_keys_within_a_sample_never_repeat():
@@ -422,15 +519,18 @@ def test_the_generation_budget_is_the_answer_and_eight_tokens(tok):
     assert forced.budget(sample) == len(b.answer_ids(sample))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(lengths=()), "give at least one --lengths value"),
-    (dict(samples=0), "--samples must be >= 1, got 0"),
-    (dict(scoring="judge"), "--scoring must be one of " + ", ".join(N.SCORINGS) + ", got 'judge'"),
-    (dict(depths=(50.0, 100.5, -1.0)), "depths are percentages in 0..100, got 100.5"),
-    (dict(depths=()), "give at least one --depths value"),
-    (dict(batch_size=0), "--batch-size must be >= 1, got 0"),
-    (dict(max_new_tokens=0), "--max-new-tokens must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(lengths=()), "give at least one --lengths value"),
+        (dict(samples=0), "--samples must be >= 1, got 0"),
+        (dict(scoring="judge"), "--scoring must be one of " + ", ".join(N.SCORINGS) + ", got 'judge'"),
+        (dict(depths=(50.0, 100.5, -1.0)), "depths are percentages in 0..100, got 100.5"),
+        (dict(depths=()), "give at least one --depths value"),
+        (dict(batch_size=0), "--batch-size must be >= 1, got 0"),
+        (dict(max_new_tokens=0), "--max-new-tokens must be >= 1, got 0"),
+    ],
+)
 def test_needle_settings_are_refused_in_one_line(kwargs, message):
     with pytest.raises(CtxevalError) as caught:
         N.NeedleConfig(**{"lengths": (600,), "depths": (50.0,), **kwargs})
@@ -467,20 +567,27 @@ def test_out_of_memory_halves_the_batch_then_gives_the_length_up_and_skips_longe
     cells = [(n, 0, s) for n in (600, 700, 800, 900) for s in range(3)]
     runner_.measure(spec, cells, rows.extend, None, skip, steps)
     assert [(r["status"], r["note"]) for r in rows if r["length"] == 900] == [
-        ("skipped", "skipped: out of memory at 800")] * 3  # a longer length of the same call: a row each, skipped
+        ("skipped", "skipped: out of memory at 800")
+    ] * 3  # a longer length of the same call: a row each, skipped
     assert calls == [(600, 3), (700, 3), (700, 2), (700, 1), (700, 1), (700, 1), (800, 1)]  # 800 starts at 700's 1
     by_length = {n: [r for r in rows if r["length"] == n] for n in (600, 700, 800)}
     assert [r["status"] for r in by_length[600] + by_length[700]] == ["ok"] * 6
     assert all(r["seconds"] is not None and r["seconds"] >= 0 for r in by_length[600])
     assert [(r["status"], r["note"], r["correct"], r["sample"]) for r in by_length[800]] == [
-        ("oom", "out of memory at 800", None, s) for s in range(3)]
-    assert notes == ["none: out of memory at 700 tokens; batch size 2", "none: out of memory at 700 tokens; batch size 1",
-                     "none: out of memory at 800 tokens; longer lengths skipped"]
+        ("oom", "out of memory at 800", None, s) for s in range(3)
+    ]
+    assert notes == [
+        "none: out of memory at 700 tokens; batch size 2",
+        "none: out of memory at 700 tokens; batch size 1",
+        "none: out of memory at 800 tokens; longer lengths skipped",
+    ]
     assert skip == {"none": 800} and steps == {("none", 700): 1}
     later = []  # another chunk of the same method: what ran out of memory is not tried again
     runner_.measure(spec, [(900, 0, 0), (800, 0, 1)], later.extend, None, skip, steps)
     assert [(r["length"], r["status"], r["note"], r["label"]) for r in later] == [
-        (800, "skipped", "skipped: out of memory at 800", "none"), (900, "skipped", "skipped: out of memory at 800", "none")]
+        (800, "skipped", "skipped: out of memory at 800", "none"),
+        (900, "skipped", "skipped: out of memory at 800", "none"),
+    ]
     assert calls[-1] == (800, 1)  # nothing ran
 
 
@@ -502,8 +609,13 @@ def test_generation_stops_at_every_stop_id_and_decodes_without_special_tokens(to
     assert [o["response"] for o in out] == [tok.decode([40, 41], skip_special_tokens=True), ""]
     assert seen["eos"] == [tok.eos_token_id, 7] and seen["mask"] == [[1] * len(items[0].prompt.ids)] * 2
     special = [tok.bos_token_id, 40]  # a special token inside a reply is not part of the answer text
-    monkeypatch.setattr(model, "generate", lambda input_ids, attention_mask, generation_config: torch.cat(
-        [input_ids, torch.tensor([special + [7, 0, 0, 0]] * 2)], dim=1))
+    monkeypatch.setattr(
+        model,
+        "generate",
+        lambda input_ids, attention_mask, generation_config: torch.cat(
+            [input_ids, torch.tensor([special + [7, 0, 0, 0]] * 2)], dim=1
+        ),
+    )
     assert runner_._generate_batch(items, None)[0]["response"] == tok.decode([40])
 
 
@@ -511,8 +623,9 @@ def test_generation_under_a_dynamic_method_freezes_the_rope_at_the_length(tok, m
     from ctxeval.rope.patching import apply_method
 
     model = tiny_llama(vocab_size=len(tok))
-    runner_ = N.NeedleRunner(model, tok, "cpu", builder(tok, "passkey"),
-                             N.NeedleConfig((600,), (50.0,), max_new_tokens=2), "tiny", "passkey")
+    runner_ = N.NeedleRunner(
+        model, tok, "cpu", builder(tok, "passkey"), N.NeedleConfig((600,), (50.0,), max_new_tokens=2), "tiny", "passkey"
+    )
     item = runner_.item(600, 0, 0)
     with apply_method(model, "dynamic-ntk", factor=2) as handle:
         frozen = []
@@ -548,7 +661,7 @@ def test_needle_values_have_the_digits_and_range_their_spec_says():
 def test_several_queried_keys_are_named_in_the_question():
     multiquery = preset("magic-number-multiquery")
     sample = N.make_sample(multiquery, np.random.default_rng(4))
-    keys = [n.split(" for ")[1].split(" is")[0] for n in sample.needles[:multiquery.keys]]
+    keys = [n.split(" for ")[1].split(" is")[0] for n in sample.needles[: multiquery.keys]]
     key_text = ", ".join(keys[:-1]) + " and " + keys[-1]
     assert multiquery.keys > 2 and sample.question == multiquery.question.format(keys=key_text)
     assert sample.answer_prefix == multiquery.answer_prefix.format(keys=key_text)
@@ -559,40 +672,66 @@ def test_several_queried_keys_are_named_in_the_question():
     multivalue = preset("magic-number-multivalue")
     values = N.make_sample(multivalue, np.random.default_rng(4))
     assert len(set(values.answers)) == len(values.answers) == multivalue.values_per_key == values.n_queried
-    assert [n.split(": ")[1].rstrip(".") for n in values.needles[:multivalue.values_per_key]] == list(values.answers)
+    assert [n.split(": ")[1].rstrip(".") for n in values.needles[: multivalue.values_per_key]] == list(values.answers)
 
 
-BASE_PRESET = {"instruction": "Remember.", "needle": "The {key} is {value}.", "question": "What is {keys}?",
-               "answer_prefix": "The {keys} is", "value": "digits:4"}
+BASE_PRESET = {
+    "instruction": "Remember.",
+    "needle": "The {key} is {value}.",
+    "question": "What is {keys}?",
+    "answer_prefix": "The {keys} is",
+    "value": "digits:4",
+}
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"colour": "red", "size": 2}, "needle preset 'p' has unknown keys: colour, size"),
-    ({"name": "other"}, "needle preset 'p' has unknown keys: name"),
-    ({"match": "any"}, "needle preset 'p': match must be all, first_int or terms"),
-    ({"value": "digits:x"}, "needle preset 'p': value must be digits:N, int:LO:HI or fixed:TEXT, got 'digits:x'"),
-    ({"keys": 0}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
-    ({"values_per_key": 0}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
-    ({"distractors": -1}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
-    ({"distractors": 1638}, "needle preset 'p': keys + distractors is 1639, more than the 1638 distinct keys; use fewer"),
-    ({"value": "digits:0"}, "needle preset 'p': value digits:N needs 1 <= N <= 18, got 'digits:0'"),
-    ({"value": "int:5:3"}, "needle preset 'p': value int:LO:HI needs LO <= HI, got 'int:5:3'"),
-    ({"value": "int:1:4", "keys": 2, "values_per_key": 2, "distractors": 1},
-     "needle preset 'p': value 'int:1:4' has 4 distinct values for 5 needles (keys x values_per_key + distractors); "
-     "widen its range"),
-    ({"value": "digits:2", "distractors": 90}, "needle preset 'p': value 'digits:2' has 90 distinct values for 91 needles "
-                                               "(keys x values_per_key + distractors); widen its range"),
-    ({"value": "digits:1", "distractors": 9}, "needle preset 'p': value 'digits:1' has 9 distinct values for 10 needles "
-                                              "(keys x values_per_key + distractors); widen its range"),
-    ({"needle": "The {key} is here."}, "needle preset 'p': the needle text must contain {value}"),
-    ({"needle": "The {key is {value}."}, "needle preset 'p': bad braces in needle: "),
-    ({"needle": "The {key} is {value} {when}."}, "needle preset 'p': needle may use only {key}, {value}, got {when} "
-                                                 "(write {{ and }} for literal braces)"),
-    ({"question": "What is {key}?"}, "needle preset 'p': question may use only {keys}, got {key} (write {{ and }} for "
-                                     "literal braces)"),
-    ({"answer_prefix": "{value} {x}"}, "needle preset 'p': answer_prefix may use only {keys}, got {value}, {x} (write "
-                                       "{{ and }} for literal braces)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"colour": "red", "size": 2}, "needle preset 'p' has unknown keys: colour, size"),
+        ({"name": "other"}, "needle preset 'p' has unknown keys: name"),
+        ({"match": "any"}, "needle preset 'p': match must be all, first_int or terms"),
+        ({"value": "digits:x"}, "needle preset 'p': value must be digits:N, int:LO:HI or fixed:TEXT, got 'digits:x'"),
+        ({"keys": 0}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
+        ({"values_per_key": 0}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
+        ({"distractors": -1}, "needle preset 'p': keys and values_per_key must be >= 1, distractors >= 0"),
+        (
+            {"distractors": 1638},
+            "needle preset 'p': keys + distractors is 1639, more than the 1638 distinct keys; use fewer",
+        ),
+        ({"value": "digits:0"}, "needle preset 'p': value digits:N needs 1 <= N <= 18, got 'digits:0'"),
+        ({"value": "int:5:3"}, "needle preset 'p': value int:LO:HI needs LO <= HI, got 'int:5:3'"),
+        (
+            {"value": "int:1:4", "keys": 2, "values_per_key": 2, "distractors": 1},
+            "needle preset 'p': value 'int:1:4' has 4 distinct values for 5 needles (keys x values_per_key + distractors); "
+            "widen its range",
+        ),
+        (
+            {"value": "digits:2", "distractors": 90},
+            "needle preset 'p': value 'digits:2' has 90 distinct values for 91 needles "
+            "(keys x values_per_key + distractors); widen its range",
+        ),
+        (
+            {"value": "digits:1", "distractors": 9},
+            "needle preset 'p': value 'digits:1' has 9 distinct values for 10 needles "
+            "(keys x values_per_key + distractors); widen its range",
+        ),
+        ({"needle": "The {key} is here."}, "needle preset 'p': the needle text must contain {value}"),
+        ({"needle": "The {key is {value}."}, "needle preset 'p': bad braces in needle: "),
+        (
+            {"needle": "The {key} is {value} {when}."},
+            "needle preset 'p': needle may use only {key}, {value}, got {when} (write {{ and }} for literal braces)",
+        ),
+        (
+            {"question": "What is {key}?"},
+            "needle preset 'p': question may use only {keys}, got {key} (write {{ and }} for literal braces)",
+        ),
+        (
+            {"answer_prefix": "{value} {x}"},
+            "needle preset 'p': answer_prefix may use only {keys}, got {value}, {x} (write "
+            "{{ and }} for literal braces)",
+        ),
+    ],
+)
 def test_a_custom_preset_is_refused_in_one_line_that_names_the_problem(change, message):
     with pytest.raises(CtxevalError) as caught:
         N.NeedlePreset.from_dict("p", {**BASE_PRESET, **change})
@@ -600,13 +739,27 @@ def test_a_custom_preset_is_refused_in_one_line_that_names_the_problem(change, m
 
 
 def test_a_valid_custom_preset_loads():
-    p = N.NeedlePreset.from_dict("p", {**BASE_PRESET, "match": "terms", "match_terms": ["a", "b"], "distractors": 0,
-                                       "value": "fixed:no braces", "needle": "A fixed needle."})
+    p = N.NeedlePreset.from_dict(
+        "p",
+        {
+            **BASE_PRESET,
+            "match": "terms",
+            "match_terms": ["a", "b"],
+            "distractors": 0,
+            "value": "fixed:no braces",
+            "needle": "A fixed needle.",
+        },
+    )
     assert p.match_terms == ("a", "b") and p.name == "p" and p.distractors == 0
     # just enough distinct values, the most keys, and fixed text on more needles than it has values all load
-    for exact in ({"value": "int:1:5", "keys": 2, "values_per_key": 2, "distractors": 1}, {"value": "digits:1",
-                  "distractors": 8}, {"value": "int:7:7"}, {"distractors": 1637},
-                  {"value": "digits:2", "distractors": 89}, {"value": "fixed:x", "distractors": 3}):
+    for exact in (
+        {"value": "int:1:5", "keys": 2, "values_per_key": 2, "distractors": 1},
+        {"value": "digits:1", "distractors": 8},
+        {"value": "int:7:7"},
+        {"distractors": 1637},
+        {"value": "digits:2", "distractors": 89},
+        {"value": "fixed:x", "distractors": 3},
+    ):
         assert N.NeedlePreset.from_dict("p", {**BASE_PRESET, **exact}).value == exact.get("value", "digits:4")
 
 
@@ -616,7 +769,10 @@ def _tokenizer_adding_bos():
 
     tok = build_tokenizer()
     tok._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.bos_token_id)])
-    assert tok("a")["input_ids"][0] == tok.bos_token_id and tok("a", add_special_tokens=False)["input_ids"][0] != tok.bos_token_id
+    assert (
+        tok("a")["input_ids"][0] == tok.bos_token_id
+        and tok("a", add_special_tokens=False)["input_ids"][0] != tok.bos_token_id
+    )
     return tok
 
 
@@ -650,16 +806,18 @@ def test_a_tokenizer_without_bos_and_a_prompt_without_it():
 
 def test_a_chat_template_without_its_own_bos_gets_one_and_the_assistant_turn_is_opened():
     tok = build_tokenizer()
-    tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}[assistant] {% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
     ids, _ = N.haystack_tokens(tok, "filler", 2000)
     b = N.PromptBuilder(tok, preset("passkey"), ids, chat_template=True)
     sample = N.make_sample(b.preset, np.random.default_rng(0))
     p = b.build(500, 50.0, sample, np.random.default_rng(0), 6)
     head = [tok.bos_token_id] + _enc(tok, "[user] ")  # the template has no <s>: ctxeval's BOS comes first
-    assert p.ids[:len(head)] == head
+    assert p.ids[: len(head)] == head
     tail = _enc(tok, "\n[assistant] ") + _enc(tok, sample.answer_prefix)  # the generation prompt is asked for
-    assert p.ids[-len(tail):] == tail
+    assert p.ids[-len(tail) :] == tail
 
 
 def test_distractors_get_one_value_each_and_no_value_repeats_across_needles():
@@ -671,7 +829,9 @@ def test_distractors_get_one_value_each_and_no_value_repeats_across_needles():
         sample = N.make_sample(small, np.random.default_rng(seed))
         pairs = [(n.split(" for ")[1].split(" is")[0], n.split(": ")[1].rstrip(".")) for n in sample.needles]
         assert len(pairs) == 5 and sorted(v for _, v in pairs) == ["1", "2", "3", "4", "5"], sample.needles
-        assert pairs[0][0] == pairs[1][0] and len({k for k, _ in pairs[1:]}) == 4  # the queried key twice, then 3 others
+        assert (
+            pairs[0][0] == pairs[1][0] and len({k for k, _ in pairs[1:]}) == 4
+        )  # the queried key twice, then 3 others
         assert sample.answers == (pairs[0][1], pairs[1][1]) and sample.n_queried == 2
 
 
@@ -692,10 +852,15 @@ def test_the_value_redraw_is_bounded_and_then_picks_a_free_value(monkeypatch):
         N._unused_value(wide, used, np.random.default_rng(0))
 
 
-@pytest.mark.parametrize("value, fragment", [
-    ("digits:99999", "1 <= N <= 18"), ("digits:19", "1 <= N <= 18"), ("digits:0", "1 <= N <= 18"),
-    ("int:1:" + "9" * 5000, "more than 18 digits"),
-])
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ("digits:99999", "1 <= N <= 18"),
+        ("digits:19", "1 <= N <= 18"),
+        ("digits:0", "1 <= N <= 18"),
+        ("int:1:" + "9" * 5000, "more than 18 digits"),
+    ],
+)
 def test_value_specs_past_64_bit_integers_are_refused(value, fragment):
     with pytest.raises(CtxevalError, match=fragment):
         N.NeedlePreset.from_dict("x", {**load_task("needle-magic-number", "needle"), "value": value})
@@ -761,7 +926,9 @@ def test_a_row_records_the_seconds_per_prompt_of_its_batch(tok, monkeypatch):
 
     cfg = N.NeedleConfig((600,), (0.0, 50.0, 100.0), samples=1, scoring="forced", batch_size=3)
     runner_ = N.NeedleRunner(None, tok, "cpu", builder(tok, "passkey"), cfg, "tiny", "passkey")
-    monkeypatch.setattr(runner_, "_forced", lambda chunk: [{"correct": 1, "answer_nll": 0.0, "response": ""}] * len(chunk))
+    monkeypatch.setattr(
+        runner_, "_forced", lambda chunk: [{"correct": 1, "answer_nll": 0.0, "response": ""}] * len(chunk)
+    )
     clock = iter([100.0, 101.0])  # one batch of three prompts measured in 1 s
     monkeypatch.setattr(N.time, "perf_counter", lambda: next(clock))
     rows = []
@@ -790,8 +957,18 @@ def test_a_halved_batch_carries_to_longer_lengths_of_its_own_method_only(tok, mo
         for cells in ([(600, 0, 0), (600, 0, 1)], [(600, 0, 2), (600, 0, 3)], [(700, 0, 0), (700, 0, 1)]):
             runner_.measure(spec, cells, lambda rows: None, None, skip, steps)
     # none: halved once at 600; its next chunk of 600 and the chunk of 700 start at 1; pi keeps its own batch of 2
-    assert calls == [("none", 600, 2), ("none", 600, 1), ("none", 600, 1), ("none", 600, 1), ("none", 600, 1),
-                     ("none", 700, 1), ("none", 700, 1), (pi.label, 600, 2), (pi.label, 600, 2), (pi.label, 700, 2)]
+    assert calls == [
+        ("none", 600, 2),
+        ("none", 600, 1),
+        ("none", 600, 1),
+        ("none", 600, 1),
+        ("none", 600, 1),
+        ("none", 700, 1),
+        ("none", 700, 1),
+        (pi.label, 600, 2),
+        (pi.label, 600, 2),
+        (pi.label, 700, 2),
+    ]
     assert steps == {("none", 600): 1} and skip == {}
 
 
@@ -821,18 +998,33 @@ def test_a_sweep_plans_the_pending_cells_in_batches_weighted_by_their_forwards(t
     cfg = N.NeedleConfig((600, 700), (0.0, 50.0, 100.0), samples=1, scoring="forced", batch_size=batch_size)
     runner_ = N.NeedleRunner(None, tok, "cpu", builder(tok, "passkey"), cfg, "tiny", "passkey")
     specs = expand_specs(["none", "pi:factor=2"])
-    finished = [{"label": specs[1].label, "length": 600, "depth": runner_.depth((600, 1, 0)), "sample": 0, "status": "ok"},
-                {"label": specs[1].label, "length": 700, "depth": runner_.depth((700, 0, 0)), "sample": 0, "status": "oom"}]
+    finished = [
+        {"label": specs[1].label, "length": 600, "depth": runner_.depth((600, 1, 0)), "sample": 0, "status": "ok"},
+        {"label": specs[1].label, "length": 700, "depth": runner_.depth((700, 0, 0)), "sample": 0, "status": "oom"},
+    ]
     planned = {}
-    monkeypatch.setattr(N, "run_items", lambda lm, specs_, items, lengths, store, progress, work: planned.update(
-        items=items, lengths=lengths))
+    monkeypatch.setattr(
+        N,
+        "run_items",
+        lambda lm, specs_, items, lengths, store, progress, work: planned.update(items=items, lengths=lengths),
+    )
     N.sweep(None, specs, runner_, _MemoryStore(finished))
-    pending = {0: {600: [(600, 0, 0), (600, 1, 0), (600, 2, 0)], 700: [(700, 0, 0), (700, 1, 0), (700, 2, 0)]},
-               1: {600: [(600, 0, 0), (600, 2, 0)], 700: [(700, 0, 0), (700, 1, 0), (700, 2, 0)]}}  # 600 depth 50 done
-    expected = [WorkItem(index, cells[i:i + batch_size], forward_cost(length) * len(cells[i:i + batch_size]),
-                         length * len(cells[i:i + batch_size]), length)
-                for index, by_length in pending.items() for length, cells in by_length.items()
-                for i in range(0, len(cells), batch_size)]
+    pending = {
+        0: {600: [(600, 0, 0), (600, 1, 0), (600, 2, 0)], 700: [(700, 0, 0), (700, 1, 0), (700, 2, 0)]},
+        1: {600: [(600, 0, 0), (600, 2, 0)], 700: [(700, 0, 0), (700, 1, 0), (700, 2, 0)]},
+    }  # 600 depth 50 done
+    expected = [
+        WorkItem(
+            index,
+            cells[i : i + batch_size],
+            forward_cost(length) * len(cells[i : i + batch_size]),
+            length * len(cells[i : i + batch_size]),
+            length,
+        )
+        for index, by_length in pending.items()
+        for length, cells in by_length.items()
+        for i in range(0, len(cells), batch_size)
+    ]
     assert planned["items"] == expected and planned["lengths"] == (600, 700)
     if batch_size == 2:  # written out: a batch of two costs two forwards
         assert planned["items"][0] == WorkItem(0, [(600, 0, 0), (600, 1, 0)], 2 * (600 + 600**2 / 16384), 1200, 600)
@@ -869,8 +1061,16 @@ def test_a_sweep_shares_out_of_memory_lengths_and_halved_batches_across_its_item
     # 800 at 700's batch, and the second item of 800 is skipped, not tried again
     assert calls == [(600, 2), (600, 1), (700, 2), (700, 1), (700, 1), (700, 1), (800, 1)]
     assert [(r["length"], r["sample"], r["status"]) for r in store.rows_] == [
-        (600, 0, "ok"), (600, 1, "ok"), (600, 2, "ok"), (700, 0, "ok"), (700, 1, "ok"), (700, 2, "ok"),
-        (800, 0, "oom"), (800, 1, "oom"), (800, 2, "skipped")]
+        (600, 0, "ok"),
+        (600, 1, "ok"),
+        (600, 2, "ok"),
+        (700, 0, "ok"),
+        (700, 1, "ok"),
+        (700, 2, "ok"),
+        (800, 0, "oom"),
+        (800, 1, "oom"),
+        (800, 2, "skipped"),
+    ]
 
 
 def test_a_sweep_generates_under_the_applied_dynamic_rope_frozen_at_each_length(tiny_lm, monkeypatch):
@@ -884,7 +1084,9 @@ def test_a_sweep_generates_under_the_applied_dynamic_rope_frozen_at_each_length(
     runner_ = N.NeedleRunner(lm.model, lm.tokenizer, "cpu", b, cfg, "tiny", "passkey")
     frozen = []
     real = RopeHandle.freeze_length
-    monkeypatch.setattr(RopeHandle, "freeze_length", lambda self, n: (frozen.append((self.method.name, n)), real(self, n))[1])
+    monkeypatch.setattr(
+        RopeHandle, "freeze_length", lambda self, n: (frozen.append((self.method.name, n)), real(self, n))[1]
+    )
     store = _MemoryStore()
     N.sweep(lm, expand_specs(["dynamic-ntk:factor=2"]), runner_, store)
     assert frozen == [("dynamic-ntk", 200), ("dynamic-ntk", None), ("dynamic-ntk", 300), ("dynamic-ntk", None)]
@@ -911,8 +1113,9 @@ def test_the_forced_answer_of_two_values_follows_the_prompt_text(tok):
         sample = N.make_sample(two, np.random.default_rng(seed))
         p = b.build(800, 50.0, sample, np.random.default_rng(seed), 12)
         first, second = sorted(range(2), key=lambda i: p.needle_spans[i][0])
-        in_text = N.Sample(sample.needles, 2, sample.question, sample.answer_prefix,
-                           (sample.answers[first], sample.answers[second]))
+        in_text = N.Sample(
+            sample.needles, 2, sample.question, sample.answer_prefix, (sample.answers[first], sample.answers[second])
+        )
         assert p.answer_ids == b.answer_ids(in_text)
         orders.add(first)
     assert orders == {0, 1}  # the drawn order was the text's order in some prompts and reversed in others
@@ -923,7 +1126,8 @@ def test_a_record_haystack_reads_the_text_field_asked_for(tmp_path, tok):
     records.write_text(json.dumps({"body": "Alpha beta.", "text": "not this"}) + "\n")
     ids, info = N.haystack_tokens(tok, str(records), 100, text_field="body")
     assert ids.tolist() == _enc(tok, "Alpha beta.") + _enc(tok, "\n\n") and info["documents"][0]["tokens"] == len(
-        _enc(tok, "Alpha beta."))
+        _enc(tok, "Alpha beta.")
+    )
 
 
 def test_every_row_of_a_measure_has_the_same_fields_and_the_progress_counts_each_prompts_tokens(tok, monkeypatch):
@@ -931,8 +1135,9 @@ def test_every_row_of_a_measure_has_the_same_fields_and_the_progress_counts_each
     from ctxeval.specs import expand_specs
 
     advanced = []
-    progress = type("P", (), {"note": lambda self, t: None,
-                              "advance": lambda self, n, text: advanced.append((n, text))})()
+    progress = type(
+        "P", (), {"note": lambda self, t: None, "advance": lambda self, n, text: advanced.append((n, text))}
+    )()
     cfg = N.NeedleConfig((600, 700, 800), (0.0, 100.0), samples=1, scoring="forced", batch_size=2)
     runner_ = N.NeedleRunner(None, tok, "cpu", builder(tok, "passkey"), cfg, "tiny", "passkey", progress)
 
@@ -945,7 +1150,13 @@ def test_every_row_of_a_measure_has_the_same_fields_and_the_progress_counts_each
     rows = []
     runner_.measure(expand_specs(["none"])[0], cfg.cells(), rows.extend)
     assert [(r["length"], r["status"], r["correct"]) for r in rows] == [
-        (600, "ok", 1), (600, "ok", 0), (700, "oom", None), (700, "oom", None), (800, "skipped", None), (800, "skipped", None)]
+        (600, "ok", 1),
+        (600, "ok", 0),
+        (700, "oom", None),
+        (700, "oom", None),
+        (800, "skipped", None),
+        (800, "skipped", None),
+    ]
     assert len({tuple(sorted(r)) for r in rows if r["status"] != "ok"}) == 1  # failed and skipped rows: one schema
     # the batch's tokens; which of the length's prompts it held, their depths and how many were right
     assert advanced == [(1200, "none L=600 prompts 1-2/2 (depth 0-100%) 1/2 ok")]

@@ -103,7 +103,12 @@ def build_lazyload_db(
 
 AUSTEN_OBJECTS = ["emma", "mansfieldpark", "northangerabbey", "persuasion", "prideprejudice", "sensesensibility"]
 AUSTEN_TITLES = [
-    "Emma", "Mansfield Park", "Northanger Abbey", "Persuasion", "Pride and Prejudice", "Sense and Sensibility"
+    "Emma",
+    "Mansfield Park",
+    "Northanger Abbey",
+    "Persuasion",
+    "Pride and Prejudice",
+    "Sense and Sensibility",
 ]
 FAKE_MOBY = (
     "\ufeffThe Project Gutenberg EBook of Moby Dick\r\n\r\n"

@@ -14,26 +14,45 @@ runner = CliRunner()
 RUN = str(Path(__file__).resolve().parent.parent / "results" / "ppl-tiny-pydoc")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["ppl", "--valid-tolerance", "-0.5"], "--valid-tolerance must be >= 0, got -0.5"),
-    (["ppl", "--docs", "0"], "--docs must be >= 1, got 0"),
-    (["ppl", "--seed", "-1"], "--seed must be >= 0, got -1"),
-    (["ppl", "--chunk-size", "0"], "--chunk-size must be >= 1, got 0"),
-    (["needle", "--seed", "-3"], "--seed must be >= 0, got -3"),
-    (["needle", "--threshold", "0"], "--threshold must be in (0, 1], got 0.0"),
-    (["needle", "--threshold", "1.5"], "--threshold must be in (0, 1], got 1.5"),
-    (["needle", "--samples", "0"], "--samples must be >= 1, got 0"),
-    (["needle", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
-    (["needle", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
-    (["passkey", "--samples", "-2"], "--samples must be >= 1, got -2"),
-    (["entropy", "--query-chunk", "0"], "--query-chunk must be >= 1, got 0"),
-    (["entropy", "--docs", "-1"], "--docs must be >= 1, got -1"),
-    (["report", RUN, "--valid-tolerance", "-1"], "--valid-tolerance must be >= 0, got -1.0"),
-    (["plan", "--method", "dynamic-ntk:factor=2", "--head-dim", "64", "--base", "1e4", "--original-length", "2048",
-      "--length", "-5"], "--length must be >= 1, got -5"),
-    (["plan", "--head-dim", "64", "--base", "1e4", "--original-length", "2048", "--partial-rotary-factor", "2"],
-     "--partial-rotary-factor must be in (0, 1], got 2.0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["ppl", "--valid-tolerance", "-0.5"], "--valid-tolerance must be >= 0, got -0.5"),
+        (["ppl", "--docs", "0"], "--docs must be >= 1, got 0"),
+        (["ppl", "--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["ppl", "--chunk-size", "0"], "--chunk-size must be >= 1, got 0"),
+        (["needle", "--seed", "-3"], "--seed must be >= 0, got -3"),
+        (["needle", "--threshold", "0"], "--threshold must be in (0, 1], got 0.0"),
+        (["needle", "--threshold", "1.5"], "--threshold must be in (0, 1], got 1.5"),
+        (["needle", "--samples", "0"], "--samples must be >= 1, got 0"),
+        (["needle", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["needle", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+        (["passkey", "--samples", "-2"], "--samples must be >= 1, got -2"),
+        (["entropy", "--query-chunk", "0"], "--query-chunk must be >= 1, got 0"),
+        (["entropy", "--docs", "-1"], "--docs must be >= 1, got -1"),
+        (["report", RUN, "--valid-tolerance", "-1"], "--valid-tolerance must be >= 0, got -1.0"),
+        (
+            [
+                "plan",
+                "--method",
+                "dynamic-ntk:factor=2",
+                "--head-dim",
+                "64",
+                "--base",
+                "1e4",
+                "--original-length",
+                "2048",
+                "--length",
+                "-5",
+            ],
+            "--length must be >= 1, got -5",
+        ),
+        (
+            ["plan", "--head-dim", "64", "--base", "1e4", "--original-length", "2048", "--partial-rotary-factor", "2"],
+            "--partial-rotary-factor must be in (0, 1], got 2.0",
+        ),
+    ],
+)
 def test_bad_values_are_one_line_and_exit_2(args, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, args)

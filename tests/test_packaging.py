@@ -15,15 +15,18 @@ REPO = Path(__file__).resolve().parent.parent
 PRESETS = sorted(p.stem for p in (REPO / "tasks").glob("*.toml"))
 # run in a fresh interpreter: where the package ctxeval.tasks is (no checkout fallback), the preset names, and that
 # each preset loads
-PROBE = ("import json; from importlib.resources import files; from ctxeval.data.presets import preset_names, load_task\n"
-         "names = preset_names()\n"
-         "for n in names: load_task(n, n.split('-')[0])\n"
-         "print(json.dumps({'folder': str(files('ctxeval.tasks')), 'names': names}))\n")
+PROBE = (
+    "import json; from importlib.resources import files; from ctxeval.data.presets import preset_names, load_task\n"
+    "names = preset_names()\n"
+    "for n in names: load_task(n, n.split('-')[0])\n"
+    "print(json.dumps({'folder': str(files('ctxeval.tasks')), 'names': names}))\n"
+)
 
 
 def _probe(cwd: Path, env: dict | None = None) -> dict:
-    result = subprocess.run([sys.executable, "-c", PROBE], cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout)
 
@@ -31,10 +34,19 @@ def _probe(cwd: Path, env: dict | None = None) -> dict:
 def test_a_built_wheel_carries_every_preset_and_the_tiny_model(tmp_path):
     assert len(PRESETS) >= 9
     source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info next to pyproject.toml
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "venv", "results", "build", "dist",
-                                                                 "*.egg-info", "__pycache__", ".pytest_cache"))
-    result = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path),
-                             str(source)], capture_output=True, text=True, timeout=300)
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "venv", "results", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"
+        ),
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     wheel = next(tmp_path.glob("ctxeval-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())

@@ -6,23 +6,22 @@ import re
 
 import numpy as np
 import pytest
-import torch
+from conftest import build_tokenizer, tiny_llama
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
+from ctxeval.data.presets import load_task
 from ctxeval.errors import CtxevalError
 from ctxeval.evals import needle as N
 from ctxeval.evals import passkey as P
-from ctxeval.data.presets import load_task
 from ctxeval.tiny import MODEL_DIR
-
-from conftest import build_tokenizer, tiny_llama
 
 runner = CliRunner()
 needs_model = pytest.mark.skipif(not (MODEL_DIR / "model.safetensors").is_file(), reason="no bundled tiny model")
 
 
 # -- transcriptions of eval/passkey.py (jquesnelle/yarn, HEAD), kept verbatim but for `random`, which the tests drive
+
 
 class Draws:
     """Stands in for the `random` module: randint(a, b) returns the given `values` in turn (checking that each is in
@@ -62,13 +61,7 @@ def generate_prompt(n_garbage):
     pass_key = random.randint(1, 50000)
     information_line = f"The pass key is {pass_key}. Remember it. {pass_key} is the pass key."
     final_question = "What is the pass key? The pass key is"
-    lines = [
-        task_description,
-        garbage_prefix,
-        information_line,
-        garbage_suffix,
-        final_question
-    ]
+    lines = [task_description, garbage_prefix, information_line, garbage_suffix, final_question]
     return "\n".join(lines), pass_key
 
 
@@ -91,13 +84,14 @@ def repo_lengths(tokenizer, tokens, length_step=128):
 def repo_answer(response):
     """test_model's parse of the reply."""
     try:
-        pass_key = int(re.search(r'\d+', response).group())
+        pass_key = int(re.search(r"\d+", response).group())
     except:  # noqa: E722 - verbatim
         pass_key = response[:20]
     return pass_key
 
 
 # -- fixtures
+
 
 @pytest.fixture(scope="module")
 def tiny_tok():
@@ -122,8 +116,11 @@ def yarn_runner(tokenizer, lengths=(600,), samples=2, model=None, bos=False, see
 
 # -- the prompt text
 
-@pytest.mark.parametrize("n_garbage, n_prefix, key", [(0, 0, 1), (128, 0, 50000), (128, 128, 7), (1000, 333, 45028),
-                                                      (4096, 4095, 12), (90_000, 45_001, 31337)])
+
+@pytest.mark.parametrize(
+    "n_garbage, n_prefix, key",
+    [(0, 0, 1), (128, 0, 50000), (128, 128, 7), (1000, 333, 45028), (4096, 4095, 12), (90_000, 45_001, 31337)],
+)
 def test_the_text_is_generate_prompts(n_garbage, n_prefix, key):
     random.set(values=[n_prefix, key])
     expected, pass_key = generate_prompt(n_garbage)
@@ -148,7 +145,10 @@ def test_a_built_prompt_draws_the_prefix_then_the_key_as_generate_prompt_does(ti
 def test_the_recorded_passkey_preset_has_the_repos_strings():
     preset = N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle"))
     assert (preset.instruction, preset.needle.format(value=45028), f"{preset.question} {preset.answer_prefix}") == (
-        P.YARN_TASK, P.information_line(45028), P.YARN_QUESTION)
+        P.YARN_TASK,
+        P.information_line(45028),
+        P.YARN_QUESTION,
+    )
     assert P.YarnPasskeyBuilder(build_tokenizer()).preset == preset and P.YARN_GARBAGE == N.FILLER
 
 
@@ -159,6 +159,7 @@ def test_the_filler_continues_past_the_repos_ten_thousand_repetitions():
 
 
 # -- the length search
+
 
 @pytest.mark.parametrize("seed", [0, 3])
 def test_the_length_search_is_the_repos_loop(tiny_tok, tok, seed):
@@ -217,6 +218,7 @@ def test_a_target_the_prompt_alone_reaches_gets_no_filler_and_the_cli_refuses_it
 
 # -- tokens, BOS, budget
 
+
 def test_no_bos_by_default_and_bos_when_asked(tiny_tok):
     rng = lambda: np.random.default_rng(11)  # noqa: E731
     plain = P.YarnPasskeyBuilder(tiny_tok).build(400, rng())[2]
@@ -233,8 +235,12 @@ def test_generation_is_greedy_with_at_most_ten_new_tokens(tiny_tok, monkeypatch)
     real = model.generate
 
     def generate(input_ids, attention_mask, generation_config):
-        seen.update(new=generation_config.max_new_tokens, sample=generation_config.do_sample,
-                    beams=generation_config.num_beams, ids=input_ids[0].tolist())
+        seen.update(
+            new=generation_config.max_new_tokens,
+            sample=generation_config.do_sample,
+            beams=generation_config.num_beams,
+            ids=input_ids[0].tolist(),
+        )
         return real(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config)
 
     monkeypatch.setattr(model, "generate", generate)
@@ -247,8 +253,24 @@ def test_generation_is_greedy_with_at_most_ten_new_tokens(tiny_tok, monkeypatch)
 
 # -- scoring
 
-@pytest.mark.parametrize("response", ["45028", " 45028.", "-45028", "045028", "no number", "", " 4502", "450280",
-                                      " 12 45028", "45028 is", " the key is 45,028", "\uff14\uff15\uff10\uff12\uff18"])
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "45028",
+        " 45028.",
+        "-45028",
+        "045028",
+        "no number",
+        "",
+        " 4502",
+        "450280",
+        " 12 45028",
+        "45028 is",
+        " the key is 45,028",
+        "\uff14\uff15\uff10\uff12\uff18",
+    ],
+)
 def test_scoring_is_the_repos_parse(response):
     assert P.yarn_score(response, 45028) == (repo_answer(response) == 45028)
 
@@ -263,6 +285,7 @@ def test_the_repos_scoring_differs_from_ctxevals_first_integer():
 
 
 # -- runner: seeded prompts, depth, batching, dynamic RoPE
+
 
 def test_every_method_sees_the_same_seeded_prompts_and_the_resume_depth_is_the_items(tiny_tok):
     a, b = yarn_runner(tiny_tok, (300, 500), samples=3), yarn_runner(tiny_tok, (300, 500), samples=3)
@@ -282,8 +305,14 @@ def test_prompts_of_one_token_count_share_a_generate_call(tiny_tok, monkeypatch)
     sizes = [len(it.prompt.ids) for it in items]
     assert len(set(sizes)) > 1  # the draws move the token count
     calls = []
-    monkeypatch.setattr(r, "_generate_batch", lambda chunk, handle: (
-        calls.append([len(it.prompt.ids) for it in chunk]), [{"correct": 1, "response": "1"}] * len(chunk))[1])
+    monkeypatch.setattr(
+        r,
+        "_generate_batch",
+        lambda chunk, handle: (
+            calls.append([len(it.prompt.ids) for it in chunk]),
+            [{"correct": 1, "response": "1"}] * len(chunk),
+        )[1],
+    )
     rows = []
     r.measure(expand_specs(["none"])[0], r.cfg.cells(), rows.extend)
     assert sorted(len(set(c)) for c in calls) == [1] * len(set(sizes))  # one call per token count
@@ -314,15 +343,21 @@ def test_the_runner_refuses_forced_scoring(tiny_tok):
 
 # -- CLI
 
-@pytest.mark.parametrize("extra, fragment", [
-    (["--haystack", "austen"], "--haystack austen"),
-    (["--chat-template", "on"], "--chat-template on"),
-    (["--chat-template", "auto"], "--chat-template auto"),
-    (["--scoring", "forced"], "--scoring forced"),
-    (["--protocol", "landmark"], "--protocol must be yarn or ctxeval, got 'landmark'"),
-])
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--haystack", "austen"], "--haystack austen"),
+        (["--chat-template", "on"], "--chat-template on"),
+        (["--chat-template", "auto"], "--chat-template auto"),
+        (["--scoring", "forced"], "--scoring forced"),
+        (["--protocol", "landmark"], "--protocol must be yarn or ctxeval, got 'landmark'"),
+    ],
+)
 def test_yarn_refuses_what_the_repo_has_not_in_one_line(tmp_path, extra, fragment):
-    result = runner.invoke(app, ["passkey", "--model", "tiny", "--lengths", "256", "--out", str(tmp_path / "o"), *extra])
+    result = runner.invoke(
+        app, ["passkey", "--model", "tiny", "--lengths", "256", "--out", str(tmp_path / "o"), *extra]
+    )
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr and "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
@@ -348,7 +383,10 @@ def test_passkey_yarn_end_to_end(tmp_path, tiny_tok):
         assert r["correct"] == int(P.yarn_score(r["response"], int(r["answer"])))
         sample, depth, prompt = b.build(r["length"], np.random.default_rng([0, r["length"], 0, r["sample"]]))
         assert (r["prompt_tokens"], r["depth"], r["answer"]) == (len(prompt.ids), depth, sample.answers[0])
-    assert "the YaRN paper's figures" in (out / "table.md").read_text() and "protocol yarn" in (out / "table.md").read_text()
+    assert (
+        "the YaRN paper's figures" in (out / "table.md").read_text()
+        and "protocol yarn" in (out / "table.md").read_text()
+    )
     again = runner.invoke(app, args)  # resume: nothing measured twice
     assert again.exit_code == 0 and len((out / "rows.jsonl").read_text().splitlines()) == 4
     other = runner.invoke(app, [*args, "--protocol", "ctxeval"])
@@ -367,8 +405,24 @@ def test_passkey_yarn_defaults_to_twenty_samples_and_bos_is_an_option(tmp_path, 
     plain = P.YarnPasskeyBuilder(tiny_tok)
     for r in rows:  # the same prompts as without --bos, one token longer
         assert r["prompt_tokens"] == len(plain.build(200, np.random.default_rng([0, 200, 0, r["sample"]]))[2].ids) + 1
-    ctx = runner.invoke(app, ["passkey", "--model", "tiny", "--lengths", "200", "--protocol", "ctxeval",
-                              "--max-new-tokens", "4", "--samples", "1", "--out", str(tmp_path / "c")])
+    ctx = runner.invoke(
+        app,
+        [
+            "passkey",
+            "--model",
+            "tiny",
+            "--lengths",
+            "200",
+            "--protocol",
+            "ctxeval",
+            "--max-new-tokens",
+            "4",
+            "--samples",
+            "1",
+            "--out",
+            str(tmp_path / "c"),
+        ],
+    )
     assert ctx.exit_code == 0, ctx.output
     cspec = json.loads((tmp_path / "c" / "run.json").read_text())["spec"]
     assert (cspec["protocol"], cspec["bos"], cspec["samples"]) == ("ctxeval", True, 1)

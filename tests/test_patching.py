@@ -3,15 +3,14 @@
 import numpy as np
 import pytest
 import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPT2Config, GPT2LMHeadModel
+from conftest import TINY, tiny_llama
+from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
 
 from ctxeval import apply_method
 from ctxeval.errors import CtxevalError
-from ctxeval.rope.methods import Geometry, compute
 from ctxeval.rope.geometry import rope_info_from_config
+from ctxeval.rope.methods import Geometry, compute
 from ctxeval.rope.patching import find_rotary_modules
-
-from conftest import TINY, tiny_llama
 
 L = TINY["max_position_embeddings"]
 
@@ -118,16 +117,34 @@ def test_mismatch_is_an_error(llama):
 
 def test_partial_rotary_gpt_neox():
     torch.manual_seed(0)
-    cfg = GPTNeoXConfig(vocab_size=128, hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=128,
-                        max_position_embeddings=64, rotary_pct=0.25)
+    cfg = GPTNeoXConfig(
+        vocab_size=128,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        rotary_pct=0.25,
+    )
     model = GPTNeoXForCausalLM(cfg).eval()
     info = rope_info_from_config(model.config)
     assert info.geometry == Geometry(4, 10000.0, 64)  # head_dim 16 * 0.25
     ids = torch.randint(0, 128, (1, 128))
     before = logits(model, ids)
     torch.manual_seed(0)
-    fresh = GPTNeoXForCausalLM(GPTNeoXConfig(**{**cfg.to_dict(), "rope_parameters": {
-        "rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0, "partial_rotary_factor": 0.25}})).eval()
+    fresh = GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            **{
+                **cfg.to_dict(),
+                "rope_parameters": {
+                    "rope_type": "linear",
+                    "factor": 2.0,
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.25,
+                },
+            }
+        )
+    ).eval()
     fresh.load_state_dict(model.state_dict())
     with apply_method(model, "pi", factor=2) as handle:
         assert handle.verify() < 1e-5
@@ -146,15 +163,30 @@ def test_model_without_rope():
 
 
 def test_config_shapes():
-    from transformers import LlamaConfig, Gemma3TextConfig
+    from transformers import Gemma3TextConfig, LlamaConfig
 
-    legacy = LlamaConfig(rope_scaling={"type": "linear", "factor": 2.0}, rope_theta=5e5, max_position_embeddings=4096,
-                         hidden_size=256, num_attention_heads=4)
+    legacy = LlamaConfig(
+        rope_scaling={"type": "linear", "factor": 2.0},
+        rope_theta=5e5,
+        max_position_embeddings=4096,
+        hidden_size=256,
+        num_attention_heads=4,
+    )
     info = rope_info_from_config(legacy)
     assert info.geometry == Geometry(64, 5e5, 4096) and info.shipped["rope_type"] == "linear"
-    shipped = LlamaConfig(hidden_size=256, num_attention_heads=4, max_position_embeddings=131072, rope_parameters={
-        "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192})
+    shipped = LlamaConfig(
+        hidden_size=256,
+        num_attention_heads=4,
+        max_position_embeddings=131072,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 5e5,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
     assert rope_info_from_config(shipped).geometry.original_length == 8192  # the ORIGINAL length is the reference
     gemma = rope_info_from_config(Gemma3TextConfig())
     assert gemma.per_layer_types == ("full_attention", "sliding_attention")
@@ -178,8 +210,17 @@ def test_gemma3_per_layer_rope_is_refused_except_none():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(0)
-    cfg = Gemma3TextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=16)
+    cfg = Gemma3TextConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        sliding_window=16,
+    )
     model = Gemma3ForCausalLM(cfg).eval()
     ids = torch.randint(0, 128, (1, 40))
     before = logits(model, ids)
@@ -191,8 +232,10 @@ def test_gemma3_per_layer_rope_is_refused_except_none():
 
 
 def test_native_keeps_the_shipped_rope_and_records_it():
-    model = tiny_llama({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16},
-                       max_position_embeddings=64)
+    model = tiny_llama(
+        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16},
+        max_position_embeddings=64,
+    )
     ids = torch.randint(0, TINY["vocab_size"], (1, 80))
     before = logits(model, ids)
     with apply_method(model, "native") as handle:
@@ -213,8 +256,9 @@ class FakeRotary(torch.nn.Module):
 
     def __init__(self, d=8, layout="half", name_has_rotary=True):
         super().__init__()
-        self.register_buffer("inv_freq", torch.tensor(Geometry(d, 1e4, 64).default_inv_freq(), dtype=torch.float32),
-                             persistent=False)
+        self.register_buffer(
+            "inv_freq", torch.tensor(Geometry(d, 1e4, 64).default_inv_freq(), dtype=torch.float32), persistent=False
+        )
         self.attention_scaling = 1.0
         self.layout = layout
 
@@ -275,8 +319,10 @@ def test_which_modules_count_as_rotary():
     assert [name for name, _ in find_rotary_modules(model)] == ["m0", "m1.inner", "m2"]
     with pytest.raises(CtxevalError) as caught:
         apply_method(model, "pi", geometry=GEOM8, factor=2)
-    assert str(caught.value) == ("MyRotaryEmbedding ('m2') is not a transformers-style rotary module (inv_freq + "
-                                 "attention_scaling); ctxeval cannot patch it: use --method none")
+    assert str(caught.value) == (
+        "MyRotaryEmbedding ('m2') is not a transformers-style rotary module (inv_freq + "
+        "attention_scaling); ctxeval cannot patch it: use --method none"
+    )
     no_scaling = FakeRotary()
     del no_scaling.attention_scaling
     with pytest.raises(CtxevalError, match=r"^FakeRotary \('m0'\) is not a transformers-style"):
@@ -318,8 +364,10 @@ def test_a_dynamic_method_copies_frequencies_once_per_length(monkeypatch, llama)
 def test_a_geometry_that_disagrees_with_the_module_is_refused():
     with pytest.raises(CtxevalError) as caught:
         apply_method(holder(FakeRotary(d=8)), "pi", geometry=Geometry(16, 1e4, 64), factor=2)
-    assert str(caught.value) == ("rotary module has 4 frequencies but the geometry gives 8 (rotary dim 16); the "
-                                 "config's head_dim/partial_rotary_factor disagree with the model")
+    assert str(caught.value) == (
+        "rotary module has 4 frequencies but the geometry gives 8 (rotary dim 16); the "
+        "config's head_dim/partial_rotary_factor disagree with the model"
+    )
 
 
 def test_restore_puts_back_a_module_without_rope_type_and_its_cached_length():
@@ -338,8 +386,15 @@ def test_handles_keep_their_model_method_and_parameters(llama):
     gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=64)).eval()
     with apply_method(gpt2, "none") as none:
         assert none.model is gpt2 and none.method.name == "none" and none.params == {}
-        assert none.record() == {"method": "none", "params": {}, "length_dependent": False, "geometry": None,
-                                 "rotary_modules": [], "effective": [], "note": "model has no RoPE"}
+        assert none.record() == {
+            "method": "none",
+            "params": {},
+            "length_dependent": False,
+            "geometry": None,
+            "rotary_modules": [],
+            "effective": [],
+            "note": "model has no RoPE",
+        }
         assert none.verify() == 0.0
     shipped = tiny_llama({"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
     with apply_method(shipped, "native") as native:
@@ -352,16 +407,19 @@ def test_why_a_method_cannot_run_on_a_model():
     del no_module.model.rotary_emb  # a RoPE config, but no rotary module to patch
     with pytest.raises(CtxevalError) as caught:
         apply_method(no_module, "pi", factor=2)
-    assert str(caught.value) == ("method 'pi' needs a RoPE model, but no rotary embedding module was found in it; use "
-                                 "--method none for this model")
+    assert str(caught.value) == (
+        "method 'pi' needs a RoPE model, but no rotary embedding module was found in it; use "
+        "--method none for this model"
+    )
     with apply_method(no_module, "none") as handle:
         assert handle.record()["note"] == "model has no RoPE"
     gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=64)).eval()
     gpt2.add_module("rotary", FakeRotary())  # a rotary module, but no RoPE in the config
     with pytest.raises(CtxevalError) as caught:
         apply_method(gpt2, "pi", factor=2)
-    assert str(caught.value) == ("method 'pi' needs a RoPE model, but its config has no RoPE parameters; use "
-                                 "--method none for this model")
+    assert str(caught.value) == (
+        "method 'pi' needs a RoPE model, but its config has no RoPE parameters; use --method none for this model"
+    )
 
 
 @pytest.mark.parametrize("marker", ["layer_types", "rope_type"])
@@ -374,11 +432,14 @@ def test_any_per_layer_type_marker_is_refused(marker):
     model = holder(rotary)
     with pytest.raises(CtxevalError) as caught:
         apply_method(model, "pi", geometry=GEOM8, factor=2)
-    assert str(caught.value) == ("this model uses a different RoPE per attention layer type ('m0', Gemma 3 style); "
-                                 "ctxeval cannot apply extension methods to it yet: use --method none")
+    assert str(caught.value) == (
+        "this model uses a different RoPE per attention layer type ('m0', Gemma 3 style); "
+        "ctxeval cannot apply extension methods to it yet: use --method none"
+    )
     with apply_method(model, "none", geometry=GEOM8) as handle:
         assert handle.model is model and handle.record()["note"] == (
-            "per-layer-type RoPE (Gemma 3 style) left as the checkpoint ships it")
+            "per-layer-type RoPE (Gemma 3 style) left as the checkpoint ships it"
+        )
         assert handle.method.name == "none" and handle.params == {}
 
 
@@ -410,13 +471,27 @@ def test_the_run_record_of_native(llama):
     with apply_method(shipped, "native") as handle:
         rec = handle.record()
     geom = rope_info_from_config(shipped.config).geometry
-    assert set(rec) == {"method", "params", "length_dependent", "rotary_modules", "shipped_rope_parameters",
-                        "effective", "note"}
+    assert set(rec) == {
+        "method",
+        "params",
+        "length_dependent",
+        "rotary_modules",
+        "shipped_rope_parameters",
+        "effective",
+        "note",
+    }
     assert (rec["method"], rec["params"], rec["length_dependent"], rec["rotary_modules"]) == (
-        "native", {}, None, ["model.rotary_emb"])
+        "native",
+        {},
+        None,
+        ["model.rotary_emb"],
+    )
     assert rec["shipped_rope_parameters"]["factor"] == 2.0 and rec["note"] == "the checkpoint's own RoPE, untouched"
     (entry,) = rec["effective"]
-    assert set(entry) == {"length", "attention_factor_readback", "inv_freq_readback"} and entry["length"] == geom.original_length
+    assert (
+        set(entry) == {"length", "attention_factor_readback", "inv_freq_readback"}
+        and entry["length"] == geom.original_length
+    )
     np.testing.assert_allclose(entry["inv_freq_readback"], geom.default_inv_freq() / 2, rtol=1e-6)
     assert entry["attention_factor_readback"] == pytest.approx(1.0)
 

@@ -28,8 +28,10 @@ def test_log_ticks_are_readable_values_inside_the_range(low, high):
 
 def test_a_log_axis_within_one_decade_carries_numbers(figures):
     # SmolLM2 on Emma: every ppl between 25 and 56, where matplotlib's log axis labels nothing
-    curves = [PL.Curve("none", "none", [2048, 4096, 8192, 16384], [28.97, 25.04, 25.74, 53.13]),
-              PL.Curve("yarn(factor=2)", "yarn", [2048, 4096, 8192, 16384], [29.73, 25.68, 26.38, 26.66])]
+    curves = [
+        PL.Curve("none", "none", [2048, 4096, 8192, 16384], [28.97, 25.04, 25.74, 53.13]),
+        PL.Curve("yarn(factor=2)", "yarn", [2048, 4096, 8192, 16384], [29.73, 25.68, 26.38, 26.66]),
+    ]
     PL.plot_curves(curves, "x.png", title="t", xlabel="length", ylabel="perplexity", originals={8192: "L"}, log_y=True)
     ax = figures[0].axes[0]
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
@@ -43,9 +45,20 @@ def same_hue(a, b):
 
 
 def test_no_two_series_look_alike_and_families_keep_their_colour():
-    labels = ["none", "pi(factor=4)", "pi(factor=8)", "ntk(factor=4)", "yarn(factor=4)", "yarn(factor=8)",
-              "yarn(beta_fast=4,beta_slow=0.25,factor=8)", "dynamic-ntk", "my-method", "other-method",
-              "self-extend(group_size=4)", "spare(x=1)"]
+    labels = [
+        "none",
+        "pi(factor=4)",
+        "pi(factor=8)",
+        "ntk(factor=4)",
+        "yarn(factor=4)",
+        "yarn(factor=8)",
+        "yarn(beta_fast=4,beta_slow=0.25,factor=8)",
+        "dynamic-ntk",
+        "my-method",
+        "other-method",
+        "self-extend(group_size=4)",
+        "spare(x=1)",
+    ]
     curves = [PL.Curve(label, PL.method_family(label), [1], [1.0]) for label in labels]
     styles = PL.curve_styles(curves)
     looks = [(s["color"], s["ls"], s["marker"]) for s in styles]
@@ -59,15 +72,26 @@ def test_no_two_series_look_alike_and_families_keep_their_colour():
 
 def test_five_variants_of_one_family_differ_in_colour_style_and_marker(figures):
     """Issue 26: the entropy figure drew five YaRN variants in one red; read back from the drawn lines."""
-    labels = ["none", "yarn(factor=4)", "yarn(attention_factor=1,factor=4)", "yarn(factor=8)",
-              "yarn(attention_factor=1,factor=8)", "yarn(beta_fast=4,beta_slow=0.25,factor=4)", "pi(factor=4)",
-              "ntk(factor=4)+logn", "rerope(window=32)", "logn"]
+    labels = [
+        "none",
+        "yarn(factor=4)",
+        "yarn(attention_factor=1,factor=4)",
+        "yarn(factor=8)",
+        "yarn(attention_factor=1,factor=8)",
+        "yarn(beta_fast=4,beta_slow=0.25,factor=4)",
+        "pi(factor=4)",
+        "ntk(factor=4)+logn",
+        "rerope(window=32)",
+        "logn",
+    ]
     curves = [PL.Curve(label, PL.method_family(label), [64, 128], [1.0 + i, 2.0 + i]) for i, label in enumerate(labels)]
     curves.append(PL.Curve("uniform", "uniform", [64, 128], [9.0, 10.0], reference=True))
     PL.plot_curves(curves, "x.png", title="t", xlabel="length", ylabel="y", originals={128: "L"})
     lines = {line.get_label(): line for line in figures[0].axes[0].lines}
-    looks = [(mcolors.to_hex(lines[label].get_color()), lines[label].get_linestyle(), lines[label].get_marker())
-             for label in labels]
+    looks = [
+        (mcolors.to_hex(lines[label].get_color()), lines[label].get_linestyle(), lines[label].get_marker())
+        for label in labels
+    ]
     assert len(set(looks)) == len(labels)
     yarn = [looks[i] for i in range(1, 6)]
     for part in range(3):  # shade, line style and marker each tell the five apart where they can
@@ -79,24 +103,31 @@ def test_five_variants_of_one_family_differ_in_colour_style_and_marker(figures):
 
 def test_an_identical_series_is_drawn_once_and_named_in_the_legend(figures):
     """Issue 26: ruler figures hid dynamic-ntk under none (same scores at every length)."""
-    curves = [PL.Curve("none", "none", [1024, 2048], [50.15, 44.7]),
-              PL.Curve("dynamic-ntk", "dynamic-ntk", [1024, 2048], [50.15, 44.7 + 1e-12]),
-              PL.Curve("yarn(factor=2)", "yarn", [1024, 2048], [50.15, 42.1]),  # the same at one length only
-              PL.Curve("rerope", "rerope", [1024], [50.15]),
-              PL.Curve("self-extend", "self-extend", [1024, 2048], [50.15, 42.1]),
-              PL.Curve("uniform", "uniform", [1024, 2048], [50.15, 44.7], reference=True)]
-    PL.plot_curves(curves, "x.png", title="t", xlabel="length", ylabel="score", threshold=85.6,
-                   threshold_label="threshold")
+    curves = [
+        PL.Curve("none", "none", [1024, 2048], [50.15, 44.7]),
+        PL.Curve("dynamic-ntk", "dynamic-ntk", [1024, 2048], [50.15, 44.7 + 1e-12]),
+        PL.Curve("yarn(factor=2)", "yarn", [1024, 2048], [50.15, 42.1]),  # the same at one length only
+        PL.Curve("rerope", "rerope", [1024], [50.15]),
+        PL.Curve("self-extend", "self-extend", [1024, 2048], [50.15, 42.1]),
+        PL.Curve("uniform", "uniform", [1024, 2048], [50.15, 44.7], reference=True),
+    ]
+    PL.plot_curves(
+        curves, "x.png", title="t", xlabel="length", ylabel="score", threshold=85.6, threshold_label="threshold"
+    )
     ax = figures[0].axes[0]
     drawn = [line.get_label() for line in ax.lines if line.get_label() != "threshold"]
     assert drawn == ["none (= dynamic-ntk)", "yarn(factor=2) (= self-extend)", "rerope", "uniform"]
-    assert [t.get_text() for t in ax.get_legend().get_texts()][:2] == ["none (= dynamic-ntk)",
-                                                                         "yarn(factor=2) (= self-extend)"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()][:2] == [
+        "none (= dynamic-ntk)",
+        "yarn(factor=2) (= self-extend)",
+    ]
 
 
-RULER_TITLE = ("RULER (1 of 3)\ntasks niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,"
-               "niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe · samples 2 · seed 42 · essays austen "
-               "(substitute for RULER's Paul Graham... · essay sha256 ae4140c6e5ab543c · template base")
+RULER_TITLE = (
+    "RULER (1 of 3)\ntasks niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,"
+    "niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe · samples 2 · seed 42 · essays austen "
+    "(substitute for RULER's Paul Graham... · essay sha256 ae4140c6e5ab543c · template base"
+)
 
 
 @pytest.mark.parametrize("width", [60, 110])

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY, tiny_llama
+from test_ppl import FakeLM, docs
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
@@ -17,11 +19,8 @@ from ctxeval.evals import key_tokens as K
 from ctxeval.evals import perplexity as P
 from ctxeval.evals.positions import bucket_sums, default_edges, parse_position_buckets
 from ctxeval.report import tables
-from ctxeval.specs import expand_specs
 from ctxeval.runs.store import RunStore
-
-from conftest import TINY, tiny_llama
-from test_ppl import FakeLM, docs
+from ctxeval.specs import expand_specs
 
 runner = CliRunner()
 L = TINY["max_position_embeddings"]
@@ -43,6 +42,7 @@ def store_at(tmp_path, name="run"):
 
 # ------------------------------------------------------------------------------------------------ bucket edges
 
+
 def test_default_edges_are_octaves_with_the_trained_length():
     assert default_edges(1024, 128) == (1, 32, 64, 128, 256, 512, 1024)
     assert default_edges(16384, 6000) == (1, 32, 64, 128, 256, 512, 1024, 2048, 4096, 6000, 8192, 16384)
@@ -52,9 +52,16 @@ def test_default_edges_are_octaves_with_the_trained_length():
     assert parse_position_buckets("1", 1024, 128) == (1, 1024)  # one bucket is allowed (mutmut found it untested)
 
 
-@pytest.mark.parametrize("text, fragment", [("1,4,4,8", "increase strictly"), ("8,4", "increase strictly"),
-                                            ("1,2k,x", "not a token count"), ("0", ">= 1 bucket"),
-                                            ("many", "bucket count")])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("1,4,4,8", "increase strictly"),
+        ("8,4", "increase strictly"),
+        ("1,2k,x", "not a token count"),
+        ("0", ">= 1 bucket"),
+        ("many", "bucket count"),
+    ],
+)
 def test_bad_bucket_edges_are_refused(text, fragment):
     with pytest.raises(CtxevalError, match=fragment):
         parse_position_buckets(text, 1024, 128)
@@ -74,6 +81,7 @@ def test_bucket_sums_equal_a_direct_loop():
 
 
 # --------------------------------------------------------------------------------------- loss by position: runs
+
 
 @pytest.mark.parametrize("method", ["none", "yarn:factor=4"])
 def test_one_forward_bucket_curve_equals_separate_forwards_and_per_token_losses(tmp_path, method):
@@ -143,6 +151,7 @@ def test_sliding_positions_are_positions_in_the_window(tmp_path):
 
 # ------------------------------------------------------------------------------------------------------ LongPPL
 
+
 def reference_key_tokens(model, seq, trunc_len, internal, alpha=2.0, beta=2.0):
     """PKU-ML/LongPPL longppl.py find_key_token, transcribed (full logits, one short forward per window; its
     constants 2 and 2 as alpha and beta)."""
@@ -156,12 +165,16 @@ def reference_key_tokens(model, seq, trunc_len, internal, alpha=2.0, beta=2.0):
         for start_token in range(0, max_len - trunc_len, internal):
             if start_token + trunc_len + internal > max_len:
                 internal = max_len - start_token - trunc_len
-            input_ids_short = input_ids[:, start_token: start_token + trunc_len + internal]
+            input_ids_short = input_ids[:, start_token : start_token + trunc_len + internal]
             output_short = model(input_ids_short).logits
-            loss_full = loss_f(output_full[0, start_token + trunc_len - 1: start_token + trunc_len + internal - 1],
-                               input_ids[0, start_token + trunc_len: start_token + trunc_len + internal])
-            loss_short = loss_f(output_short[0, trunc_len - 1: trunc_len + internal - 1],
-                                input_ids_short[0, trunc_len: trunc_len + internal])
+            loss_full = loss_f(
+                output_full[0, start_token + trunc_len - 1 : start_token + trunc_len + internal - 1],
+                input_ids[0, start_token + trunc_len : start_token + trunc_len + internal],
+            )
+            loss_short = loss_f(
+                output_short[0, trunc_len - 1 : trunc_len + internal - 1],
+                input_ids_short[0, trunc_len : trunc_len + internal],
+            )
             is_key = torch.logical_and((loss_short - loss_full) > alpha, loss_full < beta)
             key_tokens += [start_token + trunc_len + i for i, k in enumerate(is_key) if k]
     return key_tokens
@@ -172,8 +185,12 @@ def test_key_positions_equal_longppl_find_key_token():
     seq = [1] + docs(1, 300, seed=4)[0].ids.tolist()
     # a random model gains little from long context: loose thresholds give key tokens to compare, LongPPL's own
     # (2, 2) give none, and both must agree with the transcription
-    for context, window, alpha, beta in ((64, 16, 0.02, 6.0), (50, 7, 0.02, 6.0), (100, 25, 0.01, 5.0),
-                                         (64, 16, 2.0, 2.0)):
+    for context, window, alpha, beta in (
+        (64, 16, 0.02, 6.0),
+        (50, 7, 0.02, 6.0),
+        (100, 25, 0.01, 5.0),
+        (64, 16, 2.0, 2.0),
+    ):
         want = reference_key_tokens(model, seq, context, window, alpha, beta)
         got = K.key_positions(model, "cpu", seq, context, window, alpha, beta, chunk_size=33)
         assert got.tolist() == want
@@ -186,9 +203,11 @@ def test_thresholds_decide_key_tokens(monkeypatch):
     keys; with 1.5 above (< alpha = 2), none is."""
     long = torch.tensor([0.5, 1.0, 1.9, 2.1, 5.0, 0.1], dtype=torch.float64)  # long[t - 1]: token t
     for gap, want in ((3.0, [1, 2, 3, 6]), (1.5, [])):
+
         def fake(model, ids, chunk, gap=gap):
             first, n = int(ids[0, 0]), ids.shape[1] - 1  # the sequence is 0..6, so ids[0, 0] is the window start
-            return long.clone() if ids.shape[1] == 7 else long[first:first + n].clone() + gap
+            return long.clone() if ids.shape[1] == 7 else long[first : first + n].clone() + gap
+
         monkeypatch.setattr(K, "token_nll", fake)
         assert K.key_positions(None, "cpu", list(range(7)), context=1, window=5).tolist() == want
 
@@ -208,8 +227,25 @@ def test_longppl_end_to_end_same_key_tokens_for_every_method(tmp_path, monkeypat
 
     tok = AutoTokenizer.from_pretrained(MODEL_DIR)
     out = tmp_path / "run"
-    args = ["ppl", "--model", "tiny", "--docs", "2", "--lengths", "256,512,1k", "-m", "none", "-m", "pi:factor=4",
-            "--key-tokens", "tiny", "--key-tokens-method", "none", "--out", str(out)]
+    args = [
+        "ppl",
+        "--model",
+        "tiny",
+        "--docs",
+        "2",
+        "--lengths",
+        "256,512,1k",
+        "-m",
+        "none",
+        "-m",
+        "pi:factor=4",
+        "--key-tokens",
+        "tiny",
+        "--key-tokens-method",
+        "none",
+        "--out",
+        str(out),
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     run = json.loads((out / "run.json").read_text())
@@ -252,21 +288,41 @@ def test_longppl_end_to_end_same_key_tokens_for_every_method(tmp_path, monkeypat
 def test_longppl_aggregate_is_the_pooled_key_token_perplexity():
     """Two documents whose LongPPL differ (e^1 over 3 key tokens, e^3 over 1): the original aggregates
     exp((3 ln e^1 + 1 ln e^3) / 4) = e^1.5; an arithmetic mean weighted by the counts would give (3e + e^3) / 4."""
-    rows = [{"model": "m", "label": "x", "length": 8, "doc": d, "status": "ok", "key_nll_sum": s, "key_tokens": n}
-            for d, s, n in (("a", 3.0, 3), ("b", 3.0, 1), ("c", 0.0, 0))]
+    rows = [
+        {"model": "m", "label": "x", "length": 8, "doc": d, "status": "ok", "key_nll_sum": s, "key_tokens": n}
+        for d, s, n in (("a", 3.0, 3), ("b", 3.0, 1), ("c", 0.0, 0))
+    ]
     lp = tables.longppl_long(rows)
     assert lp.loc[0, "longppl"] == pytest.approx(math.exp(1.5)) and lp.loc[0, "key_tokens"] == 4
     assert lp.loc[0, "n_docs"] == 3 and lp.loc[0, "status"] == "ok"
 
 
-@pytest.mark.parametrize("extra, fragment", [
-    (["--key-tokens-context", "128"], "not shorter than the longest length"),
-    (["--protocol", "sliding", "--stride", "32"], "use --protocol truncate"),
-    (["--key-tokens-method", "dynamic-ntk"], "depends on the sequence length"),
-])
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--key-tokens-context", "128"], "not shorter than the longest length"),
+        (["--protocol", "sliding", "--stride", "32"], "use --protocol truncate"),
+        (["--key-tokens-method", "dynamic-ntk"], "depends on the sequence length"),
+    ],
+)
 def test_longppl_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, text_dir, extra, fragment):
-    result = runner.invoke(app, ["ppl", "--model", str(tiny_model_dir), "--data", str(text_dir), "--lengths", "64,128",
-                                 "--key-tokens", str(tiny_model_dir), "--out", str(tmp_path / "r"), *extra])
+    result = runner.invoke(
+        app,
+        [
+            "ppl",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            str(text_dir),
+            "--lengths",
+            "64,128",
+            "--key-tokens",
+            str(tiny_model_dir),
+            "--out",
+            str(tmp_path / "r"),
+            *extra,
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr and "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
@@ -275,14 +331,43 @@ def test_longppl_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, text_dir
 def test_evaluator_with_another_tokenizer_is_refused(tmp_path, tiny_model_dir, text_dir):
     from ctxeval.tiny import MODEL_DIR
 
-    result = runner.invoke(app, ["ppl", "--model", str(tiny_model_dir), "--data", str(text_dir), "--lengths", "64,128",
-                                 "--key-tokens", str(MODEL_DIR), "--key-tokens-context", "32",
-                                 "--out", str(tmp_path / "r")])
+    result = runner.invoke(
+        app,
+        [
+            "ppl",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            str(text_dir),
+            "--lengths",
+            "64,128",
+            "--key-tokens",
+            str(MODEL_DIR),
+            "--key-tokens-context",
+            "32",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "another tokenizer" in result.stderr
 
 
 def test_bad_position_buckets_fail_before_loading(tmp_path, text_dir):
-    result = runner.invoke(app, ["ppl", "--model", "/nonexistent", "--data", str(text_dir), "--lengths", "64,128",
-                                 "--position-buckets", "1,64,32", "--out", str(tmp_path / "r")])
+    result = runner.invoke(
+        app,
+        [
+            "ppl",
+            "--model",
+            "/nonexistent",
+            "--data",
+            str(text_dir),
+            "--lengths",
+            "64,128",
+            "--position-buckets",
+            "1,64,32",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+    )
     assert result.exit_code == 2 and "increase strictly" in result.stderr

@@ -7,16 +7,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY, tiny_llama
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
 from ctxeval.data.corpora import TokenDoc
 from ctxeval.evals import perplexity as P
-from ctxeval.specs import expand_specs
 from ctxeval.rope.patching import apply_method
 from ctxeval.runs.store import RunStore
-
-from conftest import TINY, tiny_llama
+from ctxeval.specs import expand_specs
 
 runner = CliRunner()
 L = TINY["max_position_embeddings"]
@@ -47,6 +46,7 @@ def full_nll(model, seq):
 
 # ------------------------------------------------------------------------------------------------- chunked loss
 
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_chunked_loss_equals_full_logits(tied):
     model = tiny_llama(tie_word_embeddings=tied)
@@ -61,8 +61,17 @@ def test_chunked_loss_with_logit_softcapping():
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=16, final_logit_softcapping=5.0, max_position_embeddings=64)
+    cfg = Gemma2Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        final_logit_softcapping=5.0,
+        max_position_embeddings=64,
+    )
     model = Gemma2ForCausalLM(cfg).eval()
     seq = list(range(2, 100))
     torch.testing.assert_close(P.token_nll(model, torch.tensor([seq]), 16), full_nll(model, seq), rtol=1e-5, atol=1e-5)
@@ -83,6 +92,7 @@ def test_custom_logit_postprocessing_is_refused(llama):
 
 
 # ------------------------------------------------------------------------------------------------- protocols
+
 
 def _store(tmp_path, name="run"):
     store = RunStore(tmp_path / name, {"t": 1})
@@ -126,7 +136,7 @@ def test_sliding_scores_every_token_once(tmp_path):
             seq = ([1] if bos else []) + doc.ids[begin:end].tolist()
             nll = full_nll(model, seq).double()
             first = begin if bos else begin + 1
-            want += float(nll[scored - first:].sum())
+            want += float(nll[scored - first :].sum())
             scored = end
             if end == len(doc.ids):
                 break
@@ -155,7 +165,13 @@ def test_oom_is_recorded_and_longer_lengths_skipped(tmp_path, monkeypatch):
 
     monkeypatch.setattr(P, "token_nll", limited)
     store = _store(tmp_path)
-    P.sweep(FakeLM(model), expand_specs(["none", "dynamic-ntk:factor=2"]), docs(1), P.PplConfig((L, 2 * L, 4 * L, 8 * L)), store)
+    P.sweep(
+        FakeLM(model),
+        expand_specs(["none", "dynamic-ntk:factor=2"]),
+        docs(1),
+        P.PplConfig((L, 2 * L, 4 * L, 8 * L)),
+        store,
+    )
     status = {(r["label"], r["length"]): r["status"] for r in store.rows()}
     for label in ("none", "dynamic-ntk(factor=2)"):
         assert status[(label, L)] == status[(label, 2 * L)] == "ok"
@@ -167,14 +183,29 @@ def test_oom_is_recorded_and_longer_lengths_skipped(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------------------- CLI end to end
 
+
 def ppl(*args):
     return runner.invoke(app, ["ppl", *args])
 
 
 def test_cli_end_to_end_resume_and_outputs(tmp_path, tiny_model_dir, text_dir):
     out = tmp_path / "run"
-    args = ["--model", str(tiny_model_dir), "--data", str(text_dir), "--lengths", "32,64,128", "--method", "none",
-            "--method", "yarn", "--factor", "2,4", "--out", str(out)]
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        str(text_dir),
+        "--lengths",
+        "32,64,128",
+        "--method",
+        "none",
+        "--method",
+        "yarn",
+        "--factor",
+        "2,4",
+        "--out",
+        str(out),
+    ]
     first = ppl(*args)
     assert first.exit_code == 0, first.output
     run = json.loads((out / "run.json").read_text())
@@ -186,7 +217,9 @@ def test_cli_end_to_end_resume_and_outputs(tmp_path, tiny_model_dir, text_dir):
     assert eff["max_rel_diff"] < 1e-5
     rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 9 and all(r["status"] == "ok" for r in rows)
-    assert {"model", "method", "params", "task", "length", "metric", "value", "n_tokens", "seconds", "ppl"} <= set(rows[0])
+    assert {"model", "method", "params", "task", "length", "metric", "value", "n_tokens", "seconds", "ppl"} <= set(
+        rows[0]
+    )
     for name in ("table.md", "table.csv", "valid.csv", "ppl.png"):
         assert (out / name).stat().st_size > 0
     table = (out / "table.md").read_text()
@@ -203,8 +236,22 @@ def test_cli_end_to_end_resume_and_outputs(tmp_path, tiny_model_dir, text_dir):
 
 def test_interrupted_run_keeps_rows_and_resumes(tmp_path, tiny_model_dir, text_dir, monkeypatch):
     out = tmp_path / "run"
-    args = ["--model", str(tiny_model_dir), "--data", str(text_dir), "--lengths", "32,64", "--method", "none",
-            "--method", "pi:factor=2", "--method", "ntk:factor=2", "--out", str(out)]
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        str(text_dir),
+        "--lengths",
+        "32,64",
+        "--method",
+        "none",
+        "--method",
+        "pi:factor=2",
+        "--method",
+        "ntk:factor=2",
+        "--out",
+        str(out),
+    ]
     real = P.PplRunner.measure
     calls = {"n": 0}
 
@@ -229,22 +276,25 @@ def test_interrupted_run_keeps_rows_and_resumes(tmp_path, tiny_model_dir, text_d
     assert json.loads((out / "run.json").read_text())["status"] == "success"
 
 
-@pytest.mark.parametrize("extra,fragment", [
-    (["--method", "warp"], "unknown method"),
-    (["--method", "pi:factor=0.5"], "factor must be >= 1"),
-    (["--method", "yarn:beta_slow=32,beta_fast=1"], "beta_slow"),
-    (["--lengths", "100000"], "longest of"),
-    (["--data", "/no/such/file.txt"], "no such file"),
-    (["--data", "hf:ctxeval-no-such/dataset"], "could not load hf:"),
-    (["--protocol", "sliding", "--stride", "0"], "stride"),
-    (["--data", "BINARY"], "not a text file"),
-    (["--data", "EMPTY"], "empty.jsonl' is empty; give json records with a 'text' field"),
-    (["--data", "HALF"], "half.jsonl' as json: JSON parse error: Missing a closing quotation mark"),
-    (["--docs", "5", "--lengths", "32"], "--docs"),
-    (["--lengths", "2k,abc"], "bad length"),
-    (["--model", "ctxeval-test/no-such-model"], "could not load model"),
-    (["--model", "./no/such/dir"], "neither a model directory"),
-])
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (["--method", "warp"], "unknown method"),
+        (["--method", "pi:factor=0.5"], "factor must be >= 1"),
+        (["--method", "yarn:beta_slow=32,beta_fast=1"], "beta_slow"),
+        (["--lengths", "100000"], "longest of"),
+        (["--data", "/no/such/file.txt"], "no such file"),
+        (["--data", "hf:ctxeval-no-such/dataset"], "could not load hf:"),
+        (["--protocol", "sliding", "--stride", "0"], "stride"),
+        (["--data", "BINARY"], "not a text file"),
+        (["--data", "EMPTY"], "empty.jsonl' is empty; give json records with a 'text' field"),
+        (["--data", "HALF"], "half.jsonl' as json: JSON parse error: Missing a closing quotation mark"),
+        (["--docs", "5", "--lengths", "32"], "--docs"),
+        (["--lengths", "2k,abc"], "bad length"),
+        (["--model", "ctxeval-test/no-such-model"], "could not load model"),
+        (["--model", "./no/such/dir"], "neither a model directory"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, text_dir, extra, fragment, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -259,7 +309,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, text_dir, extra,
         if extra[i] in args:
             args[args.index(extra[i]) + 1] = extra[i + 1]
         else:
-            args += extra[i:i + 2]
+            args += extra[i : i + 2]
     result = ppl(*args)
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr
@@ -295,12 +345,13 @@ def test_task_preset_and_flags_override(tmp_path, tiny_model_dir, text_dir):
 
 
 def test_model_without_rope_runs_none_and_refuses_methods(tmp_path, text_dir):
+    from conftest import build_tokenizer
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from conftest import build_tokenizer
-
     tok = build_tokenizer()
-    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tok), n_positions=128)).save_pretrained(tmp_path / "gpt2")
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tok), n_positions=128)).save_pretrained(
+        tmp_path / "gpt2"
+    )
     tok.save_pretrained(tmp_path / "gpt2")
     base = ["--model", str(tmp_path / "gpt2"), "--data", str(text_dir), "--lengths", "32,64"]
     bad = ppl(*base, "--method", "yarn:factor=2", "--out", str(tmp_path / "a"))
@@ -339,8 +390,18 @@ def test_sliding_scores_every_token_once_whatever_the_document_length(bos, strid
     cfg = P.PplConfig((L,), "sliding", stride=stride, bos=bos)
     runner_ = P.PplRunner(model, "cpu", cfg, 1 if bos else None, "tiny")
     (spec,) = expand_specs(["none"])
-    for n in (2, 3, content - 1, content, content + 1, 2 * content + 1, stride + 1, 2 * stride + 1, 2 * stride + 2,
-              3 * content - 5):  # 2 * stride + 1 / + 2: a last window of one / two tokens (with / without BOS)
+    for n in (
+        2,
+        3,
+        content - 1,
+        content,
+        content + 1,
+        2 * content + 1,
+        stride + 1,
+        2 * stride + 1,
+        2 * stride + 2,
+        3 * content - 5,
+    ):  # 2 * stride + 1 / + 2: a last window of one / two tokens (with / without BOS)
         doc = TokenDoc(f"d{n}", np.random.default_rng(n).integers(2, TINY["vocab_size"], n))
         row = runner_._sliding_at(spec, doc, L)
         windows = _windows(n, content, stride)
@@ -355,17 +416,24 @@ def test_sliding_out_of_memory_halves_the_windows_per_forward_down_to_one(monkey
     model = tiny_llama()
     doc = docs(1, 4 * L)[0]
     (spec,) = expand_specs(["none"])
-    reference = P.PplRunner(model, "cpu", P.PplConfig((L,), "sliding", stride=L // 4), 1, "tiny")._sliding_at(spec, doc, L)
+    reference = P.PplRunner(model, "cpu", P.PplConfig((L,), "sliding", stride=L // 4), 1, "tiny")._sliding_at(
+        spec, doc, L
+    )
     notes = []
     progress = type("Progress", (), {"note": lambda self, text: notes.append(text)})()
-    runner_ = P.PplRunner(model, "cpu", P.PplConfig((L,), "sliding", stride=L // 4, batch_size=4), 1, "tiny",
-                          progress=progress)
+    runner_ = P.PplRunner(
+        model, "cpu", P.PplConfig((L,), "sliding", stride=L // 4, batch_size=4), 1, "tiny", progress=progress
+    )
     real = runner_._nll_batch
-    runner_._nll_batch = lambda seqs, finite=True: (_ for _ in ()).throw(PointOOM("oom")) if len(seqs) > 1 else real(seqs, finite)
+    runner_._nll_batch = lambda seqs, finite=True: (
+        (_ for _ in ()).throw(PointOOM("oom")) if len(seqs) > 1 else real(seqs, finite)
+    )
     row = runner_._sliding_at(spec, doc, L)
     assert row["nll_sum"] == pytest.approx(reference["nll_sum"], rel=1e-9) and row["n_tokens"] == reference["n_tokens"]
-    assert notes[:2] == ["out of memory with 4 windows per forward; trying 2",
-                         "out of memory with 2 windows per forward; trying 1"]
+    assert notes[:2] == [
+        "out of memory with 4 windows per forward; trying 2",
+        "out of memory with 2 windows per forward; trying 1",
+    ]
     runner_._nll_batch = lambda seqs, finite=True: (_ for _ in ()).throw(PointOOM("oom"))
     with pytest.raises(PointOOM):  # one window per forward does not fit either: the point is given up
         runner_._sliding_at(spec, doc, L)
@@ -390,7 +458,11 @@ def test_a_non_finite_window_makes_a_sliding_point_an_error(tmp_path, monkeypatc
     store.start({})
     P.sweep(FakeLM(model), expand_specs(["none"]), docs(1), P.PplConfig((L,), "sliding", stride=L // 2), store)
     (row,) = store.rows()
-    assert row["status"] == "error" and row["value"] is None and row["note"].startswith("non-finite NLL (nan) at position 6")
+    assert (
+        row["status"] == "error"
+        and row["value"] is None
+        and row["note"].startswith("non-finite NLL (nan) at position 6")
+    )
 
 
 def test_time_and_throughput_of_a_shared_forward_are_apportioned_by_tokens(monkeypatch):

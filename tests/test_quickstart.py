@@ -86,7 +86,11 @@ def test_factor_overrides_the_quickstart_factors_and_plain_needle_defaults_fit_t
     result = run("ppl", "--factor", "2", "--lengths", "64,128", "--out", str(tmp_path / "p"))
     assert result.exit_code == 0, result.output
     methods = json.loads((tmp_path / "p" / "run.json").read_text())["spec"]["methods"]
-    assert methods[0] == "none" and all("factor=2" in m for m in methods[1:]) and len(methods) == len(QUICKSTART["ppl"]["method"])
+    assert (
+        methods[0] == "none"
+        and all("factor=2" in m for m in methods[1:])
+        and len(methods) == len(QUICKSTART["ppl"]["method"])
+    )
     needle = run("needle", "--model", "tiny", "--depths", "50", "--out", str(tmp_path / "n"))
     assert needle.exit_code == 0, needle.output
     assert "shorter than the prompt" in needle.output

@@ -6,8 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from ctxeval.report import tables as report
 from ctxeval.errors import CtxevalError
+from ctxeval.report import tables as report
 from ctxeval.runs.store import RunStore, read_rows, run_status
 
 
@@ -28,8 +28,12 @@ def test_token_and_window_aggregation():
 
 
 def test_missing_and_failed_cells_are_not_zero():
-    rows = [row("a", 64, "d1", 10.0), row("a", 128, "d1", 12.0), row("b", 64, "d1", 9.0),
-            row("b", 128, "d1", status="oom")]
+    rows = [
+        row("a", 64, "d1", 10.0),
+        row("a", 128, "d1", 12.0),
+        row("b", 64, "d1", 9.0),
+        row("b", 128, "d1", status="oom"),
+    ]
     long = report.ppl_long(rows)
     wide = report.ppl_wide(long, ["a", "b", "c"])
     status = report.status_wide(long, wide)
@@ -55,13 +59,26 @@ def test_valid_lengths():
 def test_valid_length_against_the_base_model_and_against_itself():
     # the tiny model's case: PI at factor 8 is flat (its own ppl at 128 is 152, so it is 'valid to 8x'), yet twice
     # plain RoPE's 74.9 at 128 everywhere; the tuned method stays within 10% of plain RoPE up to 256
-    wide = pd.DataFrame({64: [71.8, 143.8, 79.7], 128: [74.9, 152.2, 81.4], 256: [84.5, 146.2, 79.9],
-                         512: [114.9, 152.6, 95.4], 1024: [130.7, 127.7, 94.1]},
-                        index=["none", "pi(factor=8)", "yarn-tuned"])
+    wide = pd.DataFrame(
+        {
+            64: [71.8, 143.8, 79.7],
+            128: [74.9, 152.2, 81.4],
+            256: [84.5, 146.2, 79.9],
+            512: [114.9, 152.6, 95.4],
+            1024: [130.7, 127.7, 94.1],
+        },
+        index=["none", "pi(factor=8)", "yarn-tuned"],
+    )
     valid = report.valid_lengths(wide, 128, 0.10).set_index("method")
     own, base = "longest within 10% of own ppl", "longest within 10% of none"
-    assert list(valid.columns) == ["reference length", "ppl at reference", own, "x original", base,
-                                   "x original (vs base)"]
+    assert list(valid.columns) == [
+        "reference length",
+        "ppl at reference",
+        own,
+        "x original",
+        base,
+        "x original (vs base)",
+    ]
     assert valid.loc["pi(factor=8)", own] == 1024 and valid.loc["pi(factor=8)", "x original"] == 8
     assert pd.isna(valid.loc["pi(factor=8)", base])  # 152 > 1.1 x 74.9 already at the reference
     assert valid.loc["yarn-tuned", base] == 256  # 79.9 <= 82.4, then 95.4 > 82.4 stops it
@@ -119,11 +136,13 @@ def test_append_after_a_torn_line_keeps_the_new_row(tmp_path):
 def test_latest_rows_prefers_a_measurement_over_a_later_failure():
     from ctxeval.report.tables import latest_rows
 
-    rows = [{"label": "a", "length": 1, "status": "ok", "v": 1.0},
-            {"label": "a", "length": 1, "status": "oom", "v": None},  # stale failure merged after the measurement
-            {"label": "b", "length": 1, "status": "oom", "v": None},
-            {"label": "b", "length": 1, "status": "ok", "v": 2.0},
-            {"label": "c", "length": 1, "status": "oom", "v": None}]
+    rows = [
+        {"label": "a", "length": 1, "status": "ok", "v": 1.0},
+        {"label": "a", "length": 1, "status": "oom", "v": None},  # stale failure merged after the measurement
+        {"label": "b", "length": 1, "status": "oom", "v": None},
+        {"label": "b", "length": 1, "status": "ok", "v": 2.0},
+        {"label": "c", "length": 1, "status": "oom", "v": None},
+    ]
     df = latest_rows(rows, ("label", "length"))
     assert dict(zip(df["label"], df["v"].fillna(-1))) == {"a": 1.0, "b": 2.0, "c": -1}
     assert list(df["label"]) == ["a", "b", "c"]

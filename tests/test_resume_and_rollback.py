@@ -22,12 +22,32 @@ def _rows(run_dir):
 
 # the point identity of each kind, written here from what a point is (not read from ctxeval.runs.rows)
 KINDS = {
-    "ppl": (["ppl", "--docs", "2", "--lengths", "32,64", "-m", "none", "-m", "yarn:factor=2"],
-            ("label", "length", "doc")),
-    "needle": (["needle", "--lengths", "320,384", "--depths", "0,100", "--samples", "2", "--scoring", "forced",
-                "-m", "none", "-m", "pi:factor=2"], ("label", "length", "depth", "sample")),
-    "entropy": (["entropy", "--docs", "2", "--lengths", "32,64", "-m", "none", "-m", "yarn:factor=2"],
-                ("label", "length", "doc")),
+    "ppl": (
+        ["ppl", "--docs", "2", "--lengths", "32,64", "-m", "none", "-m", "yarn:factor=2"],
+        ("label", "length", "doc"),
+    ),
+    "needle": (
+        [
+            "needle",
+            "--lengths",
+            "320,384",
+            "--depths",
+            "0,100",
+            "--samples",
+            "2",
+            "--scoring",
+            "forced",
+            "-m",
+            "none",
+            "-m",
+            "pi:factor=2",
+        ],
+        ("label", "length", "depth", "sample"),
+    ),
+    "entropy": (
+        ["entropy", "--docs", "2", "--lengths", "32,64", "-m", "none", "-m", "yarn:factor=2"],
+        ("label", "length", "doc"),
+    ),
 }
 
 
@@ -47,13 +67,14 @@ def test_resume_measures_exactly_the_deleted_and_the_failed_points(kind, tmp_pat
     # for every key field, a kept point differs from the deleted one in that field alone: a resume key that left the
     # field out would take the deleted point for done
     for i in range(len(key_fields)):
-        assert any([a != b for a, b in zip(key(r), key(deleted))] == [j == i for j in range(len(key_fields))]
-                   for r in kept), key_fields[i]
+        assert any(
+            [a != b for a, b in zip(key(r), key(deleted))] == [j == i for j in range(len(key_fields))] for r in kept
+        ), key_fields[i]
     marked = {**failed, "status": "oom", "value": None}
     (tmp_path / "run" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*kept, marked]))
     again = runner.invoke(app, args)
     assert again.exit_code == 0, again.output
-    new = _rows(tmp_path / "run")[len(kept) + 1:]
+    new = _rows(tmp_path / "run")[len(kept) + 1 :]
     assert sorted(key(r) for r in new) == sorted([key(deleted), key(failed)])
     assert all(r["status"] == "ok" for r in new)
     table = (tmp_path / "run" / "table.md").read_text()
@@ -67,8 +88,12 @@ def test_a_small_read_back_mismatch_is_an_error_and_restores_exactly(llama):
     ids = torch.arange(3, 40)[None]
     with torch.inference_mode():
         before = llama(input_ids=ids).logits
-    saved = (rotary.inv_freq.clone(), rotary.attention_scaling, getattr(rotary, "rope_type", None),
-             len(rotary._forward_pre_hooks))
+    saved = (
+        rotary.inv_freq.clone(),
+        rotary.attention_scaling,
+        getattr(rotary, "rope_type", None),
+        len(rotary._forward_pre_hooks),
+    )
     real_forward = type(rotary).forward
 
     def slightly_off(self, x, position_ids):
@@ -91,10 +116,14 @@ def test_an_overridden_original_length_changes_every_method_that_reads_it():
     """original_max_position_embeddings as a ctxeval parameter: each method that takes it must use it (a method
     ignoring it would give the model's own L's frequencies)."""
     geom = Geometry(64, 1e4, 4096)
-    for method, params, length in (("yarn", {"factor": 4}, None), ("ntk-by-parts", {"factor": 4}, None),
-                                   ("dynamic-ntk", {"factor": 2}, 12288), ("dynamic-yarn", {}, 12288),
-                                   ("llama3", {"factor": 8}, None), ("longrope", {"short_factor": [1.0] * 32,
-                                                                                  "long_factor": [2.0] * 32}, 3000)):
+    for method, params, length in (
+        ("yarn", {"factor": 4}, None),
+        ("ntk-by-parts", {"factor": 4}, None),
+        ("dynamic-ntk", {"factor": 2}, 12288),
+        ("dynamic-yarn", {}, 12288),
+        ("llama3", {"factor": 8}, None),
+        ("longrope", {"short_factor": [1.0] * 32, "long_factor": [2.0] * 32}, 3000),
+    ):
         own = compute(method, geom, params, length)
         other = compute(method, geom, {**params, "original_max_position_embeddings": 2048}, length)
         same_l = compute(method, Geometry(64, 1e4, 2048), params, length)
@@ -107,13 +136,21 @@ def test_deepseek_mscale_ratio_against_transformers():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     for mscale, mscale_all_dim in ((1.0, 0.707), (0.707, 1.0), (2.0, 0.5)):
-        rp = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 16.0, "original_max_position_embeddings": 4096,
-              "mscale": mscale, "mscale_all_dim": mscale_all_dim}
-        cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64, max_position_embeddings=65536,
-                          rope_parameters=rp)
+        rp = {
+            "rope_type": "yarn",
+            "rope_theta": 1e4,
+            "factor": 16.0,
+            "original_max_position_embeddings": 4096,
+            "mscale": mscale,
+            "mscale_all_dim": mscale_all_dim,
+        }
+        cfg = LlamaConfig(
+            hidden_size=256, num_attention_heads=4, head_dim=64, max_position_embeddings=65536, rope_parameters=rp
+        )
         _, want = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
-        got = compute("yarn", Geometry(64, 1e4, 4096), {"factor": 16, "mscale": mscale,
-                                                         "mscale_all_dim": mscale_all_dim}).attention_factor
+        got = compute(
+            "yarn", Geometry(64, 1e4, 4096), {"factor": 16, "mscale": mscale, "mscale_all_dim": mscale_all_dim}
+        ).attention_factor
         ratio = (0.1 * mscale * math.log(16) + 1) / (0.1 * mscale_all_dim * math.log(16) + 1)  # DeepSeek-V2's
         assert got == pytest.approx(want, rel=1e-12) and got == pytest.approx(ratio, rel=1e-12)
         assert got != pytest.approx(1.0)
@@ -144,14 +181,16 @@ def test_needle_generation_under_a_dynamic_method_equals_a_cache_free_recomputat
     each new query must share one RoPE, the one of the evaluated length. The reference recomputes every step from
     scratch, without a cache, with the RoPE frozen at that length."""
     from conftest import build_tokenizer, tiny_llama
-    from ctxeval.evals import needle as N
+
     from ctxeval.data.presets import load_task
+    from ctxeval.evals import needle as N
 
     tok = build_tokenizer()
     model = tiny_llama(vocab_size=len(tok))  # trained length 64: 320 tokens is 5x
     hay, _ = N.haystack_tokens(tok, "filler", 4000)
-    builder = N.PromptBuilder(tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay,
-                               chat_template=False)
+    builder = N.PromptBuilder(
+        tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay, chat_template=False
+    )
     cfg = N.NeedleConfig((320,), (50.0,), max_new_tokens=10)
     runner_ = N.NeedleRunner(model, tok, "cpu", builder, cfg, "tiny", "needle")
     item = runner_.item(320, 0, 0)
@@ -172,7 +211,7 @@ def test_needle_generation_under_a_dynamic_method_equals_a_cache_free_recomputat
                     break
                 ids = torch.cat([ids, nxt], 1)
         handle.freeze_length(None)
-    reference = tok.decode(ids[0, len(item.prompt.ids):].tolist(), skip_special_tokens=True)
+    reference = tok.decode(ids[0, len(item.prompt.ids) :].tolist(), skip_special_tokens=True)
     assert generated == reference and len(reference) > 0
 
 
@@ -182,8 +221,8 @@ def test_window_aggregates_from_their_definition(tmp_path):
     of per-window means). The reference is the definition, with a full forward per window."""
     import numpy as np
     import torch.nn.functional as F
-
     from conftest import tiny_llama
+
     from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals import perplexity as P
     from ctxeval.specs import expand_specs
@@ -200,7 +239,7 @@ def test_window_aggregates_from_their_definition(tmp_path):
 
     truncate = P.PplRunner(model, "cpu", P.PplConfig((32, 64)), 1, "tiny")
     for row in truncate._truncate_one_forward(none, doc, [32, 64]):
-        losses = token_losses([1] + ids[:row["length"] - 1].tolist())
+        losses = token_losses([1] + ids[: row["length"] - 1].tolist())
         assert row["n_windows"] == 1 and row["n_tokens"] == row["length"] - 1
         assert row["nll_sum"] == pytest.approx(float(losses.sum()), rel=1e-6)
         assert row["window_nll_sum"] == pytest.approx(float(losses.mean()), rel=1e-6)  # a mean, not the sum
@@ -211,9 +250,9 @@ def test_window_aggregates_from_their_definition(tmp_path):
     window_means, total, count, covered = [], 0.0, 0, 0  # covered: doc tokens scored so far (BOS predicts token 0)
     start = 0
     while covered < len(ids):
-        window = ids[start:start + length - 1]  # BOS + length - 1 document tokens
+        window = ids[start : start + length - 1]  # BOS + length - 1 document tokens
         losses = token_losses([1] + window.tolist())  # losses[j] is doc token start + j
-        fresh = losses[covered - start:]
+        fresh = losses[covered - start :]
         window_means.append(float(fresh.mean()))
         total, count, covered = total + float(fresh.sum()), count + fresh.numel(), start + len(window)
         start += stride
@@ -225,8 +264,8 @@ def test_window_aggregates_from_their_definition(tmp_path):
 def test_text_answers_match_regardless_of_case():
     """Needle answers and terms match case-insensitively (a model that writes 'Eat A Sandwich' found the needle),
     as RULER's string_match_all does; integers stay exact."""
-    from ctxeval.evals import needle as N
     from ctxeval.data.presets import load_task
+    from ctxeval.evals import needle as N
 
     def preset(name):
         return N.NeedlePreset.from_dict(name, load_task(f"needle-{name}", "needle"))

@@ -11,11 +11,11 @@ import re
 import pytest
 from transformers import AutoTokenizer
 
+from ctxeval.data.offline import held_out_documents
 from ctxeval.errors import CtxevalError
 from ctxeval.evals.ruler import generate as R
-from ctxeval.data.offline import held_out_documents
-from ctxeval.util.paths import TINY_MODEL_DIR
 from ctxeval.report import tables as T
+from ctxeval.util.paths import TINY_MODEL_DIR
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +38,10 @@ def test_samples_equal_rulers_own_scripts(tok, sources):
     assert [(s.outputs, s.length) for s in niah] == [(["8090293"], 987), (["4612365"], 990), (["7374122"], 987)]
     assert niah[0].answer_prefix == " The special magic number for wandering-age mentioned in the provided text is"
     vt = R.generate("vt", 1024, 2, tok, sources)
-    assert [(s.outputs, s.length) for s in vt] == [(["BIDZE", "LSOCY", "RDAJO", "LBJYZ", "BJRRJ"], 993),
-                                                  (["JBMFX", "JVWFR", "KHBUJ", "NRVIA", "WGPZA"], 996)]
+    assert [(s.outputs, s.length) for s in vt] == [
+        (["BIDZE", "LSOCY", "RDAJO", "LBJYZ", "BJRRJ"], 993),
+        (["JBMFX", "JVWFR", "KHBUJ", "NRVIA", "WGPZA"], 996),
+    ]
 
 
 # sha256 (first 32 hex digits) of json.dumps of the two samples' [{input, outputs, length, answer_prefix,
@@ -75,10 +77,15 @@ def test_niah_samples_carry_rulers_token_position_answer(tok, sources):
     #   index = input_text.find(answer[0])
     #   token_position_answer = len(TOKENIZER.text_to_tokens(input_text[:index]))   # HF: tokenizer.tokenize
     # and line 290 writes it last in the record.
-    for task, template in (("niah_single_1", "base"), ("niah_multikey_2", "base"), ("niah_multikey_3", "meta-chat"),
-                           ("niah_multiquery", "base")):
-        for sample in R.generate(task, 1024 if task != "niah_multiquery" else 4096, 2, tok, sources,
-                                 model_template=template):
+    for task, template in (
+        ("niah_single_1", "base"),
+        ("niah_multikey_2", "base"),
+        ("niah_multikey_3", "meta-chat"),
+        ("niah_multiquery", "base"),
+    ):
+        for sample in R.generate(
+            task, 1024 if task != "niah_multiquery" else 4096, 2, tok, sources, model_template=template
+        ):
             record = sample.record()
             index = record["input"].find(record["outputs"][0])
             assert index > 0 and record["token_position_answer"] == len(tok.tokenize(record["input"][:index])), task
@@ -86,7 +93,10 @@ def test_niah_samples_carry_rulers_token_position_answer(tok, sources):
     # what RULER's niah.py itself wrote for these samples (the golden ones above; run as benchmarks/ruler_parity.py
     # runs it)
     assert [s.record()["token_position_answer"] for s in R.generate("niah_single_1", 1024, 3, tok, sources)] == [
-        394, 395, 149]
+        394,
+        395,
+        149,
+    ]
     # niah.py alone writes it: variable_tracking.py, common_words_extraction.py, freq_words_extraction.py, qa.py do not
     for task in ("vt", "fwe"):
         assert "token_position_answer" not in R.generate(task, 1024, 1, tok, sources)[0].record()
@@ -94,8 +104,10 @@ def test_niah_samples_carry_rulers_token_position_answer(tok, sources):
 
 def test_templates_wording_and_formats(tok, sources):
     single = R.generate("niah_single_1", 1024, 1, tok, sources)[0]
-    assert single.input.startswith("A special magic number is hidden within the following text. Make sure to "
-                                   "memorize it. I will quiz you about the number afterwards.\n")
+    assert single.input.startswith(
+        "A special magic number is hidden within the following text. Make sure to "
+        "memorize it. I will quiz you about the number afterwards.\n"
+    )
     assert re.fullmatch(r"\d{7}", single.outputs[0])
     key = re.search(r"for (\S+) mentioned", single.answer_prefix).group(1)
     adjective, noun = key.split("-", 1)
@@ -112,8 +124,13 @@ def test_templates_wording_and_formats(tok, sources):
 
 
 def test_the_length_holds_and_the_search_is_tight(tok, sources):
-    for task, length in (("niah_single_1", 1024), ("niah_multikey_2", 1024), ("vt", 1024), ("cwe", 2048),
-                         ("fwe", 1024)):
+    for task, length in (
+        ("niah_single_1", 1024),
+        ("niah_multikey_2", 1024),
+        ("vt", 1024),
+        ("cwe", 2048),
+        ("fwe", 1024),
+    ):
         for sample in R.generate(task, length, 2, tok, sources):
             ttg = R.FAMILIES[R.TASKS[task].family].tokens_to_generate
             assert sample.length == count(tok, sample.prompt) + ttg <= length, task
@@ -128,7 +145,7 @@ def test_needles_sit_between_sentences_and_on_their_own_lines(tok, sources):
     needles = re.findall(r"One of the special magic numbers for \S+ is: \d{7}\.", essay.input)
     assert len(needles) == 4
     for needle in needles:
-        before = essay.input[:essay.input.index(needle)]
+        before = essay.input[: essay.input.index(needle)]
         assert before.endswith("\n") or before.rstrip().endswith((".", "?", "!", ":", '"', "'", ")")), before[-40:]
     noise = R.generate("niah_single_1", 1024, 1, tok, sources)[0]
     lines = noise.input.split("\n")
@@ -153,8 +170,11 @@ def test_scoring_gives_partial_credit():
     assert R.score("string_match_part", "it is 7654321", refs) == 1.0
     assert R.score("string_match_all", "ABC", ["abc"]) == 1.0  # case-insensitive, as RULER's
     assert R.postprocess("  ans\x00wer\t ") == "ans\nwer"
-    rows = [{"model": "m", "label": "none", "ruler_task": t, "length": 1024, "sample": i, "status": "ok", "score": v}
-            for t, values in (("a", [1.0, 0.5, 0.0]), ("b", [1.0, 1.0, 0.75])) for i, v in enumerate(values)]
+    rows = [
+        {"model": "m", "label": "none", "ruler_task": t, "length": 1024, "sample": i, "status": "ok", "score": v}
+        for t, values in (("a", [1.0, 0.5, 0.0]), ("b", [1.0, 1.0, 0.75]))
+        for i, v in enumerate(values)
+    ]
     scores = T.ruler_task_scores(rows)
     assert list(scores["score"]) == [50.0, 91.67]  # the mean x 100, rounded to 2 decimals
     assert T.ruler_means(scores, ["a", "b"])["mean"].tolist() == [pytest.approx(70.835)]
@@ -177,27 +197,53 @@ def write_qa_files(folder):
     prompts below from exactly these files."""
     import json
 
-    things = ["river", "lamp", "garden", "engine", "letter", "window", "violin", "harbor", "ladder", "orchard", "kettle"]
+    things = [
+        "river",
+        "lamp",
+        "garden",
+        "engine",
+        "letter",
+        "window",
+        "violin",
+        "harbor",
+        "ladder",
+        "orchard",
+        "kettle",
+    ]
     colors = ["red", "amber", "green", "silver", "violet", "grey", "golden"]
     verbs = ["waits near", "points at", "rolls past", "hides behind", "leans on"]
-    sents = [f"Note {n} says that the {colors[n % 7]} {things[n % 11]} {verbs[n % 5]} the {things[(n * 3 + 1) % 11]} "
-             f"every {n % 9 + 2} days." for n in range(400)]
+    sents = [
+        f"Note {n} says that the {colors[n % 7]} {things[n % 11]} {verbs[n % 5]} the {things[(n * 3 + 1) % 11]} "
+        f"every {n % 9 + 2} days."
+        for n in range(400)
+    ]
     data = []
     for a in range(10):
         paragraphs = []
         for p in range(4):
-            ctx = " ".join(sents[(a * 4 + p) * 3:(a * 4 + p) * 3 + 3])
-            paragraphs.append({"context": ctx, "qas": [
-                {"question": f"Which word comes fourth in paragraph {a}-{p}?", "is_impossible": False,
-                 "answers": [{"text": ctx.split()[3], "answer_start": 0}], "id": f"{a}-{p}"},
-                {"question": "Unanswerable?", "answers": [], "is_impossible": True, "id": f"{a}-{p}-x"}]})
+            ctx = " ".join(sents[(a * 4 + p) * 3 : (a * 4 + p) * 3 + 3])
+            paragraphs.append(
+                {
+                    "context": ctx,
+                    "qas": [
+                        {
+                            "question": f"Which word comes fourth in paragraph {a}-{p}?",
+                            "is_impossible": False,
+                            "answers": [{"text": ctx.split()[3], "answer_start": 0}],
+                            "id": f"{a}-{p}",
+                        },
+                        {"question": "Unanswerable?", "answers": [], "is_impossible": True, "id": f"{a}-{p}-x"},
+                    ],
+                }
+            )
         data.append({"title": f"t{a}", "paragraphs": paragraphs})
     (folder / "squad.json").write_text(json.dumps({"version": "v2.0", "data": data}))
     hot = []
     for q in range(30):
-        ctx = [[f"Title {q}-{k}", sents[(q * 5 + k) * 2:(q * 5 + k) * 2 + 2]] for k in range(5)]
-        hot.append({"question": f"What is the first word of Title {q}-0?", "answer": ctx[0][1][0].split()[0],
-                    "context": ctx})
+        ctx = [[f"Title {q}-{k}", sents[(q * 5 + k) * 2 : (q * 5 + k) * 2 + 2]] for k in range(5)]
+        hot.append(
+            {"question": f"What is the first word of Title {q}-0?", "answer": ctx[0][1][0].split()[0], "context": ctx}
+        )
     (folder / "hotpotqa.json").write_text(json.dumps(hot))
     return folder
 
@@ -207,7 +253,8 @@ def test_qa_tasks_read_rulers_files(tok, tmp_path):
     squad = R.generate("qa_1", 4096, 3, tok, sources)
     assert [s.length for s in squad] == [4067, 4067, 4067]  # RULER's qa.py: the same
     assert squad[0].answer_prefix == " Answer:" and squad[0].input.startswith(
-        "Answer the question based on the given documents.")
+        "Answer the question based on the given documents."
+    )
     assert "Question: Which word comes fourth in paragraph 0-0?" in squad[0].input
     assert "Document 1:\n" in squad[0].input and "Unanswerable" not in squad[0].input  # impossible ones skipped
     hotpot = R.generate("qa_2", 4096, 3, tok, sources)
@@ -223,16 +270,18 @@ def test_qa_tasks_read_rulers_files(tok, tmp_path):
 def test_model_templates_wrap_the_task_as_prepare_py_does(tok, sources):
     # RULER's scripts/data/template.py, written out here independently of ctxeval's copy
     assert R.MODEL_TEMPLATES["meta-chat"] == "[INST] {task_template} [/INST]"
-    assert R.MODEL_TEMPLATES["meta-llama3"] == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n"
-                                                "{task_template}<|eot_id|><|start_header_id|>assistant"
-                                                "<|end_header_id|>\n\n")
+    assert R.MODEL_TEMPLATES["meta-llama3"] == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n"
+        "{task_template}<|eot_id|><|start_header_id|>assistant"
+        "<|end_header_id|>\n\n"
+    )
     assert len(R.MODEL_TEMPLATES) == 11 and R.MODEL_TEMPLATES["base"] == "{task_template}"
     niah = R.generate("niah_single_1", 1024, 1, tok, sources, model_template="meta-chat")[0]
     assert niah.input.startswith("[INST] A special magic number is hidden") and niah.input.endswith("? [/INST]")
     assert niah.answer_prefix.startswith(" The special magic number for ")  # the prefix follows the wrapper
     assert niah.length == count(tok, niah.prompt) + 128 <= 1024  # the wrapper's tokens count toward the length
     base = R.generate("niah_single_1", 1024, 1, tok, sources)[0]
-    assert niah.length > base.length and niah.input[len("[INST] "):].startswith(base.input[:200])
+    assert niah.length > base.length and niah.input[len("[INST] ") :].startswith(base.input[:200])
     vicuna = R.generate("niah_single_1", 1024, 1, tok, sources, model_template="vicuna-chat")[0]
     assert "polite answer to the user's questions" in vicuna.input  # prepare.py's singular rewrite hits the wrapper
     vt = R.generate("vt", 1024, 1, tok, sources, model_template="meta-chat")[0]
@@ -247,10 +296,14 @@ def test_model_templates_wrap_the_task_as_prepare_py_does(tok, sources):
 
 def test_cwe_words_past_wonderwords(tok, tmp_path, monkeypatch):
     listed = tmp_path / "american-english"
-    listed.write_text("Aaron\napple\ndog's\ncafé\napple\nzebra\n" + "".join(
-        f"w{chr(97 + i)}{chr(97 + j)}{chr(97 + k)}\n" for i in range(26) for j in range(26) for k in range(26)))
+    listed.write_text(
+        "Aaron\napple\ndog's\ncafé\napple\nzebra\n"
+        + "".join(
+            f"w{chr(97 + i)}{chr(97 + j)}{chr(97 + k)}\n" for i in range(26) for j in range(26) for k in range(26)
+        )
+    )
     words, source = R.english_words(listed)
-    assert words[:2] == ["apple", "zebra"] and len(words) == 2 + 26 ** 3  # lowercase a-z, once each, in file order
+    assert words[:2] == ["apple", "zebra"] and len(words) == 2 + 26**3  # lowercase a-z, once each, in file order
     assert source.startswith("american-english (17,578 words, sha256 ")
     as_json = tmp_path / "english_words.json"
     as_json.write_text('{"0": "Zed", "1": "apple", "2": "apple"}')
@@ -277,9 +330,17 @@ def test_samples_read_from_ruler_files_keep_token_position_answer(tmp_path):
     from ctxeval.evals.ruler.run import read_samples
 
     path = tmp_path / "validation.jsonl"
-    records = [{"index": 5, "input": "a 42 b", "outputs": ["42"], "length": 9, "answer_prefix": " A:",
-                "token_position_answer": 17},
-               {"index": 6, "input": "c 43 d", "outputs": ["43"], "length": 9, "answer_prefix": " A:"}]
+    records = [
+        {
+            "index": 5,
+            "input": "a 42 b",
+            "outputs": ["42"],
+            "length": 9,
+            "answer_prefix": " A:",
+            "token_position_answer": 17,
+        },
+        {"index": 6, "input": "c 43 d", "outputs": ["43"], "length": 9, "answer_prefix": " A:"},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     first, second = read_samples(path, "niah_single_1", 1024)
     assert first.record()["token_position_answer"] == 17

@@ -4,9 +4,9 @@ read from RULER-written files, batched generation equal to one prompt at a time,
 import json
 
 import pytest
+from conftest import tiny_llama
 from typer.testing import CliRunner
 
-from conftest import tiny_llama
 from ctxeval.cli import app
 from ctxeval.evals.ruler.run import RulerRunner
 
@@ -19,8 +19,25 @@ def _rows(run_dir):
 
 
 def _ruler(out, *extra):  # the bundled tiny model: RULER's prompts need a real tokenizer's lengths
-    return runner.invoke(app, ["ruler", "--model", "tiny", "--tasks", TASKS, "--lengths", "1k",
-                               "--samples", "2", "--device", "cpu", "--out", str(out), *extra])
+    return runner.invoke(
+        app,
+        [
+            "ruler",
+            "--model",
+            "tiny",
+            "--tasks",
+            TASKS,
+            "--lengths",
+            "1k",
+            "--samples",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            *extra,
+        ],
+    )
 
 
 def test_a_run_writes_rows_prompts_and_tables_and_resumes(tmp_path):
@@ -32,7 +49,9 @@ def test_a_run_writes_rows_prompts_and_tables_and_resumes(tmp_path):
     for r in rows:
         assert r["task"] == "ruler" and r["metric"] == "score" and r["value"] == r["score"]
         assert 0 <= r["score"] <= 1 and r["prompt_tokens"] <= 1024 and isinstance(r["outputs"], list)
-    samples = [json.loads(line) for line in (out / "samples" / "1024" / "vt" / "validation.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(line) for line in (out / "samples" / "1024" / "vt" / "validation.jsonl").read_text().splitlines()
+    ]
     assert [s["index"] for s in samples] == [0, 1]
     assert {"input", "outputs", "length", "answer_prefix"} <= set(samples[0])
     assert samples[0]["answer_prefix"].startswith(" Answer: According to the chain(s) of variable assignment")
@@ -48,9 +67,10 @@ def test_a_run_writes_rows_prompts_and_tables_and_resumes(tmp_path):
     failed = {**kept.pop(0), "status": "oom", "score": None, "value": None}  # this point ran out of memory
     (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*kept, failed]))
     assert _ruler(out, "-m", "dynamic-ntk").exit_code == 0
-    again = _rows(out)[len(kept) + 1:]
+    again = _rows(out)[len(kept) + 1 :]
     assert sorted((r["label"], r["ruler_task"], r["sample"]) for r in again) == sorted(
-        [("dynamic-ntk", "vt", 1), (failed["label"], failed["ruler_task"], failed["sample"])])
+        [("dynamic-ntk", "vt", 1), (failed["label"], failed["ruler_task"], failed["sample"])]
+    )
 
 
 def test_prompts_from_ruler_files(tmp_path):
@@ -58,8 +78,16 @@ def test_prompts_from_ruler_files(tmp_path):
     for task in TASKS.split(","):
         path = source / "1024" / task / "validation.jsonl"
         path.parent.mkdir(parents=True)
-        records = [{"index": 7, "input": f"Remember: the code is {n}42.\nWhat is the code?", "outputs": [f"{n}42"],
-                    "length": 30, "answer_prefix": " The code is"} for n in range(3)]  # RULER's niah repeats index
+        records = [
+            {
+                "index": 7,
+                "input": f"Remember: the code is {n}42.\nWhat is the code?",
+                "outputs": [f"{n}42"],
+                "length": 30,
+                "answer_prefix": " The code is",
+            }
+            for n in range(3)
+        ]  # RULER's niah repeats index
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "run"
     result = _ruler(out, "--samples-from", str(source))
@@ -77,17 +105,19 @@ def test_prompts_from_ruler_files(tmp_path):
     assert result.exit_code == 2 and "is missing" in result.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--tasks", "niah_single_9"], "unknown RULER task 'niah_single_9'"),
-    (["--samples", "0"], "--samples must be >= 1, got 0"),
-    (["--threshold", "120"], "--threshold must be in (0, 100], got 120.0"),
-    (["--tasks", "niah_single_2", "--lengths", "256"], "shorter than the task's smallest prompt"),
-    (["--template", "llama-chat"], "unknown RULER model template 'llama-chat'"),
-    (["--tasks", "cwe", "--cwe-words", "/nonexistent/words"], "--cwe-words /nonexistent/words: cannot read it"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tasks", "niah_single_9"], "unknown RULER task 'niah_single_9'"),
+        (["--samples", "0"], "--samples must be >= 1, got 0"),
+        (["--threshold", "120"], "--threshold must be in (0, 100], got 120.0"),
+        (["--tasks", "niah_single_2", "--lengths", "256"], "shorter than the task's smallest prompt"),
+        (["--template", "llama-chat"], "unknown RULER model template 'llama-chat'"),
+        (["--tasks", "cwe", "--cwe-words", "/nonexistent/words"], "--cwe-words /nonexistent/words: cannot read it"),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, args, message):
-    result = runner.invoke(app, ["ruler", "--model", "tiny", "--device", "cpu", "--out",
-                                 str(tmp_path / "r"), *args])
+    result = runner.invoke(app, ["ruler", "--model", "tiny", "--device", "cpu", "--out", str(tmp_path / "r"), *args])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.output
@@ -95,8 +125,26 @@ def test_bad_input_is_one_line(tmp_path, args, message):
 
 def test_a_chat_template_wraps_every_prompt_and_is_recorded(tmp_path):
     out = tmp_path / "chat"
-    result = runner.invoke(app, ["ruler", "--model", "tiny", "--tasks", "niah_single_1,vt", "--lengths", "1k",
-                                 "--samples", "1", "--template", "meta-chat", "--device", "cpu", "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "ruler",
+            "--model",
+            "tiny",
+            "--tasks",
+            "niah_single_1,vt",
+            "--lengths",
+            "1k",
+            "--samples",
+            "1",
+            "--template",
+            "meta-chat",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     for task in ("niah_single_1", "vt"):
         sample = json.loads((out / "samples" / "1024" / task / "validation.jsonl").read_text())
@@ -125,8 +173,10 @@ def test_essays_read_as_rulers_download_script_writes_them(tmp_path):
     from ctxeval.errors import CtxevalError
 
     (tmp_path / "PaulGrahamEssays.json").write_text(json.dumps({"text": "How to start. It is hard."}))
-    assert essay_text(tmp_path / "PaulGrahamEssays.json", "pydoc") == ("How to start. It is hard.",
-                                                                        "PaulGrahamEssays.json")
+    assert essay_text(tmp_path / "PaulGrahamEssays.json", "pydoc") == (
+        "How to start. It is hard.",
+        "PaulGrahamEssays.json",
+    )
     essays = tmp_path / "essays"
     essays.mkdir()
     (essays / "b.txt").write_text("Second.")
@@ -143,6 +193,7 @@ def test_qa_files_download_from_rulers_urls_or_fail_in_one_line(tmp_path, monkey
     from test_ruler import write_qa_files
 
     from ctxeval.evals.ruler import generate as R
+
     monkeypatch.setenv("CTXEVAL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(R.QA_URLS, "squad.json", [f"file://{tmp_path}/nowhere/squad.json"])  # unreachable
     args = ["ruler", "--model", "tiny", "--tasks", "qa_1", "--lengths", "4k", "--samples", "1", "--device", "cpu"]
@@ -155,7 +206,9 @@ def test_qa_files_download_from_rulers_urls_or_fail_in_one_line(tmp_path, monkey
     served = tmp_path / "served"
     served.mkdir()
     write_qa_files(served)
-    monkeypatch.setitem(R.QA_URLS, "squad.json", [f"file://{tmp_path}/nowhere/squad.json", f"file://{served}/squad.json"])
+    monkeypatch.setitem(
+        R.QA_URLS, "squad.json", [f"file://{tmp_path}/nowhere/squad.json", f"file://{served}/squad.json"]
+    )
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "online")])
     assert result.exit_code == 0, result.output
     cached = tmp_path / "cache" / "ruler-qa" / "squad.json"
@@ -172,8 +225,26 @@ def test_qa_tasks_with_rulers_files(tmp_path):
     qa.mkdir()
     write_qa_files(qa)
     out = tmp_path / "run"
-    result = runner.invoke(app, ["ruler", "--model", "tiny", "--tasks", "qa_1,qa_2", "--lengths", "4k", "--samples",
-                                 "1", "--qa-data", str(qa), "--device", "cpu", "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "ruler",
+            "--model",
+            "tiny",
+            "--tasks",
+            "qa_1,qa_2",
+            "--lengths",
+            "4k",
+            "--samples",
+            "1",
+            "--qa-data",
+            str(qa),
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert sorted(r["ruler_task"] for r in rows) == ["qa_1", "qa_2"]

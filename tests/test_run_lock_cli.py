@@ -19,14 +19,28 @@ from ctxeval.runs.store import RunStore
 
 runner = CliRunner()
 # a process that holds a run directory the way a measuring `ctxeval` does (RunStore locks it) and then waits
-HOLDER = ("import sys, time\nfrom ctxeval.runs.store import RunStore\n"
-          "store = RunStore(sys.argv[1], {'task': 'holder'}, overwrite=True)\nstore.start({})\n"
-          "print('holding', flush=True)\ntime.sleep(120)\n")
+HOLDER = (
+    "import sys, time\nfrom ctxeval.runs.store import RunStore\n"
+    "store = RunStore(sys.argv[1], {'task': 'holder'}, overwrite=True)\nstore.start({})\n"
+    "print('holding', flush=True)\ntime.sleep(120)\n"
+)
 
 
 def _ppl(model_dir, text_dir, out, *extra):
-    return ["ppl", "--model", str(model_dir), "--data", str(text_dir), "--lengths", "32,64", "--device", "cpu",
-            "--out", str(out), *extra]
+    return [
+        "ppl",
+        "--model",
+        str(model_dir),
+        "--data",
+        str(text_dir),
+        "--lengths",
+        "32,64",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.fixture

@@ -23,15 +23,47 @@ def test_smollm2_ppl_and_needle(tmp_path):
     if shutil.which("dpkg-deb") is None:
         pytest.skip("needs the austen corpus")
     out = tmp_path / "ppl"
-    result = runner.invoke(app, ["ppl", "--model", "smollm2", "--data", "austen", "--lengths", "512,1k",
-                                 "--method", "none", "--method", "yarn:factor=2", "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "ppl",
+            "--model",
+            "smollm2",
+            "--data",
+            "austen",
+            "--lengths",
+            "512,1k",
+            "--method",
+            "none",
+            "--method",
+            "yarn:factor=2",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     run = json.loads((out / "run.json").read_text())
     assert run["model"]["rope"]["original_length"] == 8192 and run["model"]["rope"]["base"] == 100000.0
     rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
     assert all(15 < r["ppl"] < 60 for r in rows)  # the start of Emma: about 33 at 1k
-    needle = runner.invoke(app, ["needle", "--model", "smollm2", "--haystack", "austen", "--lengths", "1k",
-                                 "--depths", "0,50,100", "--scoring", "forced", "--out", str(tmp_path / "n")])
+    needle = runner.invoke(
+        app,
+        [
+            "needle",
+            "--model",
+            "smollm2",
+            "--haystack",
+            "austen",
+            "--lengths",
+            "1k",
+            "--depths",
+            "0,50,100",
+            "--scoring",
+            "forced",
+            "--out",
+            str(tmp_path / "n"),
+        ],
+    )
     assert needle.exit_code == 0, needle.output
     correct = [json.loads(l)["correct"] for l in (tmp_path / "n" / "rows.jsonl").read_text().splitlines()]
     assert sum(correct) >= 2
@@ -44,8 +76,8 @@ def test_smollm2_fast_attention_kernels_equal_the_chunked_reference(monkeypatch)
     pytest.importorskip("gguf")
     import torch
 
-    from ctxeval.attention.patching import attention_methods
     from ctxeval.attention.kernels import KERNEL_ENV
+    from ctxeval.attention.patching import attention_methods
     from ctxeval.models.load import load_model
     from ctxeval.rope.patching import find_rotary_modules
     from ctxeval.specs import expand_specs
@@ -62,8 +94,13 @@ def test_smollm2_fast_attention_kernels_equal_the_chunked_reference(monkeypatch)
             return torch.log_softmax(lm.model(input_ids=ids).logits.float(), -1)
 
     noise = (logprobs("none", "") - logprobs("none", "", "eager")).abs().max()
-    for text in ("self-extend:group_size=4,neighbor_window=500", "self-extend:group_size=3,neighbor_window=700",
-                 "rerope:window=333,length=512", "leaky-rerope:window=400,k=8,logn=false", "logn:length=512"):
+    for text in (
+        "self-extend:group_size=4,neighbor_window=500",
+        "self-extend:group_size=3,neighbor_window=700",
+        "rerope:window=333,length=512",
+        "leaky-rerope:window=400,k=8,logn=false",
+        "logn:length=512",
+    ):
         diff = (logprobs(text, "") - logprobs(text, "chunked")).abs().max()
         print(f"{text}: max |fast - chunked| of log-probs {diff:.2e} (sdpa vs eager, no method: {noise:.2e})")
         assert diff < max(1e-4, 2 * noise), text
@@ -108,13 +145,17 @@ def test_smollm2_fused_attention_on_real_activations_equals_the_reference():
         mapping["sdpa"] = original
     pos = torch.arange(2000)[None]
     worst = {}
-    for text in ("self-extend:group_size=4,neighbor_window=512", "self-extend:group_size=3,neighbor_window=700",
-                 "self-extend:group_size=8,neighbor_window=1000+logn:length=1024", "rerope:window=333,length=512",
-                 "leaky-rerope:window=400,k=8,logn=false"):
+    for text in (
+        "self-extend:group_size=4,neighbor_window=512",
+        "self-extend:group_size=3,neighbor_window=700",
+        "self-extend:group_size=8,neighbor_window=1000+logn:length=1024",
+        "rerope:window=333,length=512",
+        "leaky-rerope:window=400,k=8,logn=false",
+    ):
         specs = expand_specs([text])[0].attention
         for query, key, value in captured:
-            got = fused_attend(query, key, value, pos, pos, None, 64 ** -0.5, inv_freq, specs, 8192)
-            want = attend(query, key, value, pos, pos, None, 64 ** -0.5, inv_freq, specs, 8192)
+            got = fused_attend(query, key, value, pos, pos, None, 64**-0.5, inv_freq, specs, 8192)
+            want = attend(query, key, value, pos, pos, None, 64**-0.5, inv_freq, specs, 8192)
             worst[text] = max(worst.get(text, 0.0), float((got - want).abs().max()))
     print({k: f"{v:.2e}" for k, v in worst.items()}, f"over layers 0, 7, 14, 21, 28 ({len(captured)} calls)")
     assert len(captured) == 5 and max(worst.values()) < 1e-5

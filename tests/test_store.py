@@ -29,8 +29,13 @@ def test_a_torn_last_line_is_closed_before_the_next_row_and_skipped_on_reading(t
         with open(store.rows_path, "a", encoding="utf-8") as fh:
             fh.write('{"i": 1, "tor')  # the process died mid-write
         store.append([{"i": 2}, {"i": 3, "text": "Émile — naïve"}])
-        assert lines(store.rows_path) == ['{"i": 0}', '{"i": 1, "tor', '{"i": 2}',
-                                          '{"i": 3, "text": "\\u00c9mile \\u2014 na\\u00efve"}', ""]
+        assert lines(store.rows_path) == [
+            '{"i": 0}',
+            '{"i": 1, "tor',
+            '{"i": 2}',
+            '{"i": 3, "text": "\\u00c9mile \\u2014 na\\u00efve"}',
+            "",
+        ]
         assert store.rows() == [{"i": 0}, {"i": 2}, {"i": 3, "text": "Émile — naïve"}]  # past the torn line too
         store.append([{"i": 4}])  # after a complete line nothing is inserted
         assert lines(store.rows_path)[-3:] == ['{"i": 3, "text": "\\u00c9mile \\u2014 na\\u00efve"}', '{"i": 4}', ""]
@@ -67,8 +72,9 @@ def test_rank_files_are_read_and_merged_in_rank_order(tmp_path):
             RunStore(store.dir, {"t": 1}, rank=r).append([{"rank": r}, {"rank": r, "second": True}])
         (store.dir / "rows.rank0.jsonl").write_text('{"rank": 0}\n{"rank": 0, "second": true}\n')
         (store.dir / "rows.rankX.jsonl").write_text('{"rank": "X"}\n')  # not a rank number: read first
-        expected = ([{"rank": "main"}, {"rank": "X"}]
-                    + [row for r in ranks for row in ({"rank": r}, {"rank": r, "second": True})])
+        expected = [{"rank": "main"}, {"rank": "X"}] + [
+            row for r in ranks for row in ({"rank": r}, {"rank": r, "second": True})
+        ]
         assert store.rows() == expected
         store.merge_rank_files()
         assert read_rows(store.rows_path) == expected and store.rows() == expected
@@ -90,22 +96,38 @@ def test_run_json_record_and_the_history_of_earlier_starts(tmp_path, monkeypatch
     with RunStore(tmp_path / "r", spec) as store:
         store.start({"model": Path("/models/m")})
         first = json.loads(store.run_path.read_text())
-        assert first == {"status": "running", "started": "2026-01-01T00:00:00+00:00", "finished": None,
-                         "spec": {"task": "ppl", "lengths": [32, 64]}, "model": "/models/m",
-                         "environment": {"machine": "first"}, "history": []}
+        assert first == {
+            "status": "running",
+            "started": "2026-01-01T00:00:00+00:00",
+            "finished": None,
+            "spec": {"task": "ppl", "lengths": [32, 64]},
+            "model": "/models/m",
+            "environment": {"machine": "first"},
+            "history": [],
+        }
         assert store.run_path.read_text() == json.dumps(first, indent=2)  # readable by a person
         store.finish("error", error="boom", rows=3)
         ended = json.loads(store.run_path.read_text())
         assert (ended["status"], ended["finished"], ended["error"], ended["rows"]) == (
-            "error", "2026-01-01T00:01:00+00:00", "boom", 3)
+            "error",
+            "2026-01-01T00:01:00+00:00",
+            "boom",
+            3,
+        )
         assert not (store.dir / "run.json.tmp").exists()
     monkeypatch.setattr(store_module, "environment", lambda: {"machine": "second"})
     with RunStore(tmp_path / "r", spec) as again:  # the same spec: a resume
         again.start({"model": "/models/m"})
         record = json.loads(again.run_path.read_text())
-    assert record["history"] == [{"status": "error", "started": "2026-01-01T00:00:00+00:00",
-                                  "finished": "2026-01-01T00:01:00+00:00", "error": "boom",
-                                  "environment": {"machine": "first"}}]
+    assert record["history"] == [
+        {
+            "status": "error",
+            "started": "2026-01-01T00:00:00+00:00",
+            "finished": "2026-01-01T00:01:00+00:00",
+            "error": "boom",
+            "environment": {"machine": "first"},
+        }
+    ]
     assert record["status"] == "running" and record["environment"] == {"machine": "second"}
     assert record["started"] == "2026-01-01T00:02:00+00:00" and record["finished"] is None
     monkeypatch.setattr(store_module, "now_utc", lambda: "2026-01-01T00:03:00+00:00")
@@ -116,11 +138,14 @@ def test_run_json_record_and_the_history_of_earlier_starts(tmp_path, monkeypatch
     assert history[1]["environment"] == {"machine": "second"} and history[1]["status"] == "running"
 
 
-@pytest.mark.parametrize("raised, status, error", [
-    (None, "success", None),
-    (KeyboardInterrupt, "interrupted", "interrupted by the user (Ctrl-C); rerun the same command to resume"),
-    (ValueError("bad length"), "error", "ValueError: bad length"),
-])
+@pytest.mark.parametrize(
+    "raised, status, error",
+    [
+        (None, "success", None),
+        (KeyboardInterrupt, "interrupted", "interrupted by the user (Ctrl-C); rerun the same command to resume"),
+        (ValueError("bad length"), "error", "ValueError: bad length"),
+    ],
+)
 def test_run_status_finalises_whatever_happens(tmp_path, raised, status, error):
     with RunStore(tmp_path / "r", {"t": 1}) as store:
         store.start({})
@@ -147,8 +172,13 @@ def test_now_utc_is_utc_to_the_second():
     assert abs((dt.datetime.now(dt.timezone.utc) - parsed).total_seconds()) < 5
 
 
-@pytest.mark.parametrize("kernels_on, kernels", [((True, True, True, True), ["flash", "mem_efficient", "cudnn", "math"]),
-                                                 ((False, True, False, True), ["mem_efficient", "math"])])
+@pytest.mark.parametrize(
+    "kernels_on, kernels",
+    [
+        ((True, True, True, True), ["flash", "mem_efficient", "cudnn", "math"]),
+        ((False, True, False, True), ["mem_efficient", "math"]),
+    ],
+)
 def test_environment_is_what_this_process_runs_on(monkeypatch, kernels_on, kernels):
     import torch
 
@@ -160,20 +190,36 @@ def test_environment_is_what_this_process_runs_on(monkeypatch, kernels_on, kerne
     monkeypatch.setattr(store_module, "version", version_without_gguf)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: {0: SimpleNamespace(
-        name="NVIDIA H200", total_memory=int(139.83 * 2**30), major=9, minor=0)}[i])  # the first GPU's
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: {0: SimpleNamespace(name="NVIDIA H200", total_memory=int(139.83 * 2**30), major=9, minor=0)}[i],
+    )  # the first GPU's
     for kernel, on in zip(("flash", "mem_efficient", "cudnn", "math"), kernels_on):
         monkeypatch.setattr(torch.backends.cuda, f"{kernel}_sdp_enabled", lambda on=on: on)
     env = environment()
-    expected_versions = {name: version(name) for name in ("ctxeval", "torch", "transformers", "datasets", "numpy",
-                                                           "accelerate") if _installed(name)}
+    expected_versions = {
+        name: version(name)
+        for name in ("ctxeval", "torch", "transformers", "datasets", "numpy", "accelerate")
+        if _installed(name)
+    }
     assert {k: v for k, v in env["versions"].items() if v is not None} == expected_versions
     assert set(env["versions"]) == {"ctxeval", "torch", "transformers", "datasets", "numpy", "accelerate", "gguf"}
     assert env["versions"]["gguf"] is None
-    assert env["gpu"] == {"name": "NVIDIA H200", "memory_gib": 139.8, "count": 2, "capability": "9.0",
-                          "sdpa_kernels": kernels}
+    assert env["gpu"] == {
+        "name": "NVIDIA H200",
+        "memory_gib": 139.8,
+        "count": 2,
+        "capability": "9.0",
+        "sdpa_kernels": kernels,
+    }
     assert (env["python"], env["platform"], env["machine"], env["cpu_count"], env["argv"]) == (
-        platform.python_version(), platform.platform(), platform.machine(), os.cpu_count(), sys.argv)
+        platform.python_version(),
+        platform.platform(),
+        platform.machine(),
+        os.cpu_count(),
+        sys.argv,
+    )
 
 
 def test_the_git_commit_of_the_checkout_ctxeval_runs_from(tmp_path, monkeypatch):
@@ -183,8 +229,12 @@ def test_the_git_commit_of_the_checkout_ctxeval_runs_from(tmp_path, monkeypatch)
     assert environment()["git_commit"] is None  # not a git checkout (an installed wheel, a copied tree)
 
     def git(*args):
-        return subprocess.run(["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-                              capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
 
     git("init", "-q")
     (checkout / "ctxeval" / "runs/store.py").write_text("x = 1\n")
@@ -245,18 +295,22 @@ def test_refusals_name_what_to_do(tmp_path):
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(store_module.CtxevalError) as caught:
         RunStore(tmp_path / "other", {"t": 1})
-    assert str(caught.value) == (f"{tmp_path / 'other'} exists and is not a ctxeval run directory; use another --out "
-                                 "or --overwrite")
+    assert str(caught.value) == (
+        f"{tmp_path / 'other'} exists and is not a ctxeval run directory; use another --out or --overwrite"
+    )
     with RunStore(tmp_path / "r", {"task": "ppl", "lengths": [32], "seed": 0}) as store:
         store.start({})
     with pytest.raises(store_module.CtxevalError) as caught:
         RunStore(tmp_path / "r", {"task": "ppl", "lengths": [64], "bos": True})
-    assert str(caught.value) == (f"{tmp_path / 'r'} holds a run with a different spec (differs in: bos, lengths, seed); "
-                                 "use another --out, or --overwrite to replace it")
+    assert str(caught.value) == (
+        f"{tmp_path / 'r'} holds a run with a different spec (differs in: bos, lengths, seed); "
+        "use another --out, or --overwrite to replace it"
+    )
     with pytest.raises(store_module.CtxevalError) as caught:
         RunStore(tmp_path / "r", {"task": "ppl", "lengths": [64]}, rank=1)
-    assert str(caught.value) == (f"{tmp_path / 'r'}: run.json holds another spec than this rank's; all ranks must run "
-                                 "one command")
+    assert str(caught.value) == (
+        f"{tmp_path / 'r'}: run.json holds another spec than this rank's; all ranks must run one command"
+    )
     assert json.loads((tmp_path / "r" / "run.json").read_text())["spec"]["lengths"] == [32]  # nothing replaced
 
 

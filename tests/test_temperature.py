@@ -5,13 +5,13 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
-from transformers import BloomConfig, BloomForCausalLM, GPT2Config, GPT2LMHeadModel
-
 from conftest import build_tokenizer, tiny_llama
+from transformers import BloomConfig, BloomForCausalLM, GPT2Config, GPT2LMHeadModel
+from typer.testing import CliRunner
+
+from ctxeval.attention.patching import attention_temperature
 from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
-from ctxeval.attention.patching import attention_temperature
 
 runner = CliRunner()
 IDS = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(0))
@@ -21,10 +21,12 @@ def _models():
     torch.manual_seed(0)
     return {
         "llama": tiny_llama(vocab_size=64, attn_implementation="eager"),
-        "gpt2": GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=64,
-                                           attn_implementation="eager")).eval(),
-        "bloom": BloomForCausalLM(BloomConfig(hidden_size=32, n_layer=2, n_head=2, vocab_size=64,
-                                              attn_implementation="eager")).eval(),
+        "gpt2": GPT2LMHeadModel(
+            GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=64, attn_implementation="eager")
+        ).eval(),
+        "bloom": BloomForCausalLM(
+            BloomConfig(hidden_size=32, n_layer=2, n_head=2, vocab_size=64, attn_implementation="eager")
+        ).eval(),
     }
 
 
@@ -77,10 +79,28 @@ def test_bad_values_and_unknown_modules():
 
 def test_cli_sweeps_and_records_temperature(tmp_path, text_dir):
     tok = build_tokenizer()
-    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tok), n_positions=128)).save_pretrained(tmp_path / "gpt2")
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tok), n_positions=128)).save_pretrained(
+        tmp_path / "gpt2"
+    )
     tok.save_pretrained(tmp_path / "gpt2")
-    result = runner.invoke(app, ["ppl", "--model", str(tmp_path / "gpt2"), "--data", str(text_dir), "--lengths", "32,64",
-                                 "--method", "none", "--attention-temperature", "1,1.5", "--out", str(tmp_path / "r")])
+    result = runner.invoke(
+        app,
+        [
+            "ppl",
+            "--model",
+            str(tmp_path / "gpt2"),
+            "--data",
+            str(text_dir),
+            "--lengths",
+            "32,64",
+            "--method",
+            "none",
+            "--attention-temperature",
+            "1,1.5",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     run = json.loads((tmp_path / "r" / "run.json").read_text())
     assert run["spec"]["methods"] == ["none", "none(attention_temperature=1.5)"]
@@ -90,15 +110,31 @@ def test_cli_sweeps_and_records_temperature(tmp_path, text_dir):
     assert by[("none(attention_temperature=1.5)", 64)]["params"] == {"attention_temperature": 1.5}
     assert by[("none", 64)]["params"] == {}
     assert by[("none", 64)]["ppl"] != by[("none(attention_temperature=1.5)", 64)]["ppl"]
-    bad = runner.invoke(app, ["ppl", "--model", str(tmp_path / "gpt2"), "--data", str(text_dir), "--lengths", "32",
-                              "--attention-temperature", "0", "--out", str(tmp_path / "b")])
+    bad = runner.invoke(
+        app,
+        [
+            "ppl",
+            "--model",
+            str(tmp_path / "gpt2"),
+            "--data",
+            str(text_dir),
+            "--lengths",
+            "32",
+            "--attention-temperature",
+            "0",
+            "--out",
+            str(tmp_path / "b"),
+        ],
+    )
     assert bad.exit_code == 2 and "must be > 0" in bad.output
 
 
 def test_bloom_alibi_baseline_through_the_cli(tmp_path, text_dir):
     """ALiBi (no RoPE, no sdpa path in transformers): eager fallback with a note, method none, temperature recorded."""
     tok = build_tokenizer()
-    BloomForCausalLM(BloomConfig(hidden_size=32, n_layer=2, n_head=2, vocab_size=len(tok))).save_pretrained(tmp_path / "bloom")
+    BloomForCausalLM(BloomConfig(hidden_size=32, n_layer=2, n_head=2, vocab_size=len(tok))).save_pretrained(
+        tmp_path / "bloom"
+    )
     tok.save_pretrained(tmp_path / "bloom")
     base = ["--model", str(tmp_path / "bloom"), "--data", str(text_dir), "--lengths", "32,64"]
     result = runner.invoke(app, ["ppl", *base, "--attention-temperature", "1,2", "--out", str(tmp_path / "r")])
@@ -120,7 +156,15 @@ def test_a_scale_the_forward_never_reads_is_refused():
     from ctxeval.attention.patching import supports_temperature
 
     torch.manual_seed(0)
-    falcon = FalconForCausalLM(FalconConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
-                                            alibi=False, new_decoder_architecture=False)).eval()
+    falcon = FalconForCausalLM(
+        FalconConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            vocab_size=64,
+            alibi=False,
+            new_decoder_architecture=False,
+        )
+    ).eval()
     assert not supports_temperature(falcon)
     assert supports_temperature(tiny_llama(vocab_size=64))

@@ -21,6 +21,7 @@ runner = CliRunner()
 
 # -- progress: ETA ----------------------------------------------------------------------------------------------------
 
+
 def test_the_remaining_time_is_the_rate_so_far_and_unknown_before_a_point():
     assert C.remaining_seconds(10.0, 0, 100) is None  # nothing done: no rate
     assert C.remaining_seconds(10.0, 25, 100) == pytest.approx(30.0)  # 25 units in 10 s, 75 left
@@ -73,6 +74,7 @@ def test_the_live_bar_has_an_eta_column_that_says_unknown_before_the_first_point
 
 # -- progress: which sample ------------------------------------------------------------------------------------------
 
+
 def test_numbered_names_one_item_a_run_or_a_set():
     assert numbered("sample", [3], 25) == "sample 3/25"
     assert numbered("sample", [2, 1, 3, 4], 25) == "samples 1-4/25"
@@ -114,16 +116,21 @@ def test_needle_and_passkey_progress_name_each_prompt(monkeypatch):
     runner_.cfg = N.NeedleConfig((600,), (0.0, 50.0), samples=2)
     two = items((1, 0, 50.0)), items((1, 1, 50.0))  # one depth, two samples: printed alike before
     assert [runner_.describe(spec, c, [{"correct": 1}]) for c in two] == [
-        "none L=600 depth 50% sample 1/2 ok", "none L=600 depth 50% sample 2/2 ok"]
+        "none L=600 depth 50% sample 1/2 ok",
+        "none L=600 depth 50% sample 2/2 ok",
+    ]
     batch = items((0, 1, 0.0), (1, 0, 50.0))
     assert runner_.describe(spec, batch, [{"correct": 0}, {"correct": 1}]) == (
-        "none L=600 prompts 2-3/4 (depth 0-50%) 1/2 ok")
+        "none L=600 prompts 2-3/4 (depth 0-50%) 1/2 ok"
+    )
     runner_.cfg = N.NeedleConfig((600,), (), samples=10, random_depth=True)  # passkey: one drawn depth per sample
     assert runner_.describe(spec, items((0, 3, 12.5), (0, 7, 80.0)), [{"correct": 1}] * 2) == (
-        "none L=600 samples 4,8/10 (depth 12.5-80%) 2/2 ok")
+        "none L=600 samples 4,8/10 (depth 12.5-80%) 2/2 ok"
+    )
 
 
 # -- the summary line ------------------------------------------------------------------------------------------------
+
 
 def _row(label, length, status="ok", **extra):
     return {"model": "m", "label": label, "length": length, "doc": "d", "status": status, **extra}
@@ -131,8 +138,12 @@ def _row(label, length, status="ok", **extra):
 
 def test_tally_counts_points_measured_now_reused_and_failed():
     before = [_row("none", 64, nll=1.0), _row("none", 128, status="oom")]
-    after = before + [_row("none", 128, nll=2.0), _row("yarn", 64, nll=3.0), _row("yarn", 128, status="oom"),
-                      _row("pi", 128, status="skipped")]
+    after = before + [
+        _row("none", 128, nll=2.0),
+        _row("yarn", 64, nll=3.0),
+        _row("yarn", 128, status="oom"),
+        _row("pi", 128, status="skipped"),
+    ]
     counts = tally(before, after, "ppl")
     assert (counts.measured, counts.reused, counts.failed) == (2, 1, {"oom": 1, "skipped": 1})
     assert str(counts) == ("2 points measured, 1 reused from an earlier run, 2 failed (1 out of memory, 1 skipped)")
@@ -148,12 +159,16 @@ def test_a_run_ends_with_one_summary_line_and_a_resume_says_what_it_reused(tmp_p
     assert first.exit_code == 0, first.output
     last = first.stderr.strip().splitlines()[-1]
     assert last.startswith("done in ") and last.endswith(
-        f": 2 points measured, 0 reused from an earlier run, 0 failed; {out}/table.md")
+        f": 2 points measured, 0 reused from an earlier run, 0 failed; {out}/table.md"
+    )
     rows = (out / "rows.jsonl").read_text().splitlines()
     (out / "rows.jsonl").write_text(rows[0] + "\n")  # one point lost: the resume measures it alone
     again = runner.invoke(app, args)
-    assert again.stderr.strip().splitlines()[-1].endswith(
-        f": 1 point measured, 1 reused from an earlier run, 0 failed; {out}/table.md")
+    assert (
+        again.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f": 1 point measured, 1 reused from an earlier run, 0 failed; {out}/table.md")
+    )
 
 
 def test_an_interrupted_run_says_what_it_kept_before_the_interruption(tmp_path, monkeypatch):
@@ -171,11 +186,13 @@ def test_an_interrupted_run_says_what_it_kept_before_the_interruption(tmp_path, 
     assert result.exit_code == 130
     stopped, interrupted = result.stderr.strip().splitlines()[-2:]
     assert stopped.startswith("stopped after ") and stopped.endswith(
-        f": 2 points measured, 0 reused from an earlier run, 0 failed; kept in {out}")
+        f": 2 points measured, 0 reused from an earlier run, 0 failed; kept in {out}"
+    )
     assert interrupted.startswith("interrupted:")
 
 
 # -- tables ----------------------------------------------------------------------------------------------------------
+
 
 def _store(tmp_path, task, rows):
     from ctxeval.runs.store import RunStore
@@ -190,10 +207,16 @@ def test_ruler_prints_the_per_task_scores_of_table_md(tmp_path):
     from ctxeval.specs import expand_specs
 
     specs, tasks, lengths = expand_specs(["none", "yarn:factor=2"]), ["niah_single_1", "vt", "cwe"], [1024, 2048]
-    score = {(s.label, t, L): (i * 7 + j * 3 + k) % 10 / 10 for i, s in enumerate(specs) for j, t in enumerate(tasks)
-             for k, L in enumerate(lengths)}  # every cell its own number: a mixed-up cell shows
-    rows = [{"model": "tiny", "label": label, "ruler_task": t, "length": L, "sample": 0, "status": "ok", "score": v}
-            for (label, t, L), v in score.items()]
+    score = {
+        (s.label, t, L): (i * 7 + j * 3 + k) % 10 / 10
+        for i, s in enumerate(specs)
+        for j, t in enumerate(tasks)
+        for k, L in enumerate(lengths)
+    }  # every cell its own number: a mixed-up cell shows
+    rows = [
+        {"model": "tiny", "label": label, "ruler_task": t, "length": L, "sample": 0, "status": "ok", "score": v}
+        for (label, t, L), v in score.items()
+    ]
     store = _store(tmp_path, "ruler", rows)
     outputs = render_ruler(store, specs, tasks, 128, 85.6, 1, "tiny: RULER")
     per_task = outputs.tables[1]
@@ -213,8 +236,19 @@ def test_passkey_prints_its_context_table(tmp_path):
     from ctxeval.report.single import render_retrieval
     from ctxeval.specs import expand_specs
 
-    rows = [{"model": "tiny", "label": "none", "length": L, "depth": 50.0, "sample": s, "status": "ok",
-             "correct": int(L == 256 or s == 0)} for L in (256, 512) for s in range(2)]
+    rows = [
+        {
+            "model": "tiny",
+            "label": "none",
+            "length": L,
+            "depth": 50.0,
+            "sample": s,
+            "status": "ok",
+            "correct": int(L == 256 or s == 0),
+        }
+        for L in (256, 512)
+        for s in range(2)
+    ]
     store = _store(tmp_path, "passkey", rows)
     outputs = render_retrieval(store, "passkey", expand_specs(["none"]), 128, 0.8, "tiny: passkey")
     context = outputs.tables[1]
@@ -226,10 +260,19 @@ def test_passkey_prints_its_context_table(tmp_path):
 def test_a_wide_table_fits_80_columns_with_every_cell_whole(monkeypatch):
     buffer = io.StringIO()
     monkeypatch.setattr(C, "out", Console(file=buffer, width=80, highlight=False, soft_wrap=True, emoji=False))
-    headers = ["method", "reference length", "ppl at reference", "longest within 10% of own ppl", "x original",
-               "longest within 10% of none", "x original (vs base)"]
-    rows = [["none", "128", "55.94", "128", "1.00", "128", "1.00"],
-            ["yarn(beta_fast=4,beta_slow=0.25,factor=2)", "1,024", "155.78", "2,048", "16.00", "128", "1.00"]]
+    headers = [
+        "method",
+        "reference length",
+        "ppl at reference",
+        "longest within 10% of own ppl",
+        "x original",
+        "longest within 10% of none",
+        "x original (vs base)",
+    ]
+    rows = [
+        ["none", "128", "55.94", "128", "1.00", "128", "1.00"],
+        ["yarn(beta_fast=4,beta_slow=0.25,factor=2)", "1,024", "155.78", "2,048", "16.00", "128", "1.00"],
+    ]
     C.print_table("valid length", None, headers, rows)
     text = buffer.getvalue()
     assert max(len(line) for line in text.splitlines()) <= 80
@@ -240,6 +283,7 @@ def test_a_wide_table_fits_80_columns_with_every_cell_whole(monkeypatch):
 
 
 # -- messages that do not apply --------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def records():
@@ -274,13 +318,14 @@ def test_the_generation_length_reminder_is_silenced_and_nothing_else(records):
 
 def test_lm_eval_runs_without_the_loaded_model_warnings(tmp_path, caplog, records):
     pytest.importorskip("lm_eval")
-    (tmp_path / "gen.jsonl").write_text(json.dumps({"context": "The word is plum. " + "The sky is blue. " * 40,
-                                                    "answer": "plum"}) + "\n")
+    (tmp_path / "gen.jsonl").write_text(
+        json.dumps({"context": "The word is plum. " + "The sky is blue. " * 40, "answer": "plum"}) + "\n"
+    )
     (tmp_path / "gen.yaml").write_text(f"""task: ctxeval_terminal_gen
 dataset_path: json
 dataset_kwargs:
   data_files:
-    test: {tmp_path / 'gen.jsonl'}
+    test: {tmp_path / "gen.jsonl"}
 test_split: test
 output_type: generate_until
 doc_to_text: "{{{{context}}}} Answer:"
@@ -293,8 +338,22 @@ metric_list:
   - metric: exact_match
 """)
     caplog.set_level(logging.WARNING, logger="lm_eval")
-    result = runner.invoke(app, ["lm-eval", "--model", "tiny", "--tasks", "ctxeval_terminal_gen", "--include-path",
-                                 str(tmp_path), "--max-length", "256", "--out", str(tmp_path / "run")])
+    result = runner.invoke(
+        app,
+        [
+            "lm-eval",
+            "--model",
+            "tiny",
+            "--tasks",
+            "ctxeval_terminal_gen",
+            "--include-path",
+            str(tmp_path),
+            "--max-length",
+            "256",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     lm_eval_warnings = [r.getMessage() for r in caplog.records if r.name == "lm_eval.models.huggingface"]
     assert not any("pretrained" in m for m in lm_eval_warnings), lm_eval_warnings

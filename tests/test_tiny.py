@@ -65,7 +65,9 @@ def test_tokenizer_bos_and_digits(bundled):
     assert not getattr(tok, "chat_template", None)  # ctxeval needle then builds plain prompts
     ids = tok(" 1234567", add_special_tokens=False)["input_ids"]
     assert tok.convert_ids_to_tokens(ids) == ["\u0120", "1", "2", "3", "4", "5", "6", "7"]
-    assert tok(" 7654321.", add_special_tokens=False)["input_ids"][1:8] == [tok.convert_tokens_to_ids(d) for d in "7654321"]
+    assert tok(" 7654321.", add_special_tokens=False)["input_ids"][1:8] == [
+        tok.convert_tokens_to_ids(d) for d in "7654321"
+    ]
     assert tok("x")["input_ids"][0] == tok.bos_token_id
     text = "def f(x):\n    return x ** 2  # 1234567"
     assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
@@ -132,17 +134,31 @@ def test_held_out_text_never_in_training_texts():
 def _small_cfg(**kw):
     from ctxeval.tiny.train import TinyConfig
 
-    base = dict(length=256, vocab_size=700, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                steps=3, batch_size=4, warmup=1, seed=0,
-                mix={"lm": 0.25, "needle": 0.25, "recall": 0.25, "repeat": 0.25})
+    base = dict(
+        length=256,
+        vocab_size=700,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=2,
+        steps=3,
+        batch_size=4,
+        warmup=1,
+        seed=0,
+        mix={"lm": 0.25, "needle": 0.25, "recall": 0.25, "repeat": 0.25},
+    )
     return TinyConfig(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
 def small_corpus():
     topics = D.training_topics()
-    return {"pydoc": [t for _, t in topics[:30]], "docstrings": [t for _, t in topics[30:45]],
-            "sources": [t for _, t in topics[45:]], "retrieval": D.retrieval_lines(200)}
+    return {
+        "pydoc": [t for _, t in topics[:30]],
+        "docstrings": [t for _, t in topics[30:45]],
+        "sources": [t for _, t in topics[45:]],
+        "retrieval": D.retrieval_lines(200),
+    }
 
 
 def test_retrieval_sequences_match_the_needle_layout(small_corpus):

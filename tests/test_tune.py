@@ -34,8 +34,20 @@ SMALL = ["--target-length", str(TARGET), "--tune-docs", "1", "--heldout-docs", "
 # the shared yarn search: 2 tuning documents (a token-weighted mean over more than one), a guard loose enough that
 # some trials keep it and some do not (at s = 2 the defaults raise the ppl at 128 by ~20%)
 TOLERANCE = 0.2
-YARN_ARGS = ["--target-length", str(TARGET), "--tune-docs", "2", "--heldout-docs", "1", "--trials", "15",
-             "--short-tolerance", str(TOLERANCE), "--seed", "0"]
+YARN_ARGS = [
+    "--target-length",
+    str(TARGET),
+    "--tune-docs",
+    "2",
+    "--heldout-docs",
+    "1",
+    "--trials",
+    "15",
+    "--short-tolerance",
+    str(TOLERANCE),
+    "--seed",
+    "0",
+]
 STUDY = "ctxeval-tune"
 
 
@@ -111,8 +123,21 @@ def yarn_run(tmp_path_factory, module_cache):
 def longrope_run(tmp_path_factory, module_cache):
     """LongRoPE with a small NSGA-II population, so that later trials are offspring (crossover, mutation)."""
     base = tmp_path_factory.mktemp("tune-longrope")
-    result = tune("-m", "longrope", *SMALL, "--trials", "14", "--population", "4", "--short-tolerance", "0.5",
-                  "--out", base / "run", "--export", base / "export")
+    result = tune(
+        "-m",
+        "longrope",
+        *SMALL,
+        "--trials",
+        "14",
+        "--population",
+        "4",
+        "--short-tolerance",
+        "0.5",
+        "--out",
+        base / "run",
+        "--export",
+        base / "export",
+    )
     assert result.exit_code == 0, result.output
     return SimpleNamespace(dir=base / "run", export=base / "export", result=result)
 
@@ -137,8 +162,11 @@ def test_yarn_space_searches_betas_and_attention_factor_at_fixed_factor():
     assert space.factor == 1024 / TRAINED == 8.0
     assert space.base.params["factor"] == 8.0
     got = {d.key: (d.kind, d.low, d.high, d.log) for d in space.dims}
-    assert got == {"beta_fast": (float, 0.5, 128.0, True), "beta_slow": (float, 0.01, 16.0, True),
-                   "attention_factor": (float, 0.8, 1.6, False)}
+    assert got == {
+        "beta_fast": (float, 0.5, 128.0, True),
+        "beta_slow": (float, 0.01, 16.0, True),
+        "attention_factor": (float, 0.8, 1.6, False),
+    }
     assert space.pairs == 16 and not space.vector
 
 
@@ -167,16 +195,21 @@ def test_ntk_alpha_range_is_relative_to_the_factor(target, low, high):
 def test_self_extend_neighbor_window_is_relative_to_the_trained_length_and_integer(trained):
     """neighbor_window in [L/16, L], whole numbers; group_size in [2, 64]. Bug caught: scale by the factor instead of
     L (or the target), or the int kind lost (a window of 23.7 positions)."""
-    from ctxeval.rope.methods import Geometry
     from ctxeval.evals.tune.space import build_space
+    from ctxeval.rope.methods import Geometry
 
     space = build_space(one_spec("yarn+self-extend"), Geometry(32, 100000.0, trained), trained * 8)
     dims = {d.key: d for d in space.dims}
     window, group = dims["self-extend.neighbor_window"], dims["self-extend.group_size"]
     assert (window.kind, window.low, window.high) == (int, trained / 16, trained)
     assert (group.kind, group.low, group.high) == (int, 2, 64)
-    snapped = space.snap({**{k: (d.low + d.high) / 2 for k, d in dims.items()}, "self-extend.neighbor_window": 23.7,
-                          "self-extend.group_size": 4})
+    snapped = space.snap(
+        {
+            **{k: (d.low + d.high) / 2 for k, d in dims.items()},
+            "self-extend.neighbor_window": 23.7,
+            "self-extend.group_size": 4,
+        }
+    )
     assert snapped["self-extend.neighbor_window"] == 23 and isinstance(snapped["self-extend.neighbor_window"], int)
     spec = space.spec(snapped)
     assert spec.attention[0].params["neighbor_window"] == 23
@@ -208,7 +241,10 @@ def test_snap_rounds_longrope_to_the_grid_and_other_floats_to_four_digits():
 
     yarn = build_space(one_spec("yarn"), tiny_geometry(), 1024)
     assert yarn.snap({"beta_fast": 12.34567, "beta_slow": 0.0123456, "attention_factor": 1.23456}) == {
-        "beta_fast": 12.35, "beta_slow": 0.01235, "attention_factor": 1.235}
+        "beta_fast": 12.35,
+        "beta_slow": 0.01235,
+        "attention_factor": 1.235,
+    }
     assert yarn.snap({"beta_fast": 1e9, "beta_slow": 1e-9, "attention_factor": 1.0})["beta_fast"] == 128.0
     longrope = build_space(one_spec("longrope"), tiny_geometry(), 1024)
     point = {f"long_factor.{i}": 1.0 + i * 0.5123 for i in range(16)}
@@ -232,16 +268,18 @@ def test_spec_of_an_invalid_point_raises():
         with pytest.raises(CtxevalError, match="beta"):
             space.spec({"beta_fast": 2.0, "beta_slow": slow, "attention_factor": 1.0})
     spec = space.spec({"beta_fast": 4.0, "beta_slow": 0.25, "attention_factor": 1.1})
-    assert (spec.name, spec.params) == ("yarn", {"factor": 8.0, "beta_fast": 4.0, "beta_slow": 0.25,
-                                                  "attention_factor": 1.1})
+    assert (spec.name, spec.params) == (
+        "yarn",
+        {"factor": 8.0, "beta_fast": 4.0, "beta_slow": 0.25, "attention_factor": 1.1},
+    )
 
 
 def test_longrope_seeds_are_pi_ntk_and_yarn_factors():
     """pi = s for every pair; ntk = s^(2i/(d-2)); yarn = s (1 - gamma) + gamma, gamma = YaRN's ramp at beta 32 / 1
     (1 extrapolates, 0 interpolates); each clipped to [1, 1 + s]. Bug caught: the ntk exponent 2i/d (last pair
     s^(15/16) instead of s), or gamma and 1 - gamma swapped (factors decreasing from s to 1)."""
-    from ctxeval.rope.methods import yarn_ramp
     from ctxeval.evals.tune.space import build_space, longrope_seeds
+    from ctxeval.rope.methods import yarn_ramp
 
     geometry = tiny_geometry()
     s, d = 8.0, 32
@@ -249,8 +287,11 @@ def test_longrope_seeds_are_pi_ntk_and_yarn_factors():
     seeds = longrope_seeds(space, geometry)
     i = np.arange(d // 2, dtype=np.float64)
     gamma = yarn_ramp(geometry, {"beta_fast": 32.0, "beta_slow": 1.0, "ramp": "index", "truncate": True}, TRAINED)
-    want = {"pi": np.full(d // 2, s), "ntk": np.clip(s ** (2 * i / (d - 2)), 1, 1 + s),
-            "yarn": np.clip(s * (1 - gamma) + gamma, 1, 1 + s)}
+    want = {
+        "pi": np.full(d // 2, s),
+        "ntk": np.clip(s ** (2 * i / (d - 2)), 1, 1 + s),
+        "yarn": np.clip(s * (1 - gamma) + gamma, 1, 1 + s),
+    }
     assert set(seeds) == set(want)
     for name, factors in want.items():
         np.testing.assert_allclose(seeds[name], factors, rtol=1e-12, err_msg=name)
@@ -263,23 +304,26 @@ def test_longrope_seeds_are_pi_ntk_and_yarn_factors():
 # 2. bad input: one line on stderr, exit code 2, no traceback, no run directory
 
 
-@pytest.mark.parametrize("args,fragments", [
-    (["-m", "pi"], ["pi", "--search-factor"]),
-    (["-m", "none"], ["none"]),
-    (["--target-length", "128"], ["not beyond the trained length 128"]),
-    (["--target-length", "64"], ["not beyond the trained length 128"]),
-    (["--space", "beta_fast=-1:4"], ["beta_fast must be > 0"]),
-    (["-m", "yarn+self-extend", "--space", "self-extend.group_size=0:4"], ["group_size must be >= 1"]),
-    (["-m", "ntk", "--space", "alpha=0.5:2"], ["alpha must be >= 1"]),
-    (["--space", "beta_fast=4:1"], ["LOW < HIGH"]),
-    (["--space", "beta_fast=1"], ["NAME=LOW:HIGH"]),
-    (["--space", "beta_fast=a:b"], ["NAME=LOW:HIGH"]),
-    (["--space", "beta_fast=1:4:cubic"], ["NAME=LOW:HIGH"]),
-    (["--space", "window=1:4"], ["not a searched parameter", "beta_fast"]),
-    (["-m", "yarn:beta_fast=4", "--space", "beta_fast=1:8"], ["not a searched parameter"]),
-    (["--sampler", "bogus"], ["--sampler", "tpe"]),
-    (["-m", "longrope:long_factor=1"], ["long_factor"]),
-])
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["-m", "pi"], ["pi", "--search-factor"]),
+        (["-m", "none"], ["none"]),
+        (["--target-length", "128"], ["not beyond the trained length 128"]),
+        (["--target-length", "64"], ["not beyond the trained length 128"]),
+        (["--space", "beta_fast=-1:4"], ["beta_fast must be > 0"]),
+        (["-m", "yarn+self-extend", "--space", "self-extend.group_size=0:4"], ["group_size must be >= 1"]),
+        (["-m", "ntk", "--space", "alpha=0.5:2"], ["alpha must be >= 1"]),
+        (["--space", "beta_fast=4:1"], ["LOW < HIGH"]),
+        (["--space", "beta_fast=1"], ["NAME=LOW:HIGH"]),
+        (["--space", "beta_fast=a:b"], ["NAME=LOW:HIGH"]),
+        (["--space", "beta_fast=1:4:cubic"], ["NAME=LOW:HIGH"]),
+        (["--space", "window=1:4"], ["not a searched parameter", "beta_fast"]),
+        (["-m", "yarn:beta_fast=4", "--space", "beta_fast=1:8"], ["not a searched parameter"]),
+        (["--sampler", "bogus"], ["--sampler", "tpe"]),
+        (["-m", "longrope:long_factor=1"], ["long_factor"]),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(args, fragments, tmp_path):
     """Bug caught: a check moved after the run directory is created (a directory left behind, more stderr lines), or
     a check that raises ValueError instead of CtxevalError (a traceback, exit 1)."""
@@ -306,8 +350,9 @@ def test_none_is_not_told_to_search_its_factor(flags, tmp_path):
     assert "--search-factor" not in lines[0] and "besides its factor" not in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("args,option", [(["--tune-docs", "500"], "--tune-docs"),
-                                         (["--target-length", "64k"], "--target-length")])
+@pytest.mark.parametrize(
+    "args,option", [(["--tune-docs", "500"], "--tune-docs"), (["--target-length", "64k"], "--target-length")]
+)
 def test_too_few_documents_names_the_tune_options(args, option, tmp_path):
     """More documents than the data holds (--tune-docs 500), or none long enough (--target-length 64k): the error must
     name the options of `tune`. Bug caught: the ppl command's wording leaking through from
@@ -345,12 +390,12 @@ def _ppl(lm, docs, length, method=None, params=None):
     total, tokens = 0.0, 0
     if method is None:
         for doc in docs:
-            total += _nll(lm.model, [bos] + doc.ids[:length - 1].tolist())
+            total += _nll(lm.model, [bos] + doc.ids[: length - 1].tolist())
             tokens += length - 1
     else:
         with apply_method(lm.model, method, lm.rope.geometry, **params):
             for doc in docs:
-                total += _nll(lm.model, [bos] + doc.ids[:length - 1].tolist())
+                total += _nll(lm.model, [bos] + doc.ids[: length - 1].tolist())
                 tokens += length - 1
     return math.exp(total / tokens)
 
@@ -404,6 +449,7 @@ def test_a_trial_value_is_the_perplexity_recomputed_independently(yarn_run, tiny
     the ppl averaged per document instead of token-weighted, the method applied at the trained length, the baseline
     measured with the method applied, or the objective read from the short length."""
     from ctxeval.data import corpora
+
     record = record_of(yarn_run.dir)
     tuning_ids = [d["doc"] for d in record["data"]["documents"] if d["role"] == "tuning"]
     assert len(tuning_ids) == 2
@@ -428,6 +474,7 @@ def test_rerun_reuses_every_trial_and_more_trials_add_only_the_difference(tmp_pa
     """Bug caught: `have_rows` not filled from rows.jsonl (every trial's row written again by the end-of-search sync),
     or --trials counted as trials to run now instead of finished trials the study should hold."""
     from ctxeval.evals.tune import search as tune_mod
+
     out = tmp_path / "run"
     args = [*SMALL, "--short-tolerance", "0", "--out", out]
     first = tune(*args, "--trials", "4")
@@ -449,10 +496,10 @@ def test_rerun_reuses_every_trial_and_more_trials_add_only_the_difference(tmp_pa
     more = tune(*args, "--trials", "6")
     assert more.exit_code == 0, more.output
     after = rows_of(out)
-    assert after[:len(rows)] == rows
+    assert after[: len(rows)] == rows
     assert sorted(r["trial"] for r in after) == list(range(len(after)))
     assert sum(r["status"] != "invalid" for r in after) == 6
-    assert len(scored) == sum(r["status"] == "ok" for r in after[len(rows):])
+    assert len(scored) == sum(r["status"] == "ok" for r in after[len(rows) :])
     assert len(load_study(sqlite_url(out / "study.db")).trials) == len(after)
 
 
@@ -479,8 +526,12 @@ def killed_and_resumed(tmp_path_factory, module_cache):
     url = sqlite_url(out / "study.db")
     log = open(base / "killed.log", "w")
     env = {**os.environ, "CTXEVAL_CACHE": str(module_cache)}
-    proc = subprocess.Popen([sys.executable, "-m", "ctxeval", "tune", *SMALL, "--out", str(out), "--trials", "400"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxeval", "tune", *SMALL, "--out", str(out), "--trials", "400"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     deadline = time.time() + 180
     try:
         while True:
@@ -504,8 +555,11 @@ def killed_and_resumed(tmp_path_factory, module_cache):
 
 def counted_trials(trials: list) -> int:
     """Finished trials that measured a point: what --trials counts (refused points are PRUNED with an invalid row)."""
-    return sum(1 for t in trials if t.state.name in ("COMPLETE", "PRUNED")
-               and (t.user_attrs.get("row") or {}).get("status") != "invalid")
+    return sum(
+        1
+        for t in trials
+        if t.state.name in ("COMPLETE", "PRUNED") and (t.user_attrs.get("row") or {}).get("status") != "invalid"
+    )
 
 
 def test_sigkill_then_resume_keeps_every_trial_once(killed_and_resumed):
@@ -537,7 +591,8 @@ def test_sigkill_then_resume_keeps_every_trial_once(killed_and_resumed):
             continue
         assert len(retries) == 1 and retries[0].number > n, (
             f"killed trial {n} {by_number[n].params} {by_number[n].user_attrs}; trials after: "
-            f"{[(t.number, t.state.name, t.params, t.user_attrs.get('retry_of')) for t in trials if t.number > n]}")
+            f"{[(t.number, t.state.name, t.params, t.user_attrs.get('retry_of')) for t in trials if t.number > n]}"
+        )
         # the point it had drawn, all of it (a trial killed while drawing: the rest drawn anew)
         assert by_number[n].params.items() <= retries[0].params.items()
         assert retries[0].state in (State.COMPLETE, State.PRUNED)
@@ -617,9 +672,28 @@ def two_processes(tmp_path_factory, module_cache):
     procs, logs = [], []
     for i in range(2):
         logs.append(open(base / f"w{i}.log", "w"))
-        procs.append(subprocess.Popen([sys.executable, "-m", "ctxeval", "tune", *SMALL, "--trials", "30",
-                                       "--short-tolerance", "0", "--storage", url, "--out", str(base / f"w{i}")],
-                                      stdout=logs[-1], stderr=subprocess.STDOUT, env=env))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "ctxeval",
+                    "tune",
+                    *SMALL,
+                    "--trials",
+                    "30",
+                    "--short-tolerance",
+                    "0",
+                    "--storage",
+                    url,
+                    "--out",
+                    str(base / f"w{i}"),
+                ],
+                stdout=logs[-1],
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        )
     try:
         for p in procs:
             p.wait(timeout=300)
@@ -629,8 +703,13 @@ def two_processes(tmp_path_factory, module_cache):
                 p.kill()
                 p.wait()
             log.close()
-    return SimpleNamespace(base=base, url=url, procs=procs, dirs=[base / "w0", base / "w1"],
-                           logs=[(base / f"w{i}.log").read_text() for i in range(2)])
+    return SimpleNamespace(
+        base=base,
+        url=url,
+        procs=procs,
+        dirs=[base / "w0", base / "w1"],
+        logs=[(base / f"w{i}.log").read_text() for i in range(2)],
+    )
 
 
 @pytest.mark.slow  # two fresh Python processes at once: ~25 s on 2 CPUs (pytest -m slow tests/test_tune.py)
@@ -665,8 +744,7 @@ def test_two_processes_share_a_study_without_measuring_a_trial_twice(two_process
         assert t.number in union
         assert {k: v for k, v in union[t.number].items() if k != "retry_of"} == t.user_attrs["row"]
     for pid, d in zip([p.pid for p in tp.procs], tp.dirs):
-        mine = [t for t in trials if (t.user_attrs.get("worker") or {}).get("pid") == pid
-                and t.state == State.COMPLETE]
+        mine = [t for t in trials if (t.user_attrs.get("worker") or {}).get("pid") == pid and t.state == State.COMPLETE]
         assert len(mine) == record_of(d)["tune"]["measured_now"]
     assert all((t.user_attrs.get("worker") or {}).get("pid") in pids for t in done)
 
@@ -701,8 +779,10 @@ def test_each_process_reports_the_trials_it_measured(two_processes):
     trials = load_study(two_processes.url).trials
     for p, log in zip(two_processes.procs, two_processes.logs):
         assert p.returncode == 0, log[-1500:]
-        mine = sum(t.state == optuna.trial.TrialState.COMPLETE
-                   and (t.user_attrs.get("worker") or {}).get("pid") == p.pid for t in trials)
+        mine = sum(
+            t.state == optuna.trial.TrialState.COMPLETE and (t.user_attrs.get("worker") or {}).get("pid") == p.pid
+            for t in trials
+        )
         claimed = int(re.search(r"done in [^:]*: (\d+) points? measured", log).group(1))
         assert claimed == mine, f"process {p.pid} measured {mine} trials and reports {claimed}"
 
@@ -712,8 +792,10 @@ def test_each_process_reports_the_trials_it_measured(two_processes):
 
 
 def _trials(run_dir):
-    return [(r["trial"], r["status"], r["params"], r.get("value")) for r in sorted(rows_of(run_dir),
-                                                                                 key=lambda r: r["trial"])]
+    return [
+        (r["trial"], r["status"], r["params"], r.get("value"))
+        for r in sorted(rows_of(run_dir), key=lambda r: r["trial"])
+    ]
 
 
 def test_the_same_seed_gives_the_same_trials_and_another_seed_others(yarn_run, tmp_path):
@@ -913,6 +995,7 @@ def test_recover_fails_dead_and_orphaned_trials_and_retries_only_drawn_points(tm
     import optuna
 
     from ctxeval.evals.tune import search as tune_mod
+
     storage = optuna.storages.RDBStorage(sqlite_url(tmp_path / "s.db"))
     study = optuna.create_study(study_name="x", storage=storage)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -944,6 +1027,7 @@ def test_a_failed_retry_is_not_retried_again(tmp_path):
     import optuna
 
     from ctxeval.evals.tune import search as tune_mod
+
     storage = optuna.storages.RDBStorage(sqlite_url(tmp_path / "s.db"))
     study = optuna.create_study(study_name="x", storage=storage)
     first = study.ask()

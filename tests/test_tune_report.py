@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
-from ctxeval.rope.methods import Geometry, compute
 from ctxeval.report.runs import expand_run_args
 from ctxeval.report.tables import fmt_ppl
 from ctxeval.report.tune import render_tune, trials_frame
 from ctxeval.report.tune_data import Heldout, best_so_far, inv_freq, pair_scales, pareto_front, read_tune, trial_rows
+from ctxeval.rope.methods import Geometry, compute
 from ctxeval.runs.store import read_rows
 
 pytest.importorskip("optuna")
@@ -29,9 +29,21 @@ def runs(tmp_path_factory):
     a, b = root / "yarn-a", root / "yarn-b"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CTXEVAL_CACHE", str(root / "cache"))
-        for args in (["--out", str(a), "--trials", "12", "--short-tolerance", "0.3", "--export", str(root / "export"),
-                      "--compare", "yarn:factor=8,beta_fast=4,beta_slow=0.25"],
-                     ["--out", str(b), "--trials", "6", "--seed", "1", "--short-tolerance", "0.5"]):
+        for args in (
+            [
+                "--out",
+                str(a),
+                "--trials",
+                "12",
+                "--short-tolerance",
+                "0.3",
+                "--export",
+                str(root / "export"),
+                "--compare",
+                "yarn:factor=8,beta_fast=4,beta_slow=0.25",
+            ],
+            ["--out", str(b), "--trials", "6", "--seed", "1", "--short-tolerance", "0.5"],
+        ):
             result = runner.invoke(app, ["tune", "--target-length", "1k", *args])
             assert result.exit_code == 0, result.output
     return a, b
@@ -95,8 +107,10 @@ def test_tune_md_says_what_was_searched_the_guard_the_winner_and_the_export(runs
     ok = [r for r in trials if r["status"] == "ok"]
     refused = sum(r["status"] == "invalid" for r in trials)
     assert len(trials) - refused == rec["tune"]["trials"] == 12  # --trials counts the points measured
-    assert (f"trials: 12 ({len(ok)} measured, {sum(r['feasible'] for r in ok)} of them kept the guard; "
-            f"{12 - len(ok)} failed), and {refused} more points refused") in text
+    assert (
+        f"trials: 12 ({len(ok)} measured, {sum(r['feasible'] for r in ok)} of them kept the guard; "
+        f"{12 - len(ok)} failed), and {refused} more points refused"
+    ) in text
     assert f"searched: `{rec['spec']['space']}`" in text
     assert f"{sum(r.get('forwards') or 0 for r in trials):,} forwards" in text
     baseline = rec["tune"]["baseline_short"]
@@ -111,8 +125,9 @@ def test_tune_md_says_what_was_searched_the_guard_the_winner_and_the_export(runs
     assert f"{check['max_rel_diff_ppl']:.2e} in perplexity" in text
     assert json.dumps(rec["tune"]["export"]["rope_parameters"], sort_keys=True) in text
     _, top = md_table(text, "## The best trials")
-    assert [int(r[1]) for r in top] == [r["trial"] for r in sorted((r for r in ok if r["feasible"]),
-                                                                   key=lambda r: r["value"])][:10]
+    assert [int(r[1]) for r in top] == [
+        r["trial"] for r in sorted((r for r in ok if r["feasible"]), key=lambda r: r["value"])
+    ][:10]
 
 
 def test_trials_csv_has_one_line_per_trial_with_its_parameters_as_columns(runs):
@@ -134,8 +149,18 @@ def test_trials_csv_has_one_line_per_trial_with_its_parameters_as_columns(runs):
 
 
 def test_trials_frame_orders_per_pair_factors_by_index():
-    rows = [{"trial": 0, "status": "ok", "label": "longrope(x)", "value": 9.0, "ppl_short": 5.0, "short_rise": 0.0,
-             "feasible": True, "params": {f"long_factor.{i}": float(i) for i in (0, 1, 10, 2, 9)}}]
+    rows = [
+        {
+            "trial": 0,
+            "status": "ok",
+            "label": "longrope(x)",
+            "value": 9.0,
+            "ppl_short": 5.0,
+            "short_rise": 0.0,
+            "feasible": True,
+            "params": {f"long_factor.{i}": float(i) for i in (0, 1, 10, 2, 9)},
+        }
+    ]
     frame = trials_frame(rows)
     assert [c for c in frame.columns if c.startswith("long_factor")] == [f"long_factor.{i}" for i in (0, 1, 2, 9, 10)]
 
@@ -158,11 +183,13 @@ def test_best_so_far_is_monotone_and_counts_only_trials_that_kept_the_guard(runs
     line = best_so_far(trial_rows(read_rows(a / "rows.jsonl")))
     assert line and all(later <= earlier for (_, earlier), (_, later) in zip(line, line[1:]))
     assert line[-1][1] == record(a)["tune"]["winner"]["ppl_target"]
-    rows = [{"trial": 0, "status": "ok", "value": 50.0, "feasible": False},  # lower, but broke the guard
-            {"trial": 1, "status": "ok", "value": 90.0, "feasible": True},
-            {"trial": 2, "status": "invalid", "value": None},
-            {"trial": 3, "status": "ok", "value": 95.0, "feasible": True},
-            {"trial": 4, "status": "ok", "value": 80.0, "feasible": True}]
+    rows = [
+        {"trial": 0, "status": "ok", "value": 50.0, "feasible": False},  # lower, but broke the guard
+        {"trial": 1, "status": "ok", "value": 90.0, "feasible": True},
+        {"trial": 2, "status": "invalid", "value": None},
+        {"trial": 3, "status": "ok", "value": 95.0, "feasible": True},
+        {"trial": 4, "status": "ok", "value": 80.0, "feasible": True},
+    ]
     assert best_so_far(rows) == [(1, 90.0), (2, 90.0), (3, 90.0), (4, 80.0)]
 
 
@@ -182,16 +209,22 @@ def test_pair_scales_are_plain_rope_over_the_method(runs):
     assert scales["none"] == pytest.approx([1.0] * 16)
     entry = record(heldout_dir(a))["methods"][held.winner]
     geometry = Geometry(**entry["geometry"])
-    want = geometry.default_inv_freq() / compute("yarn", geometry, {k: v for k, v in entry["params"].items()
-                                                                    if v is not None}).inv_freq
+    want = (
+        geometry.default_inv_freq()
+        / compute("yarn", geometry, {k: v for k, v in entry["params"].items() if v is not None}).inv_freq
+    )
     assert scales[held.winner] == pytest.approx(list(want), rel=1e-6)
 
 
 def test_inv_freq_takes_the_target_length_entry_of_a_length_dependent_method(tmp_path):
-    methods = {"longrope(x)": {"method": "longrope", "geometry": {"rotary_dim": 4, "base": 100.0, "original_length": 8},
-                               "effective": [{"length": 8, "inv_freq": [1.0, 0.1]},
-                                             {"length": 64, "inv_freq": [0.5, 0.01]}]},
-               "none": {"method": "none", "geometry": {"rotary_dim": 4, "base": 100.0, "original_length": 8}}}
+    methods = {
+        "longrope(x)": {
+            "method": "longrope",
+            "geometry": {"rotary_dim": 4, "base": 100.0, "original_length": 8},
+            "effective": [{"length": 8, "inv_freq": [1.0, 0.1]}, {"length": 64, "inv_freq": [0.5, 0.01]}],
+        },
+        "none": {"method": "none", "geometry": {"rotary_dim": 4, "base": 100.0, "original_length": 8}},
+    }
     held = Heldout(tmp_path, {"methods": methods}, "longrope(x)", ["longrope(x)", "none"], 8, 64, {}, {}, [])
     assert inv_freq(held, "longrope(x)") == [0.5, 0.01]
     assert inv_freq(held, "none") == [1.0, 0.1]  # no read-back record: computed from the geometry
@@ -222,8 +255,10 @@ def test_report_on_two_tune_runs_prints_one_tune_row_per_run(runs):
         assert cell["best other @ target"] == fmt_ppl(min(others.values()))
     data = json.loads(runner.invoke(app, ["report", str(a), str(b), "-f", "json"]).stdout)
     tune = next(g for g in data["groups"] if g["kind"] == "tune")
-    assert [r["method"] for r in tune["tables"][0]["rows"]] == [record(a)["tune"]["winner"]["label"],
-                                                                record(b)["tune"]["winner"]["label"]]
+    assert [r["method"] for r in tune["tables"][0]["rows"]] == [
+        record(a)["tune"]["winner"]["label"],
+        record(b)["tune"]["winner"]["label"],
+    ]
     lines = runner.invoke(app, ["report", str(a), str(b), "-f", "csv"]).stdout.splitlines()
     assert sum(line.startswith("tune-1,") and ",held-out tuned at target," in line for line in lines) == 2
 

@@ -24,8 +24,14 @@ from ctxeval.rope.patching import apply_method  # noqa: E402
 from ctxeval.specs import expand_specs  # noqa: E402
 
 LONG = ";".join(f"{1 + 3 * i / 15:.4f}" for i in range(16))  # the tiny model has 16 rotary pairs
-METHODS = ["none", "pi:factor=4", "ntk:factor=4", "yarn:factor=4", "llama3:factor=4",
-           f"longrope:factor=4,short_factor={';'.join(['1.0'] * 16)},long_factor={LONG}"]
+METHODS = [
+    "none",
+    "pi:factor=4",
+    "ntk:factor=4",
+    "yarn:factor=4",
+    "llama3:factor=4",
+    f"longrope:factor=4,short_factor={';'.join(['1.0'] * 16)},long_factor={LONG}",
+]
 PROMPTS = [list(range(5, 300)), [7, 9, 11] * 140]  # 295 and 420 tokens: past the 128 the tiny model was trained at
 
 
@@ -50,19 +56,23 @@ def test_vllm_reads_back_the_method_and_replies_as_transformers(method, vllm_tin
     for check in record["effective"]:  # every position 0..length-1, every pair
         assert check["positions_checked"] == check["length"] and check["worst_excess"] <= 0
         assert check["max_angle_diff"] < 1e-4 and check["max_magnitude_rel_diff"] < 1e-6
-        torch.testing.assert_close(torch.tensor(check["inv_freq_readback"]), torch.tensor(check["inv_freq"]),
-                                   rtol=2e-6, atol=0)
+        torch.testing.assert_close(
+            torch.tensor(check["inv_freq_readback"]), torch.tensor(check["inv_freq"]), rtol=2e-6, atol=0
+        )
     assert record["table_dtype"] == "float32" and record["rotary_modules"]
     with apply_method(hf_tiny.model, spec.name, **spec.params) as rope, torch.inference_mode():
         for index, prompt in enumerate(PROMPTS):
             if rope.method.length_dependent:
                 rope.freeze_length(len(prompt) + 12)
             ids = torch.tensor([prompt])
-            out = hf_tiny.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                         generation_config=greedy_config(hf_tiny.tokenizer, 12, hf_tiny.model))
+            out = hf_tiny.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=greedy_config(hf_tiny.tokenizer, 12, hf_tiny.model),
+            )
             rope.freeze_length(None)
             stops = vllm_tiny.stop_ids
-            assert until_stop(out[0, len(prompt):].tolist(), stops) == until_stop(replies[index], stops), method
+            assert until_stop(out[0, len(prompt) :].tolist(), stops) == until_stop(replies[index], stops), method
 
 
 def test_a_wrong_override_is_caught_before_anything_is_generated(vllm_tiny, monkeypatch):
@@ -72,8 +82,9 @@ def test_a_wrong_override_is_caught_before_anything_is_generated(vllm_tiny, monk
     def factor_eight(*args, **kwargs):
         rope = real(*args, **kwargs)
         entry = dict(rope.hf_overrides["rope_parameters"], factor=8.0)
-        return type(rope)(rope.spec, {**rope.hf_overrides, "rope_parameters": entry}, rope.max_model_len, rope.lengths,
-                          rope.expected)
+        return type(rope)(
+            rope.spec, {**rope.hf_overrides, "rope_parameters": entry}, rope.max_model_len, rope.lengths, rope.expected
+        )
 
     monkeypatch.setattr(vllm_engine, "plan", factor_eight)
     generated = []
@@ -85,8 +96,10 @@ def test_a_wrong_override_is_caught_before_anything_is_generated(vllm_tiny, monk
 
 def test_ruler_and_needle_on_vllm_equal_hf_and_resume_only_on_vllm(tmp_path):
     runner = CliRunner()
-    for command in (["ruler", "--model", "tiny", "--tasks", "niah_single_1", "--lengths", "512", "--samples", "2"],
-                    ["needle", "--model", "tiny", "--lengths", "256", "--depths", "0,100", "--samples", "1"]):
+    for command in (
+        ["ruler", "--model", "tiny", "--tasks", "niah_single_1", "--lengths", "512", "--samples", "2"],
+        ["needle", "--model", "tiny", "--lengths", "256", "--depths", "0,100", "--samples", "1"],
+    ):
         kind = command[0]
         hf, on_vllm = tmp_path / f"{kind}-hf", tmp_path / f"{kind}-vllm"
         args = command + ["-m", "yarn:factor=4", "--device", "cpu"]
@@ -117,15 +130,45 @@ def test_an_architecture_vllm_does_not_run_is_refused_in_one_line(tmp_path):
     shutil.copytree(model_directory("tiny"), model)
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchModelForCausalLM"]}))
-    result = CliRunner().invoke(app, ["ruler", "--model", str(model), "--tasks", "niah_single_1", "--lengths", "512",
-                                      "--backend", "vllm", "--out", str(tmp_path / "run")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "ruler",
+            "--model",
+            str(model),
+            "--tasks",
+            "niah_single_1",
+            "--lengths",
+            "512",
+            "--backend",
+            "vllm",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
     assert result.exit_code == 2 and "does not support NoSuchModelForCausalLM" in result.stderr
     assert "Traceback" not in result.output and not (tmp_path / "run").exists()
 
 
 def test_a_method_vllm_cannot_apply_is_refused_before_the_run_directory(tmp_path):
-    result = CliRunner().invoke(app, ["ruler", "--model", "tiny", "--tasks", "niah_single_1", "--lengths", "512,1024",
-                                      "-m", "dynamic-ntk:factor=4", "--backend", "vllm", "--out", str(tmp_path / "r")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "ruler",
+            "--model",
+            "tiny",
+            "--tasks",
+            "niah_single_1",
+            "--lengths",
+            "512,1024",
+            "-m",
+            "dynamic-ntk:factor=4",
+            "--backend",
+            "vllm",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+    )
     assert result.exit_code == 2 and "give one --lengths value" in result.stderr
     assert not (tmp_path / "r").exists()
 
@@ -135,8 +178,19 @@ def test_lm_eval_on_vllm_runs_lm_evals_own_vllm_model_with_the_method_read_back(
     from pathlib import Path
 
     tasks = Path(__file__).resolve().parent.parent / "examples" / "lm-eval-tasks"
-    args = ["lm-eval", "--model", "tiny", "--tasks", "ctxeval_python_mc,ctxeval_first_word", "--include-path",
-            str(tasks), "--limit", "8", "-m", "yarn:factor=4"]
+    args = [
+        "lm-eval",
+        "--model",
+        "tiny",
+        "--tasks",
+        "ctxeval_python_mc,ctxeval_first_word",
+        "--include-path",
+        str(tasks),
+        "--limit",
+        "8",
+        "-m",
+        "yarn:factor=4",
+    ]
     hf = CliRunner().invoke(app, args + ["--out", str(tmp_path / "hf")])
     on_vllm = CliRunner().invoke(app, args + ["--backend", "vllm", "--out", str(tmp_path / "vllm")])
     assert hf.exit_code == 0 and on_vllm.exit_code == 0, on_vllm.output
@@ -144,8 +198,13 @@ def test_lm_eval_on_vllm_runs_lm_evals_own_vllm_model_with_the_method_read_back(
     assert record["lm_eval"]["evaluator"].endswith("VLLM (one engine per method)")
     method = record["methods"]["yarn(factor=4)"]
     assert method["backend"] == "vllm" and method["effective"][0]["worst_excess"] <= 0
-    values = {d: {(r["subtask"], r["metric"], r["filter"]): r["value"]
-                  for r in map(json.loads, open(tmp_path / d / "rows.jsonl"))} for d in ("hf", "vllm")}
+    values = {
+        d: {
+            (r["subtask"], r["metric"], r["filter"]): r["value"]
+            for r in map(json.loads, open(tmp_path / d / "rows.jsonl"))
+        }
+        for d in ("hf", "vllm")
+    }
     assert values["hf"].keys() == values["vllm"].keys() and values["hf"]
     for key, value in values["hf"].items():  # same answers chosen and generated on 8 documents per task
         assert values["vllm"][key] == pytest.approx(value, abs=1e-9), key
@@ -160,8 +219,23 @@ def test_replies_already_finished_survive_an_interrupt_and_a_rerun_measures_only
                 raise KeyboardInterrupt  # Ctrl-C while the other replies are still running
             yield reply
 
-    args = ["ruler", "--model", "tiny", "--tasks", "niah_single_1", "--lengths", "512", "--samples", "3", "-m",
-            "pi:factor=4", "--backend", "vllm", "--out", str(tmp_path / "run")]
+    args = [
+        "ruler",
+        "--model",
+        "tiny",
+        "--tasks",
+        "niah_single_1",
+        "--lengths",
+        "512",
+        "--samples",
+        "3",
+        "-m",
+        "pi:factor=4",
+        "--backend",
+        "vllm",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     monkeypatch.setattr(vllm_engine.VllmHandle, "replies", interrupted)
     stopped = CliRunner().invoke(app, args)
     assert stopped.exit_code != 0
@@ -180,8 +254,26 @@ def test_the_gpu_script_runs_on_cpu(tmp_path):
     from pathlib import Path
 
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_vllm.py"
-    subprocess.run([sys.executable, str(script), "--config", "tiny", "--lengths", "256", "--prompts", "2",
-                    "--new-tokens", "4", "--dtype", "float32", "--out", str(tmp_path)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--config",
+            "tiny",
+            "--lengths",
+            "256",
+            "--prompts",
+            "2",
+            "--new-tokens",
+            "4",
+            "--dtype",
+            "float32",
+            "--out",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+    )
     run = json.loads((tmp_path / "gpu-vllm.json").read_text())["runs"][0]
     assert run["vllm"]["readback"]["passed"] and run["vllm"]["readback"]["positions_checked"] == 256
     assert run["vllm"]["generated_tokens"] == 8 and run["hf"]["batch 1"]["generated_tokens_per_s"] > 0

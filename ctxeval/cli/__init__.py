@@ -48,9 +48,12 @@ def print_version(value: bool) -> None:
 
 
 @app.callback()
-def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors.")] = False,
-          version: Annotated[bool, typer.Option("--version", help="Print ctxeval's version and exit.",
-                                                callback=print_version, is_eager=True)] = False) -> None:
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", help="Print ctxeval's version and exit.", callback=print_version, is_eager=True)
+    ] = False,
+) -> None:
     state["debug"] = debug
 
 
@@ -60,15 +63,25 @@ def short_help(doc: str | None, limit: int = 66) -> str:
     words = (doc or "").split("\n\n")[0].split()
     for i, word in enumerate(words):
         if word.endswith(".") and (i == len(words) - 1 or words[i + 1][0].isupper()):
-            words = words[:i + 1]
+            words = words[: i + 1]
             break
     text = " ".join(words)
-    return text if len(text) <= limit else text[:limit - 3].rsplit(" ", 1)[0] + "..."
+    return text if len(text) <= limit else text[: limit - 3].rsplit(" ", 1)[0] + "..."
 
 
-for name, command in (("methods", methods_cmd), ("plan", plan_cmd), ("ppl", ppl_cmd), ("needle", needle_cmd),
-                      ("passkey", passkey_cmd), ("report", report_cmd), ("entropy", entropy_cmd),
-                      ("bound", bound_cmd), ("ruler", ruler_cmd), ("lm-eval", lm_eval_cmd), ("tune", tune_cmd)):
+for name, command in (
+    ("methods", methods_cmd),
+    ("plan", plan_cmd),
+    ("ppl", ppl_cmd),
+    ("needle", needle_cmd),
+    ("passkey", passkey_cmd),
+    ("report", report_cmd),
+    ("entropy", entropy_cmd),
+    ("bound", bound_cmd),
+    ("ruler", ruler_cmd),
+    ("lm-eval", lm_eval_cmd),
+    ("tune", tune_cmd),
+):
     app.command(name, short_help=short_help(command.__doc__))(command)
 
 

@@ -14,8 +14,8 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn,
 from rich.table import Table
 from rich.text import Text
 
-from ..runs.distributed import current, shutdown
 from ..errors import CtxevalError
+from ..runs.distributed import current, shutdown
 from .options import check_options
 
 # emoji=False: text such as '0:100:11' is printed as it is, not with rich's ':100:' emoji
@@ -46,8 +46,9 @@ def user_errors(fn: Callable) -> Callable:
                 err.print(f"[red]error:[/red] {rich_escape(str(exc))}", markup=True)  # '[lm-eval]' is text
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            err.print("[yellow]interrupted:[/yellow] finished points are kept; rerun the same command to resume",
-                      markup=True)
+            err.print(
+                "[yellow]interrupted:[/yellow] finished points are kept; rerun the same command to resume", markup=True
+            )
             raise typer.Exit(130) from None
         finally:
             shutdown(together=finished)  # leave torch.distributed's process group (no-op without torchrun)
@@ -100,8 +101,15 @@ class RichProgress:
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
         self.live = err.is_terminal  # redirected stderr (logs, CI) gets one plain line per point instead
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                            TimeElapsedColumn(), EtaColumn(self), console=err, transient=False)
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            EtaColumn(self),
+            console=err,
+            transient=False,
+        )
         self.task: Any = None
         # the rate counts from start(), when the total is known (prompts generated, key tokens found, ...)
         self.started = self.last = self.t0
@@ -136,7 +144,9 @@ class RichProgress:
         self.bar.update(self.task, advance=amount, description=description)
         if not self.live:
             share = min(self.done / self.total, 1.0)
-            err.print(f"[{self.last - self.t0:7.1f}s {share:4.0%} {fmt_eta(self.eta()):<10}] {description}", markup=False)
+            err.print(
+                f"[{self.last - self.t0:7.1f}s {share:4.0%} {fmt_eta(self.eta()):<10}] {description}", markup=False
+            )
 
     def note(self, message: str) -> None:
         self.bar.console.print(f"[yellow]{message}[/yellow]")
@@ -174,8 +184,13 @@ def print_table(title: str, caption: str | None, headers: list[str], rows: list[
         if h == "method":
             table.add_column(h, justify="left", overflow="fold", min_width=max(4, min(width, METHOD_WIDTH, left)))
         else:
-            table.add_column(h, justify="left" if h == "task" else "right", overflow="fold", min_width=width,
-                             width=wrapped if narrow else None)
+            table.add_column(
+                h,
+                justify="left" if h == "task" else "right",
+                overflow="fold",
+                min_width=width,
+                width=wrapped if narrow else None,
+            )
     for r in rows:
         table.add_row(*[str(c) for c in r])
     out.print(table)

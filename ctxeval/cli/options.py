@@ -38,11 +38,15 @@ class Check:
             raise CtxevalError(f"{self.flag} must be a number {self.allowed}, got '{value}'")
         if not math.isfinite(value):
             raise CtxevalError(f"{self.flag} must be a finite number {self.allowed}, got {value}")
-        ok = ((self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
-              and (self.maximum is None or value <= self.maximum))
+        ok = (
+            (self.minimum is None or value >= self.minimum)
+            and (self.above is None or value > self.above)
+            and (self.maximum is None or value <= self.maximum)
+        )
         if not ok:
-            raise CtxevalError(self.message.format(value=value) if self.message else
-                               f"{self.flag} must be {self.allowed}, got {value}")
+            raise CtxevalError(
+                self.message.format(value=value) if self.message else f"{self.flag} must be {self.allowed}, got {value}"
+            )
         return value
 
     @property
@@ -57,7 +61,12 @@ class Check:
 @functools.lru_cache(maxsize=None)
 def _checks(fn: Callable) -> dict[str, Check]:
     hints = typing.get_type_hints(fn, include_extras=True)
-    return {name: meta for name, hint in hints.items() for meta in getattr(hint, "__metadata__", ()) if isinstance(meta, Check)}
+    return {
+        name: meta
+        for name, hint in hints.items()
+        for meta in getattr(hint, "__metadata__", ())
+        if isinstance(meta, Check)
+    }
 
 
 def check_options(fn: Callable, values: dict[str, Any]) -> None:
@@ -79,14 +88,21 @@ MethodOpt = Annotated[
     typer.Option("--method", "-m", help="NAME or NAME:key=value,... (e.g. yarn:factor=4,beta_fast=32); repeatable."),
 ]
 FactorOpt = Annotated[
-    Optional[str], typer.Option("--factor", help="Scale s for every method that takes one; a list sweeps: 2,4,8 "
-                                                 "(default: pi, ntk, ntk-by-parts and yarn take the longest length "
-                                                 "/ the trained length).")
+    Optional[str],
+    typer.Option(
+        "--factor",
+        help="Scale s for every method that takes one; a list sweeps: 2,4,8 "
+        "(default: pi, ntk, ntk-by-parts and yarn take the longest length "
+        "/ the trained length).",
+    ),
 ]
 TemperatureOpt = Annotated[
     Optional[str],
-    typer.Option("--attention-temperature", help="Multiply every attention logit by LAMBDA (any model, RoPE or not; "
-                                                 "1 = unchanged); a list sweeps: 1,1.1,1.2."),
+    typer.Option(
+        "--attention-temperature",
+        help="Multiply every attention logit by LAMBDA (any model, RoPE or not; "
+        "1 = unchanged); a list sweeps: 1,1.1,1.2.",
+    ),
 ]
 
 
@@ -125,10 +141,15 @@ def parse_lengths(text: str) -> list[int]:
         try:
             value = parse_token_count(tok, "--lengths")
         except CtxevalError as exc:
-            why = " (more than a model can read)" if "more than" in str(exc) else (
-                " (not a finite number)" if "finite" in str(exc) else "")
-            raise CtxevalError(f"bad length '{tok.strip()}'{why} in --lengths '{text}'; write e.g. 2k,4k,8k or "
-                               "1k:16k:x2 (whole numbers of tokens >= 2)") from None
+            why = (
+                " (more than a model can read)"
+                if "more than" in str(exc)
+                else (" (not a finite number)" if "finite" in str(exc) else "")
+            )
+            raise CtxevalError(
+                f"bad length '{tok.strip()}'{why} in --lengths '{text}'; write e.g. 2k,4k,8k or "
+                "1k:16k:x2 (whole numbers of tokens >= 2)"
+            ) from None
         if value < 2:
             raise CtxevalError(f"length '{tok.strip()}' must be a whole number of tokens >= 2")
         return value
@@ -144,14 +165,17 @@ def parse_lengths(text: str) -> list[int]:
                 try:
                     factor = parse_number(step[1:], "a geometric step", "x2") if step[1:] else 0
                 except CtxevalError:
-                    raise CtxevalError(f"geometric step must be xFACTOR with a finite number > 1 (e.g. x2), got "
-                                       f"'{step}' in --lengths '{text}'") from None
+                    raise CtxevalError(
+                        f"geometric step must be xFACTOR with a finite number > 1 (e.g. x2), got "
+                        f"'{step}' in --lengths '{text}'"
+                    ) from None
                 if factor <= 1:
                     raise CtxevalError(f"geometric step must be > 1, got '{step}'")
                 count = math.floor(math.log(max(stop, 1) / start, factor) + 1e-9) + 1 if stop >= start else 0
                 if len(values) + count > MAX_LENGTHS:
-                    raise CtxevalError(f"--lengths '{text}' gives {count:,} lengths, more than {MAX_LENGTHS:,}; use a "
-                                       "larger step")
+                    raise CtxevalError(
+                        f"--lengths '{text}' gives {count:,} lengths, more than {MAX_LENGTHS:,}; use a larger step"
+                    )
                 v = float(start)
                 while v <= stop + 1e-9:
                     values.append(int(round(v)))
@@ -161,8 +185,10 @@ def parse_lengths(text: str) -> list[int]:
                 if inc < 1:
                     raise CtxevalError(f"length step must be >= 1, got '{step}'")
                 if len(values) + max(0, (stop - start) // inc + 1) > MAX_LENGTHS:
-                    raise CtxevalError(f"--lengths '{text}' gives {(stop - start) // inc + 1:,} lengths, more than "
-                                       f"{MAX_LENGTHS:,}; use a larger step")
+                    raise CtxevalError(
+                        f"--lengths '{text}' gives {(stop - start) // inc + 1:,} lengths, more than "
+                        f"{MAX_LENGTHS:,}; use a larger step"
+                    )
                 values.extend(range(start, stop + 1, inc))
         else:
             values.append(one(part))
@@ -227,37 +253,76 @@ def parse_indices(text: str | None, flag: str) -> tuple[int, ...] | None:
 
 
 # -- model loading ---------------------------------------------------------------------------------------------------
-MODEL_HELP = ("Hub id (owner/name), local dir, .gguf file, or bundled name: tiny (default; omitting --model also applies "
-              "the quickstart settings of ctxeval/tiny/__init__.py) or smollm2.")
+MODEL_HELP = (
+    "Hub id (owner/name), local dir, .gguf file, or bundled name: tiny (default; omitting --model also applies "
+    "the quickstart settings of ctxeval/tiny/__init__.py) or smollm2."
+)
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
 # commands without quickstart settings (entropy): the same values, tiny when omitted
-PlainModelOpt = Annotated[Optional[str], typer.Option(
-    "--model", help="Hub id (owner/name), local dir, .gguf file, or bundled name: tiny (default) or smollm2.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU).")]
+PlainModelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model", help="Hub id (owner/name), local dir, .gguf file, or bundled name: tiny (default) or smollm2."
+    ),
+]
+DtypeOpt = Annotated[
+    str, typer.Option("--dtype", help="auto|bfloat16|float16|float32 (auto: bf16 on GPU, fp32 on CPU).")
+]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto|cpu|cuda|cuda:N")]
 AttnOpt = Annotated[str, typer.Option("--attn", help="Attention implementation: sdpa|eager|flash_attention_2.")]
 RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model repository's own code.")]
-DeviceMapOpt = Annotated[Optional[str], typer.Option(
-    "--device-map", help="auto|balanced|sequential: spread a model too large for one GPU over all visible GPUs (accelerate).")]
-MaxMemoryOpt = Annotated[Optional[str], typer.Option(
-    "--max-memory", help="With --device-map: memory per device, e.g. 0=70GiB,1=70GiB,cpu=200GiB.")]
+DeviceMapOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--device-map",
+        help="auto|balanced|sequential: spread a model too large for one GPU over all visible GPUs (accelerate).",
+    ),
+]
+MaxMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option("--max-memory", help="With --device-map: memory per device, e.g. 0=70GiB,1=70GiB,cpu=200GiB."),
+]
 
 # -- generation backend (needle, passkey, ruler) ----------------------------------------------------------------------
-BackendOpt = Annotated[str, typer.Option("--backend", help="hf: transformers' generate (default) | vllm: one vLLM "
-                                         "engine per method, its RoPE read back (pip install 'ctxeval[vllm]').")]
-TensorParallelOpt = Annotated[int, typer.Option(help="vLLM: GPUs per model copy (tensor parallel)."),
-                              Check("--tensor-parallel-size", minimum=1)]
-PipelineParallelOpt = Annotated[int, typer.Option(help="vLLM: pipeline stages (across nodes with Ray)."),
-                                Check("--pipeline-parallel-size", minimum=1)]
-GpuMemoryOpt = Annotated[Optional[float], typer.Option(help="vLLM: fraction of the device's memory it may take for "
-                                                       "weights and KV cache (default 0.9 on GPUs, 0.5 of RAM on "
-                                                       "CPU, where vLLM reserves it at start)."),
-                         Check("--gpu-memory-utilization", above=0, maximum=1)]
-MaxModelLenOpt = Annotated[Optional[int], typer.Option(help="vLLM: the engine's max_model_len (default: the longest "
-                                                       "sequence the run needs)."), Check("--max-model-len", minimum=2)]
-VllmArgOpt = Annotated[Optional[list[str]], typer.Option("--vllm-arg", help="vLLM engine argument KEY=VALUE (JSON "
-                                                         "value or text), repeatable: e.g. max_num_seqs=64, "
-                                                         "distributed_executor_backend=ray.")]
+BackendOpt = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        help="hf: transformers' generate (default) | vllm: one vLLM "
+        "engine per method, its RoPE read back (pip install 'ctxeval[vllm]').",
+    ),
+]
+TensorParallelOpt = Annotated[
+    int, typer.Option(help="vLLM: GPUs per model copy (tensor parallel)."), Check("--tensor-parallel-size", minimum=1)
+]
+PipelineParallelOpt = Annotated[
+    int,
+    typer.Option(help="vLLM: pipeline stages (across nodes with Ray)."),
+    Check("--pipeline-parallel-size", minimum=1),
+]
+GpuMemoryOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        help="vLLM: fraction of the device's memory it may take for "
+        "weights and KV cache (default 0.9 on GPUs, 0.5 of RAM on "
+        "CPU, where vLLM reserves it at start)."
+    ),
+    Check("--gpu-memory-utilization", above=0, maximum=1),
+]
+MaxModelLenOpt = Annotated[
+    Optional[int],
+    typer.Option(help="vLLM: the engine's max_model_len (default: the longest sequence the run needs)."),
+    Check("--max-model-len", minimum=2),
+]
+VllmArgOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--vllm-arg",
+        help="vLLM engine argument KEY=VALUE (JSON "
+        "value or text), repeatable: e.g. max_num_seqs=64, "
+        "distributed_executor_backend=ray.",
+    ),
+]
 
 
 def parse_vllm_args(items: list[str] | None) -> dict[str, Any]:
@@ -285,14 +350,25 @@ THRESHOLD = Check("--threshold", above=0, maximum=1)
 VALID_TOLERANCE = Check("--valid-tolerance", minimum=0)
 TextFieldOpt = Annotated[str, typer.Option(help="Record field holding the text.")]
 ScoringOpt = Annotated[str, typer.Option(help="generate (greedy + string match) | forced (one teacher-forced pass).")]
-MaxNewOpt = Annotated[Optional[int], typer.Option(help="Generation budget (default: answer tokens + 8)."),
-                      Check("--max-new-tokens", minimum=1)]
-BatchOpt = Annotated[int, typer.Option(help="Prompts of one length per forward (forced) or per generate call (of one "
-                                            "token length and budget); halved on out of memory."),
-                     Check("--batch-size", minimum=1)]
-SeedOpt = Annotated[int, typer.Option(help="Seed of every random choice (values, keys, depths, offsets)."),
-                    Check("--seed", minimum=0)]
+MaxNewOpt = Annotated[
+    Optional[int],
+    typer.Option(help="Generation budget (default: answer tokens + 8)."),
+    Check("--max-new-tokens", minimum=1),
+]
+BatchOpt = Annotated[
+    int,
+    typer.Option(
+        help="Prompts of one length per forward (forced) or per generate call (of one "
+        "token length and budget); halved on out of memory."
+    ),
+    Check("--batch-size", minimum=1),
+]
+SeedOpt = Annotated[
+    int, typer.Option(help="Seed of every random choice (values, keys, depths, offsets)."), Check("--seed", minimum=0)
+]
 OutOpt = Annotated[Optional[Path], typer.Option(help="Run directory (default runs/<command>-<model>-<time>).")]
 OverwriteOpt = Annotated[bool, typer.Option(help="Replace a run directory that holds a different spec.")]
-NEEDLE_HELP = ("Preset: magic-number, magic-number-multikey, magic-number-multivalue, magic-number-multiquery, passkey, "
-               "gkamradt, or a .toml file (RULER itself: ctxeval ruler).")
+NEEDLE_HELP = (
+    "Preset: magic-number, magic-number-multikey, magic-number-multivalue, magic-number-multiquery, passkey, "
+    "gkamradt, or a .toml file (RULER itself: ctxeval ruler)."
+)

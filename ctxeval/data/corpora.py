@@ -23,13 +23,15 @@ import numpy as np
 
 from ..errors import CtxevalError
 from ..util.hub import hub_reachable, offline_unless_reachable
-from .offline import NAMED_CORPORA, check_named_corpus, held_out_documents, load_named_corpus
 from ..util.paths import cache_dir
 from ..util.textfiles import decode, read_bytes
+from .offline import NAMED_CORPORA, check_named_corpus, held_out_documents, load_named_corpus
 
 TEXT_SUFFIXES = {".txt", ".md", ".text", ".rst"}
 # corpora every install has: CPython's bundled docs, the part held out from the bundled tiny model's training
-BUILTIN_CORPORA = {"pydoc": "CPython's bundled documentation (pydoc_data), the topics held out from the tiny model's training"}
+BUILTIN_CORPORA = {
+    "pydoc": "CPython's bundled documentation (pydoc_data), the topics held out from the tiny model's training"
+}
 ALL_CORPORA = {**BUILTIN_CORPORA, **NAMED_CORPORA}
 RECORD_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -48,14 +50,18 @@ def _local_files(spec: str, what: str = "--data") -> list[Path]:
             raise CtxevalError(f"{what} '{spec}' matches no files")
         return files
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES | set(RECORD_SUFFIXES))
+        files = sorted(
+            p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES | set(RECORD_SUFFIXES)
+        )
         if not files:
             raise CtxevalError(f"{what} directory '{spec}' holds no .txt/.md/.jsonl/.json/.parquet/.csv files")
         return files
     if path.is_file():
         return [path]
     named = ", ".join(ALL_CORPORA)
-    raise CtxevalError(f"{what} '{spec}': no such file or directory (named corpora: {named}; or hf:NAME[:CONFIG][@SPLIT])")
+    raise CtxevalError(
+        f"{what} '{spec}': no such file or directory (named corpora: {named}; or hf:NAME[:CONFIG][@SPLIT])"
+    )
 
 
 def _read_text_file(path: Path) -> str:
@@ -86,7 +92,9 @@ def _records(path: Path, text_field: str) -> Iterator[Document]:
         if bars:
             datasets.enable_progress_bars()
     if text_field not in ds.column_names:
-        raise CtxevalError(f"'{path}' has no field '{text_field}' (fields: {', '.join(ds.column_names)}); use --text-field")
+        raise CtxevalError(
+            f"'{path}' has no field '{text_field}' (fields: {', '.join(ds.column_names)}); use --text-field"
+        )
     for i, text in enumerate(ds[text_field]):
         if isinstance(text, str) and text:
             yield Document(f"{path.name}#{i}", text)
@@ -144,17 +152,21 @@ def check_data_spec(spec: str, what: str = "--data", text_field: str = "text") -
         if suffix in RECORD_SUFFIXES:
             _need_datasets(str(path), what)
             if path.stat().st_size == 0:
-                raise CtxevalError(f"{what} '{path}' is empty; give {RECORD_SUFFIXES[suffix]} records with a "
-                                   f"'{text_field}' field")
+                raise CtxevalError(
+                    f"{what} '{path}' is empty; give {RECORD_SUFFIXES[suffix]} records with a '{text_field}' field"
+                )
         elif suffix and suffix not in TEXT_SUFFIXES:
-            raise CtxevalError(f"'{path}': unsupported file type '{suffix}'; give .txt/.md, .jsonl/.json, .parquet or "
-                               ".csv")
+            raise CtxevalError(
+                f"'{path}': unsupported file type '{suffix}'; give .txt/.md, .jsonl/.json, .parquet or .csv"
+            )
 
 
 def _need_datasets(spec: str, what: str) -> None:
     if importlib.util.find_spec("datasets") is None:
-        raise CtxevalError(f"{what} '{spec}' is read with the datasets package, which is not installed: pip install "
-                           f"datasets, or give .txt files or an offline corpus ({', '.join(ALL_CORPORA)})")
+        raise CtxevalError(
+            f"{what} '{spec}' is read with the datasets package, which is not installed: pip install "
+            f"datasets, or give .txt files or an offline corpus ({', '.join(ALL_CORPORA)})"
+        )
 
 
 def iter_documents(spec: str, text_field: str = "text") -> Iterator[Document]:
@@ -177,7 +189,9 @@ def iter_documents(spec: str, text_field: str = "text") -> Iterator[Document]:
         elif suffix in TEXT_SUFFIXES or not suffix:
             yield Document(str(path), _read_text_file(path))
         else:
-            raise CtxevalError(f"'{path}': unsupported file type '{suffix}'; give .txt/.md, .jsonl/.json, .parquet or .csv")
+            raise CtxevalError(
+                f"'{path}': unsupported file type '{suffix}'; give .txt/.md, .jsonl/.json, .parquet or .csv"
+            )
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -225,8 +239,9 @@ class TokenDoc:
     ids: np.ndarray  # (n_tokens,) int64, no special tokens
 
 
-def select_long_documents(spec: str, tokenizer: Any, n_docs: int, min_tokens: int, text_field: str = "text",
-                          max_scan: int | None = 10_000) -> list[TokenDoc]:
+def select_long_documents(
+    spec: str, tokenizer: Any, n_docs: int, min_tokens: int, text_field: str = "text", max_scan: int | None = 10_000
+) -> list[TokenDoc]:
     """The first `n_docs` documents in corpus order with at least `min_tokens` tokens (the YaRN truncate protocol),
     looking at no more than `max_scan` documents (None: the whole corpus)."""
     chosen: list[TokenDoc] = []
@@ -252,7 +267,9 @@ def select_long_documents(spec: str, tokenizer: Any, n_docs: int, min_tokens: in
     )
 
 
-def first_documents(spec: str, tokenizer: Any, n_docs: int, text_field: str = "text", min_tokens: int = 2) -> list[TokenDoc]:
+def first_documents(
+    spec: str, tokenizer: Any, n_docs: int, text_field: str = "text", min_tokens: int = 2
+) -> list[TokenDoc]:
     """The first `n_docs` documents with at least `min_tokens` tokens (sliding-window protocol)."""
     chosen = []
     for doc in iter_documents(spec, text_field):

@@ -39,8 +39,7 @@ from ..util.paths import cache_dir
 from ..util.textfiles import read_json, write_text
 
 NAMED_CORPORA: dict[str, str] = {
-    "austen": "Jane Austen's six novels, 6 documents of 0.43-0.88M characters "
-    "(Debian package r-cran-janeaustenr)",
+    "austen": "Jane Austen's six novels, 6 documents of 0.43-0.88M characters (Debian package r-cran-janeaustenr)",
     "mobydick": "Herman Melville's Moby Dick, 1 document of 1.2M characters without the Gutenberg "
     "header/footer (Debian package r-cran-tokenizers)",
 }
@@ -95,9 +94,7 @@ def load_named_corpus(name: str) -> list[tuple[str, str]]:
     docs = _read_cache(folder, stamp)
     if docs is None:
         objects = read_rdata_objects(data_dir, [obj for obj, _ in source.objects])
-        docs = [
-            (title, _to_text(objects[obj], source.gutenberg, f"{obj} in {rdb}")) for obj, title in source.objects
-        ]
+        docs = [(title, _to_text(objects[obj], source.gutenberg, f"{obj} in {rdb}")) for obj, title in source.objects]
         files = [f"{obj}.txt" for obj, _ in source.objects]
         _write_cache(folder, stamp, [(title, file, text) for file, (title, text) in zip(files, docs)])
     return docs
@@ -283,9 +280,26 @@ def _atomic_write(path: Path, text: str) -> None:
 
 # every 4th pydoc topic by length in CPython 3.11 (index 0, 4, 8, ... of the topics sorted longest first)
 HELD_OUT_TITLES: tuple[str, ...] = (
-    "specialnames", "string-methods", "customization", "execmodel", "operator-summary", "naming", "objects",
-    "with", "dict", "context-managers", "global", "power", "typesmodules", "floating", "bitwise", "while", "if",
-    "break", "numbers", "bltin-null-object",
+    "specialnames",
+    "string-methods",
+    "customization",
+    "execmodel",
+    "operator-summary",
+    "naming",
+    "objects",
+    "with",
+    "dict",
+    "context-managers",
+    "global",
+    "power",
+    "typesmodules",
+    "floating",
+    "bitwise",
+    "while",
+    "if",
+    "break",
+    "numbers",
+    "bltin-null-object",
 )
 MIN_DEDUP_LINE = 12  # training lines at least this long (stripped) that occur in held-out text are removed
 _CONTAINED = 0.5  # a held-out topic with more than this share of its lines inside a longer one is not a document

@@ -45,7 +45,9 @@ def load_task(name_or_path: str, kind: str) -> dict[str, Any]:
     else:
         entry = tasks_folder() / f"{name_or_path}.toml"
         if not entry.is_file():
-            raise CtxevalError(f"unknown task '{name_or_path}'; presets: {', '.join(preset_names(kind))}, or a .toml path")
+            raise CtxevalError(
+                f"unknown task '{name_or_path}'; presets: {', '.join(preset_names(kind))}, or a .toml path"
+            )
         text = entry.read_text(encoding="utf-8")  # a preset shipped with ctxeval
     data = parse_toml(text, f"task '{name_or_path}'")
     if not isinstance(data.get("kind", kind), str):

@@ -45,8 +45,13 @@ class PointOOM(Exception):
     """Out of memory while measuring one point (the message is the first line of the original error)."""
 
 
-OOM_MESSAGES = ("out of memory", "can't allocate", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
-                "cudnn_status_not_enough_workspace")
+OOM_MESSAGES = (
+    "out of memory",
+    "can't allocate",
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "cudnn_status_not_enough_workspace",
+)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -76,7 +81,9 @@ def oom_guard(device: str) -> Iterator[None]:
         raise PointOOM(message) from None
 
 
-def head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+def head_parts(
+    model: torch.nn.Module,
+) -> tuple[torch.nn.Module, torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """(body, LM head, logit post-processing) so that logits can be computed a chunk of positions at a time."""
     body = getattr(model, model.base_model_prefix, None)
     head = model.get_output_embeddings()
@@ -99,5 +106,13 @@ def head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module
 def point_row(model_name: str, spec: MethodSpec, task: str, **fields: Any) -> dict[str, Any]:
     """A row's leading fields (model, method, label, params, task, metric) followed by `fields` (which may set
     `value`; a failed point has value None)."""
-    return {"model": model_name, "method": spec.method_name, "label": spec.label, "params": spec.record_params,
-            "task": task, "metric": METRICS[task], "value": None, **fields}
+    return {
+        "model": model_name,
+        "method": spec.method_name,
+        "label": spec.label,
+        "params": spec.record_params,
+        "task": task,
+        "metric": METRICS[task],
+        "value": None,
+        **fields,
+    }

@@ -56,8 +56,9 @@ class EntropyConfig:
 class EntropyCapture:
     """Per-query entropies of the sampled layers/heads during one forward: layer -> tensor [positions]."""
 
-    def __init__(self, layers: set[int] | None, heads: tuple[int, ...] | None, chunk: int,
-                 chunk_bytes: int = 2**31) -> None:
+    def __init__(
+        self, layers: set[int] | None, heads: tuple[int, ...] | None, chunk: int, chunk_bytes: int = 2**31
+    ) -> None:
         self.layers, self.heads, self.chunk, self.chunk_bytes = layers, heads, chunk, chunk_bytes
         self.per_layer: dict[int, torch.Tensor] = {}
         self.counter = 0
@@ -65,8 +66,15 @@ class EntropyCapture:
     def reset(self) -> None:
         self.per_layer, self.counter = {}, 0
 
-    def observe(self, module: Any, query: torch.Tensor, key: torch.Tensor, mask: Any, scaling: float | None,
-                kwargs: dict[str, Any]) -> None:
+    def observe(
+        self,
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        mask: Any,
+        scaling: float | None,
+        kwargs: dict[str, Any],
+    ) -> None:
         layer = getattr(module, "layer_idx", None)
         if layer is None:
             layer = self.counter
@@ -74,8 +82,10 @@ class EntropyCapture:
         if self.layers is not None and layer not in self.layers:
             return
         if kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None:
-            raise CtxevalError("entropy: this model's attention uses logit soft-capping or sinks, which the entropy "
-                               "measurement does not model")
+            raise CtxevalError(
+                "entropy: this model's attention uses logit soft-capping or sinks, which the entropy "
+                "measurement does not model"
+            )
         # query [B, H, q, D], key [B, Hkv, k, D]
         b, n_heads, n_q, dim = query.shape
         n_k = key.shape[-2]
@@ -85,7 +95,7 @@ class EntropyCapture:
         if max(heads) >= n_heads:
             raise CtxevalError(f"--heads {max(heads)} is out of range: the model has {n_heads} query heads")
         group = n_heads // key.shape[1]
-        scale = float(scaling) if scaling is not None else dim ** -0.5
+        scale = float(scaling) if scaling is not None else dim**-0.5
         by_kv: dict[int, list[int]] = {}  # query heads per key/value head: k is read once per group, never expanded
         for h in heads:
             by_kv.setdefault(h // group, []).append(h)
@@ -120,8 +130,9 @@ class EntropyCapture:
 @contextlib.contextmanager
 def capture(model: Any, cfg: EntropyConfig) -> Iterator[EntropyCapture]:
     """Watch the model's sdpa attention while the block runs; yields the capture object."""
-    cap = EntropyCapture(set(cfg.layers) if cfg.layers is not None else None, cfg.heads, cfg.query_chunk,
-                         cfg.chunk_bytes)
+    cap = EntropyCapture(
+        set(cfg.layers) if cfg.layers is not None else None, cfg.heads, cfg.query_chunk, cfg.chunk_bytes
+    )
     with watch_sdpa(model, cap.observe, purpose="entropy"):
         yield cap
 
@@ -129,8 +140,15 @@ def capture(model: Any, cfg: EntropyConfig) -> Iterator[EntropyCapture]:
 class EntropyRunner:
     KEY = RESUME_FIELDS["entropy"]
 
-    def __init__(self, model: Any, device: str, cfg: EntropyConfig, bos_id: int | None, model_name: str,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        device: str,
+        cfg: EntropyConfig,
+        bos_id: int | None,
+        model_name: str,
+        progress: Progress | None = None,
+    ) -> None:
         self.model, self.device, self.cfg, self.bos_id = model, device, cfg, bos_id
         self.model_name, self.progress = model_name, progress or SilentProgress()
 
@@ -147,22 +165,36 @@ class EntropyRunner:
         with oom_guard(self.device), torch.inference_mode():
             body(input_ids=self._ids(doc, length), use_cache=False)
         if not cap.per_layer:
-            raise CtxevalError("entropy: no attention call was seen; this model does not use transformers' "
-                               "attention functions (sdpa)")
+            raise CtxevalError(
+                "entropy: no attention call was seen; this model does not use transformers' attention functions (sdpa)"
+            )
         return dict(cap.per_layer)
 
-    def _row(self, spec: MethodSpec, doc: TokenDoc, length: int, per_layer: dict[int, torch.Tensor],
-             seconds: float) -> dict[str, Any]:
+    def _row(
+        self, spec: MethodSpec, doc: TokenDoc, length: int, per_layer: dict[int, torch.Tensor], seconds: float
+    ) -> dict[str, Any]:
         layers = sorted(per_layer)
         values = [float(per_layer[l][:length].mean()) for l in layers]
         mean = float(np.mean(values))
-        return point_row(self.model_name, spec, "entropy", value=mean, length=length, doc=doc.doc_id, layers=layers,
-                         entropy_per_layer=values, entropy=mean,
-                         uniform_entropy=uniform_entropy(length), heads=list(self.cfg.heads) if self.cfg.heads else "all",
-                         seconds=seconds, status="ok")
+        return point_row(
+            self.model_name,
+            spec,
+            "entropy",
+            value=mean,
+            length=length,
+            doc=doc.doc_id,
+            layers=layers,
+            entropy_per_layer=values,
+            entropy=mean,
+            uniform_entropy=uniform_entropy(length),
+            heads=list(self.cfg.heads) if self.cfg.heads else "all",
+            seconds=seconds,
+            status="ok",
+        )
 
-    def measure(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int], cap: EntropyCapture, append: Any,
-                static: bool = True) -> None:
+    def measure(
+        self, spec: MethodSpec, doc: TokenDoc, lengths: list[int], cap: EntropyCapture, append: Any, static: bool = True
+    ) -> None:
         """One forward at max(lengths) for a static method (falls back to one forward per length when it runs out
         of memory, so shorter lengths are still measured); one forward per length otherwise."""
         groups = [sorted(lengths)] if static else [[L] for L in sorted(lengths)]
@@ -181,8 +213,14 @@ class EntropyRunner:
                     self.progress.note(f"{spec.label}: out of memory at {top} tokens; measuring length by length")
                     groups = [[L] for L in group] + groups
                     continue
-                append([point_row(self.model_name, spec, "entropy", length=L, doc=doc.doc_id, status="oom",
-                                  note=str(exc)) for L in group])
+                append(
+                    [
+                        point_row(
+                            self.model_name, spec, "entropy", length=L, doc=doc.doc_id, status="oom", note=str(exc)
+                        )
+                        for L in group
+                    ]
+                )
                 self.progress.note(f"{spec.label}: out of memory at {top} tokens")
                 continue
             seconds = time.perf_counter() - t0
@@ -190,20 +228,39 @@ class EntropyRunner:
             self.progress.advance(top, f"{spec.label} {doc.doc_id} L={top}")
 
 
-def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: EntropyConfig, store: Any,
-          progress: Progress | None = None) -> None:
+def sweep(
+    lm: Any,
+    specs: list[MethodSpec],
+    docs: list[TokenDoc],
+    cfg: EntropyConfig,
+    store: Any,
+    progress: Progress | None = None,
+) -> None:
     """Every (method, length, document) point not yet in `store`, one method applied at a time."""
     progress = progress or SilentProgress()
     runner = EntropyRunner(lm.model, lm.device, cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name, progress)
     dynamic = {s.label for s in specs if length_dependent(s, lm)}
     items = document_items(
-        specs, docs, cfg.lengths, store.done_points(EntropyRunner.KEY),
-        per_length=lambda spec: spec.label in dynamic, windows=lambda doc: 1,
-        tokens=lambda spec, doc, group: sum(group) if spec.label in dynamic else max(group))
+        specs,
+        docs,
+        cfg.lengths,
+        store.done_points(EntropyRunner.KEY),
+        per_length=lambda spec: spec.label in dynamic,
+        windows=lambda doc: 1,
+        tokens=lambda spec, doc, group: sum(group) if spec.label in dynamic else max(group),
+    )
     with capture(lm.model, cfg) as cap:
-        run_items(lm, specs, items, cfg.lengths, store, progress,
-                  lambda spec, item, _handle: runner.measure(spec, item[0], item[1], cap, store.append,
-                                                             static=spec.label not in dynamic))
+        run_items(
+            lm,
+            specs,
+            items,
+            cfg.lengths,
+            store,
+            progress,
+            lambda spec, item, _handle: runner.measure(
+                spec, item[0], item[1], cap, store.append, static=spec.label not in dynamic
+            ),
+        )
 
 
 def check_layers(n_layers: int, layers: tuple[int, ...] | None) -> None:

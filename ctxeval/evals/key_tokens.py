@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 from ..data.corpora import TokenDoc
-from ..runs.distributed import current
 from ..errors import CtxevalError
-from ..util.numbers import whole_number
+from ..runs.distributed import current
 from ..specs import MethodSpec
+from ..util.numbers import whole_number
 from ..util.textfiles import MAX_TEXT_BYTES, read_json, write_text
 from .common import Progress, SilentProgress, oom_guard
 from .perplexity import token_nll
@@ -62,8 +62,11 @@ class KeyTokenSettings:
     beta: float = BETA
 
     def record(self) -> dict[str, Any]:
-        return {**asdict(self), "evaluator_prefix": list(self.evaluator_prefix),
-                "rule": "LongPPL find_key_token: short loss - long loss > alpha and long loss < beta"}
+        return {
+            **asdict(self),
+            "evaluator_prefix": list(self.evaluator_prefix),
+            "rule": "LongPPL find_key_token: short loss - long loss > alpha and long loss < beta",
+        }
 
 
 def default_context(trained_length: int, longest: int) -> int:
@@ -84,20 +87,27 @@ def check_settings(settings: KeyTokenSettings, lengths: tuple[int, ...], protoco
     if protocol != "truncate":
         raise CtxevalError("--key-tokens (LongPPL) scores one long context per document: use --protocol truncate")
     if settings.context < 1 or settings.window < 1:
-        raise CtxevalError(f"--key-tokens-context must be at least 1 token (its stride a quarter of it, at least 1), "
-                           f"got {settings.context}")
+        raise CtxevalError(
+            f"--key-tokens-context must be at least 1 token (its stride a quarter of it, at least 1), "
+            f"got {settings.context}"
+        )
     if settings.context >= max(lengths):
-        raise CtxevalError(f"--key-tokens-context {settings.context} is not shorter than the longest length "
-                           f"{max(lengths)}: no token would have more than the short context; use a smaller "
-                           "--key-tokens-context or longer --lengths")
+        raise CtxevalError(
+            f"--key-tokens-context {settings.context} is not shorter than the longest length "
+            f"{max(lengths)}: no token would have more than the short context; use a smaller "
+            "--key-tokens-context or longer --lengths"
+        )
 
 
 def same_tokenizer(a: Any, b: Any) -> bool:
     """Whether two tokenizers map text to the same ids (same vocabulary, BOS and default special tokens)."""
     if a is b:
         return True
-    return (a.get_vocab() == b.get_vocab() and getattr(a, "bos_token_id", None) == getattr(b, "bos_token_id", None)
-            and special_prefix(a) == special_prefix(b))
+    return (
+        a.get_vocab() == b.get_vocab()
+        and getattr(a, "bos_token_id", None) == getattr(b, "bos_token_id", None)
+        and special_prefix(a) == special_prefix(b)
+    )
 
 
 def special_prefix(tokenizer: Any) -> tuple[int, ...]:
@@ -107,15 +117,25 @@ def special_prefix(tokenizer: Any) -> tuple[int, ...]:
     plain = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
     full = list(tokenizer(probe)["input_ids"])
     for start in range(len(full) - len(plain) + 1):
-        if full[start:start + len(plain)] == plain:
+        if full[start : start + len(plain)] == plain:
             return tuple(full[:start])
-    raise CtxevalError("the tokenizer's default special tokens change the text's own tokens; LongPPL's key tokens "
-                       "cannot be placed: use an evaluator whose tokenizer only adds tokens around the text")
+    raise CtxevalError(
+        "the tokenizer's default special tokens change the text's own tokens; LongPPL's key tokens "
+        "cannot be placed: use an evaluator whose tokenizer only adds tokens around the text"
+    )
 
 
 @torch.inference_mode()
-def key_positions(model: torch.nn.Module, device: str, sequence: list[int], context: int, window: int,
-                  alpha: float = ALPHA, beta: float = BETA, chunk_size: int = 1024) -> np.ndarray:
+def key_positions(
+    model: torch.nn.Module,
+    device: str,
+    sequence: list[int],
+    context: int,
+    window: int,
+    alpha: float = ALPHA,
+    beta: float = BETA,
+    chunk_size: int = 1024,
+) -> np.ndarray:
     """The key tokens of one sequence as positions t (index into `sequence`), ascending."""
     ids = torch.tensor([sequence], device=device)  # (1, n)
     n = len(sequence)
@@ -138,14 +158,16 @@ def document_sequence(doc: TokenDoc, length: int, bos: int | None) -> list[int]:
     return ([bos] if bos is not None else []) + doc.ids[:n_doc].tolist()
 
 
-def evaluator_keys(model: torch.nn.Module, device: str, document: list[int], settings: KeyTokenSettings,
-                   chunk_size: int) -> np.ndarray:
+def evaluator_keys(
+    model: torch.nn.Module, device: str, document: list[int], settings: KeyTokenSettings, chunk_size: int
+) -> np.ndarray:
     """Key tokens of the document tokens the evaluated model reads, as positions in its sequence (BOS first when
     settings.bos): the evaluator reads the same tokens behind its own tokenizer's default prefix, as LongPPL's
     find_key_token, so its key token at position e is the document's token e - len(prefix)."""
     prefix = list(settings.evaluator_prefix)
-    found = key_positions(model, device, prefix + document, settings.context, settings.window, settings.alpha,
-                          settings.beta, chunk_size)
+    found = key_positions(
+        model, device, prefix + document, settings.context, settings.window, settings.alpha, settings.beta, chunk_size
+    )
     positions = found - len(prefix) + (1 if settings.bos else 0)
     return positions[positions >= 1]  # position 0 has no loss (never the case while context > len(prefix))
 
@@ -166,7 +188,11 @@ def read_cache(path: Path, settings: KeyTokenSettings, expected: dict[str, int])
     found = {}
     for doc, n in expected.items():
         entry = docs.get(doc)
-        if not isinstance(entry, dict) or entry.get("sequence_tokens") != n or not isinstance(entry.get("positions"), list):
+        if (
+            not isinstance(entry, dict)
+            or entry.get("sequence_tokens") != n
+            or not isinstance(entry.get("positions"), list)
+        ):
             return None
         positions = [whole_number(p, minimum=1, maximum=n - 1) for p in entry["positions"]]
         if None in positions or any(b <= a for a, b in zip(positions, positions[1:])):
@@ -181,14 +207,28 @@ def summary(settings: KeyTokenSettings, found: dict[str, np.ndarray], expected: 
     for doc, positions in found.items():
         evaluator_tokens = expected[doc] - (1 if settings.bos else 0) + len(settings.evaluator_prefix)
         candidates = max(0, evaluator_tokens - settings.context)
-        docs.append({"doc": doc, "key_tokens": int(len(positions)), "candidates": candidates,
-                     "fraction": round(len(positions) / candidates, 6) if candidates else None})
+        docs.append(
+            {
+                "doc": doc,
+                "key_tokens": int(len(positions)),
+                "candidates": candidates,
+                "fraction": round(len(positions) / candidates, 6) if candidates else None,
+            }
+        )
     return {**settings.record(), "file": CACHE_FILE, "documents": docs}
 
 
-def find_key_tokens(store: Any, settings: KeyTokenSettings, load_evaluator: Callable[[], tuple[Any, Callable[[], None]]],
-                    spec: MethodSpec, docs: list[TokenDoc], max_length: int, bos: int | None, chunk_size: int,
-                    progress: Progress | None = None) -> dict[str, np.ndarray]:
+def find_key_tokens(
+    store: Any,
+    settings: KeyTokenSettings,
+    load_evaluator: Callable[[], tuple[Any, Callable[[], None]]],
+    spec: MethodSpec,
+    docs: list[TokenDoc],
+    max_length: int,
+    bos: int | None,
+    chunk_size: int,
+    progress: Progress | None = None,
+) -> dict[str, np.ndarray]:
     """doc id -> key-token positions, computed once per run directory (key-tokens.json) by the main rank under the
     evaluator's method, then read by every rank; run.json's `key_tokens` records the counts."""
     if settings.bos != (bos is not None):
@@ -202,19 +242,22 @@ def find_key_tokens(store: Any, settings: KeyTokenSettings, load_evaluator: Call
         lm, release = load_evaluator()
         try:
             if length_dependent(spec, lm):
-                raise CtxevalError(f"--key-tokens-method {spec.label} depends on the sequence length; key tokens are "
-                                   "found once per document: give a static method (e.g. yarn:factor=2)")
+                raise CtxevalError(
+                    f"--key-tokens-method {spec.label} depends on the sequence length; key tokens are "
+                    "found once per document: give a static method (e.g. yarn:factor=2)"
+                )
             found = {}
             with applying(lm, spec, (max_length,)):
                 for doc in docs:
                     progress.note(f"key tokens: {settings.evaluator} under {spec.label} on {doc.doc_id}")
-                    document = document_sequence(doc, max_length, bos)[1 if bos is not None else 0:]
+                    document = document_sequence(doc, max_length, bos)[1 if bos is not None else 0 :]
                     found[doc.doc_id] = evaluator_keys(lm.model, lm.device, document, settings, chunk_size)
         finally:
             release()
-        data = {"settings": settings.record(),
-                "documents": {doc: {"sequence_tokens": expected[doc], "positions": found[doc].tolist()}
-                              for doc in found}}
+        data = {
+            "settings": settings.record(),
+            "documents": {doc: {"sequence_tokens": expected[doc], "positions": found[doc].tolist()} for doc in found},
+        }
         write_text(path, json.dumps(data) + "\n", "key-tokens file")
     if dist.is_main:
         store.update(key_tokens=summary(settings, found, expected))

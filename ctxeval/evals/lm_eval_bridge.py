@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CtxevalError
-from ..util.numbers import finite_number
-from ..util.hub import hub_reachable, offline_unless_reachable
 from ..models.load import drop_messages
-from ..util.paths import safe_name
 from ..runs.rows import point_key
 from ..specs import MethodSpec
+from ..util.hub import hub_reachable, offline_unless_reachable
+from ..util.numbers import finite_number
+from ..util.paths import safe_name
 from ..util.textfiles import atomic_path, make_dirs, parse_json, write_text
 from .common import Progress, SilentProgress, point_row
 from .sweep import applied
@@ -34,8 +34,11 @@ TESTED_VERSION = "0.4.13"
 RESULTS_DIR = "lm-eval"  # lm-eval's own JSON per (method, task), inside the run directory
 # HFLM's warnings for a model passed already loaded, which is how the bridge works (in one process, refused under
 # torchrun): 'do not launch via accelerate or use parallelize=True' and 'assuming single-process call'
-LOADED_MODEL_WARNINGS = ("lm_eval.models.huggingface", "`pretrained` model kwarg is not of type `str`",
-                         "Passed an already-initialized model through `pretrained`")
+LOADED_MODEL_WARNINGS = (
+    "lm_eval.models.huggingface",
+    "`pretrained` model kwarg is not of type `str`",
+    "Passed an already-initialized model through `pretrained`",
+)
 
 
 def require_lm_eval() -> Any:
@@ -120,34 +123,59 @@ def task_manager(cfg: LmEvalConfig) -> Any:
         import difflib
 
         near = difflib.get_close_matches(unknown[0], sorted(known), n=3)
-        raise CtxevalError(f"unknown lm-eval task '{unknown[0]}'" + (f" (did you mean {', '.join(near)}?)" if near else "")
-                           + "; `lm_eval ls tasks` lists them, or point --include-path at your task's YAML folder")
+        raise CtxevalError(
+            f"unknown lm-eval task '{unknown[0]}'"
+            + (f" (did you mean {', '.join(near)}?)" if near else "")
+            + "; `lm_eval ls tasks` lists them, or point --include-path at your task's YAML folder"
+        )
     return manager
 
 
-def result_rows(model_name: str, spec: MethodSpec, requested: str, results: dict[str, Any], cfg: LmEvalConfig,
-                seconds: float) -> list[dict[str, Any]]:
+def result_rows(
+    model_name: str, spec: MethodSpec, requested: str, results: dict[str, Any], cfg: LmEvalConfig, seconds: float
+) -> list[dict[str, Any]]:
     """lm-eval's `results` (task -> {'metric,filter': value, 'metric_stderr,filter': stderr, ...}) as rows."""
     rows = []
     for task, entries in results.items():
         n_samples = entries.get("sample_len") if isinstance(entries.get("sample_len"), int) else None
         for key, value in entries.items():
-            if ("," not in key or "_stderr," in key or not isinstance(value, (int, float)) or isinstance(value, bool)
-                    or finite_number(value) is None):  # lm-eval's NaN for a metric it could not compute
+            if (
+                "," not in key
+                or "_stderr," in key
+                or not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or finite_number(value) is None
+            ):  # lm-eval's NaN for a metric it could not compute
                 continue
             metric, _, filt = key.partition(",")
             stderr = entries.get(f"{metric}_stderr,{filt}")
-            rows.append(point_row(model_name, spec, "lm-eval", lm_eval_task=requested, subtask=task, metric=metric,
-                                  filter=filt, value=float(value),
-                                  stderr=finite_number(stderr),
-                                  samples=n_samples, length=cfg.max_length, limit=cfg.limit,
-                                  num_fewshot=cfg.num_fewshot, status="ok", seconds=round(seconds, 3)))
+            rows.append(
+                point_row(
+                    model_name,
+                    spec,
+                    "lm-eval",
+                    lm_eval_task=requested,
+                    subtask=task,
+                    metric=metric,
+                    filter=filt,
+                    value=float(value),
+                    stderr=finite_number(stderr),
+                    samples=n_samples,
+                    length=cfg.max_length,
+                    limit=cfg.limit,
+                    num_fewshot=cfg.num_fewshot,
+                    status="ok",
+                    seconds=round(seconds, 3),
+                )
+            )
     return rows
 
 
 def done_pairs(rows: list[dict[str, Any]]) -> set[tuple[str, ...]]:
     """(label, requested task) pairs with results: a resume skips them."""
-    return {point_key(r, ("label", "lm_eval_task")) for r in rows if r.get("task") == "lm-eval" and r.get("status") == "ok"}
+    return {
+        point_key(r, ("label", "lm_eval_task")) for r in rows if r.get("task") == "lm-eval" and r.get("status") == "ok"
+    }
 
 
 def save_results(store: Any, spec: MethodSpec, requested: str, result: dict[str, Any], log_samples: bool) -> None:
@@ -156,8 +184,9 @@ def save_results(store: Any, spec: MethodSpec, requested: str, result: dict[str,
     folder = Path(store.dir) / RESULTS_DIR / safe_name(spec.label)
     make_dirs(folder, "lm-eval results folder")
     kept = {k: v for k, v in result.items() if k != "samples"}
-    write_text(folder / f"{safe_name(requested)}.json", json.dumps(kept, indent=2, default=str) + "\n",
-               "lm-eval results file")
+    write_text(
+        folder / f"{safe_name(requested)}.json", json.dumps(kept, indent=2, default=str) + "\n", "lm-eval results file"
+    )
     if log_samples and result.get("samples"):
         with atomic_path(folder / f"{safe_name(requested)}.samples.jsonl", "lm-eval samples file") as tmp:
             with open(tmp, "w", encoding="utf-8") as fh:
@@ -175,8 +204,12 @@ def evaluate(lm: Any, specs: list[MethodSpec], cfg: LmEvalConfig, store: Any, pr
     progress = progress or SilentProgress()
     manager = task_manager(cfg)
     done = done_pairs(store.rows())
-    todo = [(s, t) for s in specs for t in cfg.tasks if point_key({"label": s.label, "lm_eval_task": t},
-                                                                    ("label", "lm_eval_task")) not in done]
+    todo = [
+        (s, t)
+        for s in specs
+        for t in cfg.tasks
+        if point_key({"label": s.label, "lm_eval_task": t}, ("label", "lm_eval_task")) not in done
+    ]
     progress.start(len(todo))
     if not todo:
         return
@@ -193,8 +226,13 @@ def evaluate(lm: Any, specs: list[MethodSpec], cfg: LmEvalConfig, store: Any, pr
         engine["build"] = build
     else:
         drop_messages(*LOADED_MODEL_WARNINGS)
-        wrapper = HFLM(pretrained=lm.model, tokenizer=lm.tokenizer, device=str(lm.device), batch_size=cfg.batch_size,
-                       max_length=cfg.max_length)
+        wrapper = HFLM(
+            pretrained=lm.model,
+            tokenizer=lm.tokenizer,
+            device=str(lm.device),
+            batch_size=cfg.batch_size,
+            max_length=cfg.max_length,
+        )
     effective = dict(store.record.get("methods", {}))
     for spec in specs:
         tasks = [t for s, t in todo if s.label == spec.label]
@@ -206,16 +244,24 @@ def evaluate(lm: Any, specs: list[MethodSpec], cfg: LmEvalConfig, store: Any, pr
             for task in tasks:
                 start = time.perf_counter()
                 try:
-                    result = lm_eval.simple_evaluate(model=wrapper, tasks=[task], num_fewshot=cfg.num_fewshot,
-                                                     limit=cfg.limit, log_samples=cfg.log_samples,
-                                                     task_manager=manager, batch_size=cfg.batch_size,
-                                                     metadata=cfg.metadata)
+                    result = lm_eval.simple_evaluate(
+                        model=wrapper,
+                        tasks=[task],
+                        num_fewshot=cfg.num_fewshot,
+                        limit=cfg.limit,
+                        log_samples=cfg.log_samples,
+                        task_manager=manager,
+                        batch_size=cfg.batch_size,
+                        metadata=cfg.metadata,
+                    )
                 except Exception as exc:  # lm-eval and datasets raise many types for a dataset they cannot load
                     if offline or not hub_reachable():
-                        raise CtxevalError(f"lm-eval task '{task}' could not load its data "
-                                           f"({(str(exc).splitlines() or [type(exc).__name__])[0][:160]}); the "
-                                           "Hugging Face Hub is unreachable: run it with the network, or give a "
-                                           "local task (--include-path)") from None
+                        raise CtxevalError(
+                            f"lm-eval task '{task}' could not load its data "
+                            f"({(str(exc).splitlines() or [type(exc).__name__])[0][:160]}); the "
+                            "Hugging Face Hub is unreachable: run it with the network, or give a "
+                            "local task (--include-path)"
+                        ) from None
                     raise
                 save_results(store, spec, task, result, cfg.log_samples)
                 store.append(result_rows(lm.name, spec, task, result["results"], cfg, time.perf_counter() - start))

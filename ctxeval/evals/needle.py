@@ -22,10 +22,10 @@ import torch
 
 from ..data import corpora
 from ..errors import CtxevalError
+from ..models.generation import greedy_config, stop_ids, streams, until_stop
 from ..runs.rows import RESUME_FIELDS, point_key
 from ..specs import MethodSpec
 from .common import PointOOM, Progress, SilentProgress, head_parts, numbered, oom_guard, point_row
-from ..models.generation import greedy_config, stop_ids, streams, until_stop
 from .sweep import WorkItem, forward_cost, run_items
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -34,12 +34,16 @@ MAX_DIGITS = 18  # digits:N draws 64-bit integers
 MAX_REDRAWS = 1000  # a value that repeats one of its sample's is redrawn at most this often, then picked among the free
 MAX_ENUMERATED = 1_000_000  # ranges small enough to list their free values
 # RULER draws keys from a word list; ours is a fixed list in code so that keys are reproducible from the seed
-KEY_ADJECTIVES = ("ancient amber bitter brave calm clever cold curious daring eager fancy fierce gentle giant glossy golden "
-        "hollow humble icy jolly lively lucky mellow misty noble odd plain quiet rapid rustic shiny silent smooth "
-        "sturdy sunny swift tender tidy vivid wary wild witty").split()
-KEY_NOUNS = ("anchor apple badger basket beacon bridge canyon cedar comet cottage falcon feather garden glacier harbor "
-         "island kettle lantern meadow mirror orchard otter pebble pepper quarry river saddle signal spruce summit "
-         "teapot thunder tunnel valley violin walnut willow window zephyr").split()
+KEY_ADJECTIVES = (
+    "ancient amber bitter brave calm clever cold curious daring eager fancy fierce gentle giant glossy golden "
+    "hollow humble icy jolly lively lucky mellow misty noble odd plain quiet rapid rustic shiny silent smooth "
+    "sturdy sunny swift tender tidy vivid wary wild witty"
+).split()
+KEY_NOUNS = (
+    "anchor apple badger basket beacon bridge canyon cedar comet cottage falcon feather garden glacier harbor "
+    "island kettle lantern meadow mirror orchard otter pebble pepper quarry river saddle signal spruce summit "
+    "teapot thunder tunnel valley violin walnut willow window zephyr"
+).split()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -75,29 +79,41 @@ class NeedlePreset:
         if self.match not in ("all", "first_int", "terms"):
             raise CtxevalError(f"needle preset '{self.name}': match must be all, first_int or terms")
         if not re.fullmatch(r"digits:\d+|int:\d+:\d+|fixed:.+", self.value):
-            raise CtxevalError(f"needle preset '{self.name}': value must be digits:N, int:LO:HI or fixed:TEXT, got '{self.value}'")
+            raise CtxevalError(
+                f"needle preset '{self.name}': value must be digits:N, int:LO:HI or fixed:TEXT, got '{self.value}'"
+            )
         if min(self.keys, self.values_per_key) < 1 or self.distractors < 0:
             raise CtxevalError(f"needle preset '{self.name}': keys and values_per_key must be >= 1, distractors >= 0")
         if self.keys + self.distractors > len(KEY_ADJECTIVES) * len(KEY_NOUNS):
-            raise CtxevalError(f"needle preset '{self.name}': keys + distractors is {self.keys + self.distractors}, "
-                               f"more than the {len(KEY_ADJECTIVES) * len(KEY_NOUNS)} distinct keys; use fewer")
+            raise CtxevalError(
+                f"needle preset '{self.name}': keys + distractors is {self.keys + self.distractors}, "
+                f"more than the {len(KEY_ADJECTIVES) * len(KEY_NOUNS)} distinct keys; use fewer"
+            )
         if not self.value.startswith("fixed:") and any(len(part) > 18 for part in self.value.split(":")[1:]):
-            raise CtxevalError(f"needle preset '{self.name}': value '{self.value[:60]}' has a number of more than 18 "
-                               "digits; values are 64-bit integers")
+            raise CtxevalError(
+                f"needle preset '{self.name}': value '{self.value[:60]}' has a number of more than 18 "
+                "digits; values are 64-bit integers"
+            )
         if self.value.startswith("digits:") and not 1 <= int(self.value.partition(":")[2]) <= MAX_DIGITS:
-            raise CtxevalError(f"needle preset '{self.name}': value digits:N needs 1 <= N <= {MAX_DIGITS}, "
-                               f"got '{self.value}'")
+            raise CtxevalError(
+                f"needle preset '{self.name}': value digits:N needs 1 <= N <= {MAX_DIGITS}, got '{self.value}'"
+            )
         bounds = _value_range(self.value)
         if bounds is not None and bounds[0] > bounds[1]:
             raise CtxevalError(f"needle preset '{self.name}': value int:LO:HI needs LO <= HI, got '{self.value}'")
         needles = self.keys * self.values_per_key + self.distractors
         if bounds is not None and bounds[1] - bounds[0] + 1 < needles:  # a sample's values are distinct; fixed repeats
-            raise CtxevalError(f"needle preset '{self.name}': value '{self.value}' has {bounds[1] - bounds[0] + 1} "
-                               f"distinct values for {needles} needles (keys x values_per_key + distractors); widen its range")
+            raise CtxevalError(
+                f"needle preset '{self.name}': value '{self.value}' has {bounds[1] - bounds[0] + 1} "
+                f"distinct values for {needles} needles (keys x values_per_key + distractors); widen its range"
+            )
         if "{value}" not in self.needle and not self.value.startswith("fixed:"):
             raise CtxevalError(f"needle preset '{self.name}': the needle text must contain {{value}}")
-        for field_name, text, allowed in (("needle", self.needle, {"key", "value"}), ("question", self.question, {"keys"}),
-                                          ("answer_prefix", self.answer_prefix, {"keys"})):
+        for field_name, text, allowed in (
+            ("needle", self.needle, {"key", "value"}),
+            ("question", self.question, {"keys"}),
+            ("answer_prefix", self.answer_prefix, {"keys"}),
+        ):
             try:
                 names = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
             except ValueError as exc:
@@ -140,8 +156,10 @@ def _unused_value(preset: NeedlePreset, used: set[str], rng: np.random.Generator
     free value exists)."""
     lo, hi = _value_range(preset.value) or (0, -1)
     if hi - lo >= MAX_ENUMERATED:
-        raise CtxevalError(f"needle preset '{preset.name}': {MAX_REDRAWS} draws from '{preset.value}' all repeated a "
-                           "value of the sample; widen its range")
+        raise CtxevalError(
+            f"needle preset '{preset.name}': {MAX_REDRAWS} draws from '{preset.value}' all repeated a "
+            "value of the sample; widen its range"
+        )
     free = [str(v) for v in range(lo, hi + 1) if str(v) not in used]
     return free[int(rng.integers(len(free)))]
 
@@ -172,8 +190,13 @@ def make_sample(preset: NeedlePreset, rng: np.random.Generator) -> Sample:
     queried = keys[: preset.keys]
     key_text = ", ".join(queried[:-1]) + (" and " if len(queried) > 1 else "") + queried[-1]
     n_queried = preset.keys * preset.values_per_key
-    return Sample(tuple(needles), n_queried, preset.question.format(keys=key_text),
-                  preset.answer_prefix.format(keys=key_text), tuple(answers))
+    return Sample(
+        tuple(needles),
+        n_queried,
+        preset.question.format(keys=key_text),
+        preset.answer_prefix.format(keys=key_text),
+        tuple(answers),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -207,8 +230,16 @@ class Prompt:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer: Any, preset: NeedlePreset, haystack_ids: np.ndarray, *, chat_template: bool,
-                 bos: bool = True, snap: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        preset: NeedlePreset,
+        haystack_ids: np.ndarray,
+        *,
+        chat_template: bool,
+        bos: bool = True,
+        snap: bool = False,
+    ) -> None:
         self.tok = tokenizer
         self.preset = preset
         self.haystack = haystack_ids  # (n,) token ids of consecutive haystack text
@@ -219,8 +250,9 @@ class PromptBuilder:
         self.post_chat: list[int] = []
         if chat_template:
             marker = "\u2063CTXEVAL\u2063"
-            text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
-                                                 add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
+            )
             pre, _, post = text.partition(marker)
             self.pre_chat, self.post_chat = self.encode(pre), self.encode(post)
             if self.bos and self.pre_chat[:1] == self.bos:
@@ -278,7 +310,7 @@ class PromptBuilder:
                 "use a longer --haystack corpus or shorter --lengths"
             )
         offset = int(rng.integers(0, len(self.haystack) - budget + 1))
-        hay = self.haystack[offset:offset + budget].tolist()
+        hay = self.haystack[offset : offset + budget].tolist()
         positions = [self._position(depth, hay)]
         positions += [self._position(float(rng.uniform(0, 100)), hay) for _ in needles[1:]]
         order = sorted(range(len(needles)), key=lambda i: (positions[i], i))
@@ -286,7 +318,7 @@ class PromptBuilder:
         spans: list[tuple[int, int]] = [(0, 0)] * len(needles)
         cursor = 0
         for i in order:
-            ids.extend(hay[cursor:positions[i]])
+            ids.extend(hay[cursor : positions[i]])
             cursor = positions[i]
             spans[i] = (len(ids), len(ids) + len(needles[i]))
             ids.extend(needles[i])
@@ -305,7 +337,7 @@ class PromptBuilder:
         for k in range(len(answers) // per_key):
             idx = list(range(k * per_key, (k + 1) * per_key))
             ordered = sorted(idx, key=lambda j: spans[j][0])
-            answers[k * per_key:(k + 1) * per_key] = [sample.answers[j] for j in ordered]
+            answers[k * per_key : (k + 1) * per_key] = [sample.answers[j] for j in ordered]
         return Sample(sample.needles, sample.n_queried, sample.question, sample.answer_prefix, tuple(answers))
 
     def _position(self, depth: float, hay: list[int]) -> int:
@@ -321,7 +353,9 @@ class PromptBuilder:
 # haystacks
 
 
-def haystack_tokens(tokenizer: Any, spec: str, min_tokens: int, text_field: str = "text") -> tuple[np.ndarray, dict[str, Any]]:
+def haystack_tokens(
+    tokenizer: Any, spec: str, min_tokens: int, text_field: str = "text"
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Token ids of the haystack: the filler repeated, or a corpus' documents joined by a blank line."""
     if spec == "filler":
         unit = np.asarray(tokenizer(" " + FILLER, add_special_tokens=False)["input_ids"])
@@ -399,8 +433,17 @@ class NeedleItem:
 class NeedleRunner:
     KEY = RESUME_FIELDS["needle"]
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, device: str, builder: PromptBuilder, cfg: NeedleConfig,
-                 model_name: str, task: str, progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        device: str,
+        builder: PromptBuilder,
+        cfg: NeedleConfig,
+        model_name: str,
+        task: str,
+        progress: Progress | None = None,
+    ) -> None:
         self.model, self.tok, self.device, self.builder, self.cfg = model, tokenizer, device, builder, cfg
         self.model_name, self.task = model_name, task
         self.progress = progress or SilentProgress()
@@ -410,7 +453,9 @@ class NeedleRunner:
             return len(self.builder.answer_ids(sample))
         return self.cfg.max_new_tokens or len(self.builder.answer_ids(sample)) + 8
 
-    def _sample_and_depth(self, length: int, depth_index: int, sample_index: int) -> tuple[np.random.Generator, Sample, float]:
+    def _sample_and_depth(
+        self, length: int, depth_index: int, sample_index: int
+    ) -> tuple[np.random.Generator, Sample, float]:
         rng = self.cfg.rng(length, depth_index, sample_index)
         sample = make_sample(self.builder.preset, rng)
         depth = round(float(rng.uniform(0, 100)), 2) if self.cfg.random_depth else self.cfg.depths[depth_index]
@@ -445,8 +490,10 @@ class NeedleRunner:
         hits = sum(bool(r["correct"]) for r in results)
         if len(chunk) == 1:
             it = chunk[0]
-            return (f"{spec.label} L={it.length} depth {it.depth:g}% "
-                    f"{numbered('sample', [it.sample_index + 1], samples)} {'ok' if hits else 'miss'}")
+            return (
+                f"{spec.label} L={it.length} depth {it.depth:g}% "
+                f"{numbered('sample', [it.sample_index + 1], samples)} {'ok' if hits else 'miss'}"
+            )
         noun = "sample" if depth_count == 1 else "prompt"
         which = numbered(noun, [it.depth_index * samples + it.sample_index + 1 for it in chunk], depth_count * samples)
         low, high = min(it.depth for it in chunk), max(it.depth for it in chunk)
@@ -454,11 +501,23 @@ class NeedleRunner:
         return f"{spec.label} L={chunk[0].length} {which} (depth {depth}) {hits}/{len(chunk)} ok"
 
     def _row(self, spec: MethodSpec, it: NeedleItem, **fields: Any) -> dict[str, Any]:
-        return point_row(self.model_name, spec, self.task, value=fields.get("correct"),
-                         preset=self.builder.preset.name, scoring=self.cfg.scoring, length=it.length, depth=it.depth,
-                         sample=it.sample_index, answer=", ".join(it.sample.answers),
-                         prompt_tokens=len(it.prompt.ids), answer_tokens=len(it.prompt.answer_ids),
-                         haystack_tokens=it.prompt.haystack_tokens, **self.row_fields(it), **fields)
+        return point_row(
+            self.model_name,
+            spec,
+            self.task,
+            value=fields.get("correct"),
+            preset=self.builder.preset.name,
+            scoring=self.cfg.scoring,
+            length=it.length,
+            depth=it.depth,
+            sample=it.sample_index,
+            answer=", ".join(it.sample.answers),
+            prompt_tokens=len(it.prompt.ids),
+            answer_tokens=len(it.prompt.answer_ids),
+            haystack_tokens=it.prompt.haystack_tokens,
+            **self.row_fields(it),
+            **fields,
+        )
 
     # -- forced: one forward over prompt + answer, batched by length ---------------------------------------------
     @torch.inference_mode()
@@ -470,12 +529,17 @@ class NeedleRunner:
         out = []
         for b, it in enumerate(items):
             n_prompt, n_answer = len(it.prompt.ids), len(it.prompt.answer_ids)
-            logits = post(head(hidden[b, n_prompt - 1:n_prompt - 1 + n_answer]).float())  # (n_answer, vocab)
+            logits = post(head(hidden[b, n_prompt - 1 : n_prompt - 1 + n_answer]).float())  # (n_answer, vocab)
             target = torch.tensor(it.prompt.answer_ids, device=logits.device)
             nll = float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
             pred = logits.argmax(-1)
-            out.append({"correct": int(bool((pred == target).all())), "answer_nll": nll,
-                        "response": self.tok.decode(pred.tolist())})
+            out.append(
+                {
+                    "correct": int(bool((pred == target).all())),
+                    "answer_nll": nll,
+                    "response": self.tok.decode(pred.tolist()),
+                }
+            )
         return out
 
     # -- generate: greedy decoding ----------------------------------------------------------------------------------
@@ -492,19 +556,24 @@ class NeedleRunner:
             # built to it): cached keys and new queries share one RoPE
             handle.freeze_length(len(items[0].prompt.ids) + budget)
         try:
-            gen = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                      generation_config=greedy_config(self.tok, budget, self.model))
+            gen = self.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=greedy_config(self.tok, budget, self.model),
+            )
         finally:
             if handle is not None and handle.method.length_dependent:
                 handle.freeze_length(None)
         stops = set(stop_ids(self.tok, self.model))
         out = []
         for it, row in zip(items, gen):
-            response = self.tok.decode(until_stop(row[ids.shape[1]:].tolist(), stops), skip_special_tokens=True)
+            response = self.tok.decode(until_stop(row[ids.shape[1] :].tolist(), stops), skip_special_tokens=True)
             out.append({"correct": int(self.score(it.sample, response)), "response": response})
         return out
 
-    def _stream(self, spec: MethodSpec, items: list[NeedleItem], emit: Callable[[list[dict]], None], handle: Any) -> None:
+    def _stream(
+        self, spec: MethodSpec, items: list[NeedleItem], emit: Callable[[list[dict]], None], handle: Any
+    ) -> None:
         """vLLM: every prompt of one length submitted at once, each row written as its reply finishes (`seconds`: the
         wall time since the previous reply, so that a length's rows add up to its wall time)."""
         last = time.perf_counter()
@@ -523,9 +592,15 @@ class NeedleRunner:
         n = next((i for i, it in enumerate(chunk) if (len(it.prompt.ids), self.budget(it.sample)) != first), len(chunk))
         return chunk[:n]
 
-    def measure(self, spec: MethodSpec, cells: list[tuple[int, int, int]], emit: Callable[[list[dict]], None],
-                handle: Any = None, skip: dict[str, float] | None = None,
-                steps: dict[tuple[str, int], int] | None = None) -> None:
+    def measure(
+        self,
+        spec: MethodSpec,
+        cells: list[tuple[int, int, int]],
+        emit: Callable[[list[dict]], None],
+        handle: Any = None,
+        skip: dict[str, float] | None = None,
+        steps: dict[tuple[str, int], int] | None = None,
+    ) -> None:
         """Score `cells` of one method (shortest lengths first), emitting one row per sample as it finishes.
         An out-of-memory length is recorded and longer lengths of this method are skipped (`skip` carries that
         across calls: label -> first length that ran out of memory; `steps`: (label, length) -> the halved forced
@@ -539,8 +614,14 @@ class NeedleRunner:
         for length, group in sorted(by_length.items()):
             items = self.batch_order([self.item(*cell) for cell in group])
             if length >= skip_from:
-                emit([self._row(spec, it, status="skipped", correct=None, note=f"skipped: out of memory at {skip_from}")
-                      for it in items])
+                emit(
+                    [
+                        self._row(
+                            spec, it, status="skipped", correct=None, note=f"skipped: out of memory at {skip_from}"
+                        )
+                        for it in items
+                    ]
+                )
                 continue
             if streams(handle) and self.cfg.scoring != "forced":
                 self._stream(spec, items, emit, handle)
@@ -550,14 +631,15 @@ class NeedleRunner:
             step = min([self.cfg.batch_size, *fitted])
             start = 0
             while start < len(items):
-                chunk = items[start:start + step]
+                chunk = items[start : start + step]
                 if self.cfg.scoring != "forced":
                     chunk = self._same_shape(chunk)
                 t0 = time.perf_counter()
                 try:
                     with oom_guard(self.device):
-                        results = (self._forced(chunk) if self.cfg.scoring == "forced"
-                                   else self._generate_batch(chunk, handle))
+                        results = (
+                            self._forced(chunk) if self.cfg.scoring == "forced" else self._generate_batch(chunk, handle)
+                        )
                 except PointOOM as exc:
                     if step > 1:  # a smaller batch may fit: halve before giving up on this length
                         step //= 2
@@ -569,7 +651,12 @@ class NeedleRunner:
                     self.progress.note(f"{spec.label}: out of memory at {length} tokens; longer lengths skipped")
                     break
                 seconds = (time.perf_counter() - t0) / len(chunk)
-                emit([self._row(spec, it, status="ok", seconds=round(seconds, 3), **res) for it, res in zip(chunk, results)])
+                emit(
+                    [
+                        self._row(spec, it, status="ok", seconds=round(seconds, 3), **res)
+                        for it, res in zip(chunk, results)
+                    ]
+                )
                 self.progress.advance(length * len(chunk), self.describe(spec, chunk, results))
                 start += len(chunk)
 
@@ -584,13 +671,32 @@ def sweep(lm: Any, specs: list[MethodSpec], runner: NeedleRunner, store: Any) ->
     step = len(cells) if getattr(lm, "backend", "hf") == "vllm" else max(1, runner.cfg.batch_size)
     items: list[WorkItem] = []
     for index, spec in enumerate(specs):
-        todo = [c for c in cells if point_key({"label": spec.label, "length": c[0], "depth": depths[c], "sample": c[2]},
-                                              NeedleRunner.KEY) not in done]
+        todo = [
+            c
+            for c in cells
+            if point_key({"label": spec.label, "length": c[0], "depth": depths[c], "sample": c[2]}, NeedleRunner.KEY)
+            not in done
+        ]
         for length in sorted({c[0] for c in todo}):
             group = [c for c in todo if c[0] == length]
-            items.extend(WorkItem(index, group[i:i + step], forward_cost(length) * len(group[i:i + step]),
-                                  length * len(group[i:i + step]), length) for i in range(0, len(group), step))
+            items.extend(
+                WorkItem(
+                    index,
+                    group[i : i + step],
+                    forward_cost(length) * len(group[i : i + step]),
+                    length * len(group[i : i + step]),
+                    length,
+                )
+                for i in range(0, len(group), step)
+            )
     skip: dict[str, float] = {}
     steps: dict[tuple[str, int], int] = {}
-    run_items(lm, specs, items, runner.cfg.lengths, store, runner.progress,
-              lambda spec, chunk, handle: runner.measure(spec, chunk, store.append, handle, skip, steps))
+    run_items(
+        lm,
+        specs,
+        items,
+        runner.cfg.lengths,
+        store,
+        runner.progress,
+        lambda spec, chunk, handle: runner.measure(spec, chunk, store.append, handle, skip, steps),
+    )

@@ -31,14 +31,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CtxevalError
 from ..data.presets import load_task
+from ..errors import CtxevalError
 from .common import Progress
 from .needle import FILLER, NeedleConfig, NeedleItem, NeedlePreset, NeedleRunner, Sample
 
 # the strings of eval/passkey.py's generate_prompt, verbatim
-YARN_TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
-             "I will quiz you about the important information there.")
+YARN_TASK = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+    "I will quiz you about the important information there."
+)
 YARN_GARBAGE = FILLER  # "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 YARN_INFORMATION = "The pass key is {key}. Remember it. {key} is the pass key."
 YARN_QUESTION = "What is the pass key? The pass key is"
@@ -49,6 +51,8 @@ YARN_SAMPLES = 20  # --iterations
 SEARCH_STREAM = 0x9A55  # seeds the length search's draws apart from the samples' (seed, length, 0, sample)
 
 _DIGITS = re.compile(r"\d+")
+
+
 def garbage(n_chars: int) -> str:
     """garbage_inf[:n_chars]: the filler repeated, joined by single spaces, cut at a character count (past the repo's
     10000 repetitions, ~890k characters, the same text continues)."""
@@ -64,7 +68,9 @@ def yarn_prompt_text(n_garbage: int, n_prefix: int, key: int) -> str:
     """The text generate_prompt(n_garbage) returns when its draws are `n_prefix` and `key`."""
     if not 0 <= n_prefix <= n_garbage:
         raise ValueError(f"n_prefix must be in 0..{n_garbage}, got {n_prefix}")
-    return "\n".join([YARN_TASK, garbage(n_prefix), information_line(key), garbage(n_garbage - n_prefix), YARN_QUESTION])
+    return "\n".join(
+        [YARN_TASK, garbage(n_prefix), information_line(key), garbage(n_garbage - n_prefix), YARN_QUESTION]
+    )
 
 
 def draw(n_garbage: int, rng: np.random.Generator) -> tuple[int, int]:
@@ -105,8 +111,15 @@ class YarnPrompt:
 class YarnPasskeyBuilder:
     """The repo's prompts for a tokenizer: the length search (memoised per target) and one prompt per draw."""
 
-    def __init__(self, tokenizer: Any, preset: NeedlePreset | None = None, *, seed: int = 0, bos: bool = False,
-                 length_step: int = YARN_LENGTH_STEP) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        preset: NeedlePreset | None = None,
+        *,
+        seed: int = 0,
+        bos: bool = False,
+        length_step: int = YARN_LENGTH_STEP,
+    ) -> None:
         if length_step < 1:
             raise CtxevalError(f"the length step must be >= 1 character, got {length_step}")
         self.tok = tokenizer
@@ -185,10 +198,21 @@ class YarnPasskeyRunner(NeedleRunner):
     """NeedleRunner over the repo's prompts: greedy generation of at most 10 new tokens (--max-new-tokens), the repo's
     scoring; prompts of one target are run shortest first, so that equal token counts share a generate call."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, device: str, builder: YarnPasskeyBuilder,
-                 cfg: NeedleConfig, model_name: str, task: str = "passkey", progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        device: str,
+        builder: YarnPasskeyBuilder,
+        cfg: NeedleConfig,
+        model_name: str,
+        task: str = "passkey",
+        progress: Progress | None = None,
+    ) -> None:
         if cfg.scoring != "generate":
-            raise CtxevalError(f"--protocol yarn scores generated replies; --scoring {cfg.scoring} needs --protocol ctxeval")
+            raise CtxevalError(
+                f"--protocol yarn scores generated replies; --scoring {cfg.scoring} needs --protocol ctxeval"
+            )
         if not cfg.random_depth:
             raise ValueError("the yarn passkey draws the key's position per sample: NeedleConfig(random_depth=True)")
         super().__init__(model, tokenizer, device, builder, cfg, model_name, task, progress)  # type: ignore[arg-type]
@@ -208,8 +232,11 @@ class YarnPasskeyRunner(NeedleRunner):
         return yarn_score(response, int(sample.answers[0]))
 
     def row_fields(self, it: NeedleItem) -> dict[str, Any]:
-        return {"protocol": "yarn", "garbage_chars": it.prompt.garbage_chars,  # type: ignore[attr-defined]
-                "prefix_chars": it.prompt.prefix_chars}  # type: ignore[attr-defined]
+        return {
+            "protocol": "yarn",
+            "garbage_chars": it.prompt.garbage_chars,  # type: ignore[attr-defined]
+            "prefix_chars": it.prompt.prefix_chars,
+        }  # type: ignore[attr-defined]
 
     def batch_order(self, items: list[NeedleItem]) -> list[NeedleItem]:
         return sorted(items, key=lambda it: (len(it.prompt.ids), it.sample_index))

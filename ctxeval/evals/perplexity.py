@@ -27,8 +27,8 @@ from ..errors import CtxevalError
 from ..rope.methods import get_method
 from ..runs.rows import RESUME_FIELDS
 from ..specs import MethodSpec
-from .positions import add_sums, bucket_sums, key_sums
 from .common import PointOOM, Progress, SilentProgress, head_parts, oom_guard, point_row
+from .positions import add_sums, bucket_sums, key_sums
 from .sweep import WorkItem, document_items, length_dependent, run_items
 
 PROTOCOLS = ("truncate", "sliding")
@@ -103,7 +103,9 @@ def batch_token_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size:
         if out is None:
             out = torch.empty(batch, n, dtype=torch.float32, device=logits.device)
         # under --device-map the head may sit on another GPU than the embeddings (and so the targets)
-        nll = F.cross_entropy(logits.flatten(0, 1), targets[:, start:stop].flatten().to(logits.device), reduction="none")
+        nll = F.cross_entropy(
+            logits.flatten(0, 1), targets[:, start:stop].flatten().to(logits.device), reduction="none"
+        )
         out[:, start:stop] = nll.view(batch, stop - start)
     return out.cpu() if out is not None else torch.empty(batch, 0)
 
@@ -130,7 +132,7 @@ def check_chunked_head(model: torch.nn.Module, device: str, vocab_size: int) -> 
 
 
 def _sequence(doc: np.ndarray, start: int, n_doc: int, bos: int | None) -> list[int]:
-    ids = doc[start:start + n_doc].tolist()
+    ids = doc[start : start + n_doc].tolist()
     return ([bos] if bos is not None else []) + ids
 
 
@@ -143,8 +145,15 @@ class PplRunner:
 
     KEY = RESUME_FIELDS["ppl"]
 
-    def __init__(self, model: torch.nn.Module, device: str, cfg: PplConfig, bos_id: int | None, model_name: str,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: str,
+        cfg: PplConfig,
+        bos_id: int | None,
+        model_name: str,
+        progress: Progress | None = None,
+    ) -> None:
         if cfg.bos and bos_id is None:
             cfg = replace(cfg, bos=False)  # a tokenizer without BOS: sequences start with document text
         self.model, self.device, self.cfg = model, device, cfg
@@ -157,8 +166,10 @@ class PplRunner:
 
     def _speed(self) -> dict[str, Any]:
         """Throughput and peak memory of the forwards since the last call (a point's, or one forward's lengths')."""
-        fields = {"tokens_per_s": round(self.forward_tokens / self.forward_seconds, 1) if self.forward_seconds else None,
-                  "peak_gib": round(self.peak_bytes / 2**30, 3) if self.peak_bytes is not None else None}
+        fields = {
+            "tokens_per_s": round(self.forward_tokens / self.forward_seconds, 1) if self.forward_seconds else None,
+            "peak_gib": round(self.peak_bytes / 2**30, 3) if self.peak_bytes is not None else None,
+        }
         self.forward_tokens, self.forward_seconds, self.peak_bytes = 0, 0.0, None
         return fields
 
@@ -174,8 +185,11 @@ class PplRunner:
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         with oom_guard(self.device):
-            nll = (token_nll(self.model, ids, self.cfg.chunk_size).unsqueeze(0) if len(seqs) == 1
-                   else batch_token_nll(self.model, ids, self.cfg.chunk_size))
+            nll = (
+                token_nll(self.model, ids, self.cfg.chunk_size).unsqueeze(0)
+                if len(seqs) == 1
+                else batch_token_nll(self.model, ids, self.cfg.chunk_size)
+            )
         self.forward_tokens += ids.numel()
         self.forward_seconds += time.perf_counter() - start
         if cuda:
@@ -183,25 +197,52 @@ class PplRunner:
         bad = (~torch.isfinite(nll)).nonzero()
         if finite and len(bad):
             row, col = int(bad[0, 0]), int(bad[0, 1])
-            raise NonFiniteLoss(f"non-finite NLL ({float(nll[row, col])}) at position {col + 1} of "
-                                f"{ids.shape[1]}: the forward overflowed (try --dtype float32)")
+            raise NonFiniteLoss(
+                f"non-finite NLL ({float(nll[row, col])}) at position {col + 1} of "
+                f"{ids.shape[1]}: the forward overflowed (try --dtype float32)"
+            )
         return nll
 
     def _row(self, spec: MethodSpec, length: int, doc: str, **fields: Any) -> dict[str, Any]:
         return point_row(self.model_name, spec, "ppl", protocol=self.cfg.protocol, length=length, doc=doc, **fields)
 
-    def _ok(self, spec: MethodSpec, length: int, doc: str, nll_sum: float, n: int, window_sum: float, n_windows: int,
-            seconds: float, extra: dict[str, Any]) -> dict[str, Any]:
+    def _ok(
+        self,
+        spec: MethodSpec,
+        length: int,
+        doc: str,
+        nll_sum: float,
+        n: int,
+        window_sum: float,
+        n_windows: int,
+        seconds: float,
+        extra: dict[str, Any],
+    ) -> dict[str, Any]:
         mean = nll_sum / n
-        return self._row(spec, length, doc, status="ok", metric="nll", value=mean, ppl=math.exp(mean),
-                         nll_sum=nll_sum, n_tokens=n, window_nll_sum=window_sum, n_windows=n_windows,
-                         seconds=round(seconds, 3), **extra)
+        return self._row(
+            spec,
+            length,
+            doc,
+            status="ok",
+            metric="nll",
+            value=mean,
+            ppl=math.exp(mean),
+            nll_sum=nll_sum,
+            n_tokens=n,
+            window_nll_sum=window_sum,
+            n_windows=n_windows,
+            seconds=round(seconds, 3),
+            **extra,
+        )
 
     def _by_position(self, sums: tuple[list[float], list[int]] | None) -> dict[str, Any]:
         if not self.cfg.position_edges or sums is None:
             return {}
-        return {"position_edges": list(self.cfg.position_edges), "position_nll_sum": sums[0],
-                "position_tokens": sums[1]}
+        return {
+            "position_edges": list(self.cfg.position_edges),
+            "position_nll_sum": sums[0],
+            "position_tokens": sums[1],
+        }
 
     def _truncate_fields(self, nll: np.ndarray, length: int, doc: str) -> dict[str, Any]:
         """Loss by position and key-token sums of a truncate point: nll (length-1,) predicts positions 1..length-1."""
@@ -219,8 +260,15 @@ class PplRunner:
         seconds = time.perf_counter() - start  # nll: (top-1,)
         return self._rows_from_nll(spec, doc, lengths, nll, seconds, self._speed())
 
-    def _rows_from_nll(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int], nll: torch.Tensor, seconds: float,
-                       speed: dict[str, Any]) -> list[dict[str, Any]]:
+    def _rows_from_nll(
+        self,
+        spec: MethodSpec,
+        doc: TokenDoc,
+        lengths: list[int],
+        nll: torch.Tensor,
+        seconds: float,
+        speed: dict[str, Any],
+    ) -> list[dict[str, Any]]:
         """The truncate rows of `lengths` from one forward's per-token NLL at max(lengths): nll (max - 1,) float64."""
         top = max(lengths)
         cums = torch.cumsum(nll, 0)
@@ -230,14 +278,32 @@ class PplRunner:
         for length in lengths:
             n = length - 1
             if n > finite_until:  # causal: the lengths before the first non-finite loss are unaffected by it
-                rows.append(self._row(spec, length, doc.doc_id, status="error",
-                                      note=f"non-finite NLL ({float(nll[finite_until])}) at position "
-                                           f"{finite_until + 1}: the forward overflowed (try --dtype float32)"))
+                rows.append(
+                    self._row(
+                        spec,
+                        length,
+                        doc.doc_id,
+                        status="error",
+                        note=f"non-finite NLL ({float(nll[finite_until])}) at position "
+                        f"{finite_until + 1}: the forward overflowed (try --dtype float32)",
+                    )
+                )
                 continue
             total = float(cums[n - 1])
             # one forward serves every length; its time is attributed in proportion to the tokens
-            rows.append(self._ok(spec, length, doc.doc_id, total, n, total / n, 1, seconds * n / (top - 1),
-                                 {**self._truncate_fields(values[:n], length, doc.doc_id), **speed}))
+            rows.append(
+                self._ok(
+                    spec,
+                    length,
+                    doc.doc_id,
+                    total,
+                    n,
+                    total / n,
+                    1,
+                    seconds * n / (top - 1),
+                    {**self._truncate_fields(values[:n], length, doc.doc_id), **speed},
+                )
+            )
         return rows
 
     def _truncate_at(self, spec: MethodSpec, doc: TokenDoc, length: int) -> dict[str, Any]:
@@ -268,8 +334,8 @@ class PplRunner:
         i, batch = 0, self.cfg.batch_size
         while i < len(windows):
             size = windows[i][1] - windows[i][0]
-            group = [w for w in windows[i:i + batch]]
-            group = group[:next((k for k, w in enumerate(group) if w[1] - w[0] != size), len(group))]
+            group = [w for w in windows[i : i + batch]]
+            group = group[: next((k for k, w in enumerate(group) if w[1] - w[0] != size), len(group))]
             seqs = [_sequence(doc.ids, b, e - b, self.bos) for b, e, _ in group]
             try:
                 nll = self._nll_batch(seqs)
@@ -291,16 +357,26 @@ class PplRunner:
         for (begin, end, scored_until), nll in zip(windows, self._window_nlls(doc, windows)):
             # nll[j] predicts doc token begin + j (with BOS) or begin + j + 1 (without)
             first_target = begin if self.bos is not None else begin + 1
-            new = nll[scored_until - first_target:]
+            new = nll[scored_until - first_target :]
             if self.cfg.position_edges:  # new[0] is at window position scored_until - first_target + 1
-                by_position = add_sums(by_position, bucket_sums(new.numpy(), scored_until - first_target + 1,
-                                                                self.cfg.position_edges))
+                by_position = add_sums(
+                    by_position, bucket_sums(new.numpy(), scored_until - first_target + 1, self.cfg.position_edges)
+                )
             nll_sum += float(new.sum())
             n_tok += new.numel()
             window_sum += float(new.mean())
             n_windows += 1
-        return self._ok(spec, length, doc.doc_id, nll_sum, n_tok, window_sum, n_windows, time.perf_counter() - start_time,
-                        {**self._by_position(by_position), **self._speed()})
+        return self._ok(
+            spec,
+            length,
+            doc.doc_id,
+            nll_sum,
+            n_tok,
+            window_sum,
+            n_windows,
+            time.perf_counter() - start_time,
+            {**self._by_position(by_position), **self._speed()},
+        )
 
     # -- driver ------------------------------------------------------------------------------------------------------
     def cost(self, spec: MethodSpec, docs: list[TokenDoc], pending: dict[tuple[str, str], list[int]]) -> int:
@@ -318,8 +394,14 @@ class PplRunner:
                 total += max(lengths)
         return total
 
-    def measure_docs(self, spec: MethodSpec, docs: list[TokenDoc], lengths: list[int],
-                     emit: Callable[[list[dict]], None], skip_from: dict[str, int]) -> None:
+    def measure_docs(
+        self,
+        spec: MethodSpec,
+        docs: list[TokenDoc],
+        lengths: list[int],
+        emit: Callable[[list[dict]], None],
+        skip_from: dict[str, int],
+    ) -> None:
         """Measure `lengths` of several documents; under truncate with --batch-size > 1 their equal-length sequences
         share forwards (one at max(lengths) for a static method, one per length for a length-dependent one), with
         the same rows as one document at a time. Out of memory halves the batch; one document goes through measure."""
@@ -337,11 +419,14 @@ class PplRunner:
                 start = time.perf_counter()
                 nll = self._nll_batch(seqs, finite=False).double()  # (B, top-1)
                 seconds, speed = (time.perf_counter() - start) / len(docs), self._speed()
-                rows = [r for d, row in zip(docs, nll) for r in self._rows_from_nll(spec, d, group, row, seconds, speed)]
+                rows = [
+                    r for d, row in zip(docs, nll) for r in self._rows_from_nll(spec, d, group, row, seconds, speed)
+                ]
                 emit(rows)
                 done += group
-                self.progress.advance(top * len(docs), f"{spec.label} {docs[0].doc_id} (+{len(docs) - 1} docs) "
-                                                       f"ppl@{top}")
+                self.progress.advance(
+                    top * len(docs), f"{spec.label} {docs[0].doc_id} (+{len(docs) - 1} docs) ppl@{top}"
+                )
         except PointOOM:
             rest = [L for L in lengths if L not in done]
             half = len(docs) // 2
@@ -349,21 +434,30 @@ class PplRunner:
             self.measure_docs(spec, docs[:half], rest, emit, skip_from)
             self.measure_docs(spec, docs[half:], rest, emit, skip_from)
 
-    def measure(self, spec: MethodSpec, doc: TokenDoc, lengths: list[int], emit: Callable[[list[dict]], None],
-                skip_from: dict[str, int]) -> None:
+    def measure(
+        self,
+        spec: MethodSpec,
+        doc: TokenDoc,
+        lengths: list[int],
+        emit: Callable[[list[dict]], None],
+        skip_from: dict[str, int],
+    ) -> None:
         """Measure `lengths` (ascending) of one method on one document, emitting rows point by point."""
         skip = skip_from.get(spec.label, math.inf)
         for length in sorted(x for x in lengths if x >= skip):
-            emit([self._row(spec, length, doc.doc_id, status="skipped",
-                            note=f"skipped: out of memory at {skip} tokens")])
+            emit(
+                [self._row(spec, length, doc.doc_id, status="skipped", note=f"skipped: out of memory at {skip} tokens")]
+            )
         lengths = sorted(x for x in lengths if x < skip)
         static = not (spec.label in self.dynamic or get_method(spec.name).length_dependent)
         if self.cfg.protocol == "truncate" and static and len(lengths) > 1:
             try:
                 rows = self._truncate_one_forward(spec, doc, lengths)
                 emit(rows)
-                self.progress.advance(max(lengths), f"{spec.label} {doc.doc_id} ppl@{max(lengths)} "
-                                                    f"{rows[-1].get('ppl', float('nan')):.2f}")
+                self.progress.advance(
+                    max(lengths),
+                    f"{spec.label} {doc.doc_id} ppl@{max(lengths)} {rows[-1].get('ppl', float('nan')):.2f}",
+                )
                 return
             except PointOOM:
                 self.progress.note(f"{spec.label}: out of memory at {max(lengths)} tokens; measuring length by length")
@@ -380,9 +474,18 @@ class PplRunner:
             except PointOOM as exc:
                 skip_from[spec.label] = length
                 emit([self._row(spec, length, doc.doc_id, status="oom", note=str(exc)[:300])])
-                for longer in lengths[i + 1:]:
-                    emit([self._row(spec, longer, doc.doc_id, status="skipped",
-                                    note=f"skipped: out of memory at {length} tokens")])
+                for longer in lengths[i + 1 :]:
+                    emit(
+                        [
+                            self._row(
+                                spec,
+                                longer,
+                                doc.doc_id,
+                                status="skipped",
+                                note=f"skipped: out of memory at {length} tokens",
+                            )
+                        ]
+                    )
                 self.progress.note(f"{spec.label}: out of memory at {length} tokens; longer lengths skipped")
                 return
             emit([row])
@@ -390,8 +493,15 @@ class PplRunner:
             self.progress.advance(cost, f"{spec.label} L={length} {doc.doc_id} ppl {row.get('ppl', float('nan')):.2f}")
 
 
-def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig, store: Any,
-          progress: Progress | None = None, key_positions: dict[str, np.ndarray] | None = None) -> None:
+def sweep(
+    lm: Any,
+    specs: list[MethodSpec],
+    docs: list[TokenDoc],
+    cfg: PplConfig,
+    store: Any,
+    progress: Progress | None = None,
+    key_positions: dict[str, np.ndarray] | None = None,
+) -> None:
     """Measure every (method, length, document) point not yet in `store`, one method applied at a time.
 
     The weights are loaded once (`lm`); methods are swapped in place with apply_method and restored after.
@@ -403,16 +513,28 @@ def sweep(lm: Any, specs: list[MethodSpec], docs: list[TokenDoc], cfg: PplConfig
     sliding = cfg.protocol == "sliding"
     # one forward serves a static method's lengths under truncate; sliding and dynamic methods go length by length
     items = document_items(
-        specs, docs, cfg.lengths, store.done_points(PplRunner.KEY),
+        specs,
+        docs,
+        cfg.lengths,
+        store.done_points(PplRunner.KEY),
         per_length=lambda spec: sliding or spec.label in runner.dynamic,
         windows=lambda doc: len(doc.ids) // cfg.stride if sliding else 1,
-        tokens=lambda spec, doc, group: runner.cost(spec, [doc], {(spec.label, doc.doc_id): group}))
+        tokens=lambda spec, doc, group: runner.cost(spec, [doc], {(spec.label, doc.doc_id): group}),
+    )
     if cfg.protocol == "truncate" and cfg.batch_size > 1:
         items = batch_documents(items, cfg.batch_size)
     skip_from: dict[str, int] = {}
-    run_items(lm, specs, items, cfg.lengths, store, progress,
-              lambda spec, item, _handle: runner.measure_docs(spec, list(item[0]) if isinstance(item[0], tuple)
-                                                              else [item[0]], item[1], store.append, skip_from))
+    run_items(
+        lm,
+        specs,
+        items,
+        cfg.lengths,
+        store,
+        progress,
+        lambda spec, item, _handle: runner.measure_docs(
+            spec, list(item[0]) if isinstance(item[0], tuple) else [item[0]], item[1], store.append, skip_from
+        ),
+    )
 
 
 def batch_documents(items: list[WorkItem], batch_size: int) -> list[WorkItem]:
@@ -424,7 +546,14 @@ def batch_documents(items: list[WorkItem], batch_size: int) -> list[WorkItem]:
     merged = []
     for (_, lengths), members in groups.items():
         for i in range(0, len(members), batch_size):
-            part = members[i:i + batch_size]
-            merged.append(WorkItem(part[0].spec_index, (tuple(m.payload[0] for m in part), list(lengths)),
-                                   sum(m.cost for m in part), sum(m.tokens for m in part), part[0].length))
+            part = members[i : i + batch_size]
+            merged.append(
+                WorkItem(
+                    part[0].spec_index,
+                    (tuple(m.payload[0] for m in part), list(lengths)),
+                    sum(m.cost for m in part),
+                    sum(m.tokens for m in part),
+                    part[0].length,
+                )
+            )
     return merged

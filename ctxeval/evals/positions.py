@@ -17,7 +17,6 @@ import numpy as np
 from ..errors import CtxevalError
 from ..util.numbers import parse_token_count, parse_whole
 
-
 MAX_BUCKETS = 1024  # more buckets than a table or a plot can show; a larger count is a typo
 FIRST_EDGE = 32  # the first bucket holds positions 1..31: octaves below it hold a handful of tokens per document
 
@@ -55,9 +54,12 @@ def parse_position_buckets(text: str | None, max_length: int, trained_length: in
             n = parse_whole(text, "--position-buckets", maximum=MAX_BUCKETS)
         except CtxevalError as exc:
             if "must be <=" in str(exc) or "must be >=" in str(exc):
-                raise CtxevalError(f"--position-buckets must be a bucket count in 1..{MAX_BUCKETS}, got '{text}'") from None
-            raise CtxevalError(f"--position-buckets takes a bucket count (e.g. 16) or edges (e.g. 1,1k,4k,8k,16k), "
-                               f"got '{text}'") from None
+                raise CtxevalError(
+                    f"--position-buckets must be a bucket count in 1..{MAX_BUCKETS}, got '{text}'"
+                ) from None
+            raise CtxevalError(
+                f"--position-buckets takes a bucket count (e.g. 16) or edges (e.g. 1,1k,4k,8k,16k), got '{text}'"
+            ) from None
         return log_edges(n, max_length)
     parts = [part for part in text.split(",") if part.strip()]
     if len(parts) > MAX_BUCKETS + 1:
@@ -86,8 +88,9 @@ def bucket_sums(nll: np.ndarray, first_position: int, edges: Sequence[int]) -> t
     return [float(s) for s in sums], [int(c) for c in counts]
 
 
-def add_sums(total: tuple[list[float], list[int]] | None,
-             part: tuple[list[float], list[int]]) -> tuple[list[float], list[int]]:
+def add_sums(
+    total: tuple[list[float], list[int]] | None, part: tuple[list[float], list[int]]
+) -> tuple[list[float], list[int]]:
     """Elementwise sum of two bucket_sums results (windows of one sliding-protocol point)."""
     if total is None:
         return list(part[0]), list(part[1])

@@ -8,11 +8,11 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from ..runs.distributed import current
-from ..rope.methods import get_method
-from ..rope.patching import apply_method, find_rotary_modules
 from ..attention.patching import attention_methods, attention_temperature, kernel_of, verify_attention_methods
 from ..errors import CtxevalError
+from ..rope.methods import get_method
+from ..rope.patching import apply_method, find_rotary_modules
+from ..runs.distributed import current
 from ..runs.rows import point_key
 from ..specs import MethodSpec
 from .common import Progress
@@ -33,7 +33,9 @@ class WorkItem:
 
 
 @contextlib.contextmanager
-def applying(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], **engine: Any) -> Iterator[tuple[Any, dict[str, Any]]]:
+def applying(
+    lm: Any, spec: MethodSpec, lengths: tuple[int, ...], **engine: Any
+) -> Iterator[tuple[Any, dict[str, Any]]]:
     """Apply the spec's RoPE method, attention temperature and attention methods for the block; yield the RopeHandle
     and the method's record (read-back RoPE, and the attention methods' verification when the spec has any). A vLLM
     model (evals.vllm_engine.VllmModel) builds one engine with the method and reads its rotary table back instead."""
@@ -43,21 +45,25 @@ def applying(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], **engine: Any)
         return
     inv_freq = rotary_frequencies(lm, spec)
     original = lm.rope.geometry.original_length if lm.rope.geometry is not None else 0
-    with apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params) as handle, \
-            attention_temperature(lm.model, spec.temperature), \
-            attention_methods(lm.model, spec.attention, inv_freq, original):
+    with (
+        apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params) as handle,
+        attention_temperature(lm.model, spec.temperature),
+        attention_methods(lm.model, spec.attention, inv_freq, original),
+    ):
         record = {**handle.record(tuple(lengths)), "attention_temperature": spec.temperature}
         if spec.attention:
             record["attention_methods"] = [{"name": a.name, "params": a.params} for a in spec.attention]
             record["attention_kernel"] = kernel_of(lm.model, spec.attention)
-            record["attention_check"] = verify_attention_methods(lm.model, spec.attention, inv_freq, original,
-                                                                 lm.device)
+            record["attention_check"] = verify_attention_methods(
+                lm.model, spec.attention, inv_freq, original, lm.device
+            )
         yield handle, record
 
 
 @contextlib.contextmanager
-def applied(lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, effective: dict[str, Any],
-            **engine: Any) -> Iterator[Any]:
+def applied(
+    lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, effective: dict[str, Any], **engine: Any
+) -> Iterator[Any]:
     """Yield the RopeHandle; `effective[spec.label]` and run.json's `methods` get the method's record. `engine`: what
     a vLLM model's `applying` takes (`build`, the lm-eval bridge's)."""
     with applying(lm, spec, lengths, **engine) as (handle, record):
@@ -72,7 +78,9 @@ def rotary_frequencies(lm: Any, spec: MethodSpec) -> Callable[[], Any]:
         return lambda: None
     modules = find_rotary_modules(lm.model)
     if lm.rope.geometry is None or not modules:
-        raise CtxevalError(f"{spec.method_name} re-rotates RoPE's q and k, and this model has no RoPE; use --method none")
+        raise CtxevalError(
+            f"{spec.method_name} re-rotates RoPE's q and k, and this model has no RoPE; use --method none"
+        )
     return lambda: modules[0][1].inv_freq
 
 
@@ -97,18 +105,29 @@ def plan_groups(todo: list[int], per_length: bool, few_items: bool) -> list[list
     return [[L] for L in todo] if per_length or few_items else [todo]
 
 
-def document_items(specs: Sequence[MethodSpec], docs: Sequence[Any], lengths: Sequence[int], done: set[tuple],
-                   per_length: Callable[[MethodSpec], bool], windows: Callable[[Any], int],
-                   tokens: Callable[[MethodSpec, Any, list[int]], int]) -> list[WorkItem]:
+def document_items(
+    specs: Sequence[MethodSpec],
+    docs: Sequence[Any],
+    lengths: Sequence[int],
+    done: set[tuple],
+    per_length: Callable[[MethodSpec], bool],
+    windows: Callable[[Any], int],
+    tokens: Callable[[MethodSpec, Any, list[int]], int],
+) -> list[WorkItem]:
     """The pending (method, document, lengths) items of a document sweep (ppl, entropy).
 
     `done` holds the point keys (label, length, doc) already measured; `per_length(spec)`: one forward per length
     (length-dependent methods, sliding windows); `windows(doc)`: forwards per length (sliding windows, else 1);
     `tokens(spec, doc, group)`: the progress units of a group."""
-    pending = {(i, doc.doc_id): [L for L in lengths
-                                 if point_key({"label": s.label, "length": L, "doc": doc.doc_id},
-                                              ("label", "length", "doc")) not in done]
-               for i, s in enumerate(specs) for doc in docs}
+    pending = {
+        (i, doc.doc_id): [
+            L
+            for L in lengths
+            if point_key({"label": s.label, "length": L, "doc": doc.doc_id}, ("label", "length", "doc")) not in done
+        ]
+        for i, s in enumerate(specs)
+        for doc in docs
+    }
     few = current().world > sum(1 for todo in pending.values() if todo)
     items = []
     for index, spec in enumerate(specs):
@@ -116,13 +135,27 @@ def document_items(specs: Sequence[MethodSpec], docs: Sequence[Any], lengths: Se
         for doc in docs:
             for group in plan_groups(pending[(index, doc.doc_id)], separate, few):
                 forwards = group if separate else [max(group)]
-                items.append(WorkItem(index, (doc, group), windows(doc) * sum(map(forward_cost, forwards)),
-                                      tokens(spec, doc, group), max(group)))
+                items.append(
+                    WorkItem(
+                        index,
+                        (doc, group),
+                        windows(doc) * sum(map(forward_cost, forwards)),
+                        tokens(spec, doc, group),
+                        max(group),
+                    )
+                )
     return items
 
 
-def run_items(lm: Any, specs: list[MethodSpec], items: list[WorkItem], lengths: tuple[int, ...], store: Any,
-              progress: Progress, work: Callable[[MethodSpec, Any, Any], None]) -> None:
+def run_items(
+    lm: Any,
+    specs: list[MethodSpec],
+    items: list[WorkItem],
+    lengths: tuple[int, ...],
+    store: Any,
+    progress: Progress,
+    work: Callable[[MethodSpec, Any, Any], None],
+) -> None:
     """Measure work items one method at a time, shortest length first.
 
     Under torchrun each rank takes its share (distributed.Dist.shard: balanced by cost) and rank 0 first records
@@ -139,8 +172,9 @@ def run_items(lm: Any, specs: list[MethodSpec], items: list[WorkItem], lengths: 
     progress.start(int(sum(item.tokens for item in mine)))
     for index, spec in enumerate(specs):
         # ascending length: a shipped dynamic RoPE (transformers' own state) then sees lengths in order
-        payloads = [item.payload for item in sorted((it for it in mine if it.spec_index == index),
-                                                    key=lambda it: it.length)]
+        payloads = [
+            item.payload for item in sorted((it for it in mine if it.spec_index == index), key=lambda it: it.length)
+        ]
         if not payloads:
             continue
         with applied(lm, spec, lengths, store, effective) as handle:

@@ -13,7 +13,7 @@ def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
     ids: list[int] = []
     shipped = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     for value in (tokenizer.eos_token_id, shipped):
-        for i in (value if isinstance(value, (list, tuple)) else [value]):
+        for i in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(i, int) and i not in ids:
                 ids.append(i)
     return ids
@@ -26,14 +26,15 @@ def greedy_config(tokenizer: Any, max_new_tokens: int, model: Any = None) -> Any
 
     eos = stop_ids(tokenizer, model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else None)
-    return GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, pad_token_id=pad,
-                            eos_token_id=eos or None)
+    return GenerationConfig(
+        do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos or None
+    )
 
 
 def until_stop(new_ids: list[int], stops: Any) -> list[int]:
     """The new tokens up to the first stop id (a finished row of a batch is padded after it)."""
     stops = set(stops)
-    return new_ids[:next((i for i, t in enumerate(new_ids) if t in stops), len(new_ids))]
+    return new_ids[: next((i for i, t in enumerate(new_ids) if t in stops), len(new_ids))]
 
 
 def streams(handle: Any) -> bool:

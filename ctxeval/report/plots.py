@@ -32,17 +32,40 @@ from ..runs.rows import fmt_length, status_label  # noqa: E402
 from ..util.textfiles import atomic_path  # noqa: E402
 
 # one colour per method family, the same in every figure; unknown families take the remaining colours in order
-FAMILY_COLORS = {"none": "tab:blue", "native": "tab:brown", "pi": "tab:orange", "linear": "tab:orange",
-                 "ntk": "tab:green", "dynamic-ntk": "tab:olive", "ntk-by-parts": "tab:cyan", "yarn": "tab:red",
-                 "dynamic-yarn": "tab:pink", "llama3": "tab:purple", "longrope": "#1b9e77",
-                 # attention methods (on plain RoPE; on a frequency method they take its colour and another style)
-                 "self-extend": "#e7298a", "rerope": "black", "leaky-rerope": "#000080", "logn": "#666666"}
+FAMILY_COLORS = {
+    "none": "tab:blue",
+    "native": "tab:brown",
+    "pi": "tab:orange",
+    "linear": "tab:orange",
+    "ntk": "tab:green",
+    "dynamic-ntk": "tab:olive",
+    "ntk-by-parts": "tab:cyan",
+    "yarn": "tab:red",
+    "dynamic-yarn": "tab:pink",
+    "llama3": "tab:purple",
+    "longrope": "#1b9e77",
+    # attention methods (on plain RoPE; on a frequency method they take its colour and another style)
+    "self-extend": "#e7298a",
+    "rerope": "black",
+    "leaky-rerope": "#000080",
+    "logn": "#666666",
+}
 SPARE_COLORS = ["tab:gray", "#7570b3", "#e7298a", "#66a61e", "#d95f02", "#1a1a80"]
 # the variants of one family (other factors or parameters, other models): a shade of its hue, and line style x marker
 SHADE_LIGHTNESS = (0.27, 0.70)  # HLS lightness of the darkest and the lightest variant of a family
 SHADE_STEP = 0.16  # lightness between neighbouring shades when few variants leave room
-VARIANT_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ("-", "v"), ("--", "P"), (":", "X"),
-                  ("-.", "*"), ("-", "h"), ("--", "<")]
+VARIANT_STYLES = [
+    ("-", "o"),
+    ("--", "s"),
+    (":", "^"),
+    ("-.", "D"),
+    ("-", "v"),
+    ("--", "P"),
+    (":", "X"),
+    ("-.", "*"),
+    ("-", "h"),
+    ("--", "<"),
+]
 LEGEND_INSIDE_MAX = 4  # legend entries (curves and marker lines) that fit inside the axes
 LEGEND_WIDTH = 56  # characters of a legend entry's line (a longer one wraps, as titles do, not widening the figure)
 
@@ -110,8 +133,9 @@ def save(fig: Any, path: Path, tight: bool = True) -> Path:
     kind = path.suffix.lstrip(".").lower() or "png"
     if kind not in fig.canvas.get_supported_filetypes():
         plt.close(fig)
-        raise CtxevalError(f"cannot write figure {path}: '.{kind}' is not an image format matplotlib writes; use .png, "
-                           ".svg or .pdf")
+        raise CtxevalError(
+            f"cannot write figure {path}: '.{kind}' is not an image format matplotlib writes; use .png, .svg or .pdf"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if tight:
@@ -119,8 +143,9 @@ def save(fig: Any, path: Path, tight: bool = True) -> Path:
         with atomic_path(path, "figure") as tmp:  # a crash leaves the old figure or the new one, never half of one
             fig.savefig(tmp, dpi=120, bbox_inches="tight", format=kind)
     except OSError as exc:
-        raise CtxevalError(f"cannot write figure {path} ({exc.strerror or type(exc).__name__}); choose another "
-                           "path") from None
+        raise CtxevalError(
+            f"cannot write figure {path} ({exc.strerror or type(exc).__name__}); choose another path"
+        ) from None
     finally:
         plt.close(fig)
     return path
@@ -157,8 +182,11 @@ def curve_styles(curves: Sequence[Curve]) -> list[dict[str, Any]]:
         n = variants[curve.family]
         variants[curve.family] += 1
         color = shades[curve.family][n]
-        free = (k for k in range(n, n + len(VARIANT_STYLES))  # another family may have the same colour (greys)
-                if (color, *VARIANT_STYLES[k % len(VARIANT_STYLES)]) not in seen)
+        free = (
+            k
+            for k in range(n, n + len(VARIANT_STYLES))  # another family may have the same colour (greys)
+            if (color, *VARIANT_STYLES[k % len(VARIANT_STYLES)]) not in seen
+        )
         ls, marker = VARIANT_STYLES[next(free, n) % len(VARIANT_STYLES)]
         seen.add((color, ls, marker))
         styles.append({"color": color, "ls": ls, "marker": marker, "ms": 4.5, "lw": 1.5})
@@ -167,8 +195,7 @@ def curve_styles(curves: Sequence[Curve]) -> list[dict[str, Any]]:
 
 def same_points(a: Curve, b: Curve) -> bool:
     """Two curves with the same lengths and the same values (to float rounding): one would hide the other."""
-    return list(a.xs) == list(b.xs) and all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
-                                            for x, y in zip(a.ys, b.ys))
+    return list(a.xs) == list(b.xs) and all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12) for x, y in zip(a.ys, b.ys))
 
 
 def merge_identical(curves: Sequence[Curve]) -> list[tuple[int, str]]:
@@ -177,8 +204,10 @@ def merge_identical(curves: Sequence[Curve]) -> list[tuple[int, str]]:
     twins: dict[int, list[str]] = {}
     drawn: list[int] = []
     for i, curve in enumerate(curves):
-        first = next((j for j in drawn if not curve.reference and not curves[j].reference
-                      and same_points(curves[j], curve)), None)
+        first = next(
+            (j for j in drawn if not curve.reference and not curves[j].reference and same_points(curves[j], curve)),
+            None,
+        )
         if first is None:
             drawn.append(i)
         else:
@@ -224,10 +253,20 @@ def readable_log_y(ax: Any) -> None:
     ax.set_ylim(low, high)
 
 
-def plot_curves(curves: Sequence[Curve], path: Path, *, title: str, xlabel: str, ylabel: str,
-                originals: dict[int, str] | None = None, log_y: bool = False, threshold: float | None = None,
-                threshold_label: str | None = None, ylim: tuple[float, float] | None = None,
-                x_ticks: Sequence[int] | None = None) -> Path:
+def plot_curves(
+    curves: Sequence[Curve],
+    path: Path,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    originals: dict[int, str] | None = None,
+    log_y: bool = False,
+    threshold: float | None = None,
+    threshold_label: str | None = None,
+    ylim: tuple[float, float] | None = None,
+    x_ticks: Sequence[int] | None = None,
+) -> Path:
     """Curves against the context length on one figure. `originals`: original length -> legend text (marked with
     black vertical lines); `threshold`: a grey horizontal line (accuracy figures); `x_ticks`: the labelled x
     positions when the points do not sit on them (loss-by-position buckets, drawn at their centres)."""
@@ -288,8 +327,13 @@ def paint_heatmap(ax: Any, panel: HeatmapPanel, fontsize: int = 8) -> Any:
     return image
 
 
-def plot_heatmaps(panels: Sequence[HeatmapPanel], path: Path, title: str, row_title: str = "needle depth",
-                  scale_label: str = "accuracy") -> Path:
+def plot_heatmaps(
+    panels: Sequence[HeatmapPanel],
+    path: Path,
+    title: str,
+    row_title: str = "needle depth",
+    scale_label: str = "accuracy",
+) -> Path:
     """Heatmaps side by side (at most four a row) on shared depth axes and one colour scale."""
     n = len(panels)
     ncols = min(n, 4)
@@ -297,8 +341,14 @@ def plot_heatmaps(panels: Sequence[HeatmapPanel], path: Path, title: str, row_ti
     first = panels[0].grid
     width = max(3.0, 0.8 * first.shape[1] + 1.2)
     height = max(2.2, 0.35 * first.shape[0] + 1.4)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + 1.2, height * nrows + 0.8), squeeze=False,
-                             sharey=True, layout="constrained")
+    fig, axes = plt.subplots(
+        nrows,
+        ncols,
+        figsize=(width * ncols + 1.2, height * nrows + 0.8),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
+    )
     image = None
     for ax, panel in zip(axes.ravel(), panels):
         image = paint_heatmap(ax, panel)
@@ -331,8 +381,9 @@ def plot_plan(rows: Sequence[Any], title: str, original_length: int, path: Path)
     return save(fig, path)
 
 
-def plot_relative_positions(distance: Sequence[float], curves: dict[str, Sequence[float]], title: str,
-                            original_length: int, path: Path) -> Path:
+def plot_relative_positions(
+    distance: Sequence[float], curves: dict[str, Sequence[float]], title: str, original_length: int, path: Path
+) -> Path:
     """The relative position each attention method scores a pair at, against the pair's true distance; the
     trained length marked (positions above it were never seen in training)."""
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import CtxevalError
-from ..util.paths import safe_name
 from ..runs.rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
 from ..runs.store import RUN_FILE, environment, now_utc
+from ..util.paths import safe_name
 from ..util.textfiles import finite_json, read_json, write_text
 from .merged import Report
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
@@ -26,9 +26,22 @@ from .tables import Table, bucket_center, csv_value, markdown, number
 def to_markdown(rep: Report, images: dict[str, str] | None = None) -> str:
     """The whole report as markdown; `images` (group id -> file name) adds the plots."""
     parts = ["# ctxeval report\n\n"]
-    parts.append(markdown(["run", "task", "model", "status", "rows", "table"],
-                            [[f"`{r.name}`", r.task, ", ".join(r.models), r.status, str(len(r.rows)),
-                              next(g.id for g in rep.groups if r in g.runs)] for r in rep.runs]))
+    parts.append(
+        markdown(
+            ["run", "task", "model", "status", "rows", "table"],
+            [
+                [
+                    f"`{r.name}`",
+                    r.task,
+                    ", ".join(r.models),
+                    r.status,
+                    str(len(r.rows)),
+                    next(g.id for g in rep.groups if r in g.runs),
+                ]
+                for r in rep.runs
+            ],
+        )
+    )
     if rep.notes:
         parts.append("\n" + "".join(f"- {n}\n" for n in rep.notes))
     for group in rep.groups:
@@ -78,24 +91,55 @@ def table_csv(table: Table) -> str:
 
 def to_json(rep: Report, images: dict[str, str] | None = None) -> dict[str, Any]:
     """The report as plain JSON-able data (missing values are null, never 0)."""
-    def table_json(t: Table) -> dict[str, Any]:
-        return {"id": t.id, "kind": t.kind, "title": t.title, "caption": t.caption, "columns": t.columns,
-                "rows": [{c: (v if i < 2 else number(v)) for i, (c, v) in enumerate(zip(t.columns, row))} for row in t.rows],
-                "status": [{c: s for c, s in zip(t.columns, sts) if s is not None} for sts in t.status],
-                "footnotes": t.footnotes}
 
-    return finite_json({  # a value copied from a run.json written by hand may be NaN: null in strict JSON
-        "settings": {"threshold": rep.threshold, "valid_tolerance": rep.tolerance, "aggregate": rep.aggregate},
-        "runs": [{"path": r.name, "task": r.task, "models": r.models, "status": r.status,
-                  "started": r.record.get("started"), "rows": len(r.rows),
-                  "group": next(g.id for g in rep.groups if r in g.runs)} for r in rep.runs],
-        "groups": [{"id": g.id, "kind": g.kind, "title": g.title, "protocol": g.key, "distinguishing": g.distinguishing,
-                    "runs": [r.name for r in g.runs], "original_lengths": g.original_lengths, "notes": g.notes,
+    def table_json(t: Table) -> dict[str, Any]:
+        return {
+            "id": t.id,
+            "kind": t.kind,
+            "title": t.title,
+            "caption": t.caption,
+            "columns": t.columns,
+            "rows": [
+                {c: (v if i < 2 else number(v)) for i, (c, v) in enumerate(zip(t.columns, row))} for row in t.rows
+            ],
+            "status": [{c: s for c, s in zip(t.columns, sts) if s is not None} for sts in t.status],
+            "footnotes": t.footnotes,
+        }
+
+    return finite_json(
+        {  # a value copied from a run.json written by hand may be NaN: null in strict JSON
+            "settings": {"threshold": rep.threshold, "valid_tolerance": rep.tolerance, "aggregate": rep.aggregate},
+            "runs": [
+                {
+                    "path": r.name,
+                    "task": r.task,
+                    "models": r.models,
+                    "status": r.status,
+                    "started": r.record.get("started"),
+                    "rows": len(r.rows),
+                    "group": next(g.id for g in rep.groups if r in g.runs),
+                }
+                for r in rep.runs
+            ],
+            "groups": [
+                {
+                    "id": g.id,
+                    "kind": g.kind,
+                    "title": g.title,
+                    "protocol": g.key,
+                    "distinguishing": g.distinguishing,
+                    "runs": [r.name for r in g.runs],
+                    "original_lengths": g.original_lengths,
+                    "notes": g.notes,
                     "tables": [table_json(t) for t in g.tables],
                     "plot": (images or {}).get(g.id),
-                    "positions_plot": (images or {}).get(f"{g.id}-positions")} for g in rep.groups],
-        "notes": rep.notes,
-    })
+                    "positions_plot": (images or {}).get(f"{g.id}-positions"),
+                }
+                for g in rep.groups
+            ],
+            "notes": rep.notes,
+        }
+    )
 
 
 def _curve_label(group: Group, model: str, label: str) -> str:
@@ -109,8 +153,10 @@ def _originals(group: Group) -> dict[int, str]:
     for model, L in group.original_lengths.items():
         by_length.setdefault(L, []).append(model)
     several = len(group.original_lengths) > 1
-    return {L: f"original length {fmt_length(L)}" + (f" ({', '.join(models)})" if several else "")
-            for L, models in by_length.items()}
+    return {
+        L: f"original length {fmt_length(L)}" + (f" ({', '.join(models)})" if several else "")
+        for L, models in by_length.items()
+    }
 
 
 def group_curves(group: Group, value_columns: int | None = None) -> list[Curve]:
@@ -133,8 +179,14 @@ def position_curves(group: Group, table: Table) -> list[Curve]:
     curves = []
     for row in table.rows:
         points = [(bucket_center(a, b), v) for (a, b), v in zip(buckets, row[3:]) if v is not None]
-        curves.append(Curve(f"{_curve_label(group, row[0], row[1])} (at {fmt_length(int(row[2]))})",
-                            method_family(row[1]), [p[0] for p in points], [p[1] for p in points]))
+        curves.append(
+            Curve(
+                f"{_curve_label(group, row[0], row[1])} (at {fmt_length(int(row[2]))})",
+                method_family(row[1]),
+                [p[0] for p in points],
+                [p[1] for p in points],
+            )
+        )
     return curves
 
 
@@ -194,12 +246,12 @@ def figure_stems(groups: Sequence[Group]) -> dict[str, str]:
                 chosen.append(f)
         for g in mine:
             models = list(dict.fromkeys(Path(m).name or m for run in g.runs for m in run.models))
-            who = ([safe_name(m).lower() for m in models] if len(models) <= NAME_LIST_MAX
-                   else [f"{len(models)}-models"])
+            who = [safe_name(m).lower() for m in models] if len(models) <= NAME_LIST_MAX else [f"{len(models)}-models"]
             stem = _cut("-".join([kind, *who, *(parts[g.id][f] for f in chosen)]), NAME_MAX)
             # the first free one of stem, stem-2, stem-3, ...: len(used) + 1 candidates always hold one
-            unique = next(name for name in (stem, *(f"{stem}-{n}" for n in range(2, len(used) + 3)))
-                          if name not in used)
+            unique = next(
+                name for name in (stem, *(f"{stem}-{n}" for n in range(2, len(used) + 3))) if name not in used
+            )
             used |= {unique, f"{unique}-positions"}
             stems[g.id] = unique
     return stems
@@ -216,43 +268,85 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
         if group.kind == "needle":
             if not group.grids:
                 continue
-            panels = [HeatmapPanel(_curve_label(group, model, label), grid, status, group.original_lengths.get(model))
-                      for (model, label), (grid, status) in ((pair, group.grids[pair]) for pair in
-                                                             ((r[0], r[1]) for r in group.tables[0].rows)
-                                                             if pair in group.grids)]
+            panels = [
+                HeatmapPanel(_curve_label(group, model, label), grid, status, group.original_lengths.get(model))
+                for (model, label), (grid, status) in (
+                    (pair, group.grids[pair])
+                    for pair in ((r[0], r[1]) for r in group.tables[0].rows)
+                    if pair in group.grids
+                )
+            ]
             dashed = any(p.original_length and max(p.grid.columns) > p.original_length for p in panels)
-            plot_heatmaps(panels, path, f"{group.short_title}{' (dashed: past the original length)' if dashed else ''}"
-                                        f"\n{group.description}")
+            plot_heatmaps(
+                panels,
+                path,
+                f"{group.short_title}{' (dashed: past the original length)' if dashed else ''}\n{group.description}",
+            )
         elif group.kind in ("lm-eval", "tune"):
             continue  # a method x task table, one row per search: nothing to draw against the context length
         elif group.kind == "ruler":
             curves = group_curves(group, value_columns=len(group.tables[0].columns) - 3)
             threshold = group.ruler_threshold
-            plot_curves(curves, path, title=title, xlabel="context length (tokens)", ylabel="RULER mean score",
-                        originals=_originals(group), threshold=threshold, threshold_label=f"threshold {threshold:g}",
-                        ylim=(-2, 102))
+            plot_curves(
+                curves,
+                path,
+                title=title,
+                xlabel="context length (tokens)",
+                ylabel="RULER mean score",
+                originals=_originals(group),
+                threshold=threshold,
+                threshold_label=f"threshold {threshold:g}",
+                ylim=(-2, 102),
+            )
         elif group.kind == "passkey":
             curves = group_curves(group, value_columns=len(group.tables[0].columns) - 5)  # + 3 summary columns
-            plot_curves(curves, path, title=title, xlabel="context length (tokens)", ylabel="accuracy",
-                        originals=_originals(group), threshold=rep.threshold, ylim=(-0.05, 1.05))
+            plot_curves(
+                curves,
+                path,
+                title=title,
+                xlabel="context length (tokens)",
+                ylabel="accuracy",
+                originals=_originals(group),
+                threshold=rep.threshold,
+                ylim=(-0.05, 1.05),
+            )
         else:
             curves = group_curves(group)
             if not any(c.xs for c in curves if not c.reference):
                 continue
             if group.kind == "ppl":
-                plot_curves(curves, path, title=title, xlabel="evaluation length (tokens)", ylabel="perplexity",
-                            originals=_originals(group), log_y=True)
+                plot_curves(
+                    curves,
+                    path,
+                    title=title,
+                    xlabel="evaluation length (tokens)",
+                    ylabel="perplexity",
+                    originals=_originals(group),
+                    log_y=True,
+                )
                 positions = next((t for t in group.tables if t.kind == "positions"), None)
                 if positions is not None:
                     pos_path = Path(out_dir) / f"{stems[group.id]}-positions.png"
-                    plot_curves(position_curves(group, positions), pos_path, title=f"Loss by position: {title}",
-                                xlabel="tokens of context the prediction had (bucket centres; ticks at bucket edges)",
-                                ylabel="perplexity of the bucket's tokens", originals=_originals(group), log_y=True,
-                                x_ticks=sorted({int(x) for c in positions.columns[3:] for x in c.split("-")}))
+                    plot_curves(
+                        position_curves(group, positions),
+                        pos_path,
+                        title=f"Loss by position: {title}",
+                        xlabel="tokens of context the prediction had (bucket centres; ticks at bucket edges)",
+                        ylabel="perplexity of the bucket's tokens",
+                        originals=_originals(group),
+                        log_y=True,
+                        x_ticks=sorted({int(x) for c in positions.columns[3:] for x in c.split("-")}),
+                    )
                     images[f"{group.id}-positions"] = pos_path.name
             else:
-                plot_curves(curves, path, title=title, xlabel="context length (tokens)",
-                            ylabel="mean attention entropy (nats)", originals=_originals(group))
+                plot_curves(
+                    curves,
+                    path,
+                    title=title,
+                    xlabel="context length (tokens)",
+                    ylabel="mean attention entropy (nats)",
+                    originals=_originals(group),
+                )
         images[group.id] = path.name
     return images
 
@@ -268,8 +362,9 @@ def earlier_figures(out_dir: Path) -> set[str]:
         return set()
     groups = record.get("groups") if isinstance(record.get("groups"), list) else []
     names = {g.get(key) for g in groups if isinstance(g, dict) for key in ("plot", "positions_plot")}
-    return {n for n in names if isinstance(n, str) and n.endswith(".png") and Path(n).name == n
-            and (out_dir / n).is_file()}
+    return {
+        n for n in names if isinstance(n, str) and n.endswith(".png") and Path(n).name == n and (out_dir / n).is_file()
+    }
 
 
 def write_report(rep: Report, out_dir: Path) -> list[Path]:
@@ -278,22 +373,34 @@ def write_report(rep: Report, out_dir: Path) -> list[Path]:
     if out_dir.exists() and not out_dir.is_dir():
         raise CtxevalError(f"--out {out_dir} is a file, not a directory; choose a directory path")
     if (out_dir / RUN_FILE).exists():
-        raise CtxevalError(f"--out {out_dir} is a run directory (it holds run.json); choose another directory for the report")
+        raise CtxevalError(
+            f"--out {out_dir} is a run directory (it holds run.json); choose another directory for the report"
+        )
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CtxevalError(f"--out {out_dir}: cannot create the directory ({exc.strerror or type(exc).__name__}); "
-                           "choose another path") from None
+        raise CtxevalError(
+            f"--out {out_dir}: cannot create the directory ({exc.strerror or type(exc).__name__}); choose another path"
+        ) from None
     earlier = earlier_figures(out_dir)
     images = write_plots(rep, out_dir)
     written = [out_dir / name for name in images.values()]
     for name in earlier - set(images.values()):  # an earlier report's figure this one no longer draws
         with contextlib.suppress(OSError):
             (out_dir / name).unlink()
-    record = {**to_json(rep, images), "generated": {  # how this report was made, as run.json says for a run
-        "command": "ctxeval " + " ".join(sys.argv[1:]), "time": now_utc(), "environment": environment()}}
-    files = {"table.md": to_markdown(rep, images), "report.csv": to_csv(rep),
-             "report.json": json.dumps(record, indent=2, allow_nan=False, default=str) + "\n"}
+    record = {
+        **to_json(rep, images),
+        "generated": {  # how this report was made, as run.json says for a run
+            "command": "ctxeval " + " ".join(sys.argv[1:]),
+            "time": now_utc(),
+            "environment": environment(),
+        },
+    }
+    files = {
+        "table.md": to_markdown(rep, images),
+        "report.csv": to_csv(rep),
+        "report.json": json.dumps(record, indent=2, allow_nan=False, default=str) + "\n",
+    }
     files.update({f"{t.id}.csv": table_csv(t) for t in rep.tables})
     for name, text in files.items():
         written.append(write_text(out_dir / name, text, "report file"))

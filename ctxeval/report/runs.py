@@ -35,20 +35,35 @@ import pandas as pd
 
 from ..errors import CtxevalError
 from ..rope.geometry import trained_length_of_record
-from ..util.numbers import finite_number
 from ..runs.rows import AGGREGATES, KINDS, MISSING, POINT_FIELDS, RULER_THRESHOLD, point_key
 from ..runs.store import ROWS_FILE, RUN_FILE, load_rows
+from ..util.numbers import finite_number
 from ..util.textfiles import read_json
 from .tables import Table
 
-KIND_TITLES = {"ppl": "Perplexity", "needle": "Needle in a haystack", "passkey": "Passkey retrieval",
-               "entropy": "Attention entropy", "ruler": "RULER", "lm-eval": "lm-evaluation-harness",
-               "tune": "Tuned methods (ctxeval tune)"}
+KIND_TITLES = {
+    "ppl": "Perplexity",
+    "needle": "Needle in a haystack",
+    "passkey": "Passkey retrieval",
+    "entropy": "Attention entropy",
+    "ruler": "RULER",
+    "lm-eval": "lm-evaluation-harness",
+    "tune": "Tuned methods (ctxeval tune)",
+}
 WRITERS = "ctxeval ppl, needle, passkey, entropy, ruler, lm-eval or tune"
 # run.json fields a report reads as objects: another shape means the file is not a ctxeval run.json
-RECORD_OBJECTS = ("spec", "model", "data", "protocol", "key_tokens", "lm_eval", "environment", "distributed",
-                  "methods", "positions")
-
+RECORD_OBJECTS = (
+    "spec",
+    "model",
+    "data",
+    "protocol",
+    "key_tokens",
+    "lm_eval",
+    "environment",
+    "distributed",
+    "methods",
+    "positions",
+)
 
 
 @dataclass
@@ -105,63 +120,90 @@ def load_run(path: Path | str, order: int = 0) -> Run:
     if not p.exists():
         raise CtxevalError(f"run directory {given} does not exist; pass directories written by {WRITERS}")
     if not p.is_dir():
-        raise CtxevalError(f"{given} is a file, not a run directory; pass the directory that holds run.json and rows.jsonl")
+        raise CtxevalError(
+            f"{given} is a file, not a run directory; pass the directory that holds run.json and rows.jsonl"
+        )
     run_json = p / RUN_FILE
     if not run_json.exists():
         inner = sorted(d.name for d in p.iterdir() if (d / RUN_FILE).exists()) if p.is_dir() else []
         if inner:
-            raise CtxevalError(f"{given} is not a run directory but holds {len(inner)} (e.g. {inner[0]}); "
-                               f"pass them one by one, e.g. {given}/*/")
+            raise CtxevalError(
+                f"{given} is not a run directory but holds {len(inner)} (e.g. {inner[0]}); "
+                f"pass them one by one, e.g. {given}/*/"
+            )
         if is_report_dir(p):
-            raise CtxevalError(f"{given} holds a report written by ctxeval report --out, not a run (no run.json); "
-                               f"pass the run directories it was made from")
-        raise CtxevalError(f"{given} is not a ctxeval run directory (no run.json); pass directories written by "
-                           f"{WRITERS}")
+            raise CtxevalError(
+                f"{given} holds a report written by ctxeval report --out, not a run (no run.json); "
+                f"pass the run directories it was made from"
+            )
+        raise CtxevalError(
+            f"{given} is not a ctxeval run directory (no run.json); pass directories written by {WRITERS}"
+        )
     try:
         record = read_json(run_json, "", finite=False)
     except CtxevalError as exc:
         detail = str(exc).replace(str(run_json), "it").split("; ")[0]
-        raise CtxevalError(f"{run_json} cannot be read as a ctxeval run.json ({detail}); leave this directory "
-                           "out") from None
+        raise CtxevalError(
+            f"{run_json} cannot be read as a ctxeval run.json ({detail}); leave this directory out"
+        ) from None
     if not isinstance(record, dict):
         raise CtxevalError(f"{run_json} is not a ctxeval run.json (not a JSON object); leave this directory out")
     for name in RECORD_OBJECTS:
         if record.get(name) is not None and not isinstance(record[name], dict):
-            raise CtxevalError(f"{run_json}: '{name}' is not a JSON object, as ctxeval writes it; not a ctxeval "
-                               "run.json: leave this directory out")
-    for where, value in (("history", record.get("history")), ("spec.methods", (record.get("spec") or {}).get("methods")),
-                         ("spec.lengths", (record.get("spec") or {}).get("lengths")),
-                         ("spec.tasks", (record.get("spec") or {}).get("tasks")),
-                         ("data.documents", (record.get("data") or {}).get("documents"))):
+            raise CtxevalError(
+                f"{run_json}: '{name}' is not a JSON object, as ctxeval writes it; not a ctxeval "
+                "run.json: leave this directory out"
+            )
+    for where, value in (
+        ("history", record.get("history")),
+        ("spec.methods", (record.get("spec") or {}).get("methods")),
+        ("spec.lengths", (record.get("spec") or {}).get("lengths")),
+        ("spec.tasks", (record.get("spec") or {}).get("tasks")),
+        ("data.documents", (record.get("data") or {}).get("documents")),
+    ):
         if value is not None and not isinstance(value, list):
-            raise CtxevalError(f"{run_json}: '{where}' is not a JSON list, as ctxeval writes it; not a ctxeval "
-                               "run.json: leave this directory out")
+            raise CtxevalError(
+                f"{run_json}: '{where}' is not a JSON list, as ctxeval writes it; not a ctxeval "
+                "run.json: leave this directory out"
+            )
     aggregate = (record.get("protocol") or {}).get("aggregate")
     if aggregate is not None and aggregate not in AGGREGATES:
-        raise CtxevalError(f"{run_json}: protocol aggregate {str(aggregate)[:40]!r} is not one of "
-                           f"{', '.join(AGGREGATES)}; not a ctxeval run.json: leave this directory out")
+        raise CtxevalError(
+            f"{run_json}: protocol aggregate {str(aggregate)[:40]!r} is not one of "
+            f"{', '.join(AGGREGATES)}; not a ctxeval run.json: leave this directory out"
+        )
     threshold = (record.get("protocol") or {}).get("threshold")
     if threshold is not None and not (finite_number(threshold) is not None and 0 < threshold <= 100):
-        raise CtxevalError(f"{run_json}: protocol threshold {threshold!r} is not a number in (0, 100]; not a ctxeval "
-                           "run.json: leave this directory out")
+        raise CtxevalError(
+            f"{run_json}: protocol threshold {threshold!r} is not a number in (0, 100]; not a ctxeval "
+            "run.json: leave this directory out"
+        )
     found = load_rows(p / ROWS_FILE)
     spec = record.get("spec") or {}
     task = spec.get("task") or (found.rows[0].get("task") if found.rows else None)
     if not isinstance(task, str) or task not in KINDS:
-        raise CtxevalError(f"{given}: unknown task {str(task)[:40]!r} in run.json; ctxeval report merges ppl, needle, "
-                           "passkey, entropy, ruler, lm-eval and tune runs")
+        raise CtxevalError(
+            f"{given}: unknown task {str(task)[:40]!r} in run.json; ctxeval report merges ppl, needle, "
+            "passkey, entropy, ruler, lm-eval and tune runs"
+        )
     tasks = spec.get("tasks")
     if task == "ruler" and not (isinstance(tasks, list) and tasks and all(isinstance(t, str) for t in tasks)):
-        raise CtxevalError(f"{run_json}: a RULER run's spec.tasks is not a list of task names; not a ctxeval run.json: "
-                           "leave this directory out")
+        raise CtxevalError(
+            f"{run_json}: a RULER run's spec.tasks is not a list of task names; not a ctxeval run.json: "
+            "leave this directory out"
+        )
     found = found.checked(task)
     if not found.rows and found.skipped:
         why = "; ".join(f"line {n}: {w}" for n, w in found.skipped[:2])
-        raise CtxevalError(f"{given}/{ROWS_FILE} holds no usable rows ({why}; ctxeval writes one UTF-8 JSON object per "
-                           "line); resume the run with its original command, or leave it out")
+        raise CtxevalError(
+            f"{given}/{ROWS_FILE} holds no usable rows ({why}; ctxeval writes one UTF-8 JSON object per "
+            "line); resume the run with its original command, or leave it out"
+        )
     if not found.rows:
-        raise CtxevalError(f"{given} has no measured rows ({ROWS_FILE} missing or empty); resume the run with "
-                           "its original command, or leave it out")
+        raise CtxevalError(
+            f"{given} has no measured rows ({ROWS_FILE} missing or empty); resume the run with "
+            "its original command, or leave it out"
+        )
     rows = found.rows
     run = Run(p, given, task, record, rows, order)
     run.skipped = found.note()
@@ -210,9 +252,11 @@ def expand_run_args(paths: Sequence[Path | str]) -> tuple[list[Path | str], list
         if inner:
             given = str(path).rstrip("/") or str(path)
             others = sum(1 for _ in p.iterdir()) - len(inner)
-            notes.append(f"{given} is a folder of run directories: using the {len(inner)} directly inside it, in "
-                         "name order" + (f" ({others} other entr{'y' if others == 1 else 'ies'} in it not run "
-                                         "directories)" if others else ""))
+            notes.append(
+                f"{given} is a folder of run directories: using the {len(inner)} directly inside it, in "
+                "name order"
+                + (f" ({others} other entr{'y' if others == 1 else 'ies'} in it not run directories)" if others else "")
+            )
             kept += inner
         else:
             kept.append(path)
@@ -222,8 +266,10 @@ def expand_run_args(paths: Sequence[Path | str]) -> tuple[list[Path | str], list
         if held is not None and held.resolve() not in given:
             given.add(held.resolve())
             kept.insert(kept.index(path) + 1, held)
-            notes.append(f"{str(path).rstrip('/') or path} is a tune run: its winner's held-out ppl run {held.name} "
-                         "joins the ppl tables")
+            notes.append(
+                f"{str(path).rstrip('/') or path} is a tune run: its winner's held-out ppl run {held.name} "
+                "joins the ppl tables"
+            )
     if left_out and not kept:
         load_run(left_out[0][0])  # raises its one-line error
     notes[:0] = [f"{why}; skipped" for _, why in left_out]
@@ -302,26 +348,51 @@ def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
     """What must agree for runs to share a table (flat: field -> JSON-able value)."""
     spec = run.spec
     if run.task == "tune":  # the search's settings and results are the table's columns, the documents are not
-        return {"data": spec.get("data"), "tuning_docs": spec.get("tuning_docs"),
-                "heldout_docs": spec.get("heldout_docs"), "bos": spec.get("bos")}
+        return {
+            "data": spec.get("data"),
+            "tuning_docs": spec.get("tuning_docs"),
+            "heldout_docs": spec.get("heldout_docs"),
+            "bos": spec.get("bos"),
+        }
     if run.task == "lm-eval":
-        return {"max_length": spec.get("max_length"), "limit": spec.get("limit"),
-                "num_fewshot": spec.get("num_fewshot"), "lm_eval": (run.record.get("lm_eval") or {}).get("version")}
+        return {
+            "max_length": spec.get("max_length"),
+            "limit": spec.get("limit"),
+            "num_fewshot": spec.get("num_fewshot"),
+            "lm_eval": (run.record.get("lm_eval") or {}).get("version"),
+        }
     if run.task == "ruler":
-        return {"tasks": spec.get("tasks"), "samples": spec.get("samples"), "seed": spec.get("seed"),
-                "essays": spec.get("essays"), "essay_sha256": spec.get("essay_sha256"),
-                "samples_from": spec.get("samples_from"), "template": spec.get("template"),
-                "threshold": (run.record.get("protocol") or {}).get("threshold")}
+        return {
+            "tasks": spec.get("tasks"),
+            "samples": spec.get("samples"),
+            "seed": spec.get("seed"),
+            "essays": spec.get("essays"),
+            "essay_sha256": spec.get("essay_sha256"),
+            "samples_from": spec.get("samples_from"),
+            "template": spec.get("template"),
+            "threshold": (run.record.get("protocol") or {}).get("threshold"),
+        }
     if run.task in ("ppl", "entropy"):
         proto = run.record.get("protocol") or {}
-        corpus = {"data": spec.get("data", (run.record.get("data") or {}).get("spec")), "documents": documents(run),
-                  "text_field": spec.get("text_field", "text")}
+        corpus = {
+            "data": spec.get("data", (run.record.get("data") or {}).get("spec")),
+            "documents": documents(run),
+            "text_field": spec.get("text_field", "text"),
+        }
         if run.task == "ppl":
-            return {**corpus, "protocol": proto.get("name", spec.get("protocol")),
-                    "stride": proto.get("stride", spec.get("stride")), "bos": proto.get("bos", spec.get("bos")),
-                    "aggregate": aggregate or proto.get("aggregate", "token")}
-        return {**corpus, "bos": spec.get("bos", proto.get("bos")), "layers": spec.get("layers", "all"),
-                "heads": spec.get("heads", "all")}
+            return {
+                **corpus,
+                "protocol": proto.get("name", spec.get("protocol")),
+                "stride": proto.get("stride", spec.get("stride")),
+                "bos": proto.get("bos", spec.get("bos")),
+                "aggregate": aggregate or proto.get("aggregate", "token"),
+            }
+        return {
+            **corpus,
+            "bos": spec.get("bos", proto.get("bos")),
+            "layers": spec.get("layers", "all"),
+            "heads": spec.get("heads", "all"),
+        }
     preset = spec.get("preset")
     key: dict[str, Any] = {}
     if isinstance(preset, dict):
@@ -329,17 +400,19 @@ def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
         key.update({f"preset.{k}": v for k, v in preset.items() if k != "name"})
     else:
         key["preset"] = preset or (run.rows[0].get("preset"))
-    key.update({
-        "haystack": spec.get("haystack"),
-        "text_field": spec.get("text_field", "text"),
-        "depths": "random" if run.task == "passkey" or spec.get("random_depth") else spec.get("depths"),
-        "samples": spec.get("samples"),
-        "seed": spec.get("seed", run.record.get("seed")),
-        "scoring": spec.get("scoring", run.rows[0].get("scoring")),
-        "max_new_tokens": spec.get("max_new_tokens"),
-        "chat_template": spec.get("chat_template"),
-        "snap": spec.get("snap"),
-    })
+    key.update(
+        {
+            "haystack": spec.get("haystack"),
+            "text_field": spec.get("text_field", "text"),
+            "depths": "random" if run.task == "passkey" or spec.get("random_depth") else spec.get("depths"),
+            "samples": spec.get("samples"),
+            "seed": spec.get("seed", run.record.get("seed")),
+            "scoring": spec.get("scoring", run.rows[0].get("scoring")),
+            "max_new_tokens": spec.get("max_new_tokens"),
+            "chat_template": spec.get("chat_template"),
+            "snap": spec.get("snap"),
+        }
+    )
     if run.task == "passkey":  # runs made before --protocol existed used ctxeval's layout with BOS
         key.update({"protocol": spec.get("protocol", "ctxeval"), "bos": spec.get("bos", True)})
     return key
@@ -412,8 +485,12 @@ class Group:
         quiet = {"text_field": "text", "max_new_tokens": None}  # shown only when not the default
         if self.key.get("protocol") != "sliding":
             quiet["stride"] = None
-        shown = [f for f in self.key if (not f.startswith("preset.") and not (f in quiet and self.key[f] == quiet[f]))
-                 or f in self.distinguishing]
+        shown = [
+            f
+            for f in self.key
+            if (not f.startswith("preset.") and not (f in quiet and self.key[f] == quiet[f]))
+            or f in self.distinguishing
+        ]
         return " · ".join(f"{field_label(f)} {fmt_value(self.key.get(f))}" for f in shown)
 
 
@@ -432,10 +509,14 @@ def group_runs(runs: Sequence[Run], aggregate: str | None = None, single: bool =
         fields = list(dict.fromkeys(f for key, _ in mine for f in key))
         differ = [f for f in fields if len({canon(key.get(f)) for key, _ in mine}) > 1]
         if single and len(mine) > 1:
-            values = "; ".join(f"{members[0].name}: " + ", ".join(f"{field_label(f)} {fmt_value(key.get(f))}" for f in differ)
-                               for key, members in mine)
-            raise CtxevalError(f"--single: the {kind} runs differ in {', '.join(map(field_label, differ))} ({values}); drop --single "
-                               "to get one table per protocol, or leave runs out")
+            values = "; ".join(
+                f"{members[0].name}: " + ", ".join(f"{field_label(f)} {fmt_value(key.get(f))}" for f in differ)
+                for key, members in mine
+            )
+            raise CtxevalError(
+                f"--single: the {kind} runs differ in {', '.join(map(field_label, differ))} ({values}); drop --single "
+                "to get one table per protocol, or leave runs out"
+            )
         for n, (key, members) in enumerate(mine, 1):
             groups.append(Group(f"{kind}-{n}", kind, n, len(mine), key, members, differ))
     return groups
@@ -451,7 +532,9 @@ def display_models(group: Group) -> dict[tuple[int, str], str]:
     for run in group.runs:
         for model in run.models:
             dtypes.setdefault(model, set()).add(str(run.dtype))
-    return {(run.order, m): (f"{m} ({run.dtype})" if len(dtypes[m]) > 1 else m) for run in group.runs for m in run.models}
+    return {
+        (run.order, m): (f"{m} ({run.dtype})" if len(dtypes[m]) > 1 else m) for run in group.runs for m in run.models
+    }
 
 
 def merge_rows(group: Group) -> tuple[list[dict[str, Any]], list[str]]:
@@ -482,8 +565,14 @@ def merge_rows(group: Group) -> tuple[list[dict[str, Any]], list[str]]:
     notes = []
     for (model, label, older, newer, reason), n in overlaps.items():
         head = f"{model} · {label}: {n} point(s) measured by both {older} and {newer}; "
-        notes.append(head + (f"kept {newer}'s (started later)" if reason == "later" else
-                             f"kept {older}'s values ({newer} has {reason} there; a failure never replaces a value)"))
+        notes.append(
+            head
+            + (
+                f"kept {newer}'s (started later)"
+                if reason == "later"
+                else f"kept {older}'s values ({newer} has {reason} there; a failure never replaces a value)"
+            )
+        )
     return [row for _, row in chosen.values()], notes
 
 

@@ -10,15 +10,35 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..util.paths import safe_name
 from ..runs.rows import MISSING, UNIFORM_LABEL, fmt_length
 from ..specs import MethodSpec
+from ..util.paths import safe_name
 from ..util.textfiles import atomic_path, write_text
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
-from .tables import (accuracy_grid, bucket_center, bucket_label, entropy_tables, fmt_acc, fmt_ppl, fmt_score,
-                     longppl_long, markdown, needle_long, needle_summary, passkey_summary, positions_long, ppl_cells,
-                     ppl_long, ppl_wide, ruler_effective_length, ruler_means, ruler_task_scores, status_wide,
-                     valid_cells, valid_lengths)
+from .tables import (
+    accuracy_grid,
+    bucket_center,
+    bucket_label,
+    entropy_tables,
+    fmt_acc,
+    fmt_ppl,
+    fmt_score,
+    longppl_long,
+    markdown,
+    needle_long,
+    needle_summary,
+    passkey_summary,
+    positions_long,
+    ppl_cells,
+    ppl_long,
+    ppl_wide,
+    ruler_effective_length,
+    ruler_means,
+    ruler_task_scores,
+    status_wide,
+    valid_cells,
+    valid_lengths,
+)
 
 
 def save_text(path: Any, text: str) -> None:
@@ -61,22 +81,35 @@ def _curves(wide: pd.DataFrame) -> list[Curve]:
     for label, series in wide.iterrows():
         points = [(int(c), float(v)) for c, v in series.items() if not _isna(v)]
         reference = str(label) == UNIFORM_LABEL
-        curves.append(Curve("uniform attention (ln of visible keys)" if reference else str(label),
-                            method_family(str(label)), [p[0] for p in points], [p[1] for p in points], reference))
+        curves.append(
+            Curve(
+                "uniform attention (ln of visible keys)" if reference else str(label),
+                method_family(str(label)),
+                [p[0] for p in points],
+                [p[1] for p in points],
+                reference,
+            )
+        )
     return curves
 
 
-VALID_CAPTION = ("Both valid lengths go up from the reference length (the original length, or the longest evaluated "
-                 "length below it) and stop at the first length that fails. Own: ppl within the tolerance of the "
-                 "method's own ppl at the reference (how gracefully it degrades). Vs base: within the tolerance of "
-                 "the unmodified model's ppl there (`native`, else `none`): how far it goes without paying.")
-POSITIONS_CAPTION = ("Perplexity of the tokens predicted from p tokens of context (bucket start <= p < stop), "
-                     "token-weighted over the documents, from each method's forward at its longest length (a "
-                     "length-dependent method: its forward at that length only).")
-LONGPPL_CAPTION = ("LongPPL (Fang et al. 2025): perplexity over the key tokens only, the tokens the evaluator "
-                   "predicts much better with the long context; every method is scored on the same tokens. "
-                   "Over documents as PKU-ML/LongPPL aggregates them: exp(summed key-token NLL / key tokens), the "
-                   "key-token-weighted geometric mean of the documents' LongPPL.")
+VALID_CAPTION = (
+    "Both valid lengths go up from the reference length (the original length, or the longest evaluated "
+    "length below it) and stop at the first length that fails. Own: ppl within the tolerance of the "
+    "method's own ppl at the reference (how gracefully it degrades). Vs base: within the tolerance of "
+    "the unmodified model's ppl there (`native`, else `none`): how far it goes without paying."
+)
+POSITIONS_CAPTION = (
+    "Perplexity of the tokens predicted from p tokens of context (bucket start <= p < stop), "
+    "token-weighted over the documents, from each method's forward at its longest length (a "
+    "length-dependent method: its forward at that length only)."
+)
+LONGPPL_CAPTION = (
+    "LongPPL (Fang et al. 2025): perplexity over the key tokens only, the tokens the evaluator "
+    "predicts much better with the long context; every method is scored on the same tokens. "
+    "Over documents as PKU-ML/LongPPL aggregates them: exp(summed key-token NLL / key tokens), the "
+    "key-token-weighted geometric mean of the documents' LongPPL."
+)
 
 
 def position_curves(pos: pd.DataFrame, multi_model: bool = False) -> tuple[list[Curve], list[int]]:
@@ -88,8 +121,14 @@ def position_curves(pos: pd.DataFrame, multi_model: bool = False) -> tuple[list[
         edges |= set(int(x) for x in g["start"]) | set(int(x) for x in g["stop"])
         name = f"{model} · {label}" if multi_model else str(label)
         at = "" if one_length else f" (at {fmt_length(int(g['length'].iloc[0]))})"
-        curves.append(Curve(name + at, method_family(str(label)),
-                            [bucket_center(a, b) for a, b in zip(g["start"], g["stop"])], [float(v) for v in g["ppl"]]))
+        curves.append(
+            Curve(
+                name + at,
+                method_family(str(label)),
+                [bucket_center(a, b) for a, b in zip(g["start"], g["stop"])],
+                [float(v) for v in g["ppl"]],
+            )
+        )
     return curves, sorted(edges)
 
 
@@ -100,8 +139,10 @@ def position_tables(pos: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     rows = []
     for label, g in pos.groupby("label", sort=False):
         cell = {(int(a), int(b)): v for a, b, v in zip(g["start"], g["stop"], g["ppl"])}
-        rows.append([str(label), fmt_length(int(g["length"].iloc[0]))]
-                    + [fmt_ppl(cell[k]) if k in cell else MISSING for k in buckets])
+        rows.append(
+            [str(label), fmt_length(int(g["length"].iloc[0]))]
+            + [fmt_ppl(cell[k]) if k in cell else MISSING for k in buckets]
+        )
     return headers, rows
 
 
@@ -113,11 +154,16 @@ def render_positions(store: Any, original_length: int, title: str) -> tuple[list
     save_csv(pos.rename(columns={"label": "method"}), store.dir / "positions.csv", index=False, float_format="%.6g")
     curves, edges = position_curves(pos)
     at = f" (forwards of {fmt_length(int(pos['length'].iloc[0]))} tokens)" if pos["length"].nunique() == 1 else ""
-    plot_curves(curves, store.dir / "positions.png", title=f"Loss by position: {title}{at}",
-                xlabel="tokens of context the prediction had (bucket centres; ticks at bucket edges)",
-                ylabel="perplexity of the bucket's tokens",
-                originals={original_length: f"original length {fmt_length(original_length)}"}, log_y=True,
-                x_ticks=edges)
+    plot_curves(
+        curves,
+        store.dir / "positions.png",
+        title=f"Loss by position: {title}{at}",
+        xlabel="tokens of context the prediction had (bucket centres; ticks at bucket edges)",
+        ylabel="perplexity of the bucket's tokens",
+        originals={original_length: f"original length {fmt_length(original_length)}"},
+        log_y=True,
+        x_ticks=edges,
+    )
     headers, rows = position_tables(pos)
     section = f"\n## Loss by position\n\n{POSITIONS_CAPTION}\n\n" + markdown(headers, rows)
     return [Printed("perplexity by position (tokens of context)", None, headers, rows)], section
@@ -134,18 +180,24 @@ def render_longppl(store: Any, specs: Sequence[MethodSpec]) -> tuple[list[Printe
     cell = {(r.label, int(r.length)): (r.longppl, r.status) for r in lp.itertuples()}
     counts = lp.groupby("length")["key_tokens"].max()
     headers = ["method"] + [fmt_length(int(L)) for L in lengths]
-    rows = [[label] + [fmt_ppl(*cell.get((label, int(L)), (float("nan"), "missing"))) for L in lengths]
-            for label in order]
-    rows.append(["key tokens (count)"] + [f"{int(counts[L]):,}" if counts[L] == counts[L] else MISSING for L in lengths])
+    rows = [
+        [label] + [fmt_ppl(*cell.get((label, int(L)), (float("nan"), "missing"))) for L in lengths] for label in order
+    ]
+    rows.append(
+        ["key tokens (count)"] + [f"{int(counts[L]):,}" if counts[L] == counts[L] else MISSING for L in lengths]
+    )
     key = store.record.get("key_tokens") or {}
-    caption = (LONGPPL_CAPTION + f" Evaluator: {key.get('evaluator')} under {key.get('method')}; short context "
-               f"{key.get('context')} (stride {key.get('window')}); alpha {key.get('alpha')}, beta {key.get('beta')}.")
+    caption = (
+        LONGPPL_CAPTION + f" Evaluator: {key.get('evaluator')} under {key.get('method')}; short context "
+        f"{key.get('context')} (stride {key.get('window')}); alpha {key.get('alpha')}, beta {key.get('beta')}."
+    )
     section = f"\n## LongPPL (key tokens)\n\n{caption}\n\n" + markdown(headers, rows)
     return [Printed("LongPPL (perplexity over the key tokens)", caption, headers, rows)], section
 
 
-def render_ppl(store: Any, specs: Sequence[MethodSpec], original_length: int, aggregate: str, tolerance: float,
-               title: str) -> RunOutputs:
+def render_ppl(
+    store: Any, specs: Sequence[MethodSpec], original_length: int, aggregate: str, tolerance: float, title: str
+) -> RunOutputs:
     """table.md / table.csv / valid.csv / ppl.png in the run directory."""
     long = ppl_long(store.rows(), aggregate)
     wide = ppl_wide(long, [s.label for s in specs])
@@ -157,27 +209,45 @@ def render_ppl(store: Any, specs: Sequence[MethodSpec], original_length: int, ag
     caption = f"Perplexity ({aggregate}-weighted over {n_docs} document(s)); original length {original_length}."
     position_printed, position_md = render_positions(store, original_length, title)
     longppl_printed, longppl_md = render_longppl(store, specs)
-    save_text(store.dir / "table.md",
-        f"# {title}\n\n{caption}\n\n" + markdown(headers, rows) + longppl_md
-        + f"\n## Valid length (ppl within {tolerance:.0%})\n\n{VALID_CAPTION}\n\n" + markdown(vheaders, vrows)
-        + position_md
+    save_text(
+        store.dir / "table.md",
+        f"# {title}\n\n{caption}\n\n"
+        + markdown(headers, rows)
+        + longppl_md
+        + f"\n## Valid length (ppl within {tolerance:.0%})\n\n{VALID_CAPTION}\n\n"
+        + markdown(vheaders, vrows)
+        + position_md,
     )
     export = wide.copy()
     export.index.name = "method"
     save_csv(export, store.dir / "table.csv", float_format="%.6g")
     save_csv(valid, store.dir / "valid.csv", index=False, float_format="%.6g")
-    plot_curves(_curves(wide), store.dir / "ppl.png", title=title, xlabel="evaluation length (tokens)",
-                ylabel="perplexity", originals={original_length: f"original length {fmt_length(original_length)}"},
-                log_y=True)
-    extra = (", positions.csv, positions.png" if position_printed else "") + (", longppl.csv" if longppl_printed else "")
-    return RunOutputs([Printed(title, caption, headers, rows), *longppl_printed,
-                       Printed(f"valid length (ppl within {tolerance:.0%})", None, vheaders,
-                               [[str(c) for c in r] for r in vrows]), *position_printed],
-                      f"wrote {store.dir}/table.md, table.csv, valid.csv, ppl.png{extra}")
+    plot_curves(
+        _curves(wide),
+        store.dir / "ppl.png",
+        title=title,
+        xlabel="evaluation length (tokens)",
+        ylabel="perplexity",
+        originals={original_length: f"original length {fmt_length(original_length)}"},
+        log_y=True,
+    )
+    extra = (", positions.csv, positions.png" if position_printed else "") + (
+        ", longppl.csv" if longppl_printed else ""
+    )
+    return RunOutputs(
+        [
+            Printed(title, caption, headers, rows),
+            *longppl_printed,
+            Printed(f"valid length (ppl within {tolerance:.0%})", None, vheaders, [[str(c) for c in r] for r in vrows]),
+            *position_printed,
+        ],
+        f"wrote {store.dir}/table.md, table.csv, valid.csv, ppl.png{extra}",
+    )
 
 
-def render_retrieval(store: Any, task: str, specs: Sequence[MethodSpec], original: int | None, threshold: float,
-                     title: str) -> RunOutputs:
+def render_retrieval(
+    store: Any, task: str, specs: Sequence[MethodSpec], original: int | None, threshold: float, title: str
+) -> RunOutputs:
     """Per method a heatmap + accuracy table (depth x length); a summary (method x length) with the effective
     length; for passkey the passkey context."""
     df = needle_long(store.rows())
@@ -185,24 +255,42 @@ def render_retrieval(store: Any, task: str, specs: Sequence[MethodSpec], origina
     summary = needle_summary(df, order, threshold)
     lengths = [c for c in summary.columns if c != "effective length"]
     headers = ["method"] + [fmt_length(c) for c in lengths] + [f"effective length (>= {threshold:.0%})"]
-    rows = [[label] + [fmt_acc(summary.loc[label, c]) for c in lengths]
-            + [fmt_length(int(summary.loc[label, "effective length"]))
-               if not _isna(summary.loc[label, "effective length"]) else "none"]
-            for label in summary.index]
-    md = [f"# {title}\n\n",
-          f"Mean accuracy over depths and samples; scoring without an LLM judge. Original length {original}.\n\n",
-          markdown(headers, rows)]
+    rows = [
+        [label]
+        + [fmt_acc(summary.loc[label, c]) for c in lengths]
+        + [
+            fmt_length(int(summary.loc[label, "effective length"]))
+            if not _isna(summary.loc[label, "effective length"])
+            else "none"
+        ]
+        for label in summary.index
+    ]
+    md = [
+        f"# {title}\n\n",
+        f"Mean accuracy over depths and samples; scoring without an LLM judge. Original length {original}.\n\n",
+        markdown(headers, rows),
+    ]
     printed: list[Printed] = []
     if task == "passkey":
         pk = passkey_summary(df, order, threshold)
         pheaders = ["method", "passkey context", "passkey accuracy"]
-        prow = [[r["method"], fmt_length(int(r["passkey context"])) if not _isna(r["passkey context"]) else "none",
-                 fmt_acc(r["passkey accuracy"])] for _, r in pk.iterrows()]
-        pcaption = (f"Passkey context: the longest evaluated length with accuracy >= {threshold:.0%}; passkey "
-                    "accuracy: the mean accuracy over the evaluated lengths up to it (YaRN, Table 5). The effective "
-                    "length above also requires every shorter length to pass.")
-        md += [f"\n## Passkey context and accuracy (the YaRN paper's figures)\n\n{pcaption}\n\n",
-               markdown(pheaders, prow)]
+        prow = [
+            [
+                r["method"],
+                fmt_length(int(r["passkey context"])) if not _isna(r["passkey context"]) else "none",
+                fmt_acc(r["passkey accuracy"]),
+            ]
+            for _, r in pk.iterrows()
+        ]
+        pcaption = (
+            f"Passkey context: the longest evaluated length with accuracy >= {threshold:.0%}; passkey "
+            "accuracy: the mean accuracy over the evaluated lengths up to it (YaRN, Table 5). The effective "
+            "length above also requires every shorter length to pass."
+        )
+        md += [
+            f"\n## Passkey context and accuracy (the YaRN paper's figures)\n\n{pcaption}\n\n",
+            markdown(pheaders, prow),
+        ]
         printed.append(Printed("passkey context and accuracy (the YaRN paper's figures)", pcaption, pheaders, prow))
         save_csv(pk, store.dir / "passkey.csv", index=False)
     for label in summary.index:
@@ -211,18 +299,25 @@ def render_retrieval(store: Any, task: str, specs: Sequence[MethodSpec], origina
             gh = ["depth"] + [fmt_length(c) for c in grid.columns]
             gr = [[f"{d:g}%"] + [fmt_acc(grid.loc[d, c], status.loc[d, c]) for c in grid.columns] for d in grid.index]
             md += [f"\n## {label}: accuracy by depth and length\n\n", markdown(gh, gr)]
-            past = (f" (dashed: past the original length {fmt_length(original)})"
-                    if original and max(grid.columns) > original else "")
-            plot_heatmaps([HeatmapPanel("", grid, status, original)],
-                          store.dir / f"heatmap-{safe_name(label)}.png", f"{label}: {title}{past}")
+            past = (
+                f" (dashed: past the original length {fmt_length(original)})"
+                if original and max(grid.columns) > original
+                else ""
+            )
+            plot_heatmaps(
+                [HeatmapPanel("", grid, status, original)],
+                store.dir / f"heatmap-{safe_name(label)}.png",
+                f"{label}: {title}{past}",
+            )
     save_text(store.dir / "table.md", "".join(md))
     export = summary.copy()
     export.index.name = "method"
     save_csv(export, store.dir / "summary.csv")
     caption = f"mean accuracy; effective length = longest length with every shorter length >= {threshold:.0%}"
-    return RunOutputs([Printed(title, caption, headers, rows), *printed],
-                      f"wrote {store.dir}/table.md, summary.csv" + (", heatmap-*.png" if task != "passkey"
-                                                                    else ", passkey.csv"))
+    return RunOutputs(
+        [Printed(title, caption, headers, rows), *printed],
+        f"wrote {store.dir}/table.md, summary.csv" + (", heatmap-*.png" if task != "passkey" else ", passkey.csv"),
+    )
 
 
 def render_entropy(store: Any, specs: Sequence[MethodSpec], original_length: int, title: str) -> RunOutputs:
@@ -238,21 +333,40 @@ def render_entropy(store: Any, specs: Sequence[MethodSpec], original_length: int
     rows = [[str(label), *[cell(v) for v in series]] for label, series in wide.iterrows()]
     lheaders = ["method", "layer", *[fmt_length(int(c)) for c in layers.columns]]
     lrows = [[str(i[0]), str(i[1]), *[cell(v) for v in series]] for i, series in layers.iterrows()]
-    caption = (f"Mean attention entropy in nats (over layers, heads, query positions and documents); original length "
-               f"{original_length}. 'uniform' = mean ln(i+1), the entropy if every query attended evenly.")
-    save_text(store.dir / "table.md",
-        f"# {title}\n\n{caption}\n\n" + markdown(headers, rows) + "\n## Per layer\n\n" + markdown(lheaders, lrows))
+    caption = (
+        f"Mean attention entropy in nats (over layers, heads, query positions and documents); original length "
+        f"{original_length}. 'uniform' = mean ln(i+1), the entropy if every query attended evenly."
+    )
+    save_text(
+        store.dir / "table.md",
+        f"# {title}\n\n{caption}\n\n" + markdown(headers, rows) + "\n## Per layer\n\n" + markdown(lheaders, lrows),
+    )
     save_csv(wide.rename_axis("method"), store.dir / "entropy.csv", float_format="%.6g")
     save_csv(layers, store.dir / "entropy-layers.csv", float_format="%.6g")
-    plot_curves(_curves(wide), store.dir / "entropy.png", title=title, xlabel="context length (tokens)",
-                ylabel="mean attention entropy (nats)",
-                originals={original_length: f"original length {fmt_length(original_length)}"})
-    return RunOutputs([Printed(title, caption, headers, rows)],
-                      f"wrote {store.dir}/table.md, entropy.csv, entropy-layers.csv, entropy.png")
+    plot_curves(
+        _curves(wide),
+        store.dir / "entropy.png",
+        title=title,
+        xlabel="context length (tokens)",
+        ylabel="mean attention entropy (nats)",
+        originals={original_length: f"original length {fmt_length(original_length)}"},
+    )
+    return RunOutputs(
+        [Printed(title, caption, headers, rows)],
+        f"wrote {store.dir}/table.md, entropy.csv, entropy-layers.csv, entropy.png",
+    )
 
 
-def render_ruler(store: Any, specs: Sequence[MethodSpec], tasks: list[str], original: int | None, threshold: float,
-                 samples: int, title: str, notes: Sequence[str] = ()) -> RunOutputs:
+def render_ruler(
+    store: Any,
+    specs: Sequence[MethodSpec],
+    tasks: list[str],
+    original: int | None,
+    threshold: float,
+    samples: int,
+    title: str,
+    notes: Sequence[str] = (),
+) -> RunOutputs:
     """table.md (method x length: the mean over tasks and the effective length; per length, method x task),
     ruler.csv (every task score), summary.csv, and one task x length heatmap per method."""
     scores = ruler_task_scores(store.rows())
@@ -265,12 +379,19 @@ def render_ruler(store: Any, specs: Sequence[MethodSpec], tasks: list[str], orig
         mine = means[means["label"] == label]
         by_length = {int(L): float(v) for L, v in zip(mine["length"], mine["mean"])}
         eff = ruler_effective_length(by_length, threshold)
-        rows.append([label, *[fmt_score(by_length.get(L, float("nan"))) for L in lengths],
-                     fmt_length(eff) if eff is not None else "none"])
+        rows.append(
+            [
+                label,
+                *[fmt_score(by_length.get(L, float("nan"))) for L in lengths],
+                fmt_length(eff) if eff is not None else "none",
+            ]
+        )
         summary.append({"method": label, **{str(L): by_length.get(L) for L in lengths}, "effective length": eff})
-    caption = (f"RULER mean score over {len(tasks)} tasks ({', '.join(tasks)}), {samples} sample(s) per task and "
-               f"length; effective length: the longest length up to which every length's mean exceeds {threshold:g} "
-               f"(RULER's Llama-2-7B reference at 4k is 85.6). Original length {original}.")
+    caption = (
+        f"RULER mean score over {len(tasks)} tasks ({', '.join(tasks)}), {samples} sample(s) per task and "
+        f"length; effective length: the longest length up to which every length's mean exceeds {threshold:g} "
+        f"(RULER's Llama-2-7B reference at 4k is 85.6). Original length {original}."
+    )
     md = [f"# {title}\n\n{caption}\n\n", markdown(headers, rows)]
     md += [f"\n- {note}\n" for note in notes]
     by_task: dict[tuple[str, str, int], str] = {}  # the same cells for the terminal, by (method, task, length)
@@ -279,8 +400,14 @@ def render_ruler(store: Any, specs: Sequence[MethodSpec], tasks: list[str], orig
         theaders = ["method", *tasks]
         trows = []
         for label in order:
-            cells = {t: (v, st) for t, v, st in zip(at[at["label"] == label]["ruler_task"], at[at["label"] == label]["score"],
-                                                     at[at["label"] == label]["status"])}
+            cells = {
+                t: (v, st)
+                for t, v, st in zip(
+                    at[at["label"] == label]["ruler_task"],
+                    at[at["label"] == label]["score"],
+                    at[at["label"] == label]["status"],
+                )
+            }
             trows.append([label, *[fmt_score(*cells.get(t, (float("nan"), "missing"))) for t in tasks]])
         md += [f"\n## {fmt_length(L)}: score by task\n\n", markdown(theaders, trows)]
         by_task.update({(row[0], t, L): text for row in trows for t, text in zip(tasks, row[1:])})
@@ -295,17 +422,29 @@ def render_ruler(store: Any, specs: Sequence[MethodSpec], tasks: list[str], orig
         status = mine.pivot_table(index="ruler_task", columns="length", values="status", aggfunc="first")
         present = [t for t in tasks if t in grid.index]
         grid, status = grid.reindex(index=present, columns=lengths), status.reindex(index=present, columns=lengths)
-        past = (f" (dashed: past the original length {fmt_length(original)})"
-                if original and lengths and max(lengths) > original else "")
-        plot_heatmaps([HeatmapPanel("", grid, status, original, row_labels=present)],
-                      store.dir / f"heatmap-{safe_name(label)}.png", f"{label}: {title}{past}", row_title="task",
-                      scale_label="score")
+        past = (
+            f" (dashed: past the original length {fmt_length(original)})"
+            if original and lengths and max(lengths) > original
+            else ""
+        )
+        plot_heatmaps(
+            [HeatmapPanel("", grid, status, original, row_labels=present)],
+            store.dir / f"heatmap-{safe_name(label)}.png",
+            f"{label}: {title}{past}",
+            row_title="task",
+            scale_label="score",
+        )
     # in the terminal one row per (method, task) and a column per length: 80 columns hold it, 11 task columns not
     task_rows = [[label, t, *[by_task[(label, t, L)] for L in lengths]] for label in order for t in tasks]
-    return RunOutputs([Printed(title, caption, headers, rows),
-                       Printed("RULER score by task and length", None,
-                               ["method", "task", *[fmt_length(L) for L in lengths]], task_rows)],
-                      f"wrote {store.dir}/table.md, ruler.csv, summary.csv, heatmap-*.png")
+    return RunOutputs(
+        [
+            Printed(title, caption, headers, rows),
+            Printed(
+                "RULER score by task and length", None, ["method", "task", *[fmt_length(L) for L in lengths]], task_rows
+            ),
+        ],
+        f"wrote {store.dir}/table.md, ruler.csv, summary.csv, heatmap-*.png",
+    )
 
 
 def render_lm_eval(store: Any, title: str) -> RunOutputs:

@@ -49,8 +49,17 @@ def ppl_long(rows: Iterable[dict[str, Any]], aggregate: str = "token") -> pd.Dat
             status = "ok"
         else:
             ppl, status = float("nan"), (failed["status"].iloc[0] if len(failed) else "missing")
-        out.append({"model": model, "label": label, "length": int(length), "ppl": ppl,
-                    "n_tokens": int(ok["n_tokens"].sum()) if len(ok) else 0, "n_docs": len(ok), "status": status})
+        out.append(
+            {
+                "model": model,
+                "label": label,
+                "length": int(length),
+                "ppl": ppl,
+                "n_tokens": int(ok["n_tokens"].sum()) if len(ok) else 0,
+                "n_docs": len(ok),
+                "status": status,
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -73,9 +82,19 @@ def positions_long(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
         for start, stop, nll_sum, n in zip(edges, edges[1:], sums, tokens):
             if n == 0:
                 continue
-            out.append({"model": model, "label": label, "length": int(at["length"].iloc[0]), "start": int(start),
-                        "stop": int(stop), "tokens": int(n), "nll": float(nll_sum / n),
-                        "ppl": math.exp(nll_sum / n), "n_docs": len(at)})
+            out.append(
+                {
+                    "model": model,
+                    "label": label,
+                    "length": int(at["length"].iloc[0]),
+                    "start": int(start),
+                    "stop": int(stop),
+                    "tokens": int(n),
+                    "nll": float(nll_sum / n),
+                    "ppl": math.exp(nll_sum / n),
+                    "n_docs": len(at),
+                }
+            )
     return pd.DataFrame(out, columns=columns)
 
 
@@ -102,14 +121,30 @@ def longppl_long(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
     for (model, label, length), g in df.groupby(["model", "label", "length"], sort=False):
         ok = g[(g["status"] == "ok") & g["key_tokens"].notna()]
         if len(ok) < len(g):
-            out.append({"model": model, "label": label, "length": int(length), "longppl": float("nan"),
-                        "key_tokens": float("nan"), "n_docs": len(ok),  # not counted: unknown, not zero
-                        "status": next((s for s in g["status"] if s != "ok"), "missing")})
+            out.append(
+                {
+                    "model": model,
+                    "label": label,
+                    "length": int(length),
+                    "longppl": float("nan"),
+                    "key_tokens": float("nan"),
+                    "n_docs": len(ok),  # not counted: unknown, not zero
+                    "status": next((s for s in g["status"] if s != "ok"), "missing"),
+                }
+            )
             continue
         n_key = int(ok["key_tokens"].astype(int).sum())
-        out.append({"model": model, "label": label, "length": int(length),
-                    "longppl": math.exp(ok["key_nll_sum"].sum() / n_key) if n_key else float("nan"),
-                    "key_tokens": n_key, "n_docs": len(ok), "status": "ok" if n_key else "no key tokens"})
+        out.append(
+            {
+                "model": model,
+                "label": label,
+                "length": int(length),
+                "longppl": math.exp(ok["key_nll_sum"].sum() / n_key) if n_key else float("nan"),
+                "key_tokens": n_key,
+                "n_docs": len(ok),
+                "status": "ok" if n_key else "no key tokens",
+            }
+        )
     return pd.DataFrame(out, columns=columns)
 
 
@@ -171,11 +206,17 @@ def valid_lengths(wide: pd.DataFrame, original_length: int, tolerance: float) ->
     for label, series in wide.iterrows():
         ref = series.get(ref_len)
         own, against_base = longest(series, ref), longest(series, base_ref)
-        rows.append({"method": label, "reference length": ref_len, "ppl at reference": ref,
-                     own_valid_column(tolerance): own,
-                     "x original": (own / original_length) if own else None,
-                     base_valid_column(tolerance, base): against_base,
-                     "x original (vs base)": (against_base / original_length) if against_base else None})
+        rows.append(
+            {
+                "method": label,
+                "reference length": ref_len,
+                "ppl at reference": ref,
+                own_valid_column(tolerance): own,
+                "x original": (own / original_length) if own else None,
+                base_valid_column(tolerance, base): against_base,
+                "x original (vs base)": (against_base / original_length) if against_base else None,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -198,7 +239,9 @@ def ppl_cells(wide: pd.DataFrame, status: pd.DataFrame | None = None) -> tuple[l
     headers = ["method"] + [fmt_length(c) for c in wide.columns]
     rows = []
     for label, series in wide.iterrows():
-        rows.append([label] + [fmt_ppl(series[c], None if status is None else status.loc[label, c]) for c in wide.columns])
+        rows.append(
+            [label] + [fmt_ppl(series[c], None if status is None else status.loc[label, c]) for c in wide.columns]
+        )
     return headers, rows
 
 
@@ -207,13 +250,17 @@ def valid_cells(valid: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     rows = []
     for _, r in valid.iterrows():
         present = lambda x: x is not None and not pd.isna(x)  # noqa: E731
-        rows.append([
-            r.iloc[0], fmt_length(int(r.iloc[1])), fmt_ppl(r.iloc[2]),
-            fmt_length(int(r.iloc[3])) if present(r.iloc[3]) else MISSING,
-            f"{r.iloc[4]:.2f}" if present(r.iloc[4]) else MISSING,
-            fmt_length(int(r.iloc[5])) if present(r.iloc[5]) else MISSING,
-            f"{r.iloc[6]:.2f}" if present(r.iloc[6]) else MISSING,
-        ])
+        rows.append(
+            [
+                r.iloc[0],
+                fmt_length(int(r.iloc[1])),
+                fmt_ppl(r.iloc[2]),
+                fmt_length(int(r.iloc[3])) if present(r.iloc[3]) else MISSING,
+                f"{r.iloc[4]:.2f}" if present(r.iloc[4]) else MISSING,
+                fmt_length(int(r.iloc[5])) if present(r.iloc[5]) else MISSING,
+                f"{r.iloc[6]:.2f}" if present(r.iloc[6]) else MISSING,
+            ]
+        )
     return headers, rows
 
 
@@ -282,8 +329,14 @@ def passkey_summary(df: pd.DataFrame, order: list[str], threshold: float) -> pd.
     rows = []
     for label in wide.index:
         ctx, mean = yarn_passkey_figures(wide.loc[label, lengths], threshold)
-        rows.append({"method": label, "passkey context": ctx, "passkey accuracy": mean,
-                     "effective length": wide.loc[label, "effective length"]})
+        rows.append(
+            {
+                "method": label,
+                "passkey context": ctx,
+                "passkey accuracy": mean,
+                "effective length": wide.loc[label, "effective length"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -364,7 +417,9 @@ def entropy_tables(rows: list[dict[str, Any]], order: list[str]) -> tuple[Any, A
     for r in df.itertuples():
         for layer, value in zip(r.layers, r.entropy_per_layer):
             per_layer.append({"label": r.label, "layer": layer, "length": r.length, "entropy": value})
-    layers = pd.DataFrame(per_layer).pivot_table(index=["label", "layer"], columns="length", values="entropy", aggfunc="mean")
+    layers = pd.DataFrame(per_layer).pivot_table(
+        index=["label", "layer"], columns="length", values="entropy", aggfunc="mean"
+    )
     layers = layers.reindex([i for l in order for i in layers.index if i[0] == l])
     return wide, layers
 
@@ -385,9 +440,19 @@ def ruler_task_scores(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
         ok = g[g["status"] == "ok"]
         failed = g[g["status"] != "ok"]
         value = round(float(ok["score"].astype(float).mean()) * 100, 2) if len(ok) and not len(failed) else float("nan")
-        out.append({"model": model, "label": label, "ruler_task": task, "length": int(length), "score": value,
-                    "samples": len(ok), "status": "ok" if len(ok) and not len(failed) else
-                    (str(failed["status"].iloc[0]) if len(failed) else "missing")})
+        out.append(
+            {
+                "model": model,
+                "label": label,
+                "ruler_task": task,
+                "length": int(length),
+                "score": value,
+                "samples": len(ok),
+                "status": "ok"
+                if len(ok) and not len(failed)
+                else (str(failed["status"].iloc[0]) if len(failed) else "missing"),
+            }
+        )
     return pd.DataFrame(out, columns=columns)
 
 

@@ -14,8 +14,18 @@ import pandas as pd
 from ..runs.rows import fmt_length
 from .single import Printed, RunOutputs, save_csv, save_text
 from .tables import fmt_ppl, markdown
-from .tune_data import (Heldout, TuneSummary, best_so_far, fmt_params, is_feasible, is_ok, pair_scales, param_columns,
-                        pareto_front, read_tune)
+from .tune_data import (
+    Heldout,
+    TuneSummary,
+    best_so_far,
+    fmt_params,
+    is_feasible,
+    is_ok,
+    pair_scales,
+    param_columns,
+    pareto_front,
+    read_tune,
+)
 from .tune_plots import TrialPoint, plot_objective, plot_pair_scales, plot_pareto
 
 TOP_TRIALS = 10
@@ -31,22 +41,35 @@ def trials_frame(trials: list[dict[str, Any]]) -> pd.DataFrame:
     """trials.csv: one line per finished trial, its searched parameters as columns."""
     params = param_columns(trials)
     extra = [c for c in ("retry_of", "note") if any(c in r for r in trials)]
-    records = [{"trial": r["trial"], "status": r.get("status"), "label": r.get("label"),
-                **{p: (r.get("params") or {}).get(p) for p in params},
-                **{c: r.get(c) if (is_ok(r) or c in ("seconds", "forwards")) else None for c in TRIAL_COLUMNS},
-                **{c: r.get(c) for c in extra}} for r in trials]
+    records = [
+        {
+            "trial": r["trial"],
+            "status": r.get("status"),
+            "label": r.get("label"),
+            **{p: (r.get("params") or {}).get(p) for p in params},
+            **{c: r.get(c) if (is_ok(r) or c in ("seconds", "forwards")) else None for c in TRIAL_COLUMNS},
+            **{c: r.get(c) for c in extra},
+        }
+        for r in trials
+    ]
     return pd.DataFrame(records, columns=["trial", "status", "label", *params, *TRIAL_COLUMNS, *extra])
 
 
 def heldout_cells(held: Heldout) -> tuple[list[str], list[list[str]]]:
     """Per method the held-out ppl at the trained and the target length, the winner first and marked."""
     tuned = held.value(held.winner, held.target)
-    headers = ["method", f"ppl at {fmt_length(held.short)} (trained)", f"ppl at {fmt_length(held.target)} (target)",
-               f"at {fmt_length(held.target)} vs tuned"]
+    headers = [
+        "method",
+        f"ppl at {fmt_length(held.short)} (trained)",
+        f"ppl at {fmt_length(held.target)} (target)",
+        f"at {fmt_length(held.target)} vs tuned",
+    ]
     rows = []
     for label in held.labels:
-        cells = [fmt_ppl(held.ppl.get((label, L), math.nan), held.status.get((label, L), "missing"))
-                 for L in (held.short, held.target)]
+        cells = [
+            fmt_ppl(held.ppl.get((label, L), math.nan), held.status.get((label, L), "missing"))
+            for L in (held.short, held.target)
+        ]
         at = held.value(label, held.target)
         versus = "—" if label == held.winner or at is None or tuned is None else fmt_rise(at / tuned - 1)
         name = f"{WINNER_MARK} {label} (tuned)" if label == held.winner else label
@@ -57,59 +80,98 @@ def heldout_cells(held: Heldout) -> tuple[list[str], list[list[str]]]:
 def top_cells(trials: list[dict[str, Any]], short: int, target: int) -> tuple[list[str], list[list[str]]]:
     feasible = [r for r in trials if is_feasible(r)]
     best = sorted(feasible, key=lambda r: (float(r["value"]), int(r["trial"])))[:TOP_TRIALS]
-    headers = ["rank", "trial", f"ppl at {fmt_length(target)}", f"ppl at {fmt_length(short)}",
-               f"rise at {fmt_length(short)}", "parameters (as searched)"]
-    return headers, [[str(i), str(r["trial"]), fmt_ppl(r["value"]), fmt_ppl(r["ppl_short"]), fmt_rise(r["short_rise"]),
-                      fmt_params(r.get("params"))] for i, r in enumerate(best, 1)]
+    headers = [
+        "rank",
+        "trial",
+        f"ppl at {fmt_length(target)}",
+        f"ppl at {fmt_length(short)}",
+        f"rise at {fmt_length(short)}",
+        "parameters (as searched)",
+    ]
+    return headers, [
+        [
+            str(i),
+            str(r["trial"]),
+            fmt_ppl(r["value"]),
+            fmt_ppl(r["ppl_short"]),
+            fmt_rise(r["short_rise"]),
+            fmt_params(r.get("params")),
+        ]
+        for i, r in enumerate(best, 1)
+    ]
 
 
 def search_lines(s: TuneSummary, guard: float | None) -> list[str]:
     spec, tune, counts = s.spec, s.tune, s.counts()
     seconds = sum(float(r.get("seconds") or 0) for r in s.trials)
     forwards = sum(int(r.get("forwards") or 0) for r in s.trials)
-    tuning = [str(d.get("doc")) for d in (s.record.get("data") or {}).get("documents") or []
-              if isinstance(d, dict) and d.get("role") == "tuning"] or list(spec.get("tuning_docs") or [])
+    tuning = [
+        str(d.get("doc"))
+        for d in (s.record.get("data") or {}).get("documents") or []
+        if isinstance(d, dict) and d.get("role") == "tuning"
+    ] or list(spec.get("tuning_docs") or [])
     sampler = str(tune.get("sampler") or spec.get("sampler"))
     asked = spec.get("sampler")
     baseline, tolerance = tune.get("baseline_short"), spec.get("short_tolerance")
-    lines = [f"searched: `{spec.get('space')}`",
-             f"sampler: {sampler}" + (f" (--sampler {asked})" if asked and asked != sampler else "")
-             + f", seed {spec.get('seed')}" + (f", population {spec.get('population')}" if sampler == "nsga2" else ""),
-             f"trials: {counts['counted']} ({counts['ok']} measured, {counts['feasible']} of them kept the guard; "
-             f"{counts['error']} failed), and {counts['invalid']} more points refused by the method's checks (no "
-             "forward; --trials does not count them)",
-             f"compute: {forwards:,} forwards, {seconds:.1f} s summed over the trials"
-             + (f" (this session measured {tune['measured_now']} in {tune.get('search_seconds_now')} s)"
-                if tune.get("measured_now") is not None else ""),
-             f"objective: token-weighted perplexity at {fmt_length(s.target or 0)} on {len(tuning)} tuning "
-             f"document(s) ({', '.join(tuning)})"]
+    lines = [
+        f"searched: `{spec.get('space')}`",
+        f"sampler: {sampler}"
+        + (f" (--sampler {asked})" if asked and asked != sampler else "")
+        + f", seed {spec.get('seed')}"
+        + (f", population {spec.get('population')}" if sampler == "nsga2" else ""),
+        f"trials: {counts['counted']} ({counts['ok']} measured, {counts['feasible']} of them kept the guard; "
+        f"{counts['error']} failed), and {counts['invalid']} more points refused by the method's checks (no "
+        "forward; --trials does not count them)",
+        f"compute: {forwards:,} forwards, {seconds:.1f} s summed over the trials"
+        + (
+            f" (this session measured {tune['measured_now']} in {tune.get('search_seconds_now')} s)"
+            if tune.get("measured_now") is not None
+            else ""
+        ),
+        f"objective: token-weighted perplexity at {fmt_length(s.target or 0)} on {len(tuning)} tuning "
+        f"document(s) ({', '.join(tuning)})",
+    ]
     if baseline is not None and tolerance is not None and guard is not None:
-        lines.append(f"guard: perplexity at {fmt_length(s.short or 0)} (the trained length) at most {tolerance:.0%} "
-                     f"above plain RoPE's {baseline:.2f} there, i.e. at most {guard:.2f}")
+        lines.append(
+            f"guard: perplexity at {fmt_length(s.short or 0)} (the trained length) at most {tolerance:.0%} "
+            f"above plain RoPE's {baseline:.2f} there, i.e. at most {guard:.2f}"
+        )
     if tune.get("storage"):
-        lines.append(f"study: `{tune['storage']}` (rerun the command with the same --out, and more --trials to continue it)")
+        lines.append(
+            f"study: `{tune['storage']}` (rerun the command with the same --out, and more --trials to continue it)"
+        )
     return lines
 
 
 def export_section(export: dict[str, Any]) -> str:
     check = export.get("verification") if isinstance(export.get("verification"), dict) else {}
-    parts = ["\n## Export\n\n",
-             f"- directory: `{check.get('directory', '?')}` (config.json with these rope_parameters, weights linked "
-             f"from `{export.get('weights_linked_from', '?')}`; max_position_embeddings "
-             f"{export.get('max_position_embeddings')})\n",
-             f"- rope_parameters: `{json.dumps(export.get('rope_parameters'), sort_keys=True)}`\n"]
+    parts = [
+        "\n## Export\n\n",
+        f"- directory: `{check.get('directory', '?')}` (config.json with these rope_parameters, weights linked "
+        f"from `{export.get('weights_linked_from', '?')}`; max_position_embeddings "
+        f"{export.get('max_position_embeddings')})\n",
+        f"- rope_parameters: `{json.dumps(export.get('rope_parameters'), sort_keys=True)}`\n",
+    ]
     if check:
         tuned, exported = check.get("ppl_tuned") or {}, check.get("ppl_exported") or {}
         passed = "passed" if check.get("passed") else "FAILED"
-        parts.append(f"- verification ({passed}): the exported directory loaded fresh, with no patching, against "
-                     f"the tuned method applied in place, on `{check.get('doc')}`; largest relative difference "
-                     f"{check.get('max_rel_diff_rope', math.nan):.2e} in the RoPE frequencies and "
-                     f"{check.get('max_rel_diff_ppl', math.nan):.2e} in perplexity (tolerance "
-                     f"{check.get('tolerance', math.nan):g})\n\n")
+        parts.append(
+            f"- verification ({passed}): the exported directory loaded fresh, with no patching, against "
+            f"the tuned method applied in place, on `{check.get('doc')}`; largest relative difference "
+            f"{check.get('max_rel_diff_rope', math.nan):.2e} in the RoPE frequencies and "
+            f"{check.get('max_rel_diff_ppl', math.nan):.2e} in perplexity (tolerance "
+            f"{check.get('tolerance', math.nan):g})\n\n"
+        )
         lengths = sorted(set(tuned) | set(exported), key=lambda k: int(k))
-        parts.append(markdown(["length", "ppl tuned (in place)", "ppl exported (loaded fresh)"],
-                              [[fmt_length(int(L)), f"{tuned.get(L, math.nan):.6g}", f"{exported.get(L, math.nan):.6g}"]
-                               for L in lengths]))
+        parts.append(
+            markdown(
+                ["length", "ppl tuned (in place)", "ppl exported (loaded fresh)"],
+                [
+                    [fmt_length(int(L)), f"{tuned.get(L, math.nan):.6g}", f"{exported.get(L, math.nan):.6g}"]
+                    for L in lengths
+                ],
+            )
+        )
     return "".join(parts)
 
 
@@ -117,22 +179,39 @@ def draw(s: TuneSummary, guard: float | None, run_dir: Path) -> list[str]:
     """The figures; returns the names of those drawn."""
     spec, winner = s.spec, s.winner
     short, target = s.short or 0, s.target or 0
-    points = [TrialPoint(int(r["trial"]), float(r["value"]), float(r["ppl_short"]), bool(r.get("feasible")))
-              for r in s.trials if is_ok(r)]
+    points = [
+        TrialPoint(int(r["trial"]), float(r["value"]), float(r["ppl_short"]), bool(r.get("feasible")))
+        for r in s.trials
+        if is_ok(r)
+    ]
     win = int(winner["trial"]) if winner else None
     what = f"{spec.get('method')} on {spec.get('model')}, target {fmt_length(target)}"
     drawn = []
     unmeasured = len(s.trials) - len(points)
     if points:
-        plot_objective(points, best_so_far(s.trials), win, target, run_dir / "tune-objective.png",
-                       f"Search: {what}\n{s.tune.get('sampler') or spec.get('sampler')}, {len(s.trials)} trials"
-                       + (f" ({unmeasured} refused or failed, not shown)" if unmeasured else "")
-                       + ("" if winner else "; no trial kept the guard"))
+        plot_objective(
+            points,
+            best_so_far(s.trials),
+            win,
+            target,
+            run_dir / "tune-objective.png",
+            f"Search: {what}\n{s.tune.get('sampler') or spec.get('sampler')}, {len(s.trials)} trials"
+            + (f" ({unmeasured} refused or failed, not shown)" if unmeasured else "")
+            + ("" if winner else "; no trial kept the guard"),
+        )
         front = pareto_front([(p.ppl_short, p.ppl_target) for p in points])
-        plot_pareto(points, front, win, guard, s.tune.get("baseline_short"), short, target,
-                    run_dir / "tune-pareto.png", f"Trials: {what}\nperplexity at the trained length against the "
-                                                 "target on the tuning documents (both lower is better)"
-                                                 + ("" if winner else "; no trial kept the guard"))
+        plot_pareto(
+            points,
+            front,
+            win,
+            guard,
+            s.tune.get("baseline_short"),
+            short,
+            target,
+            run_dir / "tune-pareto.png",
+            f"Trials: {what}\nperplexity at the trained length against the "
+            "target on the tuning documents (both lower is better)" + ("" if winner else "; no trial kept the guard"),
+        )
         drawn += ["tune-objective.png", "tune-pareto.png"]
     held = s.heldout
     if held is not None:
@@ -140,11 +219,17 @@ def draw(s: TuneSummary, guard: float | None, run_dir: Path) -> list[str]:
         scales = pair_scales(held, wanted)
         geometry = ((held.record.get("methods") or {}).get("none") or {}).get("geometry") or {}
         if held.winner in scales and geometry.get("base"):
-            plot_pair_scales(scales, held.winner, int(geometry.get("original_length") or short),
-                             float(geometry["base"]), run_dir / "tune-factors.png",
-                             f"Per-pair scale θ_i / θ'_i: the tuned {spec.get('method')} against PI, NTK and YaRN "
-                             f"(default betas) at the same factor\n{spec.get('model')}, target {fmt_length(target)} "
-                             "(frequencies as read back from the patched model)", factor=held.factor())
+            plot_pair_scales(
+                scales,
+                held.winner,
+                int(geometry.get("original_length") or short),
+                float(geometry["base"]),
+                run_dir / "tune-factors.png",
+                f"Per-pair scale θ_i / θ'_i: the tuned {spec.get('method')} against PI, NTK and YaRN "
+                f"(default betas) at the same factor\n{spec.get('model')}, target {fmt_length(target)} "
+                "(frequencies as read back from the patched model)",
+                factor=held.factor(),
+            )
             drawn.append("tune-factors.png")
     return drawn
 
@@ -157,49 +242,67 @@ def render_tune(run_dir: Path) -> RunOutputs:
     short, target = s.short or 0, s.target or 0
     baseline, tolerance = tune.get("baseline_short"), spec.get("short_tolerance")
     guard = baseline * (1 + tolerance) if baseline is not None and tolerance is not None else None
-    md = [f"# Tune: {spec.get('method')} on {spec.get('model')}, target {fmt_length(target)}\n\n",
-          "".join(f"- {line}\n" for line in search_lines(s, guard))]
+    md = [
+        f"# Tune: {spec.get('method')} on {spec.get('model')}, target {fmt_length(target)}\n\n",
+        "".join(f"- {line}\n" for line in search_lines(s, guard)),
+    ]
     printed, notes = [], []
     md.append("\n## Winner\n\n")
     if winner:
         rise = winner["ppl_short"] / baseline - 1 if baseline else math.nan
-        md.append(f"Trial {winner['trial']}: `{winner['label']}`\n\n- parameters: "
-                  f"{fmt_params(winner.get('params'))}\n- tuning documents: perplexity {winner['ppl_target']:.2f} at "
-                  f"{fmt_length(target)}, {winner['ppl_short']:.2f} at {fmt_length(short)} ({fmt_rise(rise)} over "
-                  "plain RoPE)\n")
+        md.append(
+            f"Trial {winner['trial']}: `{winner['label']}`\n\n- parameters: "
+            f"{fmt_params(winner.get('params'))}\n- tuning documents: perplexity {winner['ppl_target']:.2f} at "
+            f"{fmt_length(target)}, {winner['ppl_short']:.2f} at {fmt_length(short)} ({fmt_rise(rise)} over "
+            "plain RoPE)\n"
+        )
     else:
         closest = min((r for r in s.trials if is_ok(r)), key=lambda r: float(r["short_rise"]), default=None)
-        line = ("No trial kept the guard: nothing was re-measured on held-out documents or exported (raise "
-                "--short-tolerance or --trials)."
-                + (f" Closest: trial {closest['trial']}, {fmt_rise(closest['short_rise'])} at {fmt_length(short)}."
-                   if closest else ""))
+        line = (
+            "No trial kept the guard: nothing was re-measured on held-out documents or exported (raise "
+            "--short-tolerance or --trials)."
+            + (
+                f" Closest: trial {closest['trial']}, {fmt_rise(closest['short_rise'])} at {fmt_length(short)}."
+                if closest
+                else ""
+            )
+        )
         md.append(line + "\n")
         notes.append(line)
     if held is not None:
         headers, rows = heldout_cells(held)
-        caption = (f"Token-weighted perplexity, exp(summed NLL / tokens), on {len(held.docs)} held-out document(s) "
-                   f"({', '.join(held.docs)}) the search never saw: the winner ({WINNER_MARK}) against plain RoPE, "
-                   f"PI, NTK and YaRN at the same factor, the method's defaults and --compare; from {held.path.name}/.")
+        caption = (
+            f"Token-weighted perplexity, exp(summed NLL / tokens), on {len(held.docs)} held-out document(s) "
+            f"({', '.join(held.docs)}) the search never saw: the winner ({WINNER_MARK}) against plain RoPE, "
+            f"PI, NTK and YaRN at the same factor, the method's defaults and --compare; from {held.path.name}/."
+        )
         md += ["\n## Held-out documents\n\n", caption + "\n\n", markdown(headers, rows)]
         printed.append(Printed("held-out documents: the winner against the other methods", caption, headers, rows))
     elif winner:
-        note = (f"the winner's held-out run ({tune.get('heldout_dir') or 'not started'}) is missing or unreadable: "
-                "no held-out table")
+        note = (
+            f"the winner's held-out run ({tune.get('heldout_dir') or 'not started'}) is missing or unreadable: "
+            "no held-out table"
+        )
         md.append(f"\n- {note}\n")
         notes.append(note)
     if isinstance(tune.get("export"), dict):
         md.append(export_section(tune["export"]))
     headers, rows = top_cells(s.trials, short, target)
     title = f"the {len(rows)} best trial(s) that kept the guard (tuning documents)"
-    md += [f"\n## The best trials\n\nThe {len(rows)} lowest perplexities at {fmt_length(target)} among the trials "
-           "that kept the guard; every trial is in trials.csv.\n\n", markdown(headers, rows) if rows else "none\n"]
+    md += [
+        f"\n## The best trials\n\nThe {len(rows)} lowest perplexities at {fmt_length(target)} among the trials "
+        "that kept the guard; every trial is in trials.csv.\n\n",
+        markdown(headers, rows) if rows else "none\n",
+    ]
     if rows:
         printed.append(Printed(title, None, headers, rows))
     save_csv(trials_frame(s.trials), run_dir / "trials.csv", index=False, float_format="%.6g")
     drawn = draw(s, guard, run_dir)
-    captions = {"tune-objective.png": "Perplexity at the target by trial, with the best so far",
-                "tune-pareto.png": "Perplexity at the trained length against the target, the Pareto front, the guard",
-                "tune-factors.png": "The winner's per-pair scale against PI, NTK and YaRN"}
+    captions = {
+        "tune-objective.png": "Perplexity at the target by trial, with the best so far",
+        "tune-pareto.png": "Perplexity at the trained length against the target, the Pareto front, the guard",
+        "tune-factors.png": "The winner's per-pair scale against PI, NTK and YaRN",
+    }
     if drawn:
         md.append("\n## Figures\n\n" + "".join(f"![{captions[name]}]({name})\n\n" for name in drawn))
     save_text(run_dir / "tune.md", "".join(md).rstrip("\n") + "\n")

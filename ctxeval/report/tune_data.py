@@ -57,8 +57,7 @@ def best_so_far(rows: Sequence[dict[str, Any]]) -> list[tuple[int, float]]:
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     """Indices of the points no other point dominates when both coordinates are minimised (another point is <= in
     both and < in one), ordered by the first coordinate. Equal points are all on the front."""
-    front = [i for i, (x, y) in enumerate(points)
-             if not any(a <= x and b <= y and (a < x or b < y) for a, b in points)]
+    front = [i for i, (x, y) in enumerate(points) if not any(a <= x and b <= y and (a < x or b < y) for a, b in points)]
     return sorted(front, key=lambda i: (points[i][0], points[i][1], i))
 
 
@@ -92,7 +91,7 @@ def fmt_params(params: dict[str, Any] | None, limit: int = 4) -> str:
     for name, values in vectors.items():
         shown = [fmt_number(v) for v in values]
         if len(shown) > limit:
-            shown = shown[:limit - 1] + ["...", shown[-1]]
+            shown = shown[: limit - 1] + ["...", shown[-1]]
         scalars.append(f"{name}=[{', '.join(shown)}] ({len(values)})")
     return ", ".join(scalars) or "(none)"
 
@@ -124,8 +123,9 @@ class Heldout:
 
     def family_default(self, family: str) -> str | None:
         """The label of `family` at the winner's factor with its default parameters (`yarn(factor=8)`), if measured."""
-        return next((label for label in self.others() if (m := FAMILY_AT_FACTOR.match(label)) and m.group(1) == family),
-                    None)
+        return next(
+            (label for label in self.others() if (m := FAMILY_AT_FACTOR.match(label)) and m.group(1) == family), None
+        )
 
     def factor(self) -> float | None:
         """The factor the comparisons ran at (PI's, else YaRN's or NTK's label says it)."""
@@ -168,8 +168,17 @@ def read_heldout(run_dir: Path, record: dict[str, Any]) -> Heldout | None:
     ppl = {(str(r.label), int(r.length)): float(r.ppl) for r in long.itertuples()}
     status = {(str(r.label), int(r.length)): str(r.status) for r in long.itertuples()}
     docs = [str(d.get("doc")) for d in (held.get("data") or {}).get("documents") or [] if isinstance(d, dict)]
-    return Heldout(path, held, winner, [label for label in labels if label in measured or label == winner], short,
-                   target, ppl, status, docs or list(dict.fromkeys(str(r["doc"]) for r in rows)))
+    return Heldout(
+        path,
+        held,
+        winner,
+        [label for label in labels if label in measured or label == winner],
+        short,
+        target,
+        ppl,
+        status,
+        docs or list(dict.fromkeys(str(r["doc"]) for r in rows)),
+    )
 
 
 def inv_freq(held: Heldout, label: str) -> list[float] | None:
@@ -181,8 +190,9 @@ def inv_freq(held: Heldout, label: str) -> list[float] | None:
     if entry is None:
         return None
     effective = [e for e in entry.get("effective") or [] if isinstance(e, dict) and isinstance(e.get("inv_freq"), list)]
-    chosen = (next((e for e in effective if e.get("length") == held.target), None)
-              or next((e for e in effective if e.get("length") is None), None))
+    chosen = next((e for e in effective if e.get("length") == held.target), None) or next(
+        (e for e in effective if e.get("length") is None), None
+    )
     if chosen is not None:
         return [float(v) for v in chosen["inv_freq"]]
     try:
@@ -253,8 +263,9 @@ class TuneSummary:
         return out
 
 
-def read_tune(run_dir: Path | str, record: dict[str, Any] | None = None,
-              rows: Sequence[dict[str, Any]] | None = None) -> TuneSummary:
+def read_tune(
+    run_dir: Path | str, record: dict[str, Any] | None = None, rows: Sequence[dict[str, Any]] | None = None
+) -> TuneSummary:
     """A tune run directory (its run.json and rows unless given) with its held-out run."""
     run_dir = Path(run_dir)
     if record is None:

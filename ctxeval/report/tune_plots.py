@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..runs.rows import fmt_length
-from .plots import FAMILY_COLORS, LEGEND_WIDTH, log_ticks, method_family, readable_log_y, save, wrap_title
-
 import matplotlib.pyplot as plt  # noqa: E402 - after plots.py chose the file-only backend
 from matplotlib import ticker  # noqa: E402
+
+from ..runs.rows import fmt_length
+from .plots import FAMILY_COLORS, LEGEND_WIDTH, log_ticks, method_family, readable_log_y, save, wrap_title
 
 # trial kinds: the same colour and marker in every tune figure
 FEASIBLE = {"color": "tab:blue", "marker": "o", "s": 22}
@@ -59,8 +59,14 @@ def legend(ax: plt.Axes, entries: int) -> None:
         ax.legend(fontsize=8, loc="best")
 
 
-def plot_objective(points: Sequence[TrialPoint], best: Sequence[tuple[int, float]], winner: int | None,
-                   target: int, path: Path, title: str) -> Path:
+def plot_objective(
+    points: Sequence[TrialPoint],
+    best: Sequence[tuple[int, float]],
+    winner: int | None,
+    target: int,
+    path: Path,
+    title: str,
+) -> Path:
     """Perplexity at the target by trial: trials that kept the guard and trials that did not, and the best feasible
     value so far (a step line); the winner starred."""
     fig, ax = plt.subplots(figsize=(9, 4.8))
@@ -69,8 +75,14 @@ def plot_objective(points: Sequence[TrialPoint], best: Sequence[tuple[int, float
         if mine:
             ax.scatter([p.trial for p in mine], [p.ppl_target for p in mine], label=f"{name} ({len(mine)})", **style)
     if best:
-        ax.step([b[0] for b in best], [b[1] for b in best], where="post", color=BEST_COLOR, lw=1.8,
-                label="best so far (kept the guard)")
+        ax.step(
+            [b[0] for b in best],
+            [b[1] for b in best],
+            where="post",
+            color=BEST_COLOR,
+            lw=1.8,
+            label="best so far (kept the guard)",
+        )
     chosen = [p for p in points if p.trial == winner]
     if chosen:
         ax.scatter([chosen[0].trial], [chosen[0].ppl_target], label=f"winner (trial {winner})", **WINNER)
@@ -84,8 +96,15 @@ def plot_objective(points: Sequence[TrialPoint], best: Sequence[tuple[int, float
     return save(fig, path)
 
 
-def plot_pair_scales(scales: dict[str, list[float]], winner: str, original_length: int, base: float,
-                     path: Path, title: str, factor: float | None = None) -> Path:
+def plot_pair_scales(
+    scales: dict[str, list[float]],
+    winner: str,
+    original_length: int,
+    base: float,
+    path: Path,
+    title: str,
+    factor: float | None = None,
+) -> Path:
     """Per rotary pair the scale theta_i / theta'_i of the winner and the comparisons; the pair whose wavelength
     equals the trained length marked (pairs left of it turn more than once within it)."""
     fig, ax = plt.subplots(figsize=(10.5, 4.8))
@@ -94,18 +113,36 @@ def plot_pair_scales(scales: dict[str, list[float]], winner: str, original_lengt
     for label, values in scales.items():
         pairs = list(range(len(values)))
         if label == winner:  # wide and underneath: a comparison that coincides with it stays visible on top
-            ax.plot(pairs, values, color=TUNED_COLOR, lw=3.2, marker="o", ms=5, zorder=2,
-                    label=wrap_title(f"tuned: {label}", LEGEND_WIDTH))
+            ax.plot(
+                pairs,
+                values,
+                color=TUNED_COLOR,
+                lw=3.2,
+                marker="o",
+                ms=5,
+                zorder=2,
+                label=wrap_title(f"tuned: {label}", LEGEND_WIDTH),
+            )
             continue
-        ax.plot(pairs, values, color=FAMILY_COLORS.get(method_family(label), "tab:gray"), lw=1.5, zorder=3,
-                ls=styles[n % len(styles)], marker="s", ms=3, label=wrap_title(label, LEGEND_WIDTH))
+        ax.plot(
+            pairs,
+            values,
+            color=FAMILY_COLORS.get(method_family(label), "tab:gray"),
+            lw=1.5,
+            zorder=3,
+            ls=styles[n % len(styles)],
+            marker="s",
+            ms=3,
+            label=wrap_title(label, LEGEND_WIDTH),
+        )
         n += 1
     d = 2 * max(len(v) for v in scales.values())
     # wavelength 2 pi b^(2i/d) equals L at i = d/2 log_b(L / 2 pi)
     at = d / 2 * math.log(original_length / (2 * math.pi)) / math.log(base)
     if 0 <= at <= d / 2 - 1:
-        ax.axvline(at, color="grey", ls=":", lw=1.2,
-                   label=f"wavelength 2π/θ_i = trained length {fmt_length(original_length)}")
+        ax.axvline(
+            at, color="grey", ls=":", lw=1.2, label=f"wavelength 2π/θ_i = trained length {fmt_length(original_length)}"
+        )
     log_y(ax)
     if factor is not None:  # the factor labelled too: where PI sits and where the interpolated pairs end up
         ticks = [t for t in ax.get_yticks() if abs(math.log(t / factor)) > math.log(1.15)]
@@ -119,21 +156,42 @@ def plot_pair_scales(scales: dict[str, list[float]], winner: str, original_lengt
     return save(fig, path)
 
 
-def plot_pareto(points: Sequence[TrialPoint], front: Sequence[int], winner: int | None, guard: float | None,
-                baseline: float | None, short: int, target: int, path: Path, title: str) -> Path:
+def plot_pareto(
+    points: Sequence[TrialPoint],
+    front: Sequence[int],
+    winner: int | None,
+    guard: float | None,
+    baseline: float | None,
+    short: int,
+    target: int,
+    path: Path,
+    title: str,
+) -> Path:
     """Perplexity at the trained length against the target for every measured trial, the Pareto front (both
     minimised; a staircase through its points), the guard (a vertical line) and the winner starred."""
     fig, ax = plt.subplots(figsize=(10.5, 5))
     for feasible, style, name in ((True, FEASIBLE, "kept the guard"), (False, INFEASIBLE, "broke the guard")):
         mine = [p for p in points if p.feasible is feasible]
         if mine:
-            ax.scatter([p.ppl_short for p in mine], [p.ppl_target for p in mine], label=f"{name} ({len(mine)})",
-                       **style)
+            ax.scatter(
+                [p.ppl_short for p in mine], [p.ppl_target for p in mine], label=f"{name} ({len(mine)})", **style
+            )
     if front:
         xs = [points[i].ppl_short for i in front]
         ys = [points[i].ppl_target for i in front]
-        ax.plot(xs, ys, color=FRONT_COLOR, lw=1.5, drawstyle="steps-post", zorder=3, marker="o", ms=11,
-                mfc="none", mec=FRONT_COLOR, label=f"Pareto front ({len(front)} trial{'s' if len(front) != 1 else ''})")
+        ax.plot(
+            xs,
+            ys,
+            color=FRONT_COLOR,
+            lw=1.5,
+            drawstyle="steps-post",
+            zorder=3,
+            marker="o",
+            ms=11,
+            mfc="none",
+            mec=FRONT_COLOR,
+            label=f"Pareto front ({len(front)} trial{'s' if len(front) != 1 else ''})",
+        )
     if baseline is not None:
         ax.axvline(baseline, color="grey", ls=":", lw=1.2, label=f"plain RoPE at {fmt_length(short)}: {baseline:.2f}")
     if guard is not None:

@@ -226,8 +226,10 @@ def bound_table(head_dim: int, lengths: list[int]) -> BoundTable:
     grid = grid[: next(i for i, b in enumerate(grid) if b >= top) + 1]  # (G,) up to the first grid base >= top
     bases = np.array(grid)  # (G,)
     proved_top = max(safe.values()) <= grid[-1]  # the top grid base passes every L by safe_base: no scan needed
-    first_neg = np.array([first_negative(b, head_dim, longest) for b in grid[:-1]]  # (G,): M(b), capped
-                         + [longest + 1 if proved_top else first_negative(grid[-1], head_dim, longest)])
+    first_neg = np.array(
+        [first_negative(b, head_dim, longest) for b in grid[:-1]]  # (G,): M(b), capped
+        + [longest + 1 if proved_top else first_negative(grid[-1], head_dim, longest)]
+    )
     rows = []
     for n in lengths:
         paper = PAPER_TABLE.get(n) if head_dim == PAPER_HEAD_DIM else None

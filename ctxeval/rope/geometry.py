@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CtxevalError
-from .methods import Geometry
 from ..util.numbers import MAX_TOKENS, finite_number, whole_number
+from .methods import Geometry
 
 # model_type values of popular architectures that use no RoPE (learned absolute positions or ALiBi)
 NON_ROPE_MODEL_TYPES = {"gpt2", "bloom", "opt", "gpt_bigcode", "mpt", "xglm", "biogpt", "bert", "roberta", "ctrl"}
@@ -45,7 +45,10 @@ def rope_info_from_config(config: Any) -> RopeInfo:
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(cfg, "model_type", "") or ""
     if getattr(cfg, "alibi", False) or model_type in NON_ROPE_MODEL_TYPES:
-        return RopeInfo(None, reason=f"model_type '{model_type}' uses {'ALiBi' if getattr(cfg, 'alibi', False) or model_type in ('bloom', 'mpt') else 'learned absolute positions'}, not RoPE")
+        return RopeInfo(
+            None,
+            reason=f"model_type '{model_type}' uses {'ALiBi' if getattr(cfg, 'alibi', False) or model_type in ('bloom', 'mpt') else 'learned absolute positions'}, not RoPE",
+        )
     params = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
     nested = [k for k, v in params.items() if isinstance(v, dict)]
     if nested:
@@ -63,8 +66,10 @@ def _config_number(name: str, value: Any, whole: bool = False) -> Any:
     number = whole_number(value, minimum=1, maximum=MAX_TOKENS) if whole else finite_number(value)
     if number is None:
         kind = "a whole number >= 1" if whole else "a finite number"
-        raise CtxevalError(f"the model's config holds {name} = {value!r}, not {kind}; check that it is a causal LM "
-                           "checkpoint's config.json")
+        raise CtxevalError(
+            f"the model's config holds {name} = {value!r}, not {kind}; check that it is a causal LM "
+            "checkpoint's config.json"
+        )
     return number
 
 
@@ -97,9 +102,14 @@ def _rope_info(cfg: Any, params: dict[str, Any]) -> RopeInfo:
         return RopeInfo(None, reason="config has no max_position_embeddings: cannot tell the trained length")
     shipped = {k: v for k, v in params.items() if k != "type"}
     shipped.setdefault("rope_type", rope_type)
-    return RopeInfo(Geometry(rotary_dim, float(_config_number("rope_theta", base)),
-                             _config_number("the trained length (max_position_embeddings)", original, whole=True)),
-                    shipped)
+    return RopeInfo(
+        Geometry(
+            rotary_dim,
+            float(_config_number("rope_theta", base)),
+            _config_number("the trained length (max_position_embeddings)", original, whole=True),
+        ),
+        shipped,
+    )
 
 
 def trained_length(config: Any) -> int | None:

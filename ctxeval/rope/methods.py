@@ -103,13 +103,27 @@ class Method:
 
 _FACTOR = Param("factor", float, 1.0, "scale s = extended length / original length", minimum=1.0)
 _ORIG = Param(
-    "original_max_position_embeddings", int, None, "override the original trained length L (default: the model's)",
+    "original_max_position_embeddings",
+    int,
+    None,
+    "override the original trained length L (default: the model's)",
     positive=True,
 )
-_BETA_FAST = Param("beta_fast", float, 32.0, "paper's beta: pairs with more than beta rotations over L are kept", positive=True)
-_BETA_SLOW = Param("beta_slow", float, 1.0, "paper's alpha: pairs with fewer than alpha rotations over L are interpolated", positive=True)
+_BETA_FAST = Param(
+    "beta_fast", float, 32.0, "paper's beta: pairs with more than beta rotations over L are kept", positive=True
+)
+_BETA_SLOW = Param(
+    "beta_slow",
+    float,
+    1.0,
+    "paper's alpha: pairs with fewer than alpha rotations over L are interpolated",
+    positive=True,
+)
 _RAMP = Param(
-    "ramp", str, "index", "index: linear in the pair index (transformers, official code); ratio: linear in r=L/lambda (paper's gamma)",
+    "ramp",
+    str,
+    "index",
+    "index: linear in the pair index (transformers, official code); ratio: linear in r=L/lambda (paper's gamma)",
     choices=("index", "ratio"),
 )
 _TRUNCATE = Param("truncate", bool, True, "ramp=index only: round the correction range outward (transformers default)")
@@ -270,11 +284,15 @@ def _longrope(geom: Geometry, params: dict[str, Any], length: int | None) -> Rop
     pairs = geom.rotary_dim // 2
     for name in ("short_factor", "long_factor"):
         if params.get(name) is None:
-            raise CtxevalError(f"longrope needs {name}: {pairs} per-pair factors, e.g. {name}=@factors.json (a JSON or "
-                               f"TOML file, or a checkpoint's config.json) or {name}=1.0;1.1;...")
+            raise CtxevalError(
+                f"longrope needs {name}: {pairs} per-pair factors, e.g. {name}=@factors.json (a JSON or "
+                f"TOML file, or a checkpoint's config.json) or {name}=1.0;1.1;..."
+            )
         if len(params[name]) != pairs:
-            raise CtxevalError(f"longrope: {name} has {len(params[name])} values; this model's rotary dim "
-                               f"{geom.rotary_dim} needs {pairs} (one per rotary pair)")
+            raise CtxevalError(
+                f"longrope: {name} has {len(params[name])} values; this model's rotary dim "
+                f"{geom.rotary_dim} needs {pairs} (one per rotary pair)"
+            )
     long = length is not None and length > L
     factors = np.asarray(params["long_factor" if long else "short_factor"], dtype=np.float64)
     s = params["factor"]
@@ -286,21 +304,31 @@ def _longrope(geom: Geometry, params: dict[str, Any], length: int | None) -> Rop
 
 
 def _native(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeFreqs:
-    raise CtxevalError("native is the checkpoint's own RoPE as shipped (e.g. Llama 3.1's llama3 scaling): it has no "
-                       "formula here; ctxeval reads it back from the model instead")
+    raise CtxevalError(
+        "native is the checkpoint's own RoPE as shipped (e.g. Llama 3.1's llama3 scaling): it has no "
+        "formula here; ctxeval reads it back from the model instead"
+    )
 
 
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("none", "plain RoPE at the original base, no extension (replaces a scaling the checkpoint ships)", _none),
+        Method(
+            "none", "plain RoPE at the original base, no extension (replaces a scaling the checkpoint ships)", _none
+        ),
         Method("native", "the checkpoint's own RoPE as shipped, untouched (read back and recorded)", _native),
         Method(
-            "pi", "Position Interpolation: every frequency divided by s", _pi, (_FACTOR,), aliases=("linear",),
+            "pi",
+            "Position Interpolation: every frequency divided by s",
+            _pi,
+            (_FACTOR,),
+            aliases=("linear",),
             transformers_rope_type="linear",
         ),
         Method(
-            "ntk", "static NTK-aware: base b*s^(d/(d-2))", _ntk,
+            "ntk",
+            "static NTK-aware: base b*s^(d/(d-2))",
+            _ntk,
             (
                 _FACTOR,
                 Param("alpha", float, None, "the NTK post's scale, same role as factor", minimum=1.0),
@@ -308,62 +336,123 @@ METHODS: dict[str, Method] = {
             ),
         ),
         Method(
-            "dynamic-ntk", "NTK-aware base recomputed from each sequence's length", _dynamic_ntk,
+            "dynamic-ntk",
+            "NTK-aware base recomputed from each sequence's length",
+            _dynamic_ntk,
             (
-                _FACTOR, _ORIG,
-                Param("rule", str, "transformers", "transformers: b*(s*l/L-(s-1))^(d/(d-2)); paper: s=max(1,l/L)",
-                      choices=("transformers", "paper")),
+                _FACTOR,
+                _ORIG,
+                Param(
+                    "rule",
+                    str,
+                    "transformers",
+                    "transformers: b*(s*l/L-(s-1))^(d/(d-2)); paper: s=max(1,l/L)",
+                    choices=("transformers", "paper"),
+                ),
             ),
-            length_dependent=True, transformers_rope_type="dynamic",
+            length_dependent=True,
+            transformers_rope_type="dynamic",
         ),
         Method(
-            "ntk-by-parts", "YaRN's frequency blend without the attention temperature", _ntk_by_parts,
-            (_FACTOR, _ORIG, _BETA_FAST, _BETA_SLOW, _RAMP, _TRUNCATE), param_aliases=_YARN_PARAM_ALIASES,
+            "ntk-by-parts",
+            "YaRN's frequency blend without the attention temperature",
+            _ntk_by_parts,
+            (_FACTOR, _ORIG, _BETA_FAST, _BETA_SLOW, _RAMP, _TRUNCATE),
+            param_aliases=_YARN_PARAM_ALIASES,
         ),
         Method(
-            "yarn", "NTK-by-parts + attention factor 0.1 ln(s)+1 on q and k", _yarn,
+            "yarn",
+            "NTK-by-parts + attention factor 0.1 ln(s)+1 on q and k",
+            _yarn,
             (
-                _FACTOR, _ORIG, _BETA_FAST, _BETA_SLOW, _RAMP, _TRUNCATE,
-                Param("attention_factor", float, None, "override the q/k multiplier (default 0.1 ln s + 1)", positive=True),
-                Param("mscale", float, None, "DeepSeek: attention factor mscale(s,mscale)/mscale(s,mscale_all_dim)", minimum=0.0),
+                _FACTOR,
+                _ORIG,
+                _BETA_FAST,
+                _BETA_SLOW,
+                _RAMP,
+                _TRUNCATE,
+                Param(
+                    "attention_factor", float, None, "override the q/k multiplier (default 0.1 ln s + 1)", positive=True
+                ),
+                Param(
+                    "mscale",
+                    float,
+                    None,
+                    "DeepSeek: attention factor mscale(s,mscale)/mscale(s,mscale_all_dim)",
+                    minimum=0.0,
+                ),
                 Param("mscale_all_dim", float, None, "DeepSeek: see mscale", minimum=0.0),
             ),
-            param_aliases=_YARN_PARAM_ALIASES, transformers_rope_type="yarn",
+            param_aliases=_YARN_PARAM_ALIASES,
+            transformers_rope_type="yarn",
         ),
         Method(
-            "dynamic-yarn", "YaRN with s = max(1, l/L) recomputed from each sequence's length (the paper's rule: plain "
-            "RoPE up to L; the YaRN repo's patch differs, docs/protocols.md)", _dynamic_yarn,
+            "dynamic-yarn",
+            "YaRN with s = max(1, l/L) recomputed from each sequence's length (the paper's rule: plain "
+            "RoPE up to L; the YaRN repo's patch differs, docs/protocols.md)",
+            _dynamic_yarn,
             (
-                _ORIG, _BETA_FAST, _BETA_SLOW, _RAMP, _TRUNCATE,
-                Param("finetuned_factor", float, 1.0, "s = max(this, l/L): the YaRN repo's finetuned mode for a "
-                      "checkpoint fine-tuned with YaRN at this scale (1: the paper's rule)", minimum=1.0),
-                Param("attention_factor", float, None, "replace the q/k multiplier 0.1 ln s + 1 by this constant (the "
-                      "YaRN repo's attn_factor multiplies it instead)", positive=True),
+                _ORIG,
+                _BETA_FAST,
+                _BETA_SLOW,
+                _RAMP,
+                _TRUNCATE,
+                Param(
+                    "finetuned_factor",
+                    float,
+                    1.0,
+                    "s = max(this, l/L): the YaRN repo's finetuned mode for a "
+                    "checkpoint fine-tuned with YaRN at this scale (1: the paper's rule)",
+                    minimum=1.0,
+                ),
+                Param(
+                    "attention_factor",
+                    float,
+                    None,
+                    "replace the q/k multiplier 0.1 ln s + 1 by this constant (the "
+                    "YaRN repo's attn_factor multiplies it instead)",
+                    positive=True,
+                ),
             ),
-            length_dependent=True, param_aliases=_YARN_PARAM_ALIASES,
+            length_dependent=True,
+            param_aliases=_YARN_PARAM_ALIASES,
         ),
         Method(
-            "llama3", "Llama 3.1: keep high, divide low frequencies by s, blend between", _llama3,
+            "llama3",
+            "Llama 3.1: keep high, divide low frequencies by s, blend between",
+            _llama3,
             (
-                Param("factor", float, 8.0, "scale s", minimum=1.0), _ORIG,
+                Param("factor", float, 8.0, "scale s", minimum=1.0),
+                _ORIG,
                 Param("low_freq_factor", float, 1.0, "wavelengths > L/low_freq_factor are divided by s", positive=True),
                 Param("high_freq_factor", float, 4.0, "wavelengths < L/high_freq_factor are kept", positive=True),
             ),
             transformers_rope_type="llama3",
         ),
         Method(
-            "longrope", "LongRoPE: per-pair factors, short up to L and long past it, attention sqrt(1+ln s/ln L)",
+            "longrope",
+            "LongRoPE: per-pair factors, short up to L and long past it, attention sqrt(1+ln s/ln L)",
             _longrope,
             (
-                Param("short_factor", tuple, None, "d/2 factors for lengths <= L: @FILE (JSON/TOML, or a checkpoint's "
-                      "config.json) or 1.0;1.1;..."),
+                Param(
+                    "short_factor",
+                    tuple,
+                    None,
+                    "d/2 factors for lengths <= L: @FILE (JSON/TOML, or a checkpoint's config.json) or 1.0;1.1;...",
+                ),
                 Param("long_factor", tuple, None, "d/2 factors for lengths > L: as short_factor"),
                 Param("factor", float, 1.0, "s = extended / original length, for the attention factor", minimum=1.0),
                 _ORIG,
-                Param("attention_factor", float, None, "override the q/k multiplier (default sqrt(1 + ln s / ln L))",
-                      positive=True),
+                Param(
+                    "attention_factor",
+                    float,
+                    None,
+                    "override the q/k multiplier (default sqrt(1 + ln s / ln L))",
+                    positive=True,
+                ),
             ),
-            length_dependent=True, transformers_rope_type="longrope",
+            length_dependent=True,
+            transformers_rope_type="longrope",
         ),
     )
 }
@@ -388,8 +477,11 @@ def _factor_list(where: str, name: str, value: Any) -> tuple[float, ...]:
         except CtxevalError as exc:
             raise CtxevalError(f"{where}: {exc}") from None
         if isinstance(data, dict):
-            found = [d[name] for d in (data, data.get("rope_parameters") or {}, data.get("rope_scaling") or {})
-                     if isinstance(d, dict) and name in d]
+            found = [
+                d[name]
+                for d in (data, data.get("rope_parameters") or {}, data.get("rope_scaling") or {})
+                if isinstance(d, dict) and name in d
+            ]
             if not found:
                 raise CtxevalError(f"{where}: {path} holds no '{name}' (top level, rope_parameters or rope_scaling)")
             data = found[0]
@@ -453,7 +545,11 @@ def resolve_params(method: Method, given: dict[str, Any]) -> dict[str, Any]:
         p = method.param(key)
         if p is None:
             valid = ", ".join(p.name for p in method.params) or "no parameters"
-            extra = f" (aliases: {', '.join(f'{a}={b}' for a, b in method.param_aliases.items())})" if method.param_aliases else ""
+            extra = (
+                f" (aliases: {', '.join(f'{a}={b}' for a, b in method.param_aliases.items())})"
+                if method.param_aliases
+                else ""
+            )
             raise CtxevalError(f"method '{method.name}' does not take '{raw_key}'; it takes: {valid}{extra}")
         if key in params:
             raise CtxevalError(f"{method.name}: '{key}' given twice (as '{given_as[key]}' and '{raw_key}'); keep one")
@@ -480,7 +576,9 @@ def _check_combination(method: Method, params: dict[str, Any]) -> None:
             f"{params['low_freq_factor']:g} >= {params['high_freq_factor']:g}"
         )
     if method.name == "dynamic-ntk" and params["rule"] == "paper" and params["factor"] != 1.0:
-        raise CtxevalError("dynamic-ntk: rule=paper uses s = max(1, l/L) and takes no factor; drop factor or use rule=transformers")
+        raise CtxevalError(
+            "dynamic-ntk: rule=paper uses s = max(1, l/L) and takes no factor; drop factor or use rule=transformers"
+        )
     if method.name == "ntk":
         given = [k for k in ("alpha", "base") if params.get(k) is not None]
         if given and params["factor"] != 1.0:
@@ -501,13 +599,17 @@ def compute(
         with np.errstate(all="ignore"):  # an overflow shows as a non-finite frequency, checked below
             freqs = m.fn(geom, full, length)
     except (ValueError, OverflowError, ZeroDivisionError) as exc:  # e.g. log(0) from beta_fast=1e308
-        raise CtxevalError(f"{m.name} with {params} cannot be computed for {geom} ({exc}); use parameter values "
-                           "of the size the method's papers use") from None
+        raise CtxevalError(
+            f"{m.name} with {params} cannot be computed for {geom} ({exc}); use parameter values "
+            "of the size the method's papers use"
+        ) from None
     if not np.all(np.isfinite(freqs.inv_freq)) or not np.all(freqs.inv_freq > 0):
         raise CtxevalError(f"{m.name} with {params} gives non-finite or non-positive frequencies for {geom}")
     if not (math.isfinite(freqs.attention_factor) and freqs.attention_factor > 0):
-        raise CtxevalError(f"{m.name} with {params} gives the attention factor {freqs.attention_factor} for {geom}; "
-                           "use parameter values of the size the method's papers use")
+        raise CtxevalError(
+            f"{m.name} with {params} gives the attention factor {freqs.attention_factor} for {geom}; "
+            "use parameter values of the size the method's papers use"
+        )
     return freqs
 
 
@@ -525,8 +627,9 @@ class PairPlan:
     group: str  # extrapolated | blended | interpolated
 
 
-def plan(method: str | Method, geom: Geometry, params: dict[str, Any] | None = None, length: int | None = None
-         ) -> tuple[RopeFreqs, list[PairPlan]]:
+def plan(
+    method: str | Method, geom: Geometry, params: dict[str, Any] | None = None, length: int | None = None
+) -> tuple[RopeFreqs, list[PairPlan]]:
     """Per-pair view of a method: how much each pair's frequency is scaled and which regime it falls in."""
     m = get_method(method) if isinstance(method, str) else method
     freqs = compute(m, geom, params, length)

@@ -29,7 +29,8 @@ def find_rotary_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Modu
     found = []
     for name, module in model.named_modules():
         if hasattr(module, "inv_freq") or (
-            "Rotary" in type(module).__name__ and any(n.endswith("inv_freq") for n, _ in module.named_buffers(recurse=False))
+            "Rotary" in type(module).__name__
+            and any(n.endswith("inv_freq") for n, _ in module.named_buffers(recurse=False))
         ):
             found.append((name, module))
     return found
@@ -66,8 +67,14 @@ class Readback:
 class RopeHandle:
     """A method applied to a model in place. Also a context manager that restores the original RoPE on exit."""
 
-    def __init__(self, model: torch.nn.Module, method: Method, params: dict[str, Any], geometry: Geometry,
-                 modules: list[tuple[str, torch.nn.Module]]) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        method: Method,
+        params: dict[str, Any],
+        geometry: Geometry,
+        modules: list[tuple[str, torch.nn.Module]],
+    ) -> None:
         self.model = model
         self.method = method
         self.params = params
@@ -118,17 +125,23 @@ class RopeHandle:
         else:
             position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
             if position_ids is None:
-                raise CtxevalError(f"{type(module).__name__} was called without position_ids; cannot apply a dynamic method")
+                raise CtxevalError(
+                    f"{type(module).__name__} was called without position_ids; cannot apply a dynamic method"
+                )
             length = int(position_ids.max()) + 1
         self._write(module, self.expected(length))
 
     def apply(self) -> "RopeHandle":
         with torch.no_grad():
             for _, module in self.modules:
-                self._saved.append(_Saved(
-                    module.inv_freq.detach().clone(), module.attention_scaling, getattr(module, "rope_type", None),
-                    {k: getattr(module, k) for k in ("max_seq_len_cached",) if hasattr(module, k)},
-                ))
+                self._saved.append(
+                    _Saved(
+                        module.inv_freq.detach().clone(),
+                        module.attention_scaling,
+                        getattr(module, "rope_type", None),
+                        {k: getattr(module, k) for k in ("max_seq_len_cached",) if hasattr(module, k)},
+                    )
+                )
                 module.rope_type = "default"  # switch off transformers' stateful dynamic/longrope update
                 if module.inv_freq.dtype != torch.float32:
                     # a model cast after loading (model.to(bfloat16)) casts the buffer too: bf16 frequencies are off by
@@ -234,22 +247,27 @@ class RopeHandle:
         for length in points:
             exp = self.expected(length)
             rb = self.readback(length)[0]
-            effective.append({
-                "length": length,
-                "attention_factor": exp.attention_factor,
-                "attention_factor_readback": rb.attention_factor,
-                "inv_freq": exp.inv_freq.tolist(),
-                "inv_freq_readback": rb.inv_freq.tolist(),
-                "max_rel_diff": rb.max_rel_diff(exp),
-            })
+            effective.append(
+                {
+                    "length": length,
+                    "attention_factor": exp.attention_factor,
+                    "attention_factor_readback": rb.attention_factor,
+                    "inv_freq": exp.inv_freq.tolist(),
+                    "inv_freq_readback": rb.inv_freq.tolist(),
+                    "max_rel_diff": rb.max_rel_diff(exp),
+                }
+            )
         if self.method.length_dependent and self._frozen_length is None:
             self._write_all(self.expected(self.geometry.original_length))
         return {
             "method": self.method.name,
             "params": self.params,
             "length_dependent": self.method.length_dependent,
-            "geometry": {"rotary_dim": self.geometry.rotary_dim, "base": self.geometry.base,
-                         "original_length": self.geometry.original_length},
+            "geometry": {
+                "rotary_dim": self.geometry.rotary_dim,
+                "base": self.geometry.base,
+                "original_length": self.geometry.original_length,
+            },
             "rotary_modules": [name for name, _ in self.modules],
             "effective": effective,
         }
@@ -268,11 +286,16 @@ def apply_method(model: torch.nn.Module, method: str, geometry: Geometry | None 
     if geometry is None:
         geometry = rope_info_from_config(model.config).geometry
     modules = find_rotary_modules(model)
-    per_layer = [name for name, mod in modules
-                 if isinstance(getattr(mod, "rope_type", None), dict) or getattr(mod, "layer_types", None)]
+    per_layer = [
+        name
+        for name, mod in modules
+        if isinstance(getattr(mod, "rope_type", None), dict) or getattr(mod, "layer_types", None)
+    ]
     if per_layer:
         if m.name == "none":
-            return _NoRopeHandle(model, m, full, note="per-layer-type RoPE (Gemma 3 style) left as the checkpoint ships it")
+            return _NoRopeHandle(
+                model, m, full, note="per-layer-type RoPE (Gemma 3 style) left as the checkpoint ships it"
+            )
         raise CtxevalError(
             f"this model uses a different RoPE per attention layer type ('{per_layer[0]}', Gemma 3 style); ctxeval "
             "cannot apply extension methods to it yet: use --method none"
@@ -290,8 +313,9 @@ def apply_method(model: torch.nn.Module, method: str, geometry: Geometry | None 
 class _NoRopeHandle(RopeHandle):
     """`none` on a model without RoPE (learned positions, ALiBi): nothing to patch, nothing to read back."""
 
-    def __init__(self, model: torch.nn.Module, method: Method, params: dict[str, Any],
-                 note: str = "model has no RoPE") -> None:
+    def __init__(
+        self, model: torch.nn.Module, method: Method, params: dict[str, Any], note: str = "model has no RoPE"
+    ) -> None:
         super().__init__(model, method, params, Geometry(2, math.e, 1), [])
         self.note = note
         self.active = True
@@ -300,8 +324,15 @@ class _NoRopeHandle(RopeHandle):
         return 0.0
 
     def record(self, lengths: tuple[int, ...] = ()) -> dict[str, Any]:
-        return {"method": "none", "params": {}, "length_dependent": False, "geometry": None, "rotary_modules": [],
-                "effective": [], "note": self.note}
+        return {
+            "method": "none",
+            "params": {},
+            "length_dependent": False,
+            "geometry": None,
+            "rotary_modules": [],
+            "effective": [],
+            "note": self.note,
+        }
 
     def restore(self) -> None:
         self.active = False
@@ -313,7 +344,9 @@ class _NativeHandle(RopeHandle):
 
     def __init__(self, model: torch.nn.Module, method: Method, params: dict[str, Any]) -> None:
         info = rope_info_from_config(model.config)
-        modules = [(n, m) for n, m in find_rotary_modules(model) if hasattr(m, "inv_freq") and hasattr(m, "attention_scaling")]
+        modules = [
+            (n, m) for n, m in find_rotary_modules(model) if hasattr(m, "inv_freq") and hasattr(m, "attention_scaling")
+        ]
         super().__init__(model, method, params, info.geometry or Geometry(2, math.e, 1), modules)
         self.info = info
         self.active = True
@@ -328,8 +361,19 @@ class _NativeHandle(RopeHandle):
         effective = []
         if self.modules and self.info.geometry is not None:
             rb = self.readback(self.geometry.original_length)[0]
-            effective.append({"length": self.geometry.original_length, "attention_factor_readback": rb.attention_factor,
-                              "inv_freq_readback": rb.inv_freq.tolist()})
-        return {"method": "native", "params": {}, "length_dependent": None, "rotary_modules": [n for n, _ in self.modules],
-                "shipped_rope_parameters": self.info.shipped, "effective": effective,
-                "note": "the checkpoint's own RoPE, untouched"}
+            effective.append(
+                {
+                    "length": self.geometry.original_length,
+                    "attention_factor_readback": rb.attention_factor,
+                    "inv_freq_readback": rb.inv_freq.tolist(),
+                }
+            )
+        return {
+            "method": "native",
+            "params": {},
+            "length_dependent": None,
+            "rotary_modules": [n for n, _ in self.modules],
+            "shipped_rope_parameters": self.info.shipped,
+            "effective": effective,
+            "note": "the checkpoint's own RoPE, untouched",
+        }

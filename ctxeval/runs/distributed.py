@@ -110,8 +110,10 @@ def init_from_env(device: str) -> tuple[Dist, str]:
         raise CtxevalError("--device cuda but no CUDA GPU is visible to torch; use --device cpu (gloo backend)")
     if use_cuda:
         if local_rank >= torch.cuda.device_count():
-            raise CtxevalError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) on this node; "
-                               "use --nproc-per-node <= the GPU count")
+            raise CtxevalError(
+                f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) on this node; "
+                "use --nproc-per-node <= the GPU count"
+            )
         torch.cuda.set_device(local_rank)
     if not td.is_initialized():
         td.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timedelta(hours=TIMEOUT_HOURS))
@@ -149,8 +151,9 @@ def open_store(store_cls: Any, run_dir: Any, spec: dict[str, Any], overwrite: bo
         try:
             store = store_cls(run_dir, spec, overwrite=overwrite)
             store.merge_rank_files()
-            store.start({**provenance, "methods": store.record.get("methods", {}),
-                         "distributed": {"world_size": d.world}})
+            store.start(
+                {**provenance, "methods": store.record.get("methods", {}), "distributed": {"world_size": d.world}}
+            )
         except CtxevalError as exc:
             problem = exc
     if d.agree(str(problem) if problem else None) is not None:
@@ -170,5 +173,11 @@ def conclude(store: Any, failed: BaseException | None) -> None:
     if failed is not None:
         raise failed
     if not everyone_ok:
-        raise (CtxevalError("another rank failed (its error is above); the rows measured so far are kept: rerun the "
-                            "same command to resume") if d.is_main else FollowerExit())
+        raise (
+            CtxevalError(
+                "another rank failed (its error is above); the rows measured so far are kept: rerun the "
+                "same command to resume"
+            )
+            if d.is_main
+            else FollowerExit()
+        )

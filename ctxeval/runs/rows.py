@@ -12,27 +12,47 @@ import json
 import math
 from typing import Any, Iterable
 
-from ..util.numbers import MAX_TOKENS, finite_number, whole_number
-from ..util.numbers import parse_token_count  # noqa: F401 - re-exported: the options' token counts
+from ..util.numbers import (
+    MAX_TOKENS,
+    finite_number,
+    parse_token_count,  # noqa: F401 - re-exported: the options' token counts
+    whole_number,
+)
 
 KINDS = ("ppl", "needle", "passkey", "entropy", "ruler", "lm-eval", "tune")
 # the metric each kind's rows carry in `metric` / `value`
-METRICS = {"ppl": "nll", "needle": "correct", "passkey": "correct", "entropy": "entropy", "ruler": "score",
-           "lm-eval": None, "tune": "ppl"}  # lm-eval rows name their own metric (acc, exact_match, ...)
+METRICS = {
+    "ppl": "nll",
+    "needle": "correct",
+    "passkey": "correct",
+    "entropy": "entropy",
+    "ruler": "score",
+    "lm-eval": None,
+    "tune": "ppl",
+}  # lm-eval rows name their own metric (acc, exact_match, ...)
 # the fields of one point: a point measured twice is one cell, not two
-POINT_FIELDS = {"ppl": ("model", "label", "length", "doc"),
-                "needle": ("model", "label", "length", "depth", "sample"),
-                "passkey": ("model", "label", "length", "sample"),
-                "entropy": ("model", "label", "length", "doc"),
-                "ruler": ("model", "label", "ruler_task", "length", "sample"),
-                "lm-eval": ("model", "label", "lm_eval_task", "subtask", "metric", "filter"),
-                # one row per trial of a search (its point, measured on the tuning documents at the target length)
-                "tune": ("model", "phase", "trial")}
+POINT_FIELDS = {
+    "ppl": ("model", "label", "length", "doc"),
+    "needle": ("model", "label", "length", "depth", "sample"),
+    "passkey": ("model", "label", "length", "sample"),
+    "entropy": ("model", "label", "length", "doc"),
+    "ruler": ("model", "label", "ruler_task", "length", "sample"),
+    "lm-eval": ("model", "label", "lm_eval_task", "subtask", "metric", "filter"),
+    # one row per trial of a search (its point, measured on the tuning documents at the target length)
+    "tune": ("model", "phase", "trial"),
+}
 # resume keys within one run (one model): the point fields without the model
 RESUME_FIELDS = {kind: fields[1:] for kind, fields in POINT_FIELDS.items()}
 REQUIRED = {kind: (*fields, "status") for kind, fields in POINT_FIELDS.items()}
-REQUIRED_OK = {"ppl": ("nll_sum", "n_tokens"), "needle": ("correct",), "passkey": ("correct",), "entropy": ("entropy",),
-               "ruler": ("score",), "lm-eval": ("value",), "tune": ("value", "ppl_short", "short_rise", "feasible")}
+REQUIRED_OK = {
+    "ppl": ("nll_sum", "n_tokens"),
+    "needle": ("correct",),
+    "passkey": ("correct",),
+    "entropy": ("entropy",),
+    "ruler": ("score",),
+    "lm-eval": ("value",),
+    "tune": ("value", "ppl_short", "short_rise", "feasible"),
+}
 
 # how a ppl table aggregates over documents: token-weighted, or the mean of per-window means (YaRN's GovReport)
 AGGREGATES = ("token", "window")
@@ -116,11 +136,13 @@ def row_problem(row: Any, kind: str) -> str | None:
     if row.get("status") != OK:
         return None
     if kind == "ppl":
-        return (_mean_nll_problem(row, "nll_sum", "n_tokens")
-                or (None if whole_number(row.get("n_tokens"), minimum=1) else "n_tokens is not a whole number >= 1")
-                or _mean_nll_problem(row, "window_nll_sum", "n_windows", optional=True)
-                or (_mean_nll_problem(row, "key_nll_sum", "key_tokens") if row.get("key_tokens") is not None else None)
-                or _positions_problem(row))
+        return (
+            _mean_nll_problem(row, "nll_sum", "n_tokens")
+            or (None if whole_number(row.get("n_tokens"), minimum=1) else "n_tokens is not a whole number >= 1")
+            or _mean_nll_problem(row, "window_nll_sum", "n_windows", optional=True)
+            or (_mean_nll_problem(row, "key_nll_sum", "key_tokens") if row.get("key_tokens") is not None else None)
+            or _positions_problem(row)
+        )
     if kind in ("needle", "passkey", "ruler"):
         name = "score" if kind == "ruler" else "correct"
         value = finite_number(row.get(name)) if not isinstance(row.get(name), bool) else float(row[name])
@@ -134,9 +156,12 @@ def row_problem(row: Any, kind: str) -> str | None:
             return "uniform_entropy is not a finite number"
         layers, values = row.get("layers"), row.get("entropy_per_layer")
         if (layers is not None or values is not None) and not (
-                isinstance(layers, list) and isinstance(values, list) and len(layers) == len(values)
-                and all(whole_number(x, minimum=0) is not None for x in layers)
-                and all(finite_number(v) is not None for v in values)):
+            isinstance(layers, list)
+            and isinstance(values, list)
+            and len(layers) == len(values)
+            and all(whole_number(x, minimum=0) is not None for x in layers)
+            and all(finite_number(v) is not None for v in values)
+        ):
             return "layers / entropy_per_layer are not lists of one finite value per layer"
         return None
     if kind == "tune":

@@ -26,10 +26,10 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..util import textfiles
 from ..errors import CtxevalError
-from .rows import KINDS, point_key, row_problem
+from ..util import textfiles
 from .lock import LOCK_NAME, RunLock
+from .rows import KINDS, point_key, row_problem
 
 RUN_FILE, ROWS_FILE = "run.json", "rows.jsonl"
 RANK_ROWS_GLOB = "rows.rank*.jsonl"
@@ -51,10 +51,18 @@ def environment() -> dict[str, Any]:
     commit = None
     try:
         here = Path(__file__).resolve().parent
-        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5).stdout.strip() or None
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        commit = (
+            subprocess.run(
+                ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         if commit and dirty:
             commit += "+dirty"
     except (OSError, subprocess.SubprocessError):
@@ -65,18 +73,35 @@ def environment() -> dict[str, Any]:
 
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
-            gpu = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
-                   "count": torch.cuda.device_count(), "capability": f"{props.major}.{props.minor}",
-                   # the kernels sdpa may pick from (it takes flash when the inputs allow, else the next)
-                   "sdpa_kernels": [k for k, on in (("flash", torch.backends.cuda.flash_sdp_enabled()),
-                                                    ("mem_efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
-                                                    ("cudnn", torch.backends.cuda.cudnn_sdp_enabled()),
-                                                    ("math", torch.backends.cuda.math_sdp_enabled())) if on]}
+            gpu = {
+                "name": props.name,
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "count": torch.cuda.device_count(),
+                "capability": f"{props.major}.{props.minor}",
+                # the kernels sdpa may pick from (it takes flash when the inputs allow, else the next)
+                "sdpa_kernels": [
+                    k
+                    for k, on in (
+                        ("flash", torch.backends.cuda.flash_sdp_enabled()),
+                        ("mem_efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
+                        ("cudnn", torch.backends.cuda.cudnn_sdp_enabled()),
+                        ("math", torch.backends.cuda.math_sdp_enabled()),
+                    )
+                    if on
+                ],
+            }
     except Exception:
         pass
-    return {"versions": versions, "python": sys.version.split()[0], "platform": platform.platform(),
-            "machine": platform.machine(), "cpu_count": os.cpu_count(), "gpu": gpu, "git_commit": commit,
-            "argv": sys.argv}
+    return {
+        "versions": versions,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "gpu": gpu,
+        "git_commit": commit,
+        "argv": sys.argv,
+    }
 
 
 class RunStore:
@@ -93,16 +118,24 @@ class RunStore:
         self.spec = json.loads(json.dumps(spec, default=str))  # normalise (tuples -> lists, ...)
         self.run_path, self.rows_path = self.dir / RUN_FILE, self.dir / ROWS_FILE
         self.record: dict[str, Any] = {}
-        if (self.dir.exists() and not self.run_path.exists() and not overwrite
-                and any(p.name != LOCK_NAME for p in self.dir.iterdir())):
-            raise CtxevalError(f"{self.dir} exists and is not a ctxeval run directory; use another --out or --overwrite")
+        if (
+            self.dir.exists()
+            and not self.run_path.exists()
+            and not overwrite
+            and any(p.name != LOCK_NAME for p in self.dir.iterdir())
+        ):
+            raise CtxevalError(
+                f"{self.dir} exists and is not a ctxeval run directory; use another --out or --overwrite"
+            )
         self.lock = RunLock(self.dir) if self.writer else None
         if self.lock is not None:
             try:
                 self.lock.acquire()  # before reading or replacing anything: one measuring process per directory
             except OSError as exc:  # the directory cannot be made there (a path through a file, a full disk)
-                raise CtxevalError(f"cannot create the run directory {self.dir} ({exc.strerror or type(exc).__name__})"
-                                   "; choose another --out") from None
+                raise CtxevalError(
+                    f"cannot create the run directory {self.dir} ({exc.strerror or type(exc).__name__})"
+                    "; choose another --out"
+                ) from None
         try:
             self._open(overwrite)
         except BaseException:
@@ -118,17 +151,25 @@ class RunStore:
                 raise CtxevalError(f"{self.run_path} is not a JSON object")
         except CtxevalError as exc:
             if not (overwrite and self.writer):
-                raise CtxevalError(f"{self.dir}: run.json cannot be read as a ctxeval run ({exc}); use another --out, "
-                                   "or --overwrite to replace the directory") from None
+                raise CtxevalError(
+                    f"{self.dir}: run.json cannot be read as a ctxeval run ({exc}); use another --out, "
+                    "or --overwrite to replace the directory"
+                ) from None
             old = {}
         if old.get("spec") == self.spec:
             # a resumed record keeps its history and methods only when they have the shapes ctxeval writes
-            self.record = {**old, "history": [h for h in old.get("history") or [] if isinstance(h, dict)]
-                           if isinstance(old.get("history"), list) else [],
-                           "methods": old["methods"] if isinstance(old.get("methods"), dict) else {}}
+            self.record = {
+                **old,
+                "history": [h for h in old.get("history") or [] if isinstance(h, dict)]
+                if isinstance(old.get("history"), list)
+                else [],
+                "methods": old["methods"] if isinstance(old.get("methods"), dict) else {},
+            }
             return
         if not self.writer:
-            raise CtxevalError(f"{self.dir}: run.json holds another spec than this rank's; all ranks must run one command")
+            raise CtxevalError(
+                f"{self.dir}: run.json holds another spec than this rank's; all ranks must run one command"
+            )
         if not overwrite:
             before = old.get("spec") if isinstance(old.get("spec"), dict) else {}
             changed = sorted(k for k in set(before) | set(self.spec) if before.get(k) != self.spec.get(k))
@@ -171,7 +212,7 @@ class RunStore:
 
     def _rank_files(self) -> list[Path]:
         def rank(p: Path) -> int:
-            digits = p.name[len("rows.rank"):-len(".jsonl")]
+            digits = p.name[len("rows.rank") : -len(".jsonl")]
             return int(digits) if digits.isdigit() else -1
 
         return sorted(self.dir.glob(RANK_ROWS_GLOB), key=rank)
@@ -206,8 +247,10 @@ class RunStore:
                 fh.flush()
                 os.fsync(fh.fileno())
         except OSError as exc:  # a disk that filled up: the rows before this point are kept, a torn line is skipped
-            raise CtxevalError(f"cannot append to {path} ({exc.strerror or type(exc).__name__}); the points measured "
-                               "so far are kept: free some space and rerun the same command to resume") from None
+            raise CtxevalError(
+                f"cannot append to {path} ({exc.strerror or type(exc).__name__}); the points measured "
+                "so far are kept: free some space and rerun the same command to resume"
+            ) from None
 
     # -- run.json -------------------------------------------------------------------------------------------------
     def start(self, provenance: dict[str, Any]) -> None:
@@ -268,8 +311,10 @@ class RowsFile:
             return None
         shown = "; ".join(f"line {n}: {why}" for n, why in self.skipped[:3])
         more = f" (+{len(self.skipped) - 3} more)" if len(self.skipped) > 3 else ""
-        return (f"skipped {len(self.skipped)} of {len(self.skipped) + len(self.rows)} lines of {self.path} that are "
-                f"not usable rows ({shown}{more}); their points count as not measured")
+        return (
+            f"skipped {len(self.skipped)} of {len(self.skipped) + len(self.rows)} lines of {self.path} that are "
+            f"not usable rows ({shown}{more}); their points count as not measured"
+        )
 
 
 def load_rows(path: Path, kind: str | None = None) -> RowsFile:

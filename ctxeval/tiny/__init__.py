@@ -18,15 +18,19 @@ MODEL_DIR: Path = TINY_MODEL_DIR
 # model (4, 0.25) keeps 3 and recovers it at 2L; model/MODEL_CARD.md shows both.
 QUICKSTART: dict[str, dict[str, object]] = {
     "ppl": {
-        "data": "pydoc", "docs": 3, "lengths": "64,128,256,512,1k",
+        "data": "pydoc",
+        "docs": 3,
+        "lengths": "64,128,256,512,1k",
         "method": ["none", "pi:factor=8", "ntk:factor=8", "yarn:factor=8", "yarn:factor=8,beta_fast=4,beta_slow=0.25"],
     },
     "needle": {
-        "lengths": "128,256,512", "samples": 2,
+        "lengths": "128,256,512",
+        "samples": 2,
         "method": ["none", "dynamic-ntk", "yarn:factor=4", "yarn:factor=4,beta_fast=4,beta_slow=0.25"],
     },
     "passkey": {
-        "lengths": "128,256,512", "samples": 10,
+        "lengths": "128,256,512",
+        "samples": 10,
         "method": ["none", "dynamic-ntk", "yarn:factor=4,beta_fast=4,beta_slow=0.25"],
     },
 }

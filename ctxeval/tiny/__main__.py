@@ -10,21 +10,33 @@ from . import MODEL_DIR
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ctxeval.tiny", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ctxeval.tiny", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train tokenizer + model from scratch on the CPU")
     tr.add_argument("--out", default=str(MODEL_DIR), help=f"output directory (default: the bundled {MODEL_DIR})")
-    tr.add_argument("--minutes", type=float, default=None, help="train for about N minutes (step count from measured speed)")
+    tr.add_argument(
+        "--minutes", type=float, default=None, help="train for about N minutes (step count from measured speed)"
+    )
     tr.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads (default 1: the bundled weights were trained with 1; other counts sum floats "
-                         "in another order and give a slightly different model)")
+    tr.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: the bundled weights were trained with 1; other counts sum floats "
+        "in another order and give a slightly different model)",
+    )
     tr.add_argument("--rope-theta", type=float, default=None, help="RoPE base (default: the recipe's)")
     tr.add_argument("--head-dim", type=int, default=None, help="attention head dim (default: the recipe's)")
-    tr.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="override any TinyConfig field (JSON value), e.g. --set weight_decay=0 --set lr=1e-3")
+    tr.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override any TinyConfig field (JSON value), e.g. --set weight_decay=0 --set lr=1e-3",
+    )
     ho = sub.add_parser("heldout", help="write the held-out documents (the `pydoc` evaluation corpus) as .txt files")
     ho.add_argument("dir")
     args = parser.parse_args(argv)

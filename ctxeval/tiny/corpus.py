@@ -28,14 +28,24 @@ from pathlib import Path
 
 import numpy as np
 
-from ..evals.needle import NeedlePreset, make_sample
 from ..data.offline import HELD_OUT_TITLES, held_out_documents, pydoc_topics, remove_held_out_lines
 from ..data.presets import load_task
+from ..evals.needle import NeedlePreset, make_sample
 from ..util.textfiles import write_text
 
 # standard-library folders that are not prose or ordinary code (tests, generated tables, other installs)
-_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "pydoc_data", "__pycache__",
-              "encodings", "lib2to3", "ensurepip"}
+_SKIP_DIRS = {
+    "site-packages",
+    "dist-packages",
+    "test",
+    "tests",
+    "idle_test",
+    "pydoc_data",
+    "__pycache__",
+    "encodings",
+    "lib2to3",
+    "ensurepip",
+}
 
 
 def training_topics() -> list[tuple[str, str]]:
@@ -110,8 +120,10 @@ def retrieval_lines(count: int = 2000, seed: int = 0) -> list[str]:
     for i in range(count):
         preset = presets["passkey" if i % 4 == 3 else "ruler"]
         sample = make_sample(preset, rng)
-        out.append(f"{preset.instruction}\n {' '.join(sample.needles)}\n{sample.question} {sample.answer_prefix}"
-                   f"{sample.answer_text}.")
+        out.append(
+            f"{preset.instruction}\n {' '.join(sample.needles)}\n{sample.question} {sample.answer_prefix}"
+            f"{sample.answer_text}."
+        )
     return out
 
 
@@ -120,7 +132,11 @@ def training_presets() -> dict[str, "object"]:
     distractor. The recipe's names for them ("ruler", ...) are kept: they label its training pools."""
     ruler = NeedlePreset.from_dict("ruler", load_task("needle-magic-number", "needle"))
     passkey = NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle"))
-    return {"ruler": ruler, "passkey": passkey, "ruler-distractor": replace(ruler, name="ruler-distractor", distractors=1)}
+    return {
+        "ruler": ruler,
+        "passkey": passkey,
+        "ruler-distractor": replace(ruler, name="ruler-distractor", distractors=1),
+    }
 
 
 def training_corpus() -> dict[str, list[str]]:

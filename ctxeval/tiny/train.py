@@ -26,8 +26,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..evals.needle import FILLER, KEY_ADJECTIVES, KEY_NOUNS, PromptBuilder, make_sample
 from ..data.offline import held_out_documents
+from ..evals.needle import FILLER, KEY_ADJECTIVES, KEY_NOUNS, PromptBuilder, make_sample
 from .corpus import training_corpus, training_presets
 
 
@@ -56,10 +56,14 @@ class TinyConfig:
     doc_start_fraction: float = 0.3  # language-modelling windows that start at a document start
     pools: dict[str, float] = field(default_factory=lambda: {"pydoc": 0.4, "docstrings": 0.3, "sources": 0.3})
     # retrieval kinds: preset name -> (share, haystack)
-    retrieval_kinds: dict[str, list] = field(default_factory=lambda: {
-        "ruler": [0.6, "text"], "ruler-distractor": [0.15, "text"], "passkey": [0.15, "filler"],
-        "passkey-text": [0.1, "text"],
-    })
+    retrieval_kinds: dict[str, list] = field(
+        default_factory=lambda: {
+            "ruler": [0.6, "text"],
+            "ruler-distractor": [0.15, "text"],
+            "passkey": [0.15, "filler"],
+            "passkey-text": [0.1, "text"],
+        }
+    )
     seed: int = 0
     save_dtype: str = "float32"  # float32 | float16 (storage only; loads in float32)
     eval_every: int = 200
@@ -75,19 +79,33 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                  special_tokens=["<s>", "</s>", "<pad>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   model_max_length=1_000_000, clean_up_tokenization_spaces=False)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=1_000_000,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -116,7 +134,7 @@ class Stream:
             start = min(start, len(self.ids) - n)
         else:
             start = int(rng.integers(0, len(self.ids) - n + 1))
-        return self.ids[start:start + n]
+        return self.ids[start : start + n]
 
 
 class Batches:
@@ -139,7 +157,9 @@ class Batches:
                 self.builders[(kind, "filler")] = PromptBuilder(tokenizer, preset, filler, chat_template=False)
             else:
                 for name in self.pool_names:
-                    self.builders[(kind, name)] = PromptBuilder(tokenizer, preset, self.streams[name].ids, chat_template=False)
+                    self.builders[(kind, name)] = PromptBuilder(
+                        tokenizer, preset, self.streams[name].ids, chat_template=False
+                    )
         self.kinds = list(cfg.retrieval_kinds)
         self.kind_p = np.asarray([cfg.retrieval_kinds[k][0] for k in self.kinds], dtype=float)
         self.kind_p /= self.kind_p.sum()
@@ -169,7 +189,7 @@ class Batches:
         prompt = builder.build(total, depth, sample, self.rng, len(answer))
         ids = np.asarray(prompt.ids + answer, dtype=np.int64)
         weights = np.ones(len(ids), dtype=np.float32)
-        weights[len(prompt.ids):] = self.cfg.answer_weight
+        weights[len(prompt.ids) :] = self.cfg.answer_weight
         rest = self.cfg.length - len(ids)
         if rest > 0:
             more = self.streams[self._pool()].window(rest, self.rng, False)
@@ -203,7 +223,11 @@ class Batches:
             n -= 1  # keep only the facts whose queries fit too
             order = order[order < n]
         room = L - 1 - sum(len(f) + len(q[0]) + len(q[1]) for f, q in zip(facts[:n], queries[:n]))
-        gaps = rng.multinomial(int(rng.integers(0, max(room, 0) + 1)), np.ones(n + 1) / (n + 1)) if room > 0 else np.zeros(n + 1, int)
+        gaps = (
+            rng.multinomial(int(rng.integers(0, max(room, 0) + 1)), np.ones(n + 1) / (n + 1))
+            if room > 0
+            else np.zeros(n + 1, int)
+        )
         ids = [np.asarray([self.bos])]
         w = [np.ones(1, dtype=np.float32)]
         for i, f in enumerate(facts[:n]):
@@ -239,7 +263,7 @@ class Batches:
             text = self.streams[self._pool()].window(lead + gap, rng, False)
             ids = np.concatenate([[self.bos], text[:lead], seq, text[lead:], seq])
             w = np.ones(len(ids), dtype=np.float32)
-            w[1 + lead:1 + lead + n] = 0.0  # the random tokens themselves are unpredictable
+            w[1 + lead : 1 + lead + n] = 0.0  # the random tokens themselves are unpredictable
             rest = L - len(ids)
             ids = np.concatenate([ids, self.sep, self.streams[self._pool()].window(rest, rng, False)])[:L]
             w = np.concatenate([w, np.ones(rest, dtype=np.float32)])
@@ -249,7 +273,7 @@ class Batches:
         span = int(rng.integers(12, L // 3))
         start = int(rng.integers(0, (L - 1) // 2 - span + 1)) if (L - 1) // 2 > span else 0
         cut = int(rng.integers(start + span, L - 1 - span + 1))
-        ids = np.concatenate([[self.bos], first[:cut], first[start:start + span]])
+        ids = np.concatenate([[self.bos], first[:cut], first[start : start + span]])
         ids = np.concatenate([ids, first[cut:]])[:L]
         return ids, np.ones(L, dtype=np.float32)
 
@@ -279,12 +303,22 @@ def build_model(cfg: TinyConfig, vocab_size: int, tokenizer: Any) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
-        head_dim=cfg.head_dim or cfg.hidden_size // cfg.num_heads, max_position_embeddings=cfg.length,
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        head_dim=cfg.head_dim or cfg.hidden_size // cfg.num_heads,
+        max_position_embeddings=cfg.length,
         rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
-        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, initializer_range=0.02, attention_bias=False, mlp_bias=False,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.02,
+        attention_bias=False,
+        mlp_bias=False,
     )
     return LlamaForCausalLM(config)
 
@@ -293,8 +327,9 @@ def weighted_loss(logits: Any, ids: Any, weights: Any) -> tuple[Any, Any]:
     """Mean weighted next-token NLL over positions 1.., and the per-token NLL.  logits (B, T, V), ids/weights (B, T)."""
     import torch.nn.functional as F
 
-    nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
-                          reduction="none").view(ids.shape[0], -1)  # (B, T-1)
+    nll = F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1), reduction="none"
+    ).view(ids.shape[0], -1)  # (B, T-1)
     w = weights[:, 1:]
     return (nll * w).sum() / w.sum(), nll
 
@@ -303,17 +338,16 @@ def held_out_loss(model: Any, tokenizer: Any, length: int) -> dict[str, float]:
     """Mean NLL per token on the held-out pydoc topics: BOS + consecutive chunks of L-1 tokens."""
     import torch
 
-
     total, count = 0.0, 0
     seqs = []
     for _, text in held_out_documents():
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         for start in range(0, len(ids) - (length - 1) + 1, length - 1):
-            seqs.append([tokenizer.bos_token_id] + ids[start:start + length - 1])
+            seqs.append([tokenizer.bos_token_id] + ids[start : start + length - 1])
     model.eval()
     with torch.inference_mode():
         for i in range(0, len(seqs), 32):
-            batch = torch.tensor(seqs[i:i + 32])
+            batch = torch.tensor(seqs[i : i + 32])
             logits = model(input_ids=batch).logits
             _, nll = weighted_loss(logits, batch, torch.ones(batch.shape, dtype=torch.float32))
             total += float(nll.sum())
@@ -325,7 +359,6 @@ def held_out_loss(model: Any, tokenizer: Any, length: int) -> dict[str, float]:
 def needle_check(model: Any, tokenizer: Any, length: int, n: int = 48, seed: int = 1234) -> dict[str, float]:
     """Forced-scoring needle accuracy (ruler preset) at the trained length on a held-out haystack: a quick probe."""
     import torch
-
 
     preset = training_presets()["ruler"]
     hay = tokenizer("\n\n".join(t for _, t in held_out_documents()[:3]), add_special_tokens=False)["input_ids"]
@@ -339,7 +372,7 @@ def needle_check(model: Any, tokenizer: Any, length: int, n: int = 48, seed: int
             answer = builder.encode(sample.answer_text)
             prompt = builder.build(length, 100.0 * i / (n - 1), sample, rng, len(answer))
             ids = torch.tensor([prompt.ids + answer])
-            pred = model(input_ids=ids).logits[0, len(prompt.ids) - 1:-1].argmax(-1)
+            pred = model(input_ids=ids).logits[0, len(prompt.ids) - 1 : -1].argmax(-1)
             hit = pred == torch.tensor(answer)
             correct += int(hit.all())
             digits += float(hit.float().mean())
@@ -358,16 +391,21 @@ def _lr(step: int, cfg: TinyConfig, total: int) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(out: str | Path, cfg: TinyConfig | None = None, *, minutes: float | None = None,
-          corpus: dict[str, list[str]] | None = None, log: Callable[[str], None] = print,
-          evaluate: bool = True) -> dict[str, Any]:
+def train(
+    out: str | Path,
+    cfg: TinyConfig | None = None,
+    *,
+    minutes: float | None = None,
+    corpus: dict[str, list[str]] | None = None,
+    log: Callable[[str], None] = print,
+    evaluate: bool = True,
+) -> dict[str, Any]:
     """Train tokenizer + model into `out` (safetensors + tokenizer + training_log.json); returns the summary.
 
     `minutes`: instead of cfg.steps, run as many steps as the speed of the first steps allows in that time (the
     step count is then fixed and the learning-rate schedule follows it). `corpus` replaces the training texts
     (tests pass a small one)."""
     import torch
-
 
     cfg = cfg or TinyConfig()
     out = Path(out)
@@ -377,21 +415,30 @@ def train(out: str | Path, cfg: TinyConfig | None = None, *, minutes: float | No
     threads = torch.get_num_threads()
     corpus = corpus if corpus is not None else training_corpus()
     texts = [t for part in ("pydoc", "docstrings", "sources", "retrieval") for t in corpus.get(part, [])]
-    log(f"corpus: " + ", ".join(f"{k} {len(v)} texts / {sum(map(len, v)):,} chars" for k, v in corpus.items()))
+    log("corpus: " + ", ".join(f"{k} {len(v)} texts / {sum(map(len, v)):,} chars" for k, v in corpus.items()))
     tokenizer = train_tokenizer(texts, cfg.vocab_size)
     log(f"tokenizer: {len(tokenizer)} tokens ({time.perf_counter() - t_start:.0f}s)")
     batches = Batches(tokenizer, cfg, corpus)
-    log("streams: " + ", ".join(f"{k} {len(s.ids):,} tokens" for k, s in batches.streams.items())
-        + f" ({time.perf_counter() - t_start:.0f}s)")
+    log(
+        "streams: "
+        + ", ".join(f"{k} {len(s.ids):,} tokens" for k, s in batches.streams.items())
+        + f" ({time.perf_counter() - t_start:.0f}s)"
+    )
     model = build_model(cfg, len(tokenizer), tokenizer)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"model: {n_params:,} parameters, L={cfg.length}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
-        f"{cfg.num_heads} heads, torch threads {threads}")
+    log(
+        f"model: {n_params:,} parameters, L={cfg.length}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+        f"{cfg.num_heads} heads, torch threads {threads}"
+    )
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     total = cfg.steps
     history: list[dict[str, Any]] = []
     t_train = time.perf_counter()
@@ -409,6 +456,7 @@ def train(out: str | Path, cfg: TinyConfig | None = None, *, minutes: float | No
         opt.step()
         step += 1
         with torch.no_grad():
+
             def part(kind: str, answers: bool) -> float:
                 rows = torch.tensor([k == kind for k in kinds])[:, None]
                 mask = rows & ((weights[:, 1:] > 1) if answers else torch.ones_like(weights[:, 1:], dtype=torch.bool))
@@ -423,9 +471,17 @@ def train(out: str | Path, cfg: TinyConfig | None = None, *, minutes: float | No
             log(f"--minutes {minutes:g}: {per_step:.2f}s per step -> {total} steps")
         if step % 50 == 0 or step == total:
             elapsed = time.perf_counter() - t_train
-            row = {"step": step, "loss": round(value, 4), "loss_ema": round(ema, 4), "lm_loss": round(lm_loss, 4),
-                   "answer_loss": round(ans_loss, 4), "recall_loss": round(recall_loss, 4), "lr": round(_lr(step - 1, cfg, total), 6),
-                   "seconds": round(elapsed, 1), "tokens_per_s": round(step * cfg.batch_size * cfg.length / elapsed)}
+            row = {
+                "step": step,
+                "loss": round(value, 4),
+                "loss_ema": round(ema, 4),
+                "lm_loss": round(lm_loss, 4),
+                "answer_loss": round(ans_loss, 4),
+                "recall_loss": round(recall_loss, 4),
+                "lr": round(_lr(step - 1, cfg, total), 6),
+                "seconds": round(elapsed, 1),
+                "tokens_per_s": round(step * cfg.batch_size * cfg.length / elapsed),
+            }
             if evaluate and (step % cfg.eval_every == 0 or step == total):
                 row.update({k: round(v, 4) for k, v in needle_check(model, tokenizer, cfg.length).items()})
             history.append(row)
@@ -433,14 +489,27 @@ def train(out: str | Path, cfg: TinyConfig | None = None, *, minutes: float | No
     train_seconds = time.perf_counter() - t_train
     model.eval()
     summary: dict[str, Any] = {
-        "config": asdict(cfg), "steps": total, "parameters": n_params, "vocab_size": len(tokenizer),
-        "tokens_seen": total * cfg.batch_size * cfg.length, "train_seconds": round(train_seconds, 1),
-        "final_loss_ema": round(ema, 4) if ema is not None else None, "final_lm_loss": history[-1]["lm_loss"] if history else None,
-        "torch_threads": threads, "torch": torch.__version__, "python": platform.python_version(),
-        "platform": platform.platform(), "cpu_count": os.cpu_count(),
+        "config": asdict(cfg),
+        "steps": total,
+        "parameters": n_params,
+        "vocab_size": len(tokenizer),
+        "tokens_seen": total * cfg.batch_size * cfg.length,
+        "train_seconds": round(train_seconds, 1),
+        "final_loss_ema": round(ema, 4) if ema is not None else None,
+        "final_lm_loss": history[-1]["lm_loss"] if history else None,
+        "torch_threads": threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
     }
     if evaluate:
-        summary.update({k: round(v, 4) if isinstance(v, float) else v for k, v in held_out_loss(model, tokenizer, cfg.length).items()})
+        summary.update(
+            {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in held_out_loss(model, tokenizer, cfg.length).items()
+            }
+        )
         summary.update({k: round(v, 4) for k, v in needle_check(model, tokenizer, cfg.length, n=96, seed=99).items()})
     out.mkdir(parents=True, exist_ok=True)
     if cfg.save_dtype == "float16":
@@ -451,6 +520,8 @@ def train(out: str | Path, cfg: TinyConfig | None = None, *, minutes: float | No
     summary["total_seconds"] = round(time.perf_counter() - t_start, 1)
     summary["history"] = history
     (out / "training_log.json").write_text(json.dumps(summary, indent=1))
-    log(f"saved {out} ({summary['total_seconds']:.0f}s in all; held-out ppl {summary.get('held_out_ppl')}, "
-        f"needle (forced, L) {summary.get('needle_forced_acc')})")
+    log(
+        f"saved {out} ({summary['total_seconds']:.0f}s in all; held-out ppl {summary.get('held_out_ppl')}, "
+        f"needle (forced, L) {summary.get('needle_forced_acc')})"
+    )
     return summary

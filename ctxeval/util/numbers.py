@@ -56,11 +56,12 @@ def parse_number(text: Any, where: str, example: str = "1.5") -> float:
     return value
 
 
-def parse_whole(text: Any, where: str, minimum: int | None = None, maximum: int = MAX_WHOLE,
-                example: str = "8") -> int:
+def parse_whole(text: Any, where: str, minimum: int | None = None, maximum: int = MAX_WHOLE, example: str = "8") -> int:
     """Text (or a number) -> a whole number in [minimum, maximum]: '8', '8.0' and '1e3' are whole; '8.5', 'inf' are
     not."""
-    value = text if isinstance(text, (int, float)) and not isinstance(text, bool) else parse_number(text, where, example)
+    value = (
+        text if isinstance(text, (int, float)) and not isinstance(text, bool) else parse_number(text, where, example)
+    )
     if isinstance(value, float) and not math.isfinite(value):
         raise CtxevalError(f"{where} must be a finite number (e.g. {example}), got '{text}'")
     if isinstance(value, float) and not value.is_integer():

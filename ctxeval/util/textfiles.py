@@ -51,16 +51,20 @@ def _check_regular(path: Path, what: str) -> os.stat_result:
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise FileError(f"cannot read {_describe(path, what)} (No such file or directory); check the path",
-                        "No such file or directory") from None
+        raise FileError(
+            f"cannot read {_describe(path, what)} (No such file or directory); check the path",
+            "No such file or directory",
+        ) from None
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise FileError(f"cannot read {_describe(path, what)} ({reason})", reason) from None
     if stat.S_ISDIR(info.st_mode):
         raise FileError(f"{_describe(path, what)} is a directory; give a file", "a directory")
     if not stat.S_ISREG(info.st_mode):
-        raise FileError(f"{_describe(path, what)} is not a regular file (a device, FIFO or socket); give a file",
-                        "not a regular file")
+        raise FileError(
+            f"{_describe(path, what)} is not a regular file (a device, FIFO or socket); give a file",
+            "not a regular file",
+        )
     return info
 
 
@@ -75,8 +79,11 @@ def read_bytes(path: Path | str, what: str = "", max_bytes: int = MAX_TEXT_BYTES
         reason = exc.strerror or type(exc).__name__
         raise FileError(f"cannot read {_describe(path, what)} ({reason})", reason) from None
     if len(raw) > max_bytes:
-        raise FileError(f"{_describe(path, what)} is larger than {_size(max_bytes)}, more than ctxeval reads from "
-                        "such a file; check that it is the file you meant", f"larger than {_size(max_bytes)}")
+        raise FileError(
+            f"{_describe(path, what)} is larger than {_size(max_bytes)}, more than ctxeval reads from "
+            "such a file; check that it is the file you meant",
+            f"larger than {_size(max_bytes)}",
+        )
     return raw
 
 
@@ -89,11 +96,17 @@ def decode(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        guess = (" (it starts with a UTF-16 byte-order mark)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else
-                 " (it looks binary)" if b"\x00" in raw[:8192] else "")
+        guess = (
+            " (it starts with a UTF-16 byte-order mark)"
+            if raw[:2] in (b"\xff\xfe", b"\xfe\xff")
+            else " (it looks binary)"
+            if b"\x00" in raw[:8192]
+            else ""
+        )
         reason = f"not UTF-8 text{guess}: byte 0x{raw[exc.start]:02x} at offset {exc.start}"
-        raise FileError(f"{where} is {reason}; ctxeval reads UTF-8: convert it (e.g. iconv -t UTF-8) or give another "
-                        "file", reason) from None
+        raise FileError(
+            f"{where} is {reason}; ctxeval reads UTF-8: convert it (e.g. iconv -t UTF-8) or give another file", reason
+        ) from None
 
 
 def read_text(path: Path | str, what: str = "", max_bytes: int = MAX_TEXT_BYTES, binary_ok: bool = True) -> str:
@@ -101,8 +114,9 @@ def read_text(path: Path | str, what: str = "", max_bytes: int = MAX_TEXT_BYTES,
     path = Path(path)
     raw = read_bytes(path, what, max_bytes)
     if not binary_ok and b"\x00" in raw[:8192] and raw[:2] not in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16: decode says so
-        raise FileError(f"{_describe(path, what)} is not a text file (binary content); give a UTF-8 text file",
-                        "binary content")
+        raise FileError(
+            f"{_describe(path, what)} is not a text file (binary content); give a UTF-8 text file", "binary content"
+        )
     return decode(raw, _describe(path, what))
 
 
@@ -149,19 +163,23 @@ class _Unreadable(ValueError):
 def _parse(text: str, max_depth: int, finite: bool) -> Any:
     text = text[1:] if text.startswith("\ufeff") else text  # a UTF-8 byte-order mark some editors write
     try:
-        value = json.loads(text, parse_constant=_no_constant if finite else None,
-                           parse_float=_finite_float if finite else None)
+        value = json.loads(
+            text, parse_constant=_no_constant if finite else None, parse_float=_finite_float if finite else None
+        )
     except _NotFinite as exc:
-        raise _Unreadable(f"holds the number {exc}, which is not finite; write a finite number",
-                          "a non-finite number") from None
+        raise _Unreadable(
+            f"holds the number {exc}, which is not finite; write a finite number", "a non-finite number"
+        ) from None
     except json.JSONDecodeError as exc:
         raise _Unreadable(f"is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", "not JSON") from None
     except RecursionError:
-        raise _Unreadable(f"is nested deeper than {max_depth} levels; not a file ctxeval reads",
-                          "nested too deep") from None
+        raise _Unreadable(
+            f"is nested deeper than {max_depth} levels; not a file ctxeval reads", "nested too deep"
+        ) from None
     except ValueError as exc:  # an integer of more than 4300 digits
-        raise _Unreadable(f"is not JSON ctxeval can read ({str(exc).split(';')[0][:120]})",
-                          "a number too long to read") from None
+        raise _Unreadable(
+            f"is not JSON ctxeval can read ({str(exc).split(';')[0][:120]})", "a number too long to read"
+        ) from None
     # a cheap bound first: the walk is needed only when there are more brackets than the limit
     if text.count("[") + text.count("{") > max_depth and depth_of(value, max_depth) > max_depth:
         raise _Unreadable(f"is nested deeper than {max_depth} levels; not a file ctxeval reads", "nested too deep")
@@ -177,8 +195,13 @@ def parse_json(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, finite: b
         raise CtxevalError(f"{where} {exc.reason}") from None
 
 
-def read_json(path: Path | str, what: str = "", max_bytes: int = MAX_SMALL_BYTES, max_depth: int = MAX_JSON_DEPTH,
-              finite: bool = True) -> Any:
+def read_json(
+    path: Path | str,
+    what: str = "",
+    max_bytes: int = MAX_SMALL_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+    finite: bool = True,
+) -> Any:
     """A JSON file (UTF-8, size, depth and finiteness checked), as parse_json."""
     path = Path(path)
     return parse_json(read_text(path, what, max_bytes), _describe(path, what), max_depth, finite)
@@ -239,8 +262,9 @@ class JsonLines:
         return shown + (f" (+{more} more)" if more > 0 else "")
 
 
-def parse_line(raw: bytes, objects: bool = True, max_depth: int = MAX_JSON_DEPTH, finite: bool = False
-               ) -> tuple[Any, str | None]:
+def parse_line(
+    raw: bytes, objects: bool = True, max_depth: int = MAX_JSON_DEPTH, finite: bool = False
+) -> tuple[Any, str | None]:
     """One JSON line -> (value, None), or (None, why it is not usable: 'not UTF-8', 'not JSON', ...)."""
     try:
         text = raw.decode("utf-8")
@@ -256,12 +280,17 @@ def parse_line(raw: bytes, objects: bool = True, max_depth: int = MAX_JSON_DEPTH
 
 
 def _json_kind(value: Any) -> str:
-    return {list: "list", str: "string", bool: "boolean", type(None): "null", dict: "object"}.get(
-        type(value), "number")
+    return {list: "list", str: "string", bool: "boolean", type(None): "null", dict: "object"}.get(type(value), "number")
 
 
-def read_jsonl(path: Path | str, what: str = "", max_bytes: int = MAX_TEXT_BYTES, objects: bool = True,
-               max_depth: int = MAX_JSON_DEPTH, finite: bool = False) -> JsonLines:
+def read_jsonl(
+    path: Path | str,
+    what: str = "",
+    max_bytes: int = MAX_TEXT_BYTES,
+    objects: bool = True,
+    max_depth: int = MAX_JSON_DEPTH,
+    finite: bool = False,
+) -> JsonLines:
     """Every non-blank line of a JSON Lines file, each decoded and parsed on its own (objects=True: a line that is
     not a JSON object is a problem too). A missing file reads as no lines."""
     path = Path(path)
@@ -341,8 +370,10 @@ def make_dirs(path: Path | str, what: str = "") -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CtxevalError(f"cannot create {_describe(path, what)} ({exc.strerror or type(exc).__name__}); choose "
-                           "another path or free some space") from None
+        raise CtxevalError(
+            f"cannot create {_describe(path, what)} ({exc.strerror or type(exc).__name__}); choose "
+            "another path or free some space"
+        ) from None
     return path
 
 

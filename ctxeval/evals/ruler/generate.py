@@ -31,22 +31,46 @@ from ...errors import CtxevalError
 from .niah import Niah, answer_token_position
 from .qa import QA, QA_URLS
 from .sources import Sources, Stream, english_words
-from .tasks import (FAMILIES, MODEL_TEMPLATES, NOISE, RULER_SEED, TASKS, RulerSample, RulerTask, check_template,
-                          split_prefix)
+from .tasks import (
+    FAMILIES,
+    MODEL_TEMPLATES,
+    NOISE,
+    RULER_SEED,
+    TASKS,
+    RulerSample,
+    RulerTask,
+    check_template,
+    split_prefix,
+)
 from .vt import VariableTracking
 from .words import CommonWords, FreqWords
 
 # the names other code reads through this module (tests/test_ruler*.py as `R.<name>`); they live in the modules above
-__all__ = ["FAMILIES", "MODEL_TEMPLATES", "NOISE", "QA_URLS", "TASKS", "Sources", "english_words", "generate",
-           "postprocess", "score"]
+__all__ = [
+    "FAMILIES",
+    "MODEL_TEMPLATES",
+    "NOISE",
+    "QA_URLS",
+    "TASKS",
+    "Sources",
+    "english_words",
+    "generate",
+    "postprocess",
+    "score",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # sizing and samples
 
 
-def _search(make: Callable[[int], tuple[str, list[str]]], fits: Callable[[str], bool], start: int, upper: int,
-            unfilled: Callable[[], str] | None = None) -> int:
+def _search(
+    make: Callable[[int], tuple[str, list[str]]],
+    fits: Callable[[str], bool],
+    start: int,
+    upper: int,
+    unfilled: Callable[[], str] | None = None,
+) -> int:
     """RULER's binary search: the largest haystack size in [start, upper] whose prompt fits (start if none does).
 
     upper is three times the size the length needs (_upper), so a prompt that still fits there has a haystack that
@@ -69,16 +93,29 @@ def _search(make: Callable[[int], tuple[str, list[str]]], fits: Callable[[str], 
     return best if best is not None else start
 
 
-def _upper(make: Callable[[int], tuple[str, list[str]]], count: Callable[[str], int], length: int, probe: int,
-           step: int, family: str) -> int:
+def _upper(
+    make: Callable[[int], tuple[str, list[str]]],
+    count: Callable[[str], int],
+    length: int,
+    probe: int,
+    step: int,
+    family: str,
+) -> int:
     """The search's upper bound from one probe's tokens per haystack unit: 3x for niah and vt, 2x for cwe."""
     per_unit = count(make(probe)[0]) / probe
     estimate = int(length // per_unit) * 2 if family == "common_words_extraction" else int((length / per_unit) * 3)
     return max(estimate, step * 2)
 
 
-def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sources: Sources,
-             seed: int = RULER_SEED, model_template: str = "base") -> list[RulerSample]:
+def generate(
+    task_name: str,
+    length: int,
+    num_samples: int,
+    tokenizer: Any,
+    sources: Sources,
+    seed: int = RULER_SEED,
+    model_template: str = "base",
+) -> list[RulerSample]:
     """`num_samples` prompts of one task at one length, as RULER's prepare.py + generator script write them
     (`model_template`: prepare.py's --model_template_type)."""
     if task_name not in TASKS:
@@ -94,10 +131,15 @@ def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sour
     ttg = family.tokens_to_generate
 
     def unfilled() -> str:
-        what = (f"the essay haystack ({sources.essay_source or 'essays'})"
-                if task.args.get("type_haystack") == "essay" else "the haystack")
-        return (f"{task_name}: {what} cannot fill {length} tokens (the prompt stops growing at "
-                f"{count(make(upper)[0]) + ttg} tokens); give longer essays (--essays) or shorter --lengths")
+        what = (
+            f"the essay haystack ({sources.essay_source or 'essays'})"
+            if task.args.get("type_haystack") == "essay"
+            else "the haystack"
+        )
+        return (
+            f"{task_name}: {what} cannot fill {length} tokens (the prompt stops growing at "
+            f"{count(make(upper)[0]) + ttg} tokens); give longer essays (--essays) or shorter --lengths"
+        )
 
     if task.family == "freq_words_extraction":
         return _fwe_samples(task, length, num_samples, count, FreqWords(task, sources, stream, length, model_template))
@@ -128,8 +170,10 @@ def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sour
         used = size
         if task.family == "qa":
             if index >= len(make.qas):
-                raise CtxevalError(f"{task_name}: the file holds {len(make.qas)} answerable questions, fewer than "
-                                   f"--samples {num_samples}")
+                raise CtxevalError(
+                    f"{task_name}: the file holds {len(make.qas)} answerable questions, fewer than "
+                    f"--samples {num_samples}"
+                )
             make.index = index  # sample i asks question i (prepare.py's pre_samples is 0)
         for _ in range(used // max(step, 1) + 2):  # bounded: `used` shrinks by step until it fits or reaches step
             text, answer = make(used)
@@ -137,8 +181,10 @@ def generate(task_name: str, length: int, num_samples: int, tokenizer: Any, sour
             if total <= length:
                 break
             if used <= step:
-                raise CtxevalError(f"{task_name}: length {length} is shorter than the task's smallest prompt "
-                                   f"({total} tokens with this tokenizer); use longer --lengths")
+                raise CtxevalError(
+                    f"{task_name}: length {length} is shorter than the task's smallest prompt "
+                    f"({total} tokens with this tokenizer); use longer --lengths"
+                )
             used -= step
         else:
             raise RuntimeError(f"{task_name}: the sample's size search did not end (size {used}, step {step})")
@@ -167,8 +213,9 @@ def _vt_example(vt: VariableTracking, count: Callable[[str], int]) -> str:
     return text + " " + " ".join(answer) + "\n"
 
 
-def _fwe_samples(task: RulerTask, length: int, num_samples: int, count: Callable[[str], int],
-                 fwe: FreqWords) -> list[RulerSample]:
+def _fwe_samples(
+    task: RulerTask, length: int, num_samples: int, count: Callable[[str], int], fwe: FreqWords
+) -> list[RulerSample]:
     """freq_words_extraction.py: the word count grows until the prompt reaches the budget, then one step back; each
     sample draws a fresh vocabulary and backs off while it is too long. A length too short for the task (a coded
     vocabulary of fewer than 4 words, a prompt that does not fit with no words, answers that would not occur) is
@@ -178,10 +225,12 @@ def _fwe_samples(task: RulerTask, length: int, num_samples: int, count: Callable
     smallest = count(fwe.template.format(context="", query="")) + family.tokens_to_generate
     if fwe.vocab_size < 4 or smallest > length:
         need = max(4 * 50 + family.tokens_to_generate, smallest)
-        raise CtxevalError(f"{task.name}: length {length} is shorter than the task's smallest prompt (RULER's coded "
-                           f"vocabulary of (length - {family.tokens_to_generate}) // 50 words needs 4, and the "
-                           f"template alone is {smallest} tokens with this tokenizer); use --lengths of at least "
-                           f"{need}")
+        raise CtxevalError(
+            f"{task.name}: length {length} is shorter than the task's smallest prompt (RULER's coded "
+            f"vocabulary of (length - {family.tokens_to_generate}) // 50 words needs 4, and the "
+            f"template alone is {smallest} tokens with this tokenizer); use --lengths of at least "
+            f"{need}"
+        )
     vocab = fwe.vocab()
     num_words = budget // fwe.coded_wordlen
     text, _ = fwe.text(vocab, num_words)
@@ -189,15 +238,19 @@ def _fwe_samples(task: RulerTask, length: int, num_samples: int, count: Callable
     # so `budget` tokens hold fewer than 2.6 x budget words; at most 128 steps of budget // 32
     ceiling = num_words + 4 * budget
     have = count(text)
-    for _ in range(4 * budget // max(step, 1) + 2):  # bounded: the ceiling ends a count that grows; this, one that does not
+    for _ in range(
+        4 * budget // max(step, 1) + 2
+    ):  # bounded: the ceiling ends a count that grows; this, one that does not
         if have >= budget or num_words + step > ceiling:
             break
         num_words += step
         text, _ = fwe.text(vocab, num_words)
         have = count(text)
     if have < budget:
-        raise CtxevalError(f"{task.name}: the prompt stops growing at {have} tokens, short of the {length}-token "
-                           "length; this tokenizer cannot fill it")
+        raise CtxevalError(
+            f"{task.name}: the prompt stops growing at {have} tokens, short of the {length}-token "
+            "length; this tokenizer cannot fill it"
+        )
     num_words -= step
     samples = []
     for index in range(num_samples):
@@ -207,16 +260,20 @@ def _fwe_samples(task: RulerTask, length: int, num_samples: int, count: Callable
             if count(text) <= budget:
                 break
             if words <= step:
-                raise CtxevalError(f"{task.name}: length {length} is shorter than the task's smallest prompt "
-                                   f"({count(text) + family.tokens_to_generate} tokens with this tokenizer); use longer "
-                                   "--lengths")
+                raise CtxevalError(
+                    f"{task.name}: length {length} is shorter than the task's smallest prompt "
+                    f"({count(text) + family.tokens_to_generate} tokens with this tokenizer); use longer "
+                    "--lengths"
+                )
             words -= step
             text, answer = fwe.text(vocab, words)
         else:
             raise RuntimeError(f"{task.name}: the sample's word count search did not end ({words} words)")
         if min(fwe.counts(words)[1:4], default=0) < 1:
-            raise CtxevalError(f"{task.name}: at length {length} the prompt holds {words} coded words, too few for its "
-                               "three answers to occur; use longer --lengths")
+            raise CtxevalError(
+                f"{task.name}: at length {length} the prompt holds {words} coded words, too few for its "
+                "three answers to occur; use longer --lengths"
+            )
         prompt, prefix = split_prefix(text, family)
         samples.append(RulerSample(index, prompt, list(answer), count(text) + family.tokens_to_generate, prefix))
     return samples

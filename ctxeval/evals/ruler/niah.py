@@ -43,7 +43,7 @@ class Niah:
     def _random(self, kind: str) -> str:
         r = self.stream.random
         if kind == "numbers":
-            return str(r.randint(10 ** 6, 10 ** 7 - 1))
+            return str(r.randint(10**6, 10**7 - 1))
         if kind == "words":
             return r.choice(self.words)
         return str(uuid.UUID(int=r.getrandbits(128), version=4))
@@ -67,10 +67,12 @@ class Niah:
                 repeats = (num_haystack + len(words) - 1) // len(words)
                 text = " ".join((words * repeats)[:num_haystack])
             sents = sentences(text.strip())
-            cuts = [0] + sorted(int(len(sents) * (depth / 100)) for depth in r.sample(DEPTHS, len(needles))) + [len(sents)]
+            cuts = (
+                [0] + sorted(int(len(sents) * (depth / 100)) for depth in r.sample(DEPTHS, len(needles))) + [len(sents)]
+            )
             parts = []
             for i in range(1, len(cuts)):
-                parts.append(" ".join(sents[cuts[i - 1]:cuts[i]]))
+                parts.append(" ".join(sents[cuts[i - 1] : cuts[i]]))
                 if i - 1 < len(needles):
                     parts.append(needles[i - 1])
             context = " ".join(parts)
@@ -78,8 +80,14 @@ class Niah:
             if a["type_haystack"] == "noise":
                 lines = [NOISE] * num_haystack
             else:
-                lines = [NEEDLE.format(type_needle_v=a["type_needle_v"], key=self._random(a["type_needle_k"]),
-                                       value=self._random(a["type_needle_v"])) for _ in range(num_haystack)]
+                lines = [
+                    NEEDLE.format(
+                        type_needle_v=a["type_needle_v"],
+                        key=self._random(a["type_needle_k"]),
+                        value=self._random(a["type_needle_v"]),
+                    )
+                    for _ in range(num_haystack)
+                ]
             for index, needle in zip(sorted(r.sample(range(num_haystack), len(needles)), reverse=True), needles):
                 lines.insert(index, needle)
             context = "\n".join(lines)
@@ -89,8 +97,9 @@ class Niah:
         query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
         template, type_v = self.template, a["type_needle_v"]
         if a["num_needle_q"] * a["num_needle_v"] == 1:  # one value asked: singular wording
-            template = (template.replace("Some", "A").replace("are all", "is").replace("are", "is")
-                        .replace("answers", "answer"))
+            template = (
+                template.replace("Some", "A").replace("are all", "is").replace("are", "is").replace("answers", "answer")
+            )
             type_v = type_v[:-1]
         return template.format(type_needle_v=type_v, context=context, query=query), answers
 

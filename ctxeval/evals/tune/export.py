@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from ...errors import CtxevalError
-from ...rope.methods import Geometry, compute, get_method
 from ...models.load import load_hf_config, load_model, model_directory
 from ...models.rope_config import legacy_rope_scaling, rope_parameters
+from ...rope.methods import Geometry, compute
 from ...specs import MethodSpec
 from ..perplexity import PplConfig, PplRunner
 from ..sweep import applying
@@ -33,20 +33,32 @@ EXPORT_RTOL = 1e-6
 EXPORT_RECORD = "ctxeval-export.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 # files a model directory needs besides config.json and its weights
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "generation_config.json", "added_tokens.json", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
 
 
-def check_export(model: str, spec: MethodSpec, geometry: Geometry, target: int, out: Path,
-                 trust_remote_code: bool = False) -> Path:
+def check_export(
+    model: str, spec: MethodSpec, geometry: Geometry, target: int, out: Path, trust_remote_code: bool = False
+) -> Path:
     """Everything --export needs, checked before the search starts (one line each): a rope_parameters entry for the
     method, a model directory to link the weights from, and an export directory that is new, empty or an earlier export
     (never the model's own directory). Returns the model's directory."""
     rope_parameters(spec, geometry, target)
     source = model_directory(model)
     if source is None:
-        raise CtxevalError(f"--export: {model} has no local model directory to link the weights from (a .gguf file "
-                           "is dequantised at load); export from a model directory or hub id")
+        raise CtxevalError(
+            f"--export: {model} has no local model directory to link the weights from (a .gguf file "
+            "is dequantised at load); export from a model directory or hub id"
+        )
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CtxevalError(f"--export {out} is a file; give a new or empty directory")
@@ -56,13 +68,16 @@ def check_export(model: str, spec: MethodSpec, geometry: Geometry, target: int, 
         raise CtxevalError(f"--export {out} is the model's own directory; give a new one (its weights are linked)")
     shipped = getattr(load_hf_config(model, trust_remote_code=trust_remote_code), "rope_parameters", None) or {}
     if shipped and not all(isinstance(v, (int, float, str, bool, list, type(None))) for v in shipped.values()):
-        raise CtxevalError(f"--export: {model} has a RoPE per layer type (nested rope_parameters); ctxeval exports one "
-                           "entry for every layer and cannot write this config")
+        raise CtxevalError(
+            f"--export: {model} has a RoPE per layer type (nested rope_parameters); ctxeval exports one "
+            "entry for every layer and cannot write this config"
+        )
     return source
 
 
-def write_export(model: str, spec: MethodSpec, geometry: Geometry, target: int, out: Path,
-                 trust_remote_code: bool = False) -> dict[str, Any]:
+def write_export(
+    model: str, spec: MethodSpec, geometry: Geometry, target: int, out: Path, trust_remote_code: bool = False
+) -> dict[str, Any]:
     """Write the model directory `out` (see the module docstring); returns what was written."""
     source = check_export(model, spec, geometry, target, out, trust_remote_code)
     entry = rope_parameters(spec, geometry, target)
@@ -98,16 +113,32 @@ def write_export(model: str, spec: MethodSpec, geometry: Geometry, target: int, 
         elif path.name in TOKENIZER_FILES:
             shutil.copyfile(path, dest)
             copied.append(path.name)
-    (out / "rope_scaling.json").write_text(json.dumps({**legacy_rope_scaling(entry),
-                                                       "max_position_embeddings": target}, indent=2) + "\n")
+    (out / "rope_scaling.json").write_text(
+        json.dumps({**legacy_rope_scaling(entry), "max_position_embeddings": target}, indent=2) + "\n"
+    )
     files = ["config.json", "rope_scaling.json", *copied]
     if entry["rope_type"] == "longrope":
-        (out / "longrope-factors.json").write_text(json.dumps(
-            {"short_factor": entry["short_factor"], "long_factor": entry["long_factor"],
-             "original_max_position_embeddings": entry["original_max_position_embeddings"]}, indent=2) + "\n")
+        (out / "longrope-factors.json").write_text(
+            json.dumps(
+                {
+                    "short_factor": entry["short_factor"],
+                    "long_factor": entry["long_factor"],
+                    "original_max_position_embeddings": entry["original_max_position_embeddings"],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         files.append("longrope-factors.json")
-    record = {"model": model, "method": spec.label, "rope_parameters": entry, "max_position_embeddings": target,
-              "weights_linked_from": str(source), "weights": linked, "files": files}
+    record = {
+        "model": model,
+        "method": spec.label,
+        "rope_parameters": entry,
+        "max_position_embeddings": target,
+        "weights_linked_from": str(source),
+        "weights": linked,
+        "files": files,
+    }
     (out / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -116,8 +147,9 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-30)
 
 
-def verify_export(lm: Any, spec: MethodSpec, out: Path, doc: Any, lengths: tuple[int, int], bos: bool,
-                  chunk_size: int) -> dict[str, Any]:
+def verify_export(
+    lm: Any, spec: MethodSpec, out: Path, doc: Any, lengths: tuple[int, int], bos: bool, chunk_size: int
+) -> dict[str, Any]:
     """Load `out` fresh (its config alone decides the RoPE) and compare its read-back RoPE and its perplexity of `doc`
     at `lengths` with `spec` applied to the loaded model `lm`. A difference above EXPORT_RTOL is an error."""
     fresh = load_model(str(out), dtype=lm.dtype, device=lm.device, attn_implementation=lm.attn_implementation)
@@ -141,15 +173,27 @@ def verify_export(lm: Any, spec: MethodSpec, out: Path, doc: Any, lengths: tuple
     for length in lengths:
         expected = compute(spec.name, lm.rope.geometry, spec.params, length)
         rb = loaded_rb[length]
-        worst_rope = max(worst_rope, float(np.max(np.abs(rb.inv_freq - expected.inv_freq) / expected.inv_freq)),
-                         _rel(rb.attention_factor, expected.attention_factor),
-                         float(np.max(np.abs(rb.inv_freq - tuned_rb[length].inv_freq) / tuned_rb[length].inv_freq)))
+        worst_rope = max(
+            worst_rope,
+            float(np.max(np.abs(rb.inv_freq - expected.inv_freq) / expected.inv_freq)),
+            _rel(rb.attention_factor, expected.attention_factor),
+            float(np.max(np.abs(rb.inv_freq - tuned_rb[length].inv_freq) / tuned_rb[length].inv_freq)),
+        )
     worst_ppl = max(_rel(loaded[L], tuned[L]) for L in lengths)
-    result = {"directory": str(out), "lengths": list(lengths), "doc": doc.doc_id,
-              "ppl_tuned": {str(k): v for k, v in tuned.items()}, "ppl_exported": {str(k): v for k, v in loaded.items()},
-              "max_rel_diff_rope": worst_rope, "max_rel_diff_ppl": worst_ppl, "tolerance": EXPORT_RTOL,
-              "passed": bool(worst_rope <= EXPORT_RTOL and worst_ppl <= EXPORT_RTOL)}
+    result = {
+        "directory": str(out),
+        "lengths": list(lengths),
+        "doc": doc.doc_id,
+        "ppl_tuned": {str(k): v for k, v in tuned.items()},
+        "ppl_exported": {str(k): v for k, v in loaded.items()},
+        "max_rel_diff_rope": worst_rope,
+        "max_rel_diff_ppl": worst_ppl,
+        "tolerance": EXPORT_RTOL,
+        "passed": bool(worst_rope <= EXPORT_RTOL and worst_ppl <= EXPORT_RTOL),
+    }
     if not result["passed"] or not all(math.isfinite(v) for v in loaded.values()):
-        raise CtxevalError(f"--export: the model loaded from {out} differs from the tuned run (RoPE by {worst_rope:.1e}, "
-                           f"perplexity by {worst_ppl:.1e}, relative; allowed {EXPORT_RTOL:g}); please report this")
+        raise CtxevalError(
+            f"--export: the model loaded from {out} differs from the tuned run (RoPE by {worst_rope:.1e}, "
+            f"perplexity by {worst_ppl:.1e}, relative; allowed {EXPORT_RTOL:g}); please report this"
+        )
     return result

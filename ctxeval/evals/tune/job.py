@@ -9,14 +9,23 @@ from typing import Any, Callable
 
 from ...data.corpora import TokenDoc, iter_documents, select_long_documents, tokenize
 from ...errors import CtxevalError
-from .space import SearchSpace
-from ...specs import MethodSpec
 from ...runs.store import RunStore
+from ...specs import MethodSpec
 from ..common import Progress
 from ..perplexity import PplConfig, sweep
-from .search import (DEFAULT_STORAGE, INVALID, OpenedStudy, TuneConfig, best_trial_row, comparison_specs, open_study,
-                   sampler_name, search)
 from .export import verify_export, write_export
+from .search import (
+    DEFAULT_STORAGE,
+    INVALID,
+    OpenedStudy,
+    TuneConfig,
+    best_trial_row,
+    comparison_specs,
+    open_study,
+    sampler_name,
+    search,
+)
+from .space import SearchSpace
 
 
 @dataclass
@@ -50,8 +59,11 @@ def long_documents(data: str, tokenizer: Any, wanted: int, needed: int, text_fie
     try:
         return select_long_documents(data, tokenizer, wanted, needed, text_field)
     except CtxevalError:
-        return [TokenDoc(d.doc_id, ids) for d in iter_documents(data, text_field)
-                if len(ids := tokenize(tokenizer, d)) >= needed][:wanted]
+        return [
+            TokenDoc(d.doc_id, ids)
+            for d in iter_documents(data, text_field)
+            if len(ids := tokenize(tokenizer, d)) >= needed
+        ][:wanted]
 
 
 def heldout_dir(run_dir: Path, trial: int) -> Path:
@@ -68,21 +80,43 @@ def measure_heldout(lm: Any, job: TuneJob, specs: list[MethodSpec], run_dir: Pat
     """The comparison on the held-out documents at the trained and the target length, as a ppl run in `run_dir`
     (resumed like any ppl run; run.json finalised whatever happens)."""
     cfg = job.cfg
-    spec = {"task": "ppl", "model": job.model, "data": job.data, "text_field": job.text_field, "protocol": "truncate",
-            "stride": None, "bos": cfg.bos, "docs": len(job.heldout), "lengths": list(cfg.lengths),
-            "methods": [s.label for s in specs], "dtype": lm.dtype, "seed": cfg.seed, "preset": None,
-            "heldout_docs": [d.doc_id for d in job.heldout]}
-    provenance = {"model": lm.record(),
-                  "data": {"spec": job.data, "documents": [{"doc": d.doc_id, "tokens": int(len(d.ids))}
-                                                           for d in job.heldout]},
-                  "protocol": {"name": "truncate", "stride": None, "bos": cfg.bos, "aggregate": "token",
-                               "chunk_size": cfg.chunk_size, "batch_size": 1, "one_forward_per_document": True},
-                  "seed": cfg.seed, "heldout_of": run_dir.parent.name}
+    spec = {
+        "task": "ppl",
+        "model": job.model,
+        "data": job.data,
+        "text_field": job.text_field,
+        "protocol": "truncate",
+        "stride": None,
+        "bos": cfg.bos,
+        "docs": len(job.heldout),
+        "lengths": list(cfg.lengths),
+        "methods": [s.label for s in specs],
+        "dtype": lm.dtype,
+        "seed": cfg.seed,
+        "preset": None,
+        "heldout_docs": [d.doc_id for d in job.heldout],
+    }
+    provenance = {
+        "model": lm.record(),
+        "data": {"spec": job.data, "documents": [{"doc": d.doc_id, "tokens": int(len(d.ids))} for d in job.heldout]},
+        "protocol": {
+            "name": "truncate",
+            "stride": None,
+            "bos": cfg.bos,
+            "aggregate": "token",
+            "chunk_size": cfg.chunk_size,
+            "batch_size": 1,
+            "one_forward_per_document": True,
+        },
+        "seed": cfg.seed,
+        "heldout_of": run_dir.parent.name,
+    }
     with RunStore(run_dir, spec) as held:
         held.start({**provenance, "methods": held.record.get("methods", {})})
         try:
-            sweep(lm, specs, job.heldout, PplConfig(cfg.lengths, bos=cfg.bos, chunk_size=cfg.chunk_size), held,
-                  progress)
+            sweep(
+                lm, specs, job.heldout, PplConfig(cfg.lengths, bos=cfg.bos, chunk_size=cfg.chunk_size), held, progress
+            )
         except BaseException as exc:
             held.finish("interrupted" if isinstance(exc, KeyboardInterrupt) else "error", str(exc)[:300])
             raise
@@ -98,22 +132,37 @@ def run_tune(lm: Any, job: TuneJob, store: Any, progress: Progress, note: Callab
     result = search(lm, space, job.tuning, cfg, opened, store.append, have, progress)
     refused = sum(1 for r in result.rows if r.get("status") == INVALID)
     summary: dict[str, Any] = {
-        "storage": job.storage_record, "trials": len(result.rows) - refused, "refused": refused,
-        "measured_now": result.measured_now, "search_seconds_now": round(result.seconds, 1),
-        "baseline_short": result.baseline_short, "sampler": sampler_name(cfg, space),
-        "forwards": sum(int(r.get("forwards") or 0) for r in result.rows), "winner": None}
+        "storage": job.storage_record,
+        "trials": len(result.rows) - refused,
+        "refused": refused,
+        "measured_now": result.measured_now,
+        "search_seconds_now": round(result.seconds, 1),
+        "baseline_short": result.baseline_short,
+        "sampler": sampler_name(cfg, space),
+        "forwards": sum(int(r.get("forwards") or 0) for r in result.rows),
+        "winner": None,
+    }
     store.update(tune=summary)
     best = best_trial_row(result.rows)
     if best is None:
-        note(f"no trial kept the perplexity at {cfg.short:,} within {cfg.short_tolerance:.0%} of plain RoPE's; nothing "
-             "to re-measure or export (raise --short-tolerance or --trials)")
+        note(
+            f"no trial kept the perplexity at {cfg.short:,} within {cfg.short_tolerance:.0%} of plain RoPE's; nothing "
+            "to re-measure or export (raise --short-tolerance or --trials)"
+        )
         return
     winner = space.spec(best["params"])
     held_dir = heldout_dir(store.dir, best["trial"])
-    summary.update(winner={"trial": best["trial"], "label": winner.label, "params": plain(winner.params),
-                           "attention": [{"name": a.name, "params": a.params} for a in winner.attention],
-                           "ppl_target": best["value"], "ppl_short": best["ppl_short"]},
-                   heldout_dir=held_dir.name)
+    summary.update(
+        winner={
+            "trial": best["trial"],
+            "label": winner.label,
+            "params": plain(winner.params),
+            "attention": [{"name": a.name, "params": a.params} for a in winner.attention],
+            "ppl_target": best["value"],
+            "ppl_short": best["ppl_short"],
+        },
+        heldout_dir=held_dir.name,
+    )
     store.update(tune=summary)
     measure_heldout(lm, job, comparison_specs(space, winner, job.compare), held_dir, progress)
     if job.export is not None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import warnings
 import socket
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,11 +29,11 @@ from ...attention.methods import resolve_attention
 from ...data.corpora import TokenDoc
 from ...errors import CtxevalError
 from ...rope.methods import Geometry, compute, get_method
-from .space import SearchSpace, longrope_seeds, point_of
 from ...specs import MethodSpec, expand_specs, format_param, unique_by_label
 from ..common import Progress, SilentProgress
 from ..perplexity import PplConfig, PplRunner
 from ..sweep import applying, length_dependent
+from .space import SearchSpace, longrope_seeds, point_of
 
 SAMPLERS = ("auto", "tpe", "cmaes", "nsga2", "random")
 STUDY_NAME = "ctxeval-tune"
@@ -75,10 +75,12 @@ class TuneConfig:
 def split_documents(docs: list[TokenDoc], n_tune: int, n_heldout: int) -> tuple[list[TokenDoc], list[TokenDoc]]:
     """Tuning documents first, held-out ones after: disjoint by construction (the corpus order decides)."""
     if len(docs) < n_tune + n_heldout:
-        raise CtxevalError(f"tune needs {n_tune} tuning + {n_heldout} held-out documents of at least the target's "
-                           f"tokens, and the data has {len(docs)}; lower --tune-docs/--heldout-docs or "
-                           "--target-length, or give more --data")
-    return docs[:n_tune], docs[n_tune:n_tune + n_heldout]
+        raise CtxevalError(
+            f"tune needs {n_tune} tuning + {n_heldout} held-out documents of at least the target's "
+            f"tokens, and the data has {len(docs)}; lower --tune-docs/--heldout-docs or "
+            "--target-length, or give more --data"
+        )
+    return docs[:n_tune], docs[n_tune : n_tune + n_heldout]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -113,8 +115,12 @@ class TrialScorer:
         """What decides a length-dependent method's forward at the short length: its RoPE there (exact bytes), the
         attention methods and the temperature."""
         freqs = compute(spec.name, self.lm.rope.geometry, spec.params, self.cfg.short)
-        return (freqs.inv_freq.tobytes(), freqs.attention_factor, spec.temperature,
-                tuple((a.name, tuple(sorted(a.params.items()))) for a in spec.attention))
+        return (
+            freqs.inv_freq.tobytes(),
+            freqs.attention_factor,
+            spec.temperature,
+            tuple((a.name, tuple(sorted(a.params.items()))) for a in spec.attention),
+        )
 
     def score(self, spec: MethodSpec) -> Score:
         start = time.perf_counter()
@@ -136,8 +142,15 @@ class TrialScorer:
         seconds = time.perf_counter() - start
         bad = [r for r in rows if r.get("status") != "ok"]
         if bad:
-            return Score(None, None, tokens, forwards, seconds, max(diffs, default=None),
-                         f"{bad[0].get('status')}: {bad[0].get('note', '')}"[:300])
+            return Score(
+                None,
+                None,
+                tokens,
+                forwards,
+                seconds,
+                max(diffs, default=None),
+                f"{bad[0].get('status')}: {bad[0].get('note', '')}"[:300],
+            )
         ppl = {}
         for length in self.cfg.lengths:
             at = [r for r in rows if r["length"] == length]
@@ -209,8 +222,15 @@ class OpenedStudy:
     created: bool  # this process made the study (it alone enqueues the seed points)
 
 
-def open_study(url: str, protocol: dict[str, Any], cfg: TuneConfig, space: SearchSpace, geometry: Geometry,
-               heartbeat: int = 60, explicit: bool = False) -> OpenedStudy:
+def open_study(
+    url: str,
+    protocol: dict[str, Any],
+    cfg: TuneConfig,
+    space: SearchSpace,
+    geometry: Geometry,
+    heartbeat: int = 60,
+    explicit: bool = False,
+) -> OpenedStudy:
     """Create or load the study; a study made for another protocol (model, method, lengths, documents) is refused.
     The process that creates the study samples with --seed itself (an uninterrupted search is reproducible); one that
     joins or resumes it mixes in the trials already there and its process id, so that it does not propose the points
@@ -222,8 +242,12 @@ def open_study(url: str, protocol: dict[str, Any], cfg: TuneConfig, space: Searc
         try:
             with warnings.catch_warnings():  # optuna calls heartbeats experimental; they are what makes resume safe
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                storage = optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
-                                                     heartbeat_stale_trial_callback=retry_stale)
+                storage = optuna.storages.RDBStorage(
+                    url,
+                    heartbeat_interval=heartbeat,
+                    grace_period=3 * heartbeat,
+                    heartbeat_stale_trial_callback=retry_stale,
+                )
             break
         except Exception as exc:  # noqa: BLE001 - SQLAlchemy's errors for a bad URL or an unreachable server vary
             # two processes creating one new storage: one creates the tables, the other sees them half made
@@ -231,8 +255,10 @@ def open_study(url: str, protocol: dict[str, Any], cfg: TuneConfig, space: Searc
             if racing and attempt + 1 < CREATE_TRIES:
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            raise CtxevalError(f"--storage {url}: cannot open it ({str(exc).splitlines()[0][:200]}); give a "
-                               "sqlite:///PATH or a reachable postgresql:// / mysql:// URL") from None
+            raise CtxevalError(
+                f"--storage {url}: cannot open it ({str(exc).splitlines()[0][:200]}); give a "
+                "sqlite:///PATH or a reachable postgresql:// / mysql:// URL"
+            ) from None
     try:
         study = optuna.create_study(study_name=STUDY_NAME, storage=storage, direction="minimize")
         study.set_user_attr("protocol", protocol)
@@ -249,10 +275,14 @@ def open_study(url: str, protocol: dict[str, Any], cfg: TuneConfig, space: Searc
             study.set_user_attr("protocol", protocol)
         elif held != protocol:
             changed = sorted(k for k in set(held) | set(protocol) if held.get(k) != protocol.get(k))
-            where = ("use another --storage (or leave it out)" if explicit else
-                     "use another --out, or --overwrite to replace this run")
-            raise CtxevalError(f"the study in {url} was made for another search (differs in: {', '.join(changed)}); "
-                               f"{where}") from None
+            where = (
+                "use another --storage (or leave it out)"
+                if explicit
+                else "use another --out, or --overwrite to replace this run"
+            )
+            raise CtxevalError(
+                f"the study in {url} was made for another search (differs in: {', '.join(changed)}); {where}"
+            ) from None
         seed = (cfg.seed + 7919 * len(study.get_trials(deepcopy=False)) + os.getpid()) % 2**31
     study.sampler = make_sampler(cfg, space, seed)
     return OpenedStudy(study, storage, created)
@@ -271,8 +301,11 @@ def enqueue_retry(study: Any, trial: Any) -> bool:
     point = trial.params or trial.system_attrs.get("fixed_params") or {}
     if not point or RETRY_OF in trial.user_attrs:
         return False
-    study.enqueue_trial(point, user_attrs={RETRY_OF: trial.number, **{k: v for k, v in trial.user_attrs.items()
-                                                                       if k == "seed"}}, skip_if_exists=False)
+    study.enqueue_trial(
+        point,
+        user_attrs={RETRY_OF: trial.number, **{k: v for k, v in trial.user_attrs.items() if k == "seed"}},
+        skip_if_exists=False,
+    )
     return True
 
 
@@ -288,12 +321,19 @@ def recover(study: Any, storage: Any) -> list[int]:
     now = datetime.datetime.now()
     for t in trials:
         worker = t.user_attrs.get("worker") or {}
-        dead_here = (worker.get("host") == WORKER["host"] and worker.get("pid") != WORKER["pid"]
-                     and not _alive(int(worker.get("pid", 0))))
+        dead_here = (
+            worker.get("host") == WORKER["host"]
+            and worker.get("pid") != WORKER["pid"]
+            and not _alive(int(worker.get("pid", 0)))
+        )
         # killed between optuna creating the trial and its first line: no point drawn, nothing to measure again; a live
         # process records its worker within milliseconds, so one still without it after a minute is gone
-        orphan = (not worker and not t.params and t.datetime_start is not None
-                  and (now - t.datetime_start).total_seconds() > ORPHAN_SECONDS)
+        orphan = (
+            not worker
+            and not t.params
+            and t.datetime_start is not None
+            and (now - t.datetime_start).total_seconds() > ORPHAN_SECONDS
+        )
         if t.state == State.RUNNING and (dead_here or orphan):
             storage.set_trial_state_values(t._trial_id, State.FAIL)  # noqa: SLF001 - optuna exposes no public id
     trials = study.get_trials(deepcopy=False)
@@ -319,27 +359,55 @@ def counted(trials: list[Any]) -> int:
     return sum(1 for t in trials if (t.user_attrs.get("row") or {}).get("status") != INVALID)
 
 
-def trial_row(lm: Any, spec: MethodSpec | None, space: SearchSpace, cfg: TuneConfig, number: int,
-              point: dict[str, Any], score: Score | None, baseline_short: float, problem: str | None = None
-              ) -> dict[str, Any]:
+def trial_row(
+    lm: Any,
+    spec: MethodSpec | None,
+    space: SearchSpace,
+    cfg: TuneConfig,
+    number: int,
+    point: dict[str, Any],
+    score: Score | None,
+    baseline_short: float,
+    problem: str | None = None,
+) -> dict[str, Any]:
     """One row per trial (task `tune`, phase `search`): what was tried, what it measured, and whether it kept the
     guard."""
     label = spec.label if spec is not None else f"{space.base.name}(invalid point)"
     row: dict[str, Any] = {
-        "model": lm.name, "method": space.base.method_name, "label": label, "task": "tune", "phase": SEARCH,
-        "trial": number, "doc": "tuning", "length": cfg.target, "params": point, "metric": "ppl",
+        "model": lm.name,
+        "method": space.base.method_name,
+        "label": label,
+        "task": "tune",
+        "phase": SEARCH,
+        "trial": number,
+        "doc": "tuning",
+        "length": cfg.target,
+        "params": point,
+        "metric": "ppl",
     }
     if score is None or score.target_ppl is None:
-        row.update(status=INVALID if score is None else "error", value=None,
-                   note=(problem or (score.problem if score else ""))[:300])
+        row.update(
+            status=INVALID if score is None else "error",
+            value=None,
+            note=(problem or (score.problem if score else ""))[:300],
+        )
         if score is not None:
             row.update(seconds=round(score.seconds, 3), forwards=score.forwards, tokens=score.tokens)
         return row
     rise = score.short_ppl / baseline_short - 1
-    row.update(status="ok", value=score.target_ppl, ppl_target=score.target_ppl, ppl_short=score.short_ppl,
-               short_length=cfg.short, short_rise=rise, feasible=bool(rise <= cfg.short_tolerance),
-               seconds=round(score.seconds, 3), forwards=score.forwards, tokens=score.tokens,
-               readback_max_rel_diff=score.readback_max_rel_diff)
+    row.update(
+        status="ok",
+        value=score.target_ppl,
+        ppl_target=score.target_ppl,
+        ppl_short=score.short_ppl,
+        short_length=cfg.short,
+        short_rise=rise,
+        feasible=bool(rise <= cfg.short_tolerance),
+        seconds=round(score.seconds, 3),
+        forwards=score.forwards,
+        tokens=score.tokens,
+        readback_max_rel_diff=score.readback_max_rel_diff,
+    )
     return row
 
 
@@ -368,9 +436,16 @@ def seed_points(space: SearchSpace, geometry: Geometry) -> list[tuple[str, dict[
     return [("defaults", space.snap(point))] if point else []
 
 
-def search(lm: Any, space: SearchSpace, docs: list[TokenDoc], cfg: TuneConfig, opened: OpenedStudy,
-           emit: Callable[[list[dict[str, Any]]], None], have_rows: set[int], progress: Progress | None = None
-           ) -> SearchResult:
+def search(
+    lm: Any,
+    space: SearchSpace,
+    docs: list[TokenDoc],
+    cfg: TuneConfig,
+    opened: OpenedStudy,
+    emit: Callable[[list[dict[str, Any]]], None],
+    have_rows: set[int],
+    progress: Progress | None = None,
+) -> SearchResult:
     """Run trials until the study holds cfg.trials finished ones (every process together); each trial's row goes to
     `emit` as it finishes, and finished trials whose numbers are not in `have_rows` (a crash between the study's
     record and the row) get their rows from the storage."""
@@ -383,7 +458,9 @@ def search(lm: Any, space: SearchSpace, docs: list[TokenDoc], cfg: TuneConfig, o
     if baseline is None:
         plain = scorer.score(MethodSpec("none", {}))
         if plain.short_ppl is None:
-            raise CtxevalError(f"plain RoPE has no perplexity at {cfg.short:,} on the tuning documents ({plain.problem})")
+            raise CtxevalError(
+                f"plain RoPE has no perplexity at {cfg.short:,} on the tuning documents ({plain.problem})"
+            )
         baseline = plain.short_ppl
         study.set_user_attr("baseline_short", baseline)
     recover(study, storage)
@@ -429,8 +506,10 @@ def search(lm: Any, space: SearchSpace, docs: list[TokenDoc], cfg: TuneConfig, o
     progress.start(max(0, cfg.trials - counted(finished(study))))
     while counted(done := finished(study)) < cfg.trials:
         if len(done) - counted(done) > MAX_REFUSED * cfg.trials:
-            raise CtxevalError(f"the method's checks refused {len(done) - counted(done)} of the points the sampler "
-                               "proposed; narrow the ranges with --space so that fewer points break them")
+            raise CtxevalError(
+                f"the method's checks refused {len(done) - counted(done)} of the points the sampler "
+                "proposed; narrow the ranges with --space so that fewer points break them"
+            )
         study.optimize(objective, callbacks=[after], gc_after_trial=False)
     for t in finished(study):  # rows measured elsewhere: another process on the study, or a session that crashed
         if t.number not in have_rows and t.user_attrs.get("row") is not None:

@@ -53,7 +53,10 @@ RANGES: dict[str, dict[str, Range]] = {
     # 1): searched, or the guard could never be met where the default raises the short ppl
     "longrope": {"attention_factor": Range(0.8, 1.6)},  # default sqrt(1 + ln s / ln L)
     "llama3": {"low_freq_factor": Range(0.25, 8.0, log=True), "high_freq_factor": Range(1.0, 64.0, log=True)},
-    "self-extend": {"group_size": Range(2, 64, log=True), "neighbor_window": Range(1 / 16, 1.0, log=True, per="length")},
+    "self-extend": {
+        "group_size": Range(2, 64, log=True),
+        "neighbor_window": Range(1 / 16, 1.0, log=True, per="length"),
+    },
     "rerope": {"window": Range(1 / 16, 1.0, log=True, per="length")},
     "leaky-rerope": {"window": Range(1 / 16, 1.0, log=True, per="length"), "k": Range(1.0, 64.0, log=True)},
 }
@@ -159,20 +162,29 @@ def parse_overrides(texts: list[str]) -> dict[str, tuple[float, float, bool]]:
                 raise ValueError
             out[key.strip()] = (float(parts[0]), float(parts[1]), len(parts) == 3 and parts[2] == "log")
         except ValueError:
-            raise CtxevalError(f"--space '{text}': write NAME=LOW:HIGH or NAME=LOW:HIGH:log (e.g. beta_fast=1:64:log, "
-                               "self-extend.group_size=2:32)") from None
+            raise CtxevalError(
+                f"--space '{text}': write NAME=LOW:HIGH or NAME=LOW:HIGH:log (e.g. beta_fast=1:64:log, "
+                "self-extend.group_size=2:32)"
+            ) from None
     return out
 
 
-def build_space(spec: MethodSpec, geometry: Geometry, target: int, search_factor: bool = False,
-                overrides: dict[str, tuple[float, float, bool]] | None = None) -> SearchSpace:
+def build_space(
+    spec: MethodSpec,
+    geometry: Geometry,
+    target: int,
+    search_factor: bool = False,
+    overrides: dict[str, tuple[float, float, bool]] | None = None,
+) -> SearchSpace:
     """The search space of `spec` for extending `geometry` to `target` tokens."""
     overrides = dict(overrides or {})
     method = get_method(spec.name)
     trained = int(spec.params.get("original_max_position_embeddings") or geometry.original_length)
     if target <= trained:
-        raise CtxevalError(f"--target-length {target:,} is not beyond the trained length {trained:,}: tune searches an "
-                           f"extension; give a longer target (e.g. --target-length {trained * 4:,})")
+        raise CtxevalError(
+            f"--target-length {target:,} is not beyond the trained length {trained:,}: tune searches an "
+            f"extension; give a longer target (e.g. --target-length {trained * 4:,})"
+        )
     factor = float(spec.params.get("factor") or default_factor(target, trained))
     params = dict(spec.params)
     fixed = {method.param_aliases.get(k, k) for k in spec.params}
@@ -199,8 +211,10 @@ def build_space(spec: MethodSpec, geometry: Geometry, target: int, search_factor
     pairs = geometry.rotary_dim // 2
     if spec.name == "longrope":
         if "long_factor" in spec.params:
-            raise CtxevalError("tune searches longrope's long_factor: leave it out of the spec (short_factor may "
-                               "be given; it defaults to 1 for every pair, plain RoPE up to the trained length)")
+            raise CtxevalError(
+                "tune searches longrope's long_factor: leave it out of the spec (short_factor may "
+                "be given; it defaults to 1 for every pair, plain RoPE up to the trained length)"
+            )
         params.setdefault("short_factor", tuple([1.0] * pairs))
         for i in range(pairs):
             dims.append(Dim("", f"{LONG_FACTOR}.{i}", float, 1.0, 1.0 + factor, False))
@@ -211,15 +225,22 @@ def build_space(spec: MethodSpec, geometry: Geometry, target: int, search_factor
                 add(a.name, am.param(name), r)
     if overrides:
         known = ", ".join(d.key for d in dims) or "none"
-        raise CtxevalError(f"--space {', '.join(overrides)}: not a searched parameter of {spec.label} "
-                           f"(searched: {known})")
+        raise CtxevalError(
+            f"--space {', '.join(overrides)}: not a searched parameter of {spec.label} (searched: {known})"
+        )
     if not dims:
-        what = ("every searchable parameter is fixed in the spec" if RANGES.get(spec.name) or spec.attention else
-                f"{spec.name} has no parameter to search besides its factor" if method.takes_factor else
-                f"{spec.name} has no parameter to search")
+        what = (
+            "every searchable parameter is fixed in the spec"
+            if RANGES.get(spec.name) or spec.attention
+            else f"{spec.name} has no parameter to search besides its factor"
+            if method.takes_factor
+            else f"{spec.name} has no parameter to search"
+        )
         offer = "--search-factor, or " if method.takes_factor and not search_factor and "factor" not in fixed else ""
-        raise CtxevalError(f"tune {spec.label}: {what}; use {offer}a method with searchable parameters (yarn, ntk, "
-                           "llama3, longrope, dynamic-yarn, ntk-by-parts, or +self-extend/+rerope/+leaky-rerope)")
+        raise CtxevalError(
+            f"tune {spec.label}: {what}; use {offer}a method with searchable parameters (yarn, ntk, "
+            "llama3, longrope, dynamic-yarn, ntk-by-parts, or +self-extend/+rerope/+leaky-rerope)"
+        )
     base = MethodSpec(spec.name, params, spec.temperature, spec.attention)
     return SearchSpace(base, tuple(dims), factor, pairs)
 
@@ -236,8 +257,9 @@ def longrope_seeds(space: SearchSpace, geometry: Geometry) -> dict[str, tuple[fl
     return {name: monotone(list(np.clip(v, 1.0, 1.0 + s))) for name, v in seeds.items()}
 
 
-def point_of(space: SearchSpace, geometry: Geometry, spec_params: dict[str, Any],
-             attention: tuple[AttentionSpec, ...] = ()) -> dict[str, Any]:
+def point_of(
+    space: SearchSpace, geometry: Geometry, spec_params: dict[str, Any], attention: tuple[AttentionSpec, ...] = ()
+) -> dict[str, Any]:
     """The point of the space that gives a method with these parameters (for seeding the search with a known method);
     {} when one of them lies outside the searched ranges."""
     point: dict[str, Any] = {}
@@ -264,6 +286,9 @@ def describe(space: SearchSpace) -> str:
     vector = [d for d in space.dims if d.name.startswith(LONG_FACTOR + ".")]
     parts = [f"{d.key} in [{d.low:g}, {d.high:g}]{' log' if d.log else ''}" for d in space.dims if d not in vector]
     if vector:
-        parts.insert(0, f"{len(vector)} per-pair long factors in [1, {format_param(1 + space.factor)}] on a 0.01 grid, "
-                        "non-decreasing")
+        parts.insert(
+            0,
+            f"{len(vector)} per-pair long factors in [1, {format_param(1 + space.factor)}] on a 0.01 grid, "
+            "non-decreasing",
+        )
     return f"{space.base.label}: {', '.join(parts)}"
