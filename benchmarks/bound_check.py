@@ -185,7 +185,7 @@ def main() -> int:
     # 2a. every failing base's failing m is negative in 40 digits
     log("mpmath: failing m of every failing grid base (B_m < 0?)")
     worst = None
-    for s, b, M in scanned:
+    for s, _base, M in scanned:
         if M > CAP:
             continue
         v = mp_value(s, M)
@@ -313,7 +313,7 @@ def main() -> int:
     print()
     print("readings: rows where the first feasible grid base equals the paper's")
     best = 0
-    for name, (Ls, st) in readings.items():
+    for name in readings:
         hits = [f"{L0 // 1000}k" if L0 < 1_000_000 else "1M" for L0, a in zip(K1000, ff[name]) if a == PAPER[L0]]
         best = max(best, len(hits))
         print(f"  {name:<13} {len(hits):>2}/11   rows: {' '.join(hits)}")

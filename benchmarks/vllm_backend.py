@@ -127,7 +127,7 @@ def speed(opts: argparse.Namespace) -> dict:
         }
         print(name, json.dumps({k: v for k, v in out["runs"][name].items() if k != "vs_hf_batch_1"}), flush=True)
     base = out["runs"]["hf batch 1"]["seconds_per_point"]
-    for name, r in out["runs"].items():  # per point (the mean: vLLM's replies finish together, so its median says
+    for r in out["runs"].values():  # per point (the mean: vLLM's replies finish together, so its median says
         # nothing), so that a run stopped part way compares too
         r["seconds_per_point_vs_hf_batch_1"] = round(r["seconds_per_point"] / base, 3) if base else None
     return out

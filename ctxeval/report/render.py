@@ -235,7 +235,7 @@ def figure_stems(groups: Sequence[Group]) -> dict[str, str]:
         fields = list(dict.fromkeys(f for g in mine for f in g.distinguishing))
         parts = {g.id: {f: name_part(f, g.key.get(f)) for f in fields} for g in mine}
 
-        def told_apart(names: list[str]) -> int:
+        def told_apart(names: list[str], parts: dict = parts, mine: list = mine) -> int:
             return len({tuple(parts[g.id][f] for f in names) for g in mine})
 
         chosen: list[str] = []

@@ -76,7 +76,7 @@ def positions_long(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
     for (model, label), g in ok.groupby(["model", "label"], sort=False):
         at = g[g["length"] == g["length"].max()]
         edges = list(at["position_edges"].iloc[0])
-        at = at[at["position_edges"].apply(lambda e: list(e) == edges)]
+        at = at[at["position_edges"].apply(lambda e, edges=edges: list(e) == edges)]
         sums = np.sum(np.array([list(x) for x in at["position_nll_sum"]], dtype=float), axis=0)
         tokens = np.sum(np.array([list(x) for x in at["position_tokens"]], dtype=np.int64), axis=0)
         for start, stop, nll_sum, n in zip(edges, edges[1:], sums, tokens):
@@ -152,7 +152,7 @@ def ppl_wide(long: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame
     """Rows = method label, columns = evaluation length (YaRN Table 2 shape). Missing cells stay NaN."""
     wide = long.pivot_table(index="label", columns="length", values="ppl", aggfunc="first", dropna=False)
     labels = order or list(dict.fromkeys(long["label"]))
-    wide = wide.reindex([l for l in labels if l in wide.index])
+    wide = wide.reindex([label for label in labels if label in wide.index])
     wide.columns = [int(c) for c in wide.columns]
     return wide.sort_index(axis=1)
 
@@ -303,7 +303,7 @@ def needle_summary(df: pd.DataFrame, order: list[str], threshold: float) -> pd.D
     ok = df[df["status"] == "ok"]
     wide = ok.pivot_table(index="label", columns="length", values="correct", aggfunc="mean")
     lengths = sorted(df["length"].unique())
-    wide = wide.reindex(index=[l for l in order if l in set(df["label"])], columns=lengths)
+    wide = wide.reindex(index=[label for label in order if label in set(df["label"])], columns=lengths)
     wide["effective length"] = [effective_length(wide.loc[label, lengths], threshold) for label in wide.index]
     return wide
 
@@ -410,7 +410,7 @@ def entropy_tables(rows: list[dict[str, Any]], order: list[str]) -> tuple[Any, A
         return pd.DataFrame(), pd.DataFrame()
     df = pd.DataFrame(ok).drop_duplicates(subset=["label", "length", "doc"], keep="last")
     wide = df.pivot_table(index="label", columns="length", values="entropy", aggfunc="mean")
-    wide = wide.reindex([l for l in order if l in wide.index])
+    wide = wide.reindex([label for label in order if label in wide.index])
     if "uniform_entropy" in df:  # every row ctxeval writes has it; a row file edited by hand may not
         wide.loc[UNIFORM_LABEL] = df.groupby("length")["uniform_entropy"].first()
     per_layer = []
@@ -420,7 +420,7 @@ def entropy_tables(rows: list[dict[str, Any]], order: list[str]) -> tuple[Any, A
     layers = pd.DataFrame(per_layer).pivot_table(
         index=["label", "layer"], columns="length", values="entropy", aggfunc="mean"
     )
-    layers = layers.reindex([i for l in order for i in layers.index if i[0] == l])
+    layers = layers.reindex([i for label in order for i in layers.index if i[0] == label])
     return wide, layers
 
 

@@ -72,7 +72,9 @@ class RunLock:
         except BlockingIOError:
             info = _read_info(fd)
             os.close(fd)
-            raise CtxevalError(_in_use_message(self.run_dir, info, "wait for it to finish, or use another --out"))
+            raise CtxevalError(
+                _in_use_message(self.run_dir, info, "wait for it to finish, or use another --out")
+            ) from None
         except OSError as err:
             os.close(fd)
             if err.errno not in (errno.ENOLCK, errno.ENOTSUP, errno.EOPNOTSUPP):

@@ -211,7 +211,10 @@ class Batches:
         pairs = rng.choice(len(KEY_ADJECTIVES) * len(KEY_NOUNS), size=n, replace=False)
         keys = [f"{KEY_ADJECTIVES[p // len(KEY_NOUNS)]}-{KEY_NOUNS[p % len(KEY_NOUNS)]}" for p in pairs]
         values = [str(rng.integers(10**6, 10**7)) for _ in keys]
-        enc = lambda text: np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+
+        def enc(text: str) -> np.ndarray:
+            return np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+
         if compact:
             facts = [enc(f"\n{k}: {v}") for k, v in zip(keys, values)]
             queries = [(enc(f"\n{k}:"), enc(f" {v}")) for k, v in zip(keys, values)]
@@ -457,7 +460,7 @@ def train(
         step += 1
         with torch.no_grad():
 
-            def part(kind: str, answers: bool) -> float:
+            def part(kind: str, answers: bool, kinds=kinds, weights=weights, nll=nll) -> float:
                 rows = torch.tensor([k == kind for k in kinds])[:, None]
                 mask = rows & ((weights[:, 1:] > 1) if answers else torch.ones_like(weights[:, 1:], dtype=torch.bool))
                 return float(nll[mask].mean()) if mask.any() else float("nan")
