@@ -146,3 +146,31 @@ def test_a_package_without_a_rank_fails(tmp_path):
     (copy / "extras").mkdir()
     (copy / "extras" / "__init__.py").write_text("")
     assert layer_problems(copy) == ["ctxeval.extras: its package has no rank"]
+
+
+def test_the_tree_is_the_diagram():
+    """At most 4 modules at the package root, at most 12 .py files (with __init__) in any folder, none over 600
+    lines: the size limits that keep `ls` readable as the architecture."""
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= 4, root
+    crowded = {}
+    for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+        count = len(list(folder.glob("*.py")))
+        if count > 12:
+            crowded[str(folder.relative_to(PACKAGE.parent))] = count
+    assert not crowded, crowded
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert not long, long
+
+
+def test_every_package_says_what_lives_there():
+    missing = [
+        str(init.relative_to(PACKAGE.parent))
+        for init in PACKAGE.rglob("__init__.py")
+        if "model" not in init.parts and not ast.get_docstring(ast.parse(init.read_text()))
+    ]
+    assert not missing, missing
