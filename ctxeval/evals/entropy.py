@@ -174,7 +174,7 @@ class EntropyRunner:
         self, spec: MethodSpec, doc: TokenDoc, length: int, per_layer: dict[int, torch.Tensor], seconds: float
     ) -> dict[str, Any]:
         layers = sorted(per_layer)
-        values = [float(per_layer[l][:length].mean()) for l in layers]
+        values = [float(per_layer[layer][:length].mean()) for layer in layers]
         mean = float(np.mean(values))
         return point_row(
             self.model_name,

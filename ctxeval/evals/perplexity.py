@@ -354,7 +354,7 @@ class PplRunner:
         nll_sum, n_tok, window_sum, n_windows = 0.0, 0, 0.0, 0
         by_position = None  # a token's position is its index in the window that scores it
         windows = self._sliding_windows(doc, length)
-        for (begin, end, scored_until), nll in zip(windows, self._window_nlls(doc, windows)):
+        for (begin, _end, scored_until), nll in zip(windows, self._window_nlls(doc, windows)):
             # nll[j] predicts doc token begin + j (with BOS) or begin + j + 1 (without)
             first_target = begin if self.bos is not None else begin + 1
             new = nll[scored_until - first_target :]

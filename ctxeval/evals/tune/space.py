@@ -20,7 +20,8 @@ import numpy as np
 
 from ...attention.methods import AttentionSpec, check_combination, get_attention_method, resolve_attention
 from ...errors import CtxevalError
-from ...rope.methods import Geometry, Param, compute, get_method, resolve_params, yarn_ramp
+from ...rope.methods import Geometry, compute, get_method, resolve_params, yarn_ramp
+from ...rope.params import Param
 from ...specs import MethodSpec, default_factor, format_param
 
 
