@@ -108,9 +108,9 @@ def _parts(text: str, spec: str) -> tuple[str, dict[str, Any]]:
 
 
 def parse_spec(spec: str) -> MethodSpec:
-    """'yarn:factor=4,beta_fast=32' -> MethodSpec('yarn', {'factor': '4', 'beta_fast': '32'}) (validated later);
-    'ntk:factor=2+logn' adds attention methods; an attention method alone runs on plain RoPE. The parameters are
-    validated, and kept as given."""
+    """'yarn:factor=4,beta_fast=32' -> MethodSpec('yarn', {'factor': '4', 'beta_fast': '32'}): the parameters kept as
+    given and validated (expand_specs types them); 'ntk:factor=2+logn' adds attention methods; an attention method
+    alone runs on plain RoPE."""
     pieces = [_parts(text, spec) for text in re.split(r"\+(?=[A-Za-z])", spec.strip())]  # not 1e+5
     first, first_params = pieces[0]
     frequency, _ = method_names()

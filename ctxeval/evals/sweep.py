@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar, Union
+from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 from ..attention.patching import attention_methods, attention_temperature, kernel_of, verify_attention_methods
 from ..data.corpora import TokenDoc
@@ -24,7 +24,7 @@ from .common import Progress
 DYNAMIC_SHIPPED = {"dynamic", "longrope"}
 
 Payload = TypeVar("Payload")
-Handle = Union[RopeHandle, VllmHandle]  # a method applied: in place in a transformers model, or in a vLLM engine
+Handle = RopeHandle | VllmHandle  # a method applied: in place in a transformers model, or in a vLLM engine
 
 
 @dataclass(frozen=True)
