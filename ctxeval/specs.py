@@ -1,7 +1,7 @@
 """Method specs as users write them: NAME or NAME:key=value,key=value, a frequency method optionally followed by
 attention methods joined with '+' (ntk:factor=2+logn, self-extend:group_size=4, yarn:factor=2+rerope:window=1024),
 and the --factor / --attention-temperature sweeps over them. A spec's `label` is the key every row, table and plot
-uses for the method."""
+uses for the method; its `method` and `resolved` params are looked up and validated once, when the spec is made."""
 
 from __future__ import annotations
 
@@ -10,22 +10,38 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .attention.methods import ATTENTION_METHODS, AttentionSpec, check_combination, resolve_attention
 from .errors import CtxevalError
-from .rope.methods import METHODS, Geometry, compute, get_method, resolve_params
+from .rope.methods import METHODS, Geometry, Method, compute, get_method, resolve_params
 
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """One measured method: a frequency method with the parameters the user gave, an attention temperature and
+    attention methods. Making one validates the parameters (CtxevalError otherwise)."""
+
     name: str  # the frequency method (none under an attention method written alone)
-    params: dict[str, Any]
+    params: dict[str, Any]  # as given (defaults not added: the label shows these)
     temperature: float = 1.0  # attention temperature lambda (logits x lambda), any model; 1 = unchanged
     attention: tuple[AttentionSpec, ...] = ()  # attention methods on top of the frequencies
+    method: Method = field(init=False, repr=False, compare=False)  # the frequency method `name` names
+    resolved: dict[str, Any] = field(init=False, repr=False, compare=False)  # params typed, defaults filled in
+
+    def __post_init__(self) -> None:
+        method = get_method(self.name)
+        object.__setattr__(self, "method", method)  # frozen: set once here
+        object.__setattr__(self, "resolved", resolve_params(method, self.params))
+
+    @property
+    def length_dependent(self) -> bool:
+        """Whether the method's RoPE changes with the sequence length (dynamic-ntk, dynamic-yarn, longrope); `native`
+        says no here: whether the checkpoint's own RoPE does is the loaded model's to say (evals.sweep)."""
+        return self.method.length_dependent
 
     @property
     def method_name(self) -> str:
@@ -78,14 +94,6 @@ def unknown_method(name: str, spec: str) -> CtxevalError:
     )
 
 
-def _is_frequency_method(name: str) -> bool:
-    try:
-        get_method(name)
-        return True
-    except CtxevalError:
-        return False
-
-
 def _parts(text: str, spec: str) -> tuple[str, dict[str, Any]]:
     name, _, rest = text.strip().partition(":")
     params: dict[str, Any] = {}
@@ -100,8 +108,9 @@ def _parts(text: str, spec: str) -> tuple[str, dict[str, Any]]:
 
 
 def parse_spec(spec: str) -> MethodSpec:
-    """'yarn:factor=4,beta_fast=32' -> MethodSpec('yarn', {'factor': '4', 'beta_fast': '32'}) (validated later);
-    'ntk:factor=2+logn' adds attention methods (validated here); an attention method alone runs on plain RoPE."""
+    """'yarn:factor=4,beta_fast=32' -> MethodSpec('yarn', {'factor': '4', 'beta_fast': '32'}): the parameters kept as
+    given and validated (expand_specs types them); 'ntk:factor=2+logn' adds attention methods; an attention method
+    alone runs on plain RoPE."""
     pieces = [_parts(text, spec) for text in re.split(r"\+(?=[A-Za-z])", spec.strip())]  # not 1e+5
     first, first_params = pieces[0]
     frequency, _ = method_names()
@@ -111,23 +120,21 @@ def parse_spec(spec: str) -> MethodSpec:
     if first in ATTENTION_METHODS:
         pieces.insert(0, ("none", {}))
         first, first_params = "none", {}
-    method = get_method(first)
     attention = []
     for name, params in pieces[1:]:
-        if name not in ATTENTION_METHODS and _is_frequency_method(name):
+        if name not in ATTENTION_METHODS:  # a frequency method: every name was checked above
             raise CtxevalError(
                 f"bad method spec '{spec}': one frequency method, written first ({name} after '+'); "
                 "attention methods follow it: ntk:factor=2+logn"
             )
         attention.append(resolve_attention(name, params))
     check_combination(tuple(attention))
-    return MethodSpec(method.name, first_params, attention=tuple(attention))
+    return MethodSpec(get_method(first).name, first_params, attention=tuple(attention))
 
 
-def factor_open(name: str, given: dict[str, Any]) -> bool:
-    """Whether method `name` with the parameters `given` leaves its factor to --factor (or to the default factor):
-    it takes one and was given neither it nor what replaces it (ntk's alpha/base, dynamic-ntk's rule=paper)."""
-    method = get_method(name)
+def factor_open(method: Method, given: dict[str, Any]) -> bool:
+    """Whether `method` with the parameters `given` leaves its factor to --factor (or to the default factor): it
+    takes one and was given neither it nor what replaces it (ntk's alpha/base, dynamic-ntk's rule=paper)."""
     return (
         method.takes_factor
         and "factor" not in given
@@ -146,13 +153,11 @@ def expand_specs(
     out: list[MethodSpec] = []
     for raw in specs:
         spec = parse_spec(raw)
-        method = get_method(spec.name)
-        typed = resolve_params(method, spec.params)
-        given = {method.param_aliases.get(k, k): typed[method.param_aliases.get(k, k)] for k in spec.params}
-        sweep = factors if (factors and factor_open(method.name, given)) else [None]
+        method = spec.method
+        given = {method.param_aliases.get(k, k): spec.resolved[method.param_aliases.get(k, k)] for k in spec.params}
+        sweep = factors if (factors and factor_open(method, given)) else [None]
         for factor in sweep:
             params = dict(given) if factor is None else {**given, "factor": float(factor)}
-            resolve_params(method, params)  # validate the combination
             for temperature in temperatures or [1.0]:
                 out.append(MethodSpec(method.name, params, float(temperature), spec.attention))
     return unique_by_label(out)
@@ -175,9 +180,10 @@ def default_factor(longest: int, trained: int) -> float:
     return max(1.0, math.ceil(round(longest / trained * 100, 9)) / 100)
 
 
-def takes_default_factor(name: str) -> bool:
-    """Whether method `name` named without a factor gets default_factor (static, and its own default is 1)."""
-    method = get_method(name)
+def takes_default_factor(method: str | Method) -> bool:
+    """Whether `method` (or the method named so) named without a factor gets default_factor (static, and its own
+    default is 1)."""
+    method = get_method(method) if isinstance(method, str) else method
     return method.takes_factor and not method.length_dependent and method.param("factor").default == 1.0
 
 
@@ -194,14 +200,11 @@ def with_default_factors(
     chosen: dict[tuple[float, int], list[str]] = {}
     out: list[MethodSpec] = []
     for spec in specs:
-        method = get_method(spec.name)
-        if factor_open(spec.name, spec.params) and takes_default_factor(spec.name):
+        if factor_open(spec.method, spec.params) and takes_default_factor(spec.method):
             trained = spec.params.get("original_max_position_embeddings") or geometry.original_length
             factor = default_factor(longest, trained)
             chosen.setdefault((factor, trained), []).append(spec.label)
-            params = {**spec.params, "factor": factor}
-            resolve_params(method, params)
-            spec = MethodSpec(spec.name, params, spec.temperature, spec.attention)
+            spec = MethodSpec(spec.name, {**spec.params, "factor": factor}, spec.temperature, spec.attention)
         if spec.label not in {s.label for s in out}:
             out.append(spec)
     notes = [
@@ -227,13 +230,12 @@ def plain_rope_notes(specs: list[MethodSpec], lengths: list[int], geometry: Geom
     for spec in specs:
         if spec.name in ("none", "native") or spec.attention or spec.temperature != 1.0:
             continue
-        method = get_method(spec.name)
-        at = sorted(set(lengths)) if method.length_dependent else [None]
+        at = sorted(set(lengths)) if spec.length_dependent else [None]
         try:
-            same = all(_same_freqs(compute(method, geometry, spec.params, length), plain) for length in at)
+            same = all(_same_freqs(compute(spec.method, geometry, spec.params, length), plain) for length in at)
         except CtxevalError:
             continue  # a method that cannot be computed here fails with its own error when applied
-        if same and method.length_dependent:
+        if same and spec.length_dependent:
             notes.append(
                 f"{spec.label} is plain RoPE at every length asked (up to {max(lengths):,}; trained "
                 f"{geometry.original_length:,}): it measures the same as none; it rescales only longer sequences"

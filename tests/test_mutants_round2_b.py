@@ -91,7 +91,7 @@ def _items(monkeypatch, world, specs, docs, lengths, done=(), dynamic=()):
 
 
 def test_document_items_one_forward_at_the_longest_length_for_a_static_method_weighted_by_windows(monkeypatch):
-    from ctxeval.evals.sweep import WorkItem, forward_cost
+    from ctxeval.evals.sweep import DocumentBatch, WorkItem, forward_cost
     from ctxeval.specs import expand_specs
 
     specs = expand_specs(["none", "dynamic-ntk:factor=2"])
@@ -99,15 +99,15 @@ def test_document_items_one_forward_at_the_longest_length_for_a_static_method_we
     items = _items(monkeypatch, 1, specs, docs, [512, 1024, 2048], done=[("none", 1024, "a")], dynamic={"dynamic-ntk"})
     assert items == [
         # static: one forward at the longest pending length serves the shorter ones; cost x the document's windows
-        WorkItem(0, (a, [512, 2048]), 3 * forward_cost(2048), 21, 2048),
-        WorkItem(0, (b, [512, 1024, 2048]), 1 * forward_cost(2048), 31, 2048),
+        WorkItem(0, DocumentBatch((a,), (512, 2048)), 3 * forward_cost(2048), 21, 2048),
+        WorkItem(0, DocumentBatch((b,), (512, 1024, 2048)), 1 * forward_cost(2048), 31, 2048),
         # dynamic: one forward per length, each its own item
-        WorkItem(1, (a, [512]), 3 * forward_cost(512), 11, 512),
-        WorkItem(1, (a, [1024]), 3 * forward_cost(1024), 11, 1024),
-        WorkItem(1, (a, [2048]), 3 * forward_cost(2048), 11, 2048),
-        WorkItem(1, (b, [512]), forward_cost(512), 11, 512),
-        WorkItem(1, (b, [1024]), forward_cost(1024), 11, 1024),
-        WorkItem(1, (b, [2048]), forward_cost(2048), 11, 2048),
+        WorkItem(1, DocumentBatch((a,), (512,)), 3 * forward_cost(512), 11, 512),
+        WorkItem(1, DocumentBatch((a,), (1024,)), 3 * forward_cost(1024), 11, 1024),
+        WorkItem(1, DocumentBatch((a,), (2048,)), 3 * forward_cost(2048), 11, 2048),
+        WorkItem(1, DocumentBatch((b,), (512,)), forward_cost(512), 11, 512),
+        WorkItem(1, DocumentBatch((b,), (1024,)), forward_cost(1024), 11, 1024),
+        WorkItem(1, DocumentBatch((b,), (2048,)), forward_cost(2048), 11, 2048),
     ]
     assert items[0].cost == 3 * (2048 + 2048**2 / 16384)  # written out: 3 windows of one 2048-token forward
 
@@ -122,11 +122,11 @@ def test_document_items_split_lengths_when_pending_documents_are_fewer_than_rank
     docs = _docs("a", "b", "c")
     done = [("none", L, "c") for L in (512, 1024)]
     items = _items(monkeypatch, world, specs, docs, [512, 1024], done=done)
-    groups = [(it.payload[0].doc_id, it.payload[1]) for it in items]
+    groups = [(it.payload.document.doc_id, it.payload.lengths) for it in items]
     if few:
-        assert groups == [("a", [512]), ("a", [1024]), ("b", [512]), ("b", [1024])]
+        assert groups == [("a", (512,)), ("a", (1024,)), ("b", (512,)), ("b", (1024,))]
     else:
-        assert groups == [("a", [512, 1024]), ("b", [512, 1024])]
+        assert groups == [("a", (512, 1024)), ("b", (512, 1024))]
 
 
 def test_an_attention_method_reads_the_frequencies_the_rotary_module_holds_at_call_time(llama):
@@ -553,11 +553,11 @@ def test_the_ruler_sweep_plans_pending_samples_in_batches_and_passes_each_to_mea
     RE.sweep(None, specs, prompts, cfg, runner, Store())
     s = prompts[("vt", 1024)], prompts[("fwe", 2048)]
     assert planned["items"] == [
-        WorkItem(0, ("vt", 1024, [s[0][0], s[0][2]], 3), 2 * forward_cost(1024), 2048, 1024),
-        WorkItem(0, ("fwe", 2048, [s[1][0], s[1][1]], 2), 2 * forward_cost(2048), 4096, 2048),
-        WorkItem(1, ("vt", 1024, [s[0][0], s[0][1]], 3), 2 * forward_cost(1024), 2048, 1024),
-        WorkItem(1, ("vt", 1024, [s[0][2]], 3), forward_cost(1024), 1024, 1024),
-        WorkItem(1, ("fwe", 2048, [s[1][0], s[1][1]], 2), 2 * forward_cost(2048), 4096, 2048),
+        WorkItem(0, RE.RulerBatch("vt", 1024, (s[0][0], s[0][2]), 3), 2 * forward_cost(1024), 2048, 1024),
+        WorkItem(0, RE.RulerBatch("fwe", 2048, (s[1][0], s[1][1]), 2), 2 * forward_cost(2048), 4096, 2048),
+        WorkItem(1, RE.RulerBatch("vt", 1024, (s[0][0], s[0][1]), 3), 2 * forward_cost(1024), 2048, 1024),
+        WorkItem(1, RE.RulerBatch("vt", 1024, (s[0][2],), 3), forward_cost(1024), 1024, 1024),
+        WorkItem(1, RE.RulerBatch("fwe", 2048, (s[1][0], s[1][1]), 2), 2 * forward_cost(2048), 4096, 2048),
     ]
     assert planned["lengths"] == (1024, 2048) and planned["progress"] is runner.progress
     assert measured[0] == ("none", "vt", 1024, [0, 2], "append", "handle", 3)

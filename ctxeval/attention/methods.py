@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import CtxevalError
-from ..rope.methods import Param, coerce_param
+from ..rope.params import Param, coerce_param
 
 if TYPE_CHECKING:
     import torch

@@ -31,7 +31,9 @@ import torch
 from ..attention.patching import watch_sdpa
 from ..data.corpora import TokenDoc
 from ..errors import CtxevalError
+from ..models.load import LoadedModel
 from ..runs.rows import RESUME_FIELDS, uniform_entropy
+from ..runs.store import RunStore
 from ..specs import MethodSpec
 from .common import PointOOM, Progress, SilentProgress, oom_guard, point_row
 from .sweep import document_items, length_dependent, run_items
@@ -174,7 +176,7 @@ class EntropyRunner:
         self, spec: MethodSpec, doc: TokenDoc, length: int, per_layer: dict[int, torch.Tensor], seconds: float
     ) -> dict[str, Any]:
         layers = sorted(per_layer)
-        values = [float(per_layer[l][:length].mean()) for l in layers]
+        values = [float(per_layer[layer][:length].mean()) for layer in layers]
         mean = float(np.mean(values))
         return point_row(
             self.model_name,
@@ -229,11 +231,11 @@ class EntropyRunner:
 
 
 def sweep(
-    lm: Any,
+    lm: LoadedModel,
     specs: list[MethodSpec],
     docs: list[TokenDoc],
     cfg: EntropyConfig,
-    store: Any,
+    store: RunStore,
     progress: Progress | None = None,
 ) -> None:
     """Every (method, length, document) point not yet in `store`, one method applied at a time."""
@@ -257,8 +259,8 @@ def sweep(
             cfg.lengths,
             store,
             progress,
-            lambda spec, item, _handle: runner.measure(
-                spec, item[0], item[1], cap, store.append, static=spec.label not in dynamic
+            lambda spec, batch, _handle: runner.measure(
+                spec, batch.document, list(batch.lengths), cap, store.append, static=spec.label not in dynamic
             ),
         )
 

@@ -34,7 +34,9 @@ import torch
 
 from ..data.corpora import TokenDoc
 from ..errors import CtxevalError
+from ..models.load import LoadedModel
 from ..runs.distributed import current
+from ..runs.store import RunStore
 from ..specs import MethodSpec
 from ..util.numbers import whole_number
 from ..util.textfiles import MAX_TEXT_BYTES, read_json, write_text
@@ -219,9 +221,9 @@ def summary(settings: KeyTokenSettings, found: dict[str, np.ndarray], expected: 
 
 
 def find_key_tokens(
-    store: Any,
+    store: RunStore,
     settings: KeyTokenSettings,
-    load_evaluator: Callable[[], tuple[Any, Callable[[], None]]],
+    load_evaluator: Callable[[], tuple[LoadedModel, Callable[[], None]]],
     spec: MethodSpec,
     docs: list[TokenDoc],
     max_length: int,

@@ -20,7 +20,10 @@ from typing import Any
 
 from ..errors import CtxevalError
 from ..models.load import drop_messages
+from ..models.protocol import LanguageModel
+from ..models.vllm_engine import VllmModel
 from ..runs.rows import point_key
+from ..runs.store import RunStore
 from ..specs import MethodSpec
 from ..util.hub import hub_reachable, offline_unless_reachable
 from ..util.numbers import finite_number
@@ -178,7 +181,7 @@ def done_pairs(rows: list[dict[str, Any]]) -> set[tuple[str, ...]]:
     }
 
 
-def save_results(store: Any, spec: MethodSpec, requested: str, result: dict[str, Any], log_samples: bool) -> None:
+def save_results(store: RunStore, spec: MethodSpec, requested: str, result: dict[str, Any], log_samples: bool) -> None:
     """lm-eval's own output for one (method, task): results, configs, versions, n-shot, n-samples, its config, and
     the samples (one JSON line each) when asked."""
     folder = Path(store.dir) / RESULTS_DIR / safe_name(spec.label)
@@ -195,7 +198,9 @@ def save_results(store: Any, spec: MethodSpec, requested: str, result: dict[str,
                         fh.write(json.dumps({"task": task, **sample}, default=str) + "\n")
 
 
-def evaluate(lm: Any, specs: list[MethodSpec], cfg: LmEvalConfig, store: Any, progress: Progress | None = None) -> None:
+def evaluate(
+    lm: LanguageModel, specs: list[MethodSpec], cfg: LmEvalConfig, store: RunStore, progress: Progress | None = None
+) -> None:
     """Run every (method, task) pair not yet in `store`: one method applied at a time, one task per evaluator call
     (so a resume loses at most the task in flight)."""
     lm_eval = require_lm_eval()
@@ -214,7 +219,7 @@ def evaluate(lm: Any, specs: list[MethodSpec], cfg: LmEvalConfig, store: Any, pr
     if not todo:
         return
     offline = offline_unless_reachable()  # no network: datasets fail at once instead of retrying for a minute
-    on_vllm = getattr(lm, "backend", "hf") == "vllm"
+    on_vllm = isinstance(lm, VllmModel)
     engine: dict[str, Any] = {}
     if on_vllm:  # lm-eval's own vLLM model type, built with the method's engine arguments (one per method)
         VLLM = lm_eval_vllm_model()

@@ -23,7 +23,10 @@ import torch
 from ..data import corpora
 from ..errors import CtxevalError
 from ..models.generation import greedy_config, stop_ids, streams, until_stop
+from ..models.protocol import LanguageModel
+from ..models.vllm_engine import VllmModel
 from ..runs.rows import RESUME_FIELDS, point_key
+from ..runs.store import RunStore
 from ..specs import MethodSpec
 from .common import PointOOM, Progress, SilentProgress, head_parts, numbered, oom_guard, point_row
 from .sweep import WorkItem, forward_cost, run_items
@@ -661,15 +664,15 @@ class NeedleRunner:
                 start += len(chunk)
 
 
-def sweep(lm: Any, specs: list[MethodSpec], runner: NeedleRunner, store: Any) -> None:
+def sweep(lm: LanguageModel, specs: list[MethodSpec], runner: NeedleRunner, store: RunStore) -> None:
     """Every (method, length, depth, sample) not yet in `store`, one method applied at a time (under torchrun:
     this rank's share of the (method, length, cells) work items)."""
     done = store.done_points(NeedleRunner.KEY)
     cells = runner.cfg.cells()
     depths = {c: runner.depth(c) for c in cells}
     # vLLM batches itself: all prompts of a length go in at once
-    step = len(cells) if getattr(lm, "backend", "hf") == "vllm" else max(1, runner.cfg.batch_size)
-    items: list[WorkItem] = []
+    step = len(cells) if isinstance(lm, VllmModel) else max(1, runner.cfg.batch_size)
+    items: list[WorkItem[list[tuple[int, int, int]]]] = []  # payload: the (length, depth, sample) cells
     for index, spec in enumerate(specs):
         todo = [
             c

@@ -1,4 +1,5 @@
-"""Perplexity vs. context length: exact protocols, one forward per document, chunked loss.
+"""Perplexity vs. context length: two protocols, the LM head's loss in chunks, and the sweep over every pending
+(method, length, document) point.
 
 Protocols
   truncate (YaRN paper's code): for each length L, BOS + the document's first L-1 tokens, NLL over those L-1
@@ -6,6 +7,8 @@ Protocols
            depend on the sequence length ONE forward at max(lengths) yields every shorter length's NLL.
   sliding  window of L tokens (BOS + L-1 document tokens), stride S; every token is scored once, in the window
            that first covers it (the usual Hugging Face sliding-window perplexity).
+--batch-size puts sequences of one length in one forward: several documents under truncate, several windows under
+sliding; a batch that runs out of memory is halved before the point is given up.
 
 Scorers return sums and counts (nll_sum, n_tokens, window_nll_sum, n_windows) so aggregation over documents is
 exact: token-weighted exp(sum nll / sum tokens), or the mean of window means (the YaRN paper's GovReport numbers).
@@ -24,12 +27,13 @@ import torch.nn.functional as F
 
 from ..data.corpora import TokenDoc
 from ..errors import CtxevalError
-from ..rope.methods import get_method
+from ..models.load import LoadedModel
 from ..runs.rows import RESUME_FIELDS
+from ..runs.store import RunStore
 from ..specs import MethodSpec
 from .common import PointOOM, Progress, SilentProgress, head_parts, oom_guard, point_row
 from .positions import add_sums, bucket_sums, key_sums
-from .sweep import WorkItem, document_items, length_dependent, run_items
+from .sweep import DocumentBatch, WorkItem, document_items, length_dependent, run_items
 
 PROTOCOLS = ("truncate", "sliding")
 DEFAULT_CHUNK = 1024
@@ -141,7 +145,9 @@ class NonFiniteLoss(Exception):
 
 
 class PplRunner:
-    """Measures (method x length x document) points into a RunStore, skipping the points already there."""
+    """Measures the lengths it is given of one method on one document (or a batch of documents) and hands each
+    point's row to `emit`: ok, error (non-finite loss), oom, or skipped past a length that ran out of memory. Which
+    points are still to measure is the sweep's to decide."""
 
     KEY = RESUME_FIELDS["ppl"]
 
@@ -163,6 +169,11 @@ class PplRunner:
         self.dynamic: set[str] = set()  # labels whose RoPE depends on the length (set by sweep)
         self.key_positions: dict[str, np.ndarray] | None = None  # doc id -> LongPPL key tokens (set by sweep)
         self.forward_tokens, self.forward_seconds, self.peak_bytes = 0, 0.0, None  # of the point being measured
+
+    def length_dependent(self, spec: MethodSpec) -> bool:
+        """Whether `spec` needs one forward per length: its RoPE changes with the sequence length (the method's, or a
+        checkpoint's own dynamic RoPE under native, which the sweep marks in `dynamic`)."""
+        return spec.label in self.dynamic or spec.length_dependent
 
     def _speed(self) -> dict[str, Any]:
         """Throughput and peak memory of the forwards since the last call (a point's, or one forward's lengths')."""
@@ -354,7 +365,7 @@ class PplRunner:
         nll_sum, n_tok, window_sum, n_windows = 0.0, 0, 0.0, 0
         by_position = None  # a token's position is its index in the window that scores it
         windows = self._sliding_windows(doc, length)
-        for (begin, end, scored_until), nll in zip(windows, self._window_nlls(doc, windows)):
+        for (begin, _end, scored_until), nll in zip(windows, self._window_nlls(doc, windows)):
             # nll[j] predicts doc token begin + j (with BOS) or begin + j + 1 (without)
             first_target = begin if self.bos is not None else begin + 1
             new = nll[scored_until - first_target :]
@@ -388,7 +399,7 @@ class PplRunner:
                 continue
             if self.cfg.protocol == "sliding":
                 total += sum(len(doc.ids) * length // self.cfg.stride for length in lengths)
-            elif spec.label in self.dynamic or get_method(spec.name).length_dependent:
+            elif self.length_dependent(spec):
                 total += sum(lengths)
             else:
                 total += max(lengths)
@@ -409,7 +420,7 @@ class PplRunner:
             for doc in docs:
                 self.measure(spec, doc, lengths, emit, skip_from)
             return
-        static = not (spec.label in self.dynamic or get_method(spec.name).length_dependent)
+        static = not self.length_dependent(spec)
         groups = [sorted(lengths)] if static else [[L] for L in sorted(lengths)]
         done: list[int] = []
         try:
@@ -449,7 +460,7 @@ class PplRunner:
                 [self._row(spec, length, doc.doc_id, status="skipped", note=f"skipped: out of memory at {skip} tokens")]
             )
         lengths = sorted(x for x in lengths if x < skip)
-        static = not (spec.label in self.dynamic or get_method(spec.name).length_dependent)
+        static = not self.length_dependent(spec)
         if self.cfg.protocol == "truncate" and static and len(lengths) > 1:
             try:
                 rows = self._truncate_one_forward(spec, doc, lengths)
@@ -494,11 +505,11 @@ class PplRunner:
 
 
 def sweep(
-    lm: Any,
+    lm: LoadedModel,
     specs: list[MethodSpec],
     docs: list[TokenDoc],
     cfg: PplConfig,
-    store: Any,
+    store: RunStore,
     progress: Progress | None = None,
     key_positions: dict[str, np.ndarray] | None = None,
 ) -> None:
@@ -531,18 +542,18 @@ def sweep(
         cfg.lengths,
         store,
         progress,
-        lambda spec, item, _handle: runner.measure_docs(
-            spec, list(item[0]) if isinstance(item[0], tuple) else [item[0]], item[1], store.append, skip_from
+        lambda spec, batch, _handle: runner.measure_docs(
+            spec, list(batch.documents), list(batch.lengths), store.append, skip_from
         ),
     )
 
 
-def batch_documents(items: list[WorkItem], batch_size: int) -> list[WorkItem]:
+def batch_documents(items: list[WorkItem[DocumentBatch]], batch_size: int) -> list[WorkItem[DocumentBatch]]:
     """Merge the items of one method whose documents wait for the same lengths into batches of `batch_size`
-    documents (payload: (documents, lengths)); their sequences have equal lengths, so they share forwards."""
-    groups: dict[tuple[int, tuple[int, ...]], list[WorkItem]] = {}
+    documents; their sequences have equal lengths, so they share forwards."""
+    groups: dict[tuple[int, tuple[int, ...]], list[WorkItem[DocumentBatch]]] = {}
     for item in items:
-        groups.setdefault((item.spec_index, tuple(item.payload[1])), []).append(item)
+        groups.setdefault((item.spec_index, item.payload.lengths), []).append(item)
     merged = []
     for (_, lengths), members in groups.items():
         for i in range(0, len(members), batch_size):
@@ -550,7 +561,7 @@ def batch_documents(items: list[WorkItem], batch_size: int) -> list[WorkItem]:
             merged.append(
                 WorkItem(
                     part[0].spec_index,
-                    (tuple(m.payload[0] for m in part), list(lengths)),
+                    DocumentBatch(tuple(doc for m in part for doc in m.payload.documents), lengths),
                     sum(m.cost for m in part),
                     sum(m.tokens for m in part),
                     part[0].length,

@@ -6,27 +6,48 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 from ..attention.patching import attention_methods, attention_temperature, kernel_of, verify_attention_methods
+from ..data.corpora import TokenDoc
 from ..errors import CtxevalError
-from ..rope.methods import get_method
-from ..rope.patching import apply_method, find_rotary_modules
+from ..models.protocol import LanguageModel
+from ..models.vllm_engine import VllmHandle, VllmModel
+from ..rope.patching import RopeHandle, apply_method, find_rotary_modules
 from ..runs.distributed import current
 from ..runs.rows import point_key
+from ..runs.store import RunStore
 from ..specs import MethodSpec
 from .common import Progress
 
 # shipped RoPE types whose transformers module changes its frequencies with the sequence length
 DYNAMIC_SHIPPED = {"dynamic", "longrope"}
 
+Payload = TypeVar("Payload")
+Handle = RopeHandle | VllmHandle  # a method applied: in place in a transformers model, or in a vLLM engine
+
 
 @dataclass(frozen=True)
-class WorkItem:
+class DocumentBatch:
+    """What a document sweep's work item measures (ppl, entropy): documents at the same lengths, one forward per
+    document at the longest length for a static method, one per length otherwise."""
+
+    documents: tuple[TokenDoc, ...]  # one, or ppl's --batch-size documents whose sequences share forwards
+    lengths: tuple[int, ...]
+
+    @property
+    def document(self) -> TokenDoc:
+        """The document of a one-document batch (entropy's items, ppl's before batch_documents)."""
+        (document,) = self.documents
+        return document
+
+
+@dataclass(frozen=True)
+class WorkItem(Generic[Payload]):
     """One unit of work: what a rank measures in one go under one applied method."""
 
     spec_index: int  # which method spec (index into the sweep's specs)
-    payload: Any  # what the evaluation measures: (document, lengths) for ppl/entropy, cells for needle
+    payload: Payload  # what the evaluation measures: a DocumentBatch (ppl, entropy), needle's cells, a RulerBatch
     cost: float  # relative compute, to balance ranks (forward_cost summed over the forwards)
     tokens: int  # progress units the item advances by
     length: int  # its longest length: items run shortest first
@@ -34,19 +55,19 @@ class WorkItem:
 
 @contextlib.contextmanager
 def applying(
-    lm: Any, spec: MethodSpec, lengths: tuple[int, ...], **engine: Any
-) -> Iterator[tuple[Any, dict[str, Any]]]:
+    lm: LanguageModel, spec: MethodSpec, lengths: tuple[int, ...], **engine: Any
+) -> Iterator[tuple[Handle, dict[str, Any]]]:
     """Apply the spec's RoPE method, attention temperature and attention methods for the block; yield the RopeHandle
     and the method's record (read-back RoPE, and the attention methods' verification when the spec has any). A vLLM
-    model (evals.vllm_engine.VllmModel) builds one engine with the method and reads its rotary table back instead."""
-    if getattr(lm, "backend", "hf") == "vllm":
+    model (models.vllm_engine.VllmModel) builds one engine with the method and reads its rotary table back instead."""
+    if isinstance(lm, VllmModel):
         with lm.applying(spec, tuple(lengths), **engine) as pair:
             yield pair
         return
     inv_freq = rotary_frequencies(lm, spec)
     original = lm.rope.geometry.original_length if lm.rope.geometry is not None else 0
     with (
-        apply_method(lm.model, spec.name, lm.rope.geometry, **spec.params) as handle,
+        apply_method(lm.model, spec.method, lm.rope.geometry, **spec.params) as handle,
         attention_temperature(lm.model, spec.temperature),
         attention_methods(lm.model, spec.attention, inv_freq, original),
     ):
@@ -62,8 +83,13 @@ def applying(
 
 @contextlib.contextmanager
 def applied(
-    lm: Any, spec: MethodSpec, lengths: tuple[int, ...], store: Any, effective: dict[str, Any], **engine: Any
-) -> Iterator[Any]:
+    lm: LanguageModel,
+    spec: MethodSpec,
+    lengths: tuple[int, ...],
+    store: RunStore,
+    effective: dict[str, Any],
+    **engine: Any,
+) -> Iterator[Handle]:
     """Yield the RopeHandle; `effective[spec.label]` and run.json's `methods` get the method's record. `engine`: what
     a vLLM model's `applying` takes (`build`, the lm-eval bridge's)."""
     with applying(lm, spec, lengths, **engine) as (handle, record):
@@ -72,7 +98,7 @@ def applied(
         yield handle
 
 
-def rotary_frequencies(lm: Any, spec: MethodSpec) -> Callable[[], Any]:
+def rotary_frequencies(lm: LanguageModel, spec: MethodSpec) -> Callable[[], Any]:
     """The inverse frequencies the model's rotary module holds at call time (attention methods re-rotate with them)."""
     if not spec.attention:
         return lambda: None
@@ -84,12 +110,12 @@ def rotary_frequencies(lm: Any, spec: MethodSpec) -> Callable[[], Any]:
     return lambda: modules[0][1].inv_freq
 
 
-def length_dependent(spec: MethodSpec, lm: Any) -> bool:
+def length_dependent(spec: MethodSpec, lm: LanguageModel | None) -> bool:
     """Whether the method's RoPE depends on the sequence length (then one forward cannot serve shorter lengths).
     `native` is, when the checkpoint ships a dynamic or LongRoPE scaling (Phi-3 picks its factors by length)."""
     if spec.name == "native":
         return getattr(lm, "rope", None) is not None and lm.rope.shipped.get("rope_type") in DYNAMIC_SHIPPED
-    return bool(get_method(spec.name).length_dependent)
+    return spec.length_dependent
 
 
 def forward_cost(length: int) -> float:
@@ -107,13 +133,13 @@ def plan_groups(todo: list[int], per_length: bool, few_items: bool) -> list[list
 
 def document_items(
     specs: Sequence[MethodSpec],
-    docs: Sequence[Any],
+    docs: Sequence[TokenDoc],
     lengths: Sequence[int],
     done: set[tuple],
     per_length: Callable[[MethodSpec], bool],
-    windows: Callable[[Any], int],
-    tokens: Callable[[MethodSpec, Any, list[int]], int],
-) -> list[WorkItem]:
+    windows: Callable[[TokenDoc], int],
+    tokens: Callable[[MethodSpec, TokenDoc, list[int]], int],
+) -> list[WorkItem[DocumentBatch]]:
     """The pending (method, document, lengths) items of a document sweep (ppl, entropy).
 
     `done` holds the point keys (label, length, doc) already measured; `per_length(spec)`: one forward per length
@@ -138,7 +164,7 @@ def document_items(
                 items.append(
                     WorkItem(
                         index,
-                        (doc, group),
+                        DocumentBatch((doc,), tuple(group)),
                         windows(doc) * sum(map(forward_cost, forwards)),
                         tokens(spec, doc, group),
                         max(group),
@@ -148,13 +174,13 @@ def document_items(
 
 
 def run_items(
-    lm: Any,
+    lm: LanguageModel,
     specs: list[MethodSpec],
-    items: list[WorkItem],
+    items: list[WorkItem[Payload]],
     lengths: tuple[int, ...],
-    store: Any,
+    store: RunStore,
     progress: Progress,
-    work: Callable[[MethodSpec, Any, Any], None],
+    work: Callable[[MethodSpec, Payload, Handle], None],
 ) -> None:
     """Measure work items one method at a time, shortest length first.
 

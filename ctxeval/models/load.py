@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import CtxevalError
 from ..rope.geometry import RopeInfo, rope_info_from_config, trained_length
@@ -54,6 +54,9 @@ def drop_messages(logger: str, *prefixes: str) -> None:
 
 @dataclass
 class LoadedModel:
+    """A transformers model and its tokenizer, loaded once for a run (a protocol.LanguageModel)."""
+
+    backend: ClassVar[str] = "hf"
     model: Any  # transformers PreTrainedModel, eval mode
     tokenizer: Any
     name: str  # what the user asked for

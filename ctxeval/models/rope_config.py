@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import CtxevalError
-from ..rope.methods import Geometry, compute, get_method, resolve_params
+from ..rope.methods import Geometry, compute
 from ..specs import MethodSpec
 
 # what each user of an entry adds when a spec has none
@@ -22,10 +22,9 @@ def rope_parameters(spec: MethodSpec, geometry: Geometry, target: int, use: str 
             f"{use}: {spec.label} changes the attention itself, which no rope_parameters entry can "
             f"say{WHY_NOT.get(use, '')}"
         )
-    method = get_method(spec.name)
-    p = resolve_params(method, spec.params)
+    p = spec.resolved
     trained = int(p.get("original_max_position_embeddings") or geometry.original_length)
-    freqs = compute(method, geometry, spec.params, target)
+    freqs = compute(spec.method, geometry, spec.params, target)
     base = {"rope_theta": geometry.base}
     if spec.name == "none":
         return {"rope_type": "default", **base}

@@ -25,7 +25,6 @@ import numpy as np
 
 from ..errors import CtxevalError
 from ..rope.geometry import RopeInfo, rope_info_from_config, trained_length
-from ..rope.methods import get_method
 from ..specs import MethodSpec
 from .generation import stop_ids
 from .load import load_hf_config, model_directory, resolve_dtype
@@ -159,7 +158,7 @@ class VllmHandle:
 
     def __init__(self, llm: Any, spec: MethodSpec, stop_ids: list[int], wrapper: Any = None) -> None:
         self.llm, self.spec, self.stop_ids = llm, spec, list(stop_ids)
-        self.method = get_method(spec.name)
+        self.method = spec.method
         self.submitted = 0
         self.wrapper: Any = wrapper or llm  # what built the engine (lm-eval's VLLM for the lm-eval bridge)
 
@@ -201,8 +200,8 @@ class VllmHandle:
 
 
 class VllmModel:
-    """What a sweep needs of a model when vLLM generates: tokenizer, RoPE geometry, trained length and the record;
-    weights live in one engine per method (`applying`)."""
+    """What a sweep needs of a model when vLLM generates (a protocol.LanguageModel): tokenizer, RoPE geometry, trained
+    length and the record; weights live in one engine per method (`applying`)."""
 
     backend = "vllm"
     model = None  # no transformers model is loaded
@@ -362,12 +361,11 @@ class VllmModel:
                         abs(c["attention_factor_readback"] - want.attention_factor) / want.attention_factor,
                     )
                 )
-        method = get_method(rope.spec.name)
         return {
             "method": rope.spec.name,
             "params": rope.spec.params,
             "backend": "vllm",
-            "length_dependent": method.length_dependent if rope.spec.name != "native" else None,
+            "length_dependent": rope.spec.length_dependent if rope.spec.name != "native" else None,
             **rope.record(),
             "rotary_class": first["class"],
             "table_rows": first["rows"],

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CtxevalError
-from ..rope.methods import Geometry, RopeFreqs, compute, get_method, resolve_params
+from ..rope.methods import Geometry, RopeFreqs, compute
 from ..specs import MethodSpec
 from .rope_config import rope_parameters
 
@@ -72,8 +72,7 @@ def plan(
         return VllmRope(spec, {}, max_model_len, tuple(lengths))
     if geometry is None:
         raise CtxevalError(f"{spec.label}: this model has no RoPE; only --method none or native applies")
-    method = get_method(spec.name)
-    params = resolve_params(method, spec.params)
+    method, params = spec.method, spec.resolved
     original = int(params.get("original_max_position_embeddings") or geometry.original_length)
     positions = max(max_model_len, shipped_max_positions or 0)
     if spec.name == "dynamic-ntk":

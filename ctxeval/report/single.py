@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..runs.rows import MISSING, UNIFORM_LABEL, fmt_length
+from ..runs.store import RunStore
 from ..specs import MethodSpec
 from ..util.paths import safe_name
 from ..util.textfiles import atomic_path, write_text
@@ -146,7 +147,7 @@ def position_tables(pos: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def render_positions(store: Any, original_length: int, title: str) -> tuple[list[Printed], str]:
+def render_positions(store: RunStore, original_length: int, title: str) -> tuple[list[Printed], str]:
     """positions.csv / positions.png and the markdown section; nothing when the rows carry no position sums."""
     pos = positions_long(store.rows())
     if pos.empty:
@@ -169,7 +170,7 @@ def render_positions(store: Any, original_length: int, title: str) -> tuple[list
     return [Printed("perplexity by position (tokens of context)", None, headers, rows)], section
 
 
-def render_longppl(store: Any, specs: Sequence[MethodSpec]) -> tuple[list[Printed], str]:
+def render_longppl(store: RunStore, specs: Sequence[MethodSpec]) -> tuple[list[Printed], str]:
     """longppl.csv and its markdown section, when the run found key tokens (--key-tokens)."""
     lp = longppl_long(store.rows())
     if lp.empty:
@@ -196,7 +197,7 @@ def render_longppl(store: Any, specs: Sequence[MethodSpec]) -> tuple[list[Printe
 
 
 def render_ppl(
-    store: Any, specs: Sequence[MethodSpec], original_length: int, aggregate: str, tolerance: float, title: str
+    store: RunStore, specs: Sequence[MethodSpec], original_length: int, aggregate: str, tolerance: float, title: str
 ) -> RunOutputs:
     """table.md / table.csv / valid.csv / ppl.png in the run directory."""
     long = ppl_long(store.rows(), aggregate)
@@ -246,7 +247,7 @@ def render_ppl(
 
 
 def render_retrieval(
-    store: Any, task: str, specs: Sequence[MethodSpec], original: int | None, threshold: float, title: str
+    store: RunStore, task: str, specs: Sequence[MethodSpec], original: int | None, threshold: float, title: str
 ) -> RunOutputs:
     """Per method a heatmap + accuracy table (depth x length); a summary (method x length) with the effective
     length; for passkey the passkey context."""
@@ -320,7 +321,7 @@ def render_retrieval(
     )
 
 
-def render_entropy(store: Any, specs: Sequence[MethodSpec], original_length: int, title: str) -> RunOutputs:
+def render_entropy(store: RunStore, specs: Sequence[MethodSpec], original_length: int, title: str) -> RunOutputs:
     """table.md / entropy.csv / entropy-layers.csv / entropy.png in the run directory."""
     wide, layers = entropy_tables(store.rows(), [s.label for s in specs])
     if wide.empty:
@@ -358,7 +359,7 @@ def render_entropy(store: Any, specs: Sequence[MethodSpec], original_length: int
 
 
 def render_ruler(
-    store: Any,
+    store: RunStore,
     specs: Sequence[MethodSpec],
     tasks: list[str],
     original: int | None,
@@ -447,7 +448,7 @@ def render_ruler(
     )
 
 
-def render_lm_eval(store: Any, title: str) -> RunOutputs:
+def render_lm_eval(store: RunStore, title: str) -> RunOutputs:
     """table.md / table.csv: method x (lm-eval task, metric), value ± stderr (the report's own table of this run)."""
     from .merged import build_report
     from .render import table_csv

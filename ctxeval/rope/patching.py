@@ -273,13 +273,16 @@ class RopeHandle:
         }
 
 
-def apply_method(model: torch.nn.Module, method: str, geometry: Geometry | None = None, **params: Any) -> RopeHandle:
-    """Apply `method` with `params` to `model` in place; returns a handle (also a context manager that restores).
+def apply_method(
+    model: torch.nn.Module, method: str | Method, geometry: Geometry | None = None, **params: Any
+) -> RopeHandle:
+    """Apply `method` (a Method, or its name) with `params` to `model` in place; returns a handle (also a context
+    manager that restores).
 
     `geometry` defaults to the one read from the model's config. Method `none` on a model without RoPE is allowed
     (a no-op handle); any other method there is an error.
     """
-    m = get_method(method)
+    m = get_method(method) if isinstance(method, str) else method
     full = resolve_params(m, params)
     if m.name == "native":
         return _NativeHandle(model, m, full)

@@ -21,7 +21,10 @@ import torch
 
 from ...errors import CtxevalError
 from ...models.generation import greedy_config, streams
+from ...models.protocol import LanguageModel
+from ...models.vllm_engine import VllmModel
 from ...runs.rows import RESUME_FIELDS, point_key
+from ...runs.store import RunStore
 from ...specs import MethodSpec
 from ...util.numbers import MAX_TOKENS, whole_number
 from ...util.textfiles import make_dirs, read_jsonl, write_text
@@ -328,17 +331,27 @@ class RulerRunner:
         )
 
 
+@dataclass(frozen=True)
+class RulerBatch:
+    """A RULER work item's prompts: some samples of one task at one length."""
+
+    task: str
+    length: int
+    samples: tuple[RulerSample, ...]
+    total: int  # the task's samples at this length in all (progress says "sample i of total")
+
+
 def sweep(
-    lm: Any,
+    lm: LanguageModel,
     specs: list[MethodSpec],
     prompts: dict[tuple[str, int], list[RulerSample]],
     cfg: RulerConfig,
     runner: RulerRunner,
-    store: Any,
+    store: RunStore,
 ) -> None:
     """Every (method, task, length, sample) not yet in `store`, one method applied at a time."""
     done = store.done_points(RulerRunner.KEY)
-    items: list[WorkItem] = []
+    items: list[WorkItem[RulerBatch]] = []
     for index, spec in enumerate(specs):
         for (task, length), samples in prompts.items():
             todo = [
@@ -349,13 +362,13 @@ def sweep(
                 )
                 not in done
             ]
-            step = len(todo) if getattr(lm, "backend", "hf") == "vllm" else runner.batch_size  # vLLM batches itself
+            step = len(todo) if isinstance(lm, VllmModel) else runner.batch_size  # vLLM batches itself
             for i in range(0, len(todo), max(step, 1)):
                 batch = todo[i : i + step]
                 items.append(
                     WorkItem(
                         index,
-                        (task, length, batch, len(samples)),
+                        RulerBatch(task, length, tuple(batch), len(samples)),
                         forward_cost(length) * len(batch),
                         length * len(batch),
                         length,
@@ -368,5 +381,7 @@ def sweep(
         cfg.lengths,
         store,
         runner.progress,
-        lambda spec, item, handle: runner.measure(spec, *item[:3], store.append, handle, of=item[3]),
+        lambda spec, batch, handle: runner.measure(
+            spec, batch.task, batch.length, list(batch.samples), store.append, handle, of=batch.total
+        ),
     )

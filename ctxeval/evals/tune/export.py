@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from ...data.corpora import TokenDoc
 from ...errors import CtxevalError
-from ...models.load import load_hf_config, load_model, model_directory
+from ...models.load import LoadedModel, load_hf_config, load_model, model_directory
 from ...models.rope_config import legacy_rope_scaling, rope_parameters
 from ...rope.methods import Geometry, compute
 from ...specs import MethodSpec
@@ -148,7 +149,7 @@ def _rel(a: float, b: float) -> float:
 
 
 def verify_export(
-    lm: Any, spec: MethodSpec, out: Path, doc: Any, lengths: tuple[int, int], bos: bool, chunk_size: int
+    lm: LoadedModel, spec: MethodSpec, out: Path, doc: TokenDoc, lengths: tuple[int, int], bos: bool, chunk_size: int
 ) -> dict[str, Any]:
     """Load `out` fresh (its config alone decides the RoPE) and compare its read-back RoPE and its perplexity of `doc`
     at `lengths` with `spec` applied to the loaded model `lm`. A difference above EXPORT_RTOL is an error."""
@@ -156,7 +157,7 @@ def verify_export(
     cfg = PplConfig(tuple(lengths), bos=bos, chunk_size=chunk_size)
     bos_id = getattr(lm.tokenizer, "bos_token_id", None)
 
-    def ppl(model: Any, name: str, applied: MethodSpec) -> tuple[dict[int, float], dict[int, Any]]:
+    def ppl(model: LoadedModel, name: str, applied: MethodSpec) -> tuple[dict[int, float], dict[int, Any]]:
         runner = PplRunner(model.model, model.device, cfg, bos_id, name)
         runner.dynamic = {applied.label}  # one forward per length: the same forwards on both sides
         rows: list[dict[str, Any]] = []
@@ -171,7 +172,7 @@ def verify_export(
     loaded, loaded_rb = ppl(fresh, str(out), MethodSpec("native", {}))
     worst_rope = 0.0
     for length in lengths:
-        expected = compute(spec.name, lm.rope.geometry, spec.params, length)
+        expected = compute(spec.method, lm.rope.geometry, spec.params, length)
         rb = loaded_rb[length]
         worst_rope = max(
             worst_rope,

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from ...data.corpora import TokenDoc, iter_documents, select_long_documents, tokenize
 from ...errors import CtxevalError
+from ...models.load import LoadedModel
 from ...runs.store import RunStore
 from ...specs import MethodSpec
 from ..common import Progress
@@ -76,7 +77,7 @@ def plain(params: dict[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
 
 
-def measure_heldout(lm: Any, job: TuneJob, specs: list[MethodSpec], run_dir: Path, progress: Progress) -> None:
+def measure_heldout(lm: LoadedModel, job: TuneJob, specs: list[MethodSpec], run_dir: Path, progress: Progress) -> None:
     """The comparison on the held-out documents at the trained and the target length, as a ppl run in `run_dir`
     (resumed like any ppl run; run.json finalised whatever happens)."""
     cfg = job.cfg
@@ -123,7 +124,7 @@ def measure_heldout(lm: Any, job: TuneJob, specs: list[MethodSpec], run_dir: Pat
         held.finish("success")
 
 
-def run_tune(lm: Any, job: TuneJob, store: Any, progress: Progress, note: Callable[[str], None]) -> None:
+def run_tune(lm: LoadedModel, job: TuneJob, store: RunStore, progress: Progress, note: Callable[[str], None]) -> None:
     """Search until the study holds the asked trials, then re-measure the winner on the held-out documents and export
     it (when asked); run.json's `tune` records each step as it is done."""
     cfg, space = job.cfg, job.space

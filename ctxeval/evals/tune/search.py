@@ -28,7 +28,8 @@ from typing import Any, Callable
 from ...attention.methods import resolve_attention
 from ...data.corpora import TokenDoc
 from ...errors import CtxevalError
-from ...rope.methods import Geometry, compute, get_method
+from ...models.load import LoadedModel
+from ...rope.methods import Geometry, compute
 from ...specs import MethodSpec, expand_specs, format_param, unique_by_label
 from ..common import Progress, SilentProgress
 from ..perplexity import PplConfig, PplRunner
@@ -105,7 +106,7 @@ class TrialScorer:
     trials whose RoPE at that length is the same (LongRoPE's long factors change nothing up to L, so a LongRoPE search
     measures the short length once per attention factor, not once per trial)."""
 
-    def __init__(self, lm: Any, docs: list[TokenDoc], cfg: TuneConfig) -> None:
+    def __init__(self, lm: LoadedModel, docs: list[TokenDoc], cfg: TuneConfig) -> None:
         self.lm, self.docs, self.cfg = lm, docs, cfg
         ppl_cfg = PplConfig(cfg.lengths, bos=cfg.bos, chunk_size=cfg.chunk_size)
         self.runner = PplRunner(lm.model, lm.device, ppl_cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name)
@@ -114,7 +115,7 @@ class TrialScorer:
     def short_key(self, spec: MethodSpec) -> tuple:
         """What decides a length-dependent method's forward at the short length: its RoPE there (exact bytes), the
         attention methods and the temperature."""
-        freqs = compute(spec.name, self.lm.rope.geometry, spec.params, self.cfg.short)
+        freqs = compute(spec.method, self.lm.rope.geometry, spec.params, self.cfg.short)
         return (
             freqs.inv_freq.tobytes(),
             freqs.attention_factor,
@@ -360,7 +361,7 @@ def counted(trials: list[Any]) -> int:
 
 
 def trial_row(
-    lm: Any,
+    lm: LoadedModel,
     spec: MethodSpec | None,
     space: SearchSpace,
     cfg: TuneConfig,
@@ -422,8 +423,7 @@ class SearchResult:
 def seed_points(space: SearchSpace, geometry: Geometry) -> list[tuple[str, dict[str, Any]]]:
     """Points every search tries first: the method at its own defaults; for LongRoPE, PI's, NTK's and YaRN's factors
     (LongRoPE's own start is YaRN's) at LongRoPE's default attention factor."""
-    method = get_method(space.base.name)
-    defaults = {**{p.name: p.default for p in method.params}, **space.base.params}
+    defaults = {**{p.name: p.default for p in space.base.method.params}, **space.base.params}
     attention = tuple(resolve_attention(a.name, a.given) for a in space.base.attention)
     if space.vector:
         out = []
@@ -437,7 +437,7 @@ def seed_points(space: SearchSpace, geometry: Geometry) -> list[tuple[str, dict[
 
 
 def search(
-    lm: Any,
+    lm: LoadedModel,
     space: SearchSpace,
     docs: list[TokenDoc],
     cfg: TuneConfig,
@@ -533,7 +533,7 @@ def comparison_specs(space: SearchSpace, winner: MethodSpec, extra: list[MethodS
     names = ["none", f"pi:factor={f}", f"ntk:factor={f}", f"yarn:factor={f}"]
     base = space.base
     kept = {k: v for k, v in base.params.items() if k in ("factor", "short_factor", "original_max_position_embeddings")}
-    if get_method(base.name).takes_factor:
+    if base.method.takes_factor:
         kept.setdefault("factor", s)  # ntk, whose searched alpha replaces the factor, at its default alpha = s
     defaults = MethodSpec(base.name, kept, base.temperature, tuple(a for a in base.attention))
     return unique_by_label([winner] + expand_specs(names) + ([] if space.vector else [defaults]) + list(extra))

@@ -13,14 +13,15 @@ valid monotone factor list (LongRoPE's own code redraws a mutation until it is m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ...attention.methods import AttentionSpec, check_combination, get_attention_method, resolve_attention
 from ...errors import CtxevalError
-from ...rope.methods import Geometry, Param, compute, get_method, resolve_params, yarn_ramp
+from ...rope.methods import Geometry, compute, yarn_ramp
+from ...rope.params import Param
 from ...specs import MethodSpec, default_factor, format_param
 
 
@@ -117,10 +118,10 @@ class SearchSpace:
                 continue
             value = int(point[dim.key]) if dim.kind is int else float(point[dim.key])
             (attention[dim.owner] if dim.owner else params)[dim.name] = value
-        resolve_params(get_method(self.base.name), params)
+        frequency = MethodSpec(self.base.name, params, self.base.temperature)  # its parameters checked first
         specs = tuple(resolve_attention(name, given) for name, given in attention.items())
         check_combination(specs)
-        return MethodSpec(self.base.name, params, self.base.temperature, specs)
+        return replace(frequency, attention=specs)
 
 
 def monotone(values: list[float]) -> tuple[float, ...]:
@@ -178,7 +179,7 @@ def build_space(
 ) -> SearchSpace:
     """The search space of `spec` for extending `geometry` to `target` tokens."""
     overrides = dict(overrides or {})
-    method = get_method(spec.name)
+    method = spec.method
     trained = int(spec.params.get("original_max_position_embeddings") or geometry.original_length)
     if target <= trained:
         raise CtxevalError(
