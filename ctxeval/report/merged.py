@@ -1,10 +1,10 @@
 """`ctxeval report`'s tables: the runs of each protocol group merged point by point into one table per kind
-(ppl: model x method by length, with the valid-length table; needle / passkey: mean accuracy with the effective
-length or passkey context; entropy: mean attention entropy with the uniform-attention reference row)."""
+(ppl: model x method by length with the valid-length table, built in ppl_tables.py; needle / passkey: mean accuracy
+with the effective length or passkey context; entropy: mean attention entropy with the uniform-attention reference
+row; RULER, lm-eval, and one row per tune run)."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -15,263 +15,25 @@ import pandas as pd
 
 from ..errors import CtxevalError
 from ..runs.rows import AGGREGATES, MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, status_label, uniform_entropy
+from .ppl_tables import ppl_tables
 from .runs import Group, Run, display_models, field_label, group_runs, load_runs, merge_rows, row_order
 from .tables import (
     Table,
     accuracy_grid,
-    base_label,
-    base_valid_column,
-    bucket_label,
     effective_length,
     fmt_acc,
     fmt_entropy,
     fmt_ppl,
     fmt_score,
-    int_or_none,
     length_or,
-    longppl_long,
     needle_long,
     number,
-    own_valid_column,
-    positions_long,
-    ppl_long,
     ruler_effective_length,
     ruler_means,
     ruler_task_scores,
-    valid_lengths,
     yarn_passkey_figures,
 )
 from .tune_data import read_tune
-
-
-def _ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> list[Table]:
-    aggregate = group.key.get("aggregate") or "token"
-    if aggregate == "window" and any(r.get("status") == "ok" and "window_nll_sum" not in r for r in rows):
-        raise CtxevalError(
-            f"the runs of {group.id} ({', '.join(r.name for r in group.runs)}) have no per-window "
-            "sums; use --aggregate token"
-        )
-    long = ppl_long(rows, aggregate)
-    cells = {(str(r.model), str(r.label), int(r.length)): (r.ppl, r.status) for r in long.itertuples()}
-    lengths = sorted({k[2] for k in cells})
-    pairs = row_order(group, rows)
-
-    raw, status, shown = [], [], []
-    for model, label in pairs:
-        vals, sts = [], []
-        for length in lengths:
-            value, st = cells.get((model, label, length), (None, "missing"))
-            vals.append(number(value))
-            sts.append(None if st == "ok" else st)
-        raw.append([model, label, *vals])
-        status.append([None, None, *sts])
-        shown.append([model, label, *(fmt_ppl(v if v is not None else float("nan"), s) for v, s in zip(vals, sts))])
-    n_docs = len(group.key.get("documents") or [])
-    originals = ", ".join(f"{m} {fmt_length(L)}" for m, L in group.original_lengths.items())
-    main = Table(
-        group.id,
-        "ppl",
-        group.title,
-        ["model", "method", *map(str, lengths)],
-        ["model", "method", *map(fmt_length, lengths)],
-        raw,
-        status,
-        shown,
-        caption=f"Perplexity ({aggregate}-weighted over {n_docs} document(s)); original length: {originals}.",
-    )
-
-    # valid length: per model, over the lengths that model was evaluated at; both definitions (tables.valid_lengths)
-    own_col = own_valid_column(tolerance)
-    vraw, vstatus, vshown, bases = [], [], [], []
-    models = list(dict.fromkeys(m for m, _ in pairs))
-    for model in models:
-        mine = [(m, l) for m, l in pairs if m == model]
-        evaluated = sorted({k[2] for k in cells if k[0] == model})
-        wide = pd.DataFrame(
-            [
-                [
-                    float("nan")
-                    if number(cells.get((model, label, L), (None,))[0]) is None
-                    else float(cells[(model, label, L)][0])
-                    for L in evaluated
-                ]
-                for _, label in mine
-            ],
-            index=[label for _, label in mine],
-            columns=evaluated,
-        )
-        original = group.original_lengths.get(model) or max(evaluated)
-        valid = valid_lengths(wide, original, tolerance)
-        base = base_label(wide.index)
-        bases.append(f"{model}: {base}" if base else f"{model}: none evaluated")
-        base_col = base_valid_column(tolerance, base)
-        for (_, label), v in zip(mine, valid.to_dict("records")):
-            ref_len, ref = int_or_none(v["reference length"]), number(v["ppl at reference"])
-            longest, times = int_or_none(v[own_col]), number(v["x original"])
-            vs_base, vs_times = int_or_none(v[base_col]), number(v["x original (vs base)"])
-            ref_status = cells.get((model, label, int(ref_len)), (None, "missing"))[1]
-            vraw.append([model, label, ref_len, ref, longest, times, vs_base, vs_times])
-            vstatus.append(
-                [
-                    None,
-                    None,
-                    None,
-                    None if ref is not None else ref_status,
-                    None if longest is not None else "missing",
-                    None,
-                    None if vs_base is not None else "missing",
-                    None,
-                ]
-            )
-            vshown.append(
-                [
-                    model,
-                    label,
-                    fmt_length(int(ref_len)),
-                    fmt_ppl(ref if ref is not None else float("nan"), ref_status),
-                    length_or(longest, MISSING),
-                    f"{times:.2f}" if times is not None else MISSING,
-                    length_or(vs_base, MISSING),
-                    f"{vs_times:.2f}" if vs_times is not None else MISSING,
-                ]
-            )
-    one_base = {b.split(": ", 1)[1] for b in bases}
-    base_name = next(iter(one_base)) if len(one_base) == 1 and "none evaluated" not in one_base else None
-    base_col = base_valid_column(tolerance, base_name)
-    columns = [
-        "model",
-        "method",
-        "reference length",
-        "ppl at reference",
-        own_col,
-        "x original",
-        base_col,
-        "x original (vs base)",
-    ]
-    valid_table = Table(
-        f"{group.id}-valid",
-        "valid",
-        f"Valid length (ppl within {tolerance:.0%})",
-        columns,
-        columns,
-        vraw,
-        vstatus,
-        vshown,
-        caption="Reference: the model's original length (or the longest evaluated length below it). "
-        f"Own: the longest length, going up from it, whose ppl stays within {tolerance:.0%} "
-        "of the method's own ppl there. Vs base: within the tolerance of the unmodified "
-        f"model's ppl there ({'; '.join(bases)}): how far the method goes without paying.",
-    )
-    return [main, valid_table, *_longppl_tables(group, rows, pairs), *_positions_table(group, rows, pairs)]
-
-
-def _longppl_tables(group: Group, rows: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list[Table]:
-    """LongPPL by length (runs with --key-tokens), with the key-token counts; none when no run found key tokens."""
-    lp = longppl_long(rows)
-    if lp.empty:
-        return []
-    settings = {
-        json.dumps({k: v for k, v in (run.record.get("key_tokens") or {}).items() if k != "documents"}, sort_keys=True)
-        for run in group.runs
-        if run.record.get("key_tokens")
-    }
-    if len(settings) > 1:
-        group.notes.append(
-            "LongPPL not shown: the runs found their key tokens with different evaluators or settings "
-            "(LongPPL compares methods on one set of tokens); report them separately"
-        )
-        return []
-    lengths = sorted(int(x) for x in lp["length"].unique())
-    cell = {
-        (str(r.model), str(r.label), int(r.length)): (number(r.longppl), r.status, number(r.key_tokens))
-        for r in lp.itertuples()
-    }
-    raw, status, shown = [], [], []
-    for model, label in pairs:
-        if not any((model, label, L) in cell for L in lengths):
-            continue
-        got = [cell.get((model, label, L), (None, "missing", 0)) for L in lengths]
-        raw.append([model, label, *(g[0] for g in got)])
-        status.append([None, None, *(None if g[1] == "ok" else g[1] for g in got)])
-        shown.append([model, label, *(fmt_ppl(g[0] if g[0] is not None else float("nan"), g[1]) for g in got)])
-    for model in dict.fromkeys(m for m, _ in pairs):
-        counts = [
-            max((int(c[2]) for k, c in cell.items() if k[0] == model and k[2] == L and c[2] is not None), default=None)
-            for L in lengths
-        ]
-        if any(c is not None for c in counts):
-            raw.append([model, "key tokens (count)", *counts])
-            status.append([None, None, *(None if c is not None else "missing" for c in counts)])
-            shown.append([model, "key tokens (count)", *(f"{c:,}" if c is not None else MISSING for c in counts)])
-    evaluators = sorted(
-        {
-            f"{k.get('evaluator')} under {k.get('method')}, short context {k.get('context')}"
-            for run in group.runs
-            for k in [run.record.get("key_tokens") or {}]
-            if k
-        }
-    )
-    return [
-        Table(
-            f"{group.id}-longppl",
-            "longppl",
-            "LongPPL (perplexity over the key tokens)",
-            ["model", "method", *map(str, lengths)],
-            ["model", "method", *map(fmt_length, lengths)],
-            raw,
-            status,
-            shown,
-            caption="Fang et al. 2025: perplexity over the tokens the evaluator predicts much better with the "
-            "long context than with a short one (every method on the same tokens); over documents "
-            "exp(summed key-token NLL / key tokens), as PKU-ML/LongPPL aggregates. Evaluator: "
-            + ("; ".join(evaluators) or "not recorded")
-            + ".",
-        )
-    ]
-
-
-def _positions_table(group: Group, rows: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list[Table]:
-    """Perplexity by position bucket (rows that carry position sums), at each method's longest length; the methods
-    whose buckets differ from the most common edges are left out with a note."""
-    pos = positions_long(rows)
-    if pos.empty:
-        return []
-    edges_of = {
-        (str(m), str(l)): tuple(sorted(set(g["start"]) | set(g["stop"])))
-        for (m, l), g in pos.groupby(["model", "label"], sort=False)
-    }
-    common = Counter(edges_of.values()).most_common(1)[0][0]
-    left_out = [f"{m} · {l}" for (m, l), e in edges_of.items() if e != common]
-    if left_out:
-        group.notes.append("loss by position: " + ", ".join(left_out) + " used other position buckets; not shown")
-    buckets = list(zip(common, common[1:]))
-    cell = {
-        (str(r.model), str(r.label), int(r.start), int(r.stop)): (float(r.ppl), int(r.length)) for r in pos.itertuples()
-    }
-    raw, status, shown = [], [], []
-    for model, label in pairs:
-        if edges_of.get((model, label)) != common:
-            continue
-        got = [cell.get((model, label, a, b)) for a, b in buckets]
-        at = next(g[1] for g in got if g is not None)
-        raw.append([model, label, at, *(g[0] if g else None for g in got)])
-        status.append([None, None, None, *(None if g else "missing" for g in got)])
-        shown.append([model, label, fmt_length(at), *(fmt_ppl(g[0]) if g else MISSING for g in got)])
-    return [
-        Table(
-            f"{group.id}-positions",
-            "positions",
-            "Perplexity by position (tokens of context)",
-            ["model", "method", "at", *(f"{a}-{b}" for a, b in buckets)],
-            ["model", "method", "at", *(bucket_label(a, b) for a, b in buckets)],
-            raw,
-            status,
-            shown,
-            caption="Perplexity of the tokens predicted from p tokens of context (start <= p < stop), "
-            "token-weighted over the documents, from each method's forward at its longest length "
-            "('at'; a length-dependent method: its forward at that length only).",
-        )
-    ]
 
 
 def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float) -> Table:
@@ -619,7 +381,7 @@ def build_report(
             continue
         rows, group.notes = merge_rows(group)
         if group.kind == "ppl":
-            group.tables = _ppl_tables(group, rows, tolerance)
+            group.tables = ppl_tables(group, rows, tolerance)
         elif group.kind == "ruler":
             group.tables = [_ruler_table(group, rows)]
         elif group.kind == "lm-eval":
