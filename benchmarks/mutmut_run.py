@@ -46,7 +46,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["ctxeval/evals/perplexity.py"],
         ["tests/test_ppl.py", "tests/test_gpu_readiness.py", "tests/test_positions_longppl.py", RESUME],
     ),
-    "needle": (["ctxeval/evals/needle.py"], ["tests/test_needle.py", "tests/test_gpu_readiness.py", RESUME]),
+    "needle": (
+        ["ctxeval/evals/needle.py", "ctxeval/evals/haystack.py"],
+        ["tests/test_needle.py", "tests/test_gpu_readiness.py", RESUME],
+    ),
     # issue 27: the modules added since
     "ruler": (
         [

@@ -17,7 +17,8 @@ import numpy as np
 def main() -> None:
     from ctxeval.cli.options import parse_depths, parse_lengths
     from ctxeval.data.presets import load_task
-    from ctxeval.evals.needle import NeedleConfig, NeedlePreset, NeedleRunner, PromptBuilder, haystack_tokens
+    from ctxeval.evals.haystack import NeedlePreset, PromptBuilder, haystack_tokens
+    from ctxeval.evals.needle import NeedleConfig, NeedleRunner
     from ctxeval.models.load import load_model
     from ctxeval.rope.patching import apply_method
     from ctxeval.specs import expand_specs

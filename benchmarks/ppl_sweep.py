@@ -86,7 +86,7 @@ def main() -> None:
 
     def ctxeval_path() -> dict[int, float]:
         rows: list[dict] = []
-        runner.measure(spec, doc, list(lengths), rows.extend, {})
+        runner.measure(spec, doc, list(lengths), rows.extend)
         return {r["length"]: r["ppl"] for r in rows}
 
     @torch.inference_mode()

@@ -398,7 +398,7 @@ def test_a_key_token_at_the_last_position_counts_in_that_lengths_longppl(method,
     run.key_positions = {"d": keys}
     rows = []
     with apply_method(model, spec.name, **spec.params):
-        run.measure(spec, doc, [32, 64], rows.extend, {})
+        run.measure(spec, doc, [32, 64], rows.extend)
         want = {}
         for length in (32, 64):
             seq = ([bos_id] if bos else []) + doc.ids[: length - (1 if bos else 0)].tolist()

@@ -228,13 +228,14 @@ def test_forced_needle_carries_the_batch_that_fitted_to_longer_lengths():
     from conftest import build_tokenizer
 
     from ctxeval.data.presets import load_task
+    from ctxeval.evals import haystack as H
     from ctxeval.evals import needle as N
 
     tok = build_tokenizer()
     model = tiny_llama(vocab_size=len(tok))
-    hay, _ = N.haystack_tokens(tok, "filler", 4000)
-    builder = N.PromptBuilder(
-        tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay, chat_template=False
+    hay, _ = H.haystack_tokens(tok, "filler", 4000)
+    builder = H.PromptBuilder(
+        tok, H.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay, chat_template=False
     )
     cfg = N.NeedleConfig((256, 288, 320), (0.0, 50.0, 100.0), samples=2, scoring="forced", batch_size=4)
     runner_ = N.NeedleRunner(model, tok, "cpu", builder, cfg, "tiny", "needle")
@@ -353,7 +354,7 @@ def test_a_document_batch_that_runs_out_of_memory_is_halved(tmp_path, monkeypatc
 
     runner_._nll_batch = limited
     rows = []
-    runner_.measure_docs(expand_specs(["none"])[0], docs(4, 3 * L), [L, 2 * L], rows.extend, {})
+    runner_.measure_docs(expand_specs(["none"])[0], docs(4, 3 * L), [L, 2 * L], rows.extend)
     assert sizes[:3] == [4, 2, 1] and len(rows) == 8 and all(r["status"] == "ok" for r in rows)
 
 
@@ -361,13 +362,14 @@ def test_generated_needle_answers_batched_equal_one_prompt_at_a_time():
     from conftest import build_tokenizer
 
     from ctxeval.data.presets import load_task
+    from ctxeval.evals import haystack as H
     from ctxeval.evals import needle as N
 
     tok = build_tokenizer()
     model = tiny_llama(vocab_size=len(tok))
-    hay, _ = N.haystack_tokens(tok, "filler", 4000)
-    builder = N.PromptBuilder(
-        tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay, chat_template=False
+    hay, _ = H.haystack_tokens(tok, "filler", 4000)
+    builder = H.PromptBuilder(
+        tok, H.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay, chat_template=False
     )
     cells = [(256, d, s) for d in range(3) for s in range(3)]
     rows, calls = {}, []

@@ -967,9 +967,13 @@ def test_measure_marks_a_batch_that_runs_out_of_memory_and_stops_that_point():
     runner = _runner(2, predict)
     emitted = []
     runner.measure(expand_specs(["none"])[0], "vt", 64, _ruler_samples(3), emitted.append)
-    assert len(emitted) == 1 and [r["sample"] for r in emitted[0]] == [0, 1]
+    # the batch of two is halved; a batch of one still runs out of memory: every sample of the point is `oom`
+    assert len(emitted) == 1 and [r["sample"] for r in emitted[0]] == [0, 1, 2]
     assert all(r["status"] == "oom" and r["note"] == "CUDA out of memory. Tried to allocate 2 GiB" for r in emitted[0])
-    assert runner.progress.notes == ["none: out of memory at vt 64 tokens"]
+    assert runner.progress.notes == [
+        "none: out of memory at 64 tokens; batch size 1",
+        "none: out of memory at 64 tokens; longer lengths skipped",
+    ]
     assert {k: emitted[0][0][k] for k in ("model", "label", "task", "ruler_task", "length", "sample", "value")} == {
         "model": "m",
         "label": "none",

@@ -13,6 +13,7 @@ from ctxeval.cli import app
 from ctxeval.cli.options import parse_depths
 from ctxeval.data.presets import load_task, preset_names
 from ctxeval.errors import CtxevalError
+from ctxeval.evals import haystack as H
 from ctxeval.evals import needle as N
 from ctxeval.models import generation as G
 
@@ -26,12 +27,12 @@ def tok():
 
 
 def preset(name):
-    return N.NeedlePreset.from_dict(name, load_task(f"needle-{name}", "needle"))
+    return H.NeedlePreset.from_dict(name, load_task(f"needle-{name}", "needle"))
 
 
 def builder(tok, name, chat=False, snap=False, hay="filler"):
-    ids, _ = N.haystack_tokens(tok, hay, 4000)
-    return N.PromptBuilder(tok, preset(name), ids, chat_template=chat, snap=snap)
+    ids, _ = H.haystack_tokens(tok, hay, 4000)
+    return H.PromptBuilder(tok, preset(name), ids, chat_template=chat, snap=snap)
 
 
 def test_all_presets_listed():
@@ -56,7 +57,7 @@ def test_prompt_length_exact_needles_intact_one_bos(tok, name, depth, chat):
     b = builder(tok, name, chat=chat)
     for length in (900, 1111):
         rng = np.random.default_rng([1, length])
-        sample = N.make_sample(b.preset, rng)
+        sample = H.make_sample(b.preset, rng)
         for reserve in (len(b.answer_ids(sample)), 24):
             p = b.build(length, depth, sample, np.random.default_rng(7), reserve)
             assert len(p.ids) + reserve == length
@@ -81,7 +82,7 @@ def test_prompt_length_exact_needles_intact_one_bos(tok, name, depth, chat):
 
 def test_snap_moves_needle_to_a_sentence_end(tok):
     b = builder(tok, "magic-number", snap=True)
-    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    sample = H.make_sample(b.preset, np.random.default_rng(0))
     p = b.build(600, 47.0, sample, np.random.default_rng(3), 10)
     start = p.needle_spans[0][0]
     assert tok.decode(p.ids[start - 1 : start]).rstrip(" ")[-1] in ".!?\n"
@@ -90,28 +91,28 @@ def test_snap_moves_needle_to_a_sentence_end(tok):
 
 def test_samples_are_seeded_and_distinct():
     pr = preset("magic-number-multikey")
-    a, b = N.make_sample(pr, np.random.default_rng(5)), N.make_sample(pr, np.random.default_rng(5))
+    a, b = H.make_sample(pr, np.random.default_rng(5)), H.make_sample(pr, np.random.default_rng(5))
     assert a == b and len(a.needles) == 4 and len(a.answers) == 1
-    mv = N.make_sample(preset("magic-number-multivalue"), np.random.default_rng(1))
+    mv = H.make_sample(preset("magic-number-multivalue"), np.random.default_rng(1))
     assert len(mv.answers) == 4 == len(set(mv.answers))
-    mq = N.make_sample(preset("magic-number-multiquery"), np.random.default_rng(1))
+    mq = H.make_sample(preset("magic-number-multiquery"), np.random.default_rng(1))
     assert mq.question.count("-") == 4 and " and " in mq.question
-    pk = N.make_sample(preset("passkey"), np.random.default_rng(2))
+    pk = H.make_sample(preset("passkey"), np.random.default_rng(2))
     assert 1 <= int(pk.answers[0]) <= 50000
 
 
 def test_scoring_rules():
-    ruler = N.make_sample(preset("magic-number-multivalue"), np.random.default_rng(0))
+    ruler = H.make_sample(preset("magic-number-multivalue"), np.random.default_rng(0))
     p = preset("magic-number-multivalue")
-    assert N.score_response(p, ruler, " " + ", ".join(ruler.answers) + ".")
-    assert not N.score_response(p, ruler, " " + ", ".join(ruler.answers[:3]))
-    pk, pkp = N.Sample(("x",), 1, "q", "a", ("4242",)), preset("passkey")
-    assert N.score_response(pkp, pk, " 4242. Remember 99")
-    assert not N.score_response(pkp, pk, " 99 and then 4242")
-    assert not N.score_response(pkp, pk, " 42420")
-    gk, gkp = N.Sample(("x",), 1, "q", "a", ("eat",)), preset("gkamradt")
-    assert N.score_response(gkp, gk, " to eat a Sandwich in dolores park.")
-    assert not N.score_response(gkp, gk, " to visit Dolores Park.")
+    assert H.score_response(p, ruler, " " + ", ".join(ruler.answers) + ".")
+    assert not H.score_response(p, ruler, " " + ", ".join(ruler.answers[:3]))
+    pk, pkp = H.Sample(("x",), 1, "q", "a", ("4242",)), preset("passkey")
+    assert H.score_response(pkp, pk, " 4242. Remember 99")
+    assert not H.score_response(pkp, pk, " 99 and then 4242")
+    assert not H.score_response(pkp, pk, " 42420")
+    gk, gkp = H.Sample(("x",), 1, "q", "a", ("eat",)), preset("gkamradt")
+    assert H.score_response(gkp, gk, " to eat a Sandwich in dolores park.")
+    assert not H.score_response(gkp, gk, " to visit Dolores Park.")
 
 
 def test_forced_and_generate_agree(tok):
@@ -130,11 +131,11 @@ def test_forced_and_generate_agree(tok):
         forced = r._forced([item])[0]
         assert forced["correct"] == expect
         text = tok.decode(answer_ids)
-        item.sample = N.Sample(item.sample.needles, 1, "q", "a", (text.strip(),))
+        item.sample = H.Sample(item.sample.needles, 1, "q", "a", (text.strip(),))
         gen_runner = N.NeedleRunner(
             model, tok, "cpu", b, N.NeedleConfig((400,), (50.0,), max_new_tokens=4), "tiny", "needle"
         )
-        r_preset = N.NeedlePreset.from_dict("exact", {**load_task("needle-magic-number", "needle")})
+        r_preset = H.NeedlePreset.from_dict("exact", {**load_task("needle-magic-number", "needle")})
         gen_runner.builder.preset = r_preset
         generated = gen_runner._generate(item, None)
         assert generated["correct"] == expect, (generated, text)
@@ -334,11 +335,11 @@ def test_greedy_decoding_ignores_the_checkpoints_own_settings():
 def test_several_values_per_key_are_expected_in_reading_order():
     from types import SimpleNamespace
 
-    sample = N.Sample(("n1", "n2", "n3", "n4", "d"), 4, "q", "prefix", ("a1", "a2", "b1", "b2"))
+    sample = H.Sample(("n1", "n2", "n3", "n4", "d"), 4, "q", "prefix", ("a1", "a2", "b1", "b2"))
     spans = [(50, 60), (10, 20), (90, 95), (70, 80), (0, 5)]  # a2 before a1, b2 before b1
     owner = SimpleNamespace(preset=SimpleNamespace(values_per_key=2))
-    ordered = N.PromptBuilder.reading_order(owner, sample, spans)
-    assert ordered == N.Sample(("n1", "n2", "n3", "n4", "d"), 4, "q", "prefix", ("a2", "a1", "b2", "b1"))
+    ordered = H.PromptBuilder.reading_order(owner, sample, spans)
+    assert ordered == H.Sample(("n1", "n2", "n3", "n4", "d"), 4, "q", "prefix", ("a2", "a1", "b2", "b1"))
 
 
 def test_a_generate_batch_is_the_leading_prompts_of_one_shape(tok):
@@ -369,7 +370,7 @@ def test_a_prompt_is_its_parts_in_order(tok, chat):
         "{% for m in messages %}<s>[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] " if chat else None
     )
     b = builder(tok, "magic-number-multikey", chat=chat)
-    sample = N.make_sample(b.preset, np.random.default_rng(3))
+    sample = H.make_sample(b.preset, np.random.default_rng(3))
     p = b.build(1200, 40.0, sample, np.random.default_rng(5), 10)
     if chat:  # the template's own <s> is the BOS (not doubled); its text before and after the user turn
         head = _enc(tok, "<s>[user] ") + _enc(tok, b.preset.instruction + "\n")
@@ -397,7 +398,7 @@ def test_a_prompt_is_its_parts_in_order(tok, chat):
 def test_answer_tokens_are_the_values_comma_separated():
     tok = build_tokenizer()
     b = builder(tok, "magic-number-multivalue")
-    sample = N.Sample(("x",), 1, "q", "a", ("1234", "5678", "90"))
+    sample = H.Sample(("x",), 1, "q", "a", ("1234", "5678", "90"))
     assert b.answer_ids(sample) == (
         _enc(tok, " 1234") + _enc(tok, ",") + _enc(tok, " 5678") + _enc(tok, ",") + _enc(tok, " 90")
     )
@@ -406,10 +407,10 @@ def test_answer_tokens_are_the_values_comma_separated():
 def test_the_haystack_offset_stays_inside_the_haystack(tok):
     """A budget equal to the haystack leaves one valid offset, 0: every seed must take it."""
     b = builder(tok, "passkey")
-    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    sample = H.make_sample(b.preset, np.random.default_rng(0))
     head, tail, needles, _ = b.fixed_tokens(sample)
     fixed = len(head) + len(tail) + sum(map(len, needles))
-    small = N.PromptBuilder(tok, b.preset, b.haystack[:300], chat_template=False)
+    small = H.PromptBuilder(tok, b.preset, b.haystack[:300], chat_template=False)
     for seed in range(20):
         p = small.build(fixed + 300 + 5, 50.0, sample, np.random.default_rng(seed), 5)
         assert p.haystack_tokens == 300 and len(p.ids) + 5 == fixed + 300 + 5
@@ -417,7 +418,7 @@ def test_the_haystack_offset_stays_inside_the_haystack(tok):
 
 def test_too_short_lengths_and_haystacks_say_what_is_needed(tok):
     b = builder(tok, "passkey")
-    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    sample = H.make_sample(b.preset, np.random.default_rng(0))
     need = b.minimum_length(sample, 5)
     head, tail, needles, _ = b.fixed_tokens(sample)
     assert need == len(head) + len(tail) + sum(map(len, needles)) + 5 + 1  # at least one haystack token
@@ -429,7 +430,7 @@ def test_too_short_lengths_and_haystacks_say_what_is_needed(tok):
             f"length {short} is shorter than the instruction, needle(s), question and answer "
             f"({need} tokens with this tokenizer); use longer --lengths"
         )
-    small = N.PromptBuilder(tok, b.preset, b.haystack[:50], chat_template=False)
+    small = H.PromptBuilder(tok, b.preset, b.haystack[:50], chat_template=False)
     assert small.build(need + 49, 50.0, sample, np.random.default_rng(0), 5).haystack_tokens == 50  # all of it
     with pytest.raises(CtxevalError) as caught:
         small.build(need + 50, 50.0, sample, np.random.default_rng(0), 5)
@@ -440,9 +441,9 @@ def test_too_short_lengths_and_haystacks_say_what_is_needed(tok):
 
 
 def test_snap_puts_the_needle_after_the_nearest_sentence_end_before_it(tok):
-    ids, _ = N.haystack_tokens(tok, "filler", 4000)
-    b = N.PromptBuilder(tok, preset("passkey"), ids, chat_template=False, snap=True)
-    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    ids, _ = H.haystack_tokens(tok, "filler", 4000)
+    b = H.PromptBuilder(tok, preset("passkey"), ids, chat_template=False, snap=True)
+    sample = H.make_sample(b.preset, np.random.default_rng(0))
     head = len(b.fixed_tokens(sample)[0])
 
     def ends_sentence(token):
@@ -465,7 +466,7 @@ def test_a_corpus_haystack_is_its_documents_joined_by_a_blank_line(tmp_path, tok
     texts = ["First document. It ends here.", "Second one, longer: " + "words and more words. " * 20, "Third."]
     for i, text in enumerate(texts):
         (tmp_path / f"{i}.txt").write_text(text)
-    ids, info = N.haystack_tokens(tok, str(tmp_path), 10_000)  # more than the corpus: every document, in order
+    ids, info = H.haystack_tokens(tok, str(tmp_path), 10_000)  # more than the corpus: every document, in order
     sep = _enc(tok, "\n\n")
     docs = sorted(tmp_path.glob("*.txt"))
     expected = sum((_enc(tok, p.read_text()) + sep for p in docs), [])
@@ -474,21 +475,21 @@ def test_a_corpus_haystack_is_its_documents_joined_by_a_blank_line(tmp_path, tok
         "haystack": str(tmp_path),
         "documents": [{"doc": str(p), "tokens": len(_enc(tok, p.read_text()))} for p in docs],
     }
-    few, info = N.haystack_tokens(tok, str(tmp_path), 5)  # the first document already holds 4 x the tokens asked
+    few, info = H.haystack_tokens(tok, str(tmp_path), 5)  # the first document already holds 4 x the tokens asked
     assert [d["doc"] for d in info["documents"]] == [str(docs[0])] and few.tolist() == _enc(tok, texts[0]) + sep
-    filler, info = N.haystack_tokens(tok, "filler", 1000)
-    unit = _enc(tok, " " + N.FILLER)
+    filler, info = H.haystack_tokens(tok, "filler", 1000)
+    unit = _enc(tok, " " + H.FILLER)
     assert (
         len(filler) >= 1001
         and filler.tolist()[: len(unit)] == unit
-        and info == {"haystack": "filler", "text": N.FILLER}
+        and info == {"haystack": "filler", "text": H.FILLER}
     )
 
 
 def test_keys_within_a_sample_never_repeat():
     multikey = preset("magic-number-multikey")  # 4 of 1638 keys: with repeats allowed, ~10 of 5000 samples repeat one
     for seed in range(5000):
-        sample = N.make_sample(multikey, np.random.default_rng(seed))
+        sample = H.make_sample(multikey, np.random.default_rng(seed))
         keys = [n.split(" for ")[1].split(" is")[0] if " for " in n else n for n in sample.needles]
         assert len(set(sample.needles)) == len(sample.needles) and len(set(keys)) == len(keys), sample.needles
 
@@ -502,7 +503,7 @@ def test_a_cell_draws_the_same_sample_and_random_depth_every_time(tok):
     assert [(i.sample, i.depth, i.prompt.ids) for i in first] == [(i.sample, i.depth, i.prompt.ids) for i in again]
     for s, it in enumerate(first):  # passkey: a uniform depth in [0, 100] per sample, to two decimals
         rng = cfg.rng(600, 0, s)
-        N.make_sample(b.preset, rng)
+        H.make_sample(b.preset, rng)
         assert it.depth == round(float(rng.uniform(0, 100)), 2) and 0 <= it.depth <= 100
         assert it.depth_index == 0 and it.sample_index == s and it.length == 600
     assert len({i.depth for i in first}) == 3
@@ -510,7 +511,7 @@ def test_a_cell_draws_the_same_sample_and_random_depth_every_time(tok):
 
 def test_the_generation_budget_is_the_answer_and_eight_tokens(tok):
     b = builder(tok, "passkey")
-    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    sample = H.make_sample(b.preset, np.random.default_rng(0))
     generate = N.NeedleRunner(None, tok, "cpu", b, N.NeedleConfig((600,), (50.0,)), "tiny", "passkey")
     assert generate.budget(sample) == len(b.answer_ids(sample)) + 8
     fixed = N.NeedleRunner(None, tok, "cpu", b, N.NeedleConfig((600,), (50.0,), max_new_tokens=3), "tiny", "passkey")
@@ -543,7 +544,7 @@ def test_the_smallest_settings_are_allowed():
 
 
 def test_out_of_memory_halves_the_batch_then_gives_the_length_up_and_skips_longer_ones(tok, monkeypatch):
-    from ctxeval.evals.common import PointOOM
+    from ctxeval.evals.common import OomLadder, PointOOM
     from ctxeval.specs import expand_specs
 
     model = tiny_llama(vocab_size=len(tok))
@@ -563,11 +564,11 @@ def test_out_of_memory_halves_the_batch_then_gives_the_length_up_and_skips_longe
 
     monkeypatch.setattr(runner_, "_forced", forced)
     (spec,) = expand_specs(["none"])
-    rows, skip, steps = [], {}, {}
+    rows, ladder = [], OomLadder()
     cells = [(n, 0, s) for n in (600, 700, 800, 900) for s in range(3)]
-    runner_.measure(spec, cells, rows.extend, None, skip, steps)
+    runner_.measure(spec, cells, rows.extend, None, ladder)
     assert [(r["status"], r["note"]) for r in rows if r["length"] == 900] == [
-        ("skipped", "skipped: out of memory at 800")
+        ("skipped", "skipped: out of memory at 800 tokens")
     ] * 3  # a longer length of the same call: a row each, skipped
     assert calls == [(600, 3), (700, 3), (700, 2), (700, 1), (700, 1), (700, 1), (800, 1)]  # 800 starts at 700's 1
     by_length = {n: [r for r in rows if r["length"] == n] for n in (600, 700, 800)}
@@ -581,12 +582,12 @@ def test_out_of_memory_halves_the_batch_then_gives_the_length_up_and_skips_longe
         "none: out of memory at 700 tokens; batch size 1",
         "none: out of memory at 800 tokens; longer lengths skipped",
     ]
-    assert skip == {"none": 800} and steps == {("none", 700): 1}
+    assert ladder.skip_from == {"none": 800} and ladder.fitted == {("none", 700): 1}
     later = []  # another chunk of the same method: what ran out of memory is not tried again
-    runner_.measure(spec, [(900, 0, 0), (800, 0, 1)], later.extend, None, skip, steps)
+    runner_.measure(spec, [(900, 0, 0), (800, 0, 1)], later.extend, None, ladder)
     assert [(r["length"], r["status"], r["note"], r["label"]) for r in later] == [
-        (800, "skipped", "skipped: out of memory at 800", "none"),
-        (900, "skipped", "skipped: out of memory at 800", "none"),
+        (800, "skipped", "skipped: out of memory at 800 tokens", "none"),
+        (900, "skipped", "skipped: out of memory at 800 tokens", "none"),
     ]
     assert calls[-1] == (800, 1)  # nothing ran
 
@@ -650,27 +651,27 @@ def handle_spec():
 
 def test_needle_values_have_the_digits_and_range_their_spec_says():
     rng = np.random.default_rng(0)
-    digits = [N._value("digits:7", rng) for _ in range(3000)]
+    digits = [H._value("digits:7", rng) for _ in range(3000)]
     assert all(len(v) == 7 and v[0] != "0" for v in digits)
     assert min(map(int, digits)) < 1_100_000 and max(map(int, digits)) > 9_900_000  # the whole 7-digit range
-    ints = {N._value("int:3:5", rng) for _ in range(300)}
+    ints = {H._value("int:3:5", rng) for _ in range(300)}
     assert ints == {"3", "4", "5"}  # both ends included
-    assert N._value("fixed:eat a sandwich: at noon", rng) == "eat a sandwich: at noon"
+    assert H._value("fixed:eat a sandwich: at noon", rng) == "eat a sandwich: at noon"
 
 
 def test_several_queried_keys_are_named_in_the_question():
     multiquery = preset("magic-number-multiquery")
-    sample = N.make_sample(multiquery, np.random.default_rng(4))
+    sample = H.make_sample(multiquery, np.random.default_rng(4))
     keys = [n.split(" for ")[1].split(" is")[0] for n in sample.needles[: multiquery.keys]]
     key_text = ", ".join(keys[:-1]) + " and " + keys[-1]
     assert multiquery.keys > 2 and sample.question == multiquery.question.format(keys=key_text)
     assert sample.answer_prefix == multiquery.answer_prefix.format(keys=key_text)
     assert sample.n_queried == multiquery.keys * multiquery.values_per_key == len(sample.answers)
-    single = N.make_sample(preset("magic-number"), np.random.default_rng(4))
+    single = H.make_sample(preset("magic-number"), np.random.default_rng(4))
     one_key = single.needles[0].split(" for ")[1].split(" is")[0]
     assert single.question == preset("magic-number").question.format(keys=one_key) and single.n_queried == 1
     multivalue = preset("magic-number-multivalue")
-    values = N.make_sample(multivalue, np.random.default_rng(4))
+    values = H.make_sample(multivalue, np.random.default_rng(4))
     assert len(set(values.answers)) == len(values.answers) == multivalue.values_per_key == values.n_queried
     assert [n.split(": ")[1].rstrip(".") for n in values.needles[: multivalue.values_per_key]] == list(values.answers)
 
@@ -734,12 +735,12 @@ BASE_PRESET = {
 )
 def test_a_custom_preset_is_refused_in_one_line_that_names_the_problem(change, message):
     with pytest.raises(CtxevalError) as caught:
-        N.NeedlePreset.from_dict("p", {**BASE_PRESET, **change})
+        H.NeedlePreset.from_dict("p", {**BASE_PRESET, **change})
     assert str(caught.value).startswith(message) and (message.endswith(": ") or str(caught.value) == message)
 
 
 def test_a_valid_custom_preset_loads():
-    p = N.NeedlePreset.from_dict(
+    p = H.NeedlePreset.from_dict(
         "p",
         {
             **BASE_PRESET,
@@ -760,7 +761,7 @@ def test_a_valid_custom_preset_loads():
         {"value": "digits:2", "distractors": 89},
         {"value": "fixed:x", "distractors": 3},
     ):
-        assert N.NeedlePreset.from_dict("p", {**BASE_PRESET, **exact}).value == exact.get("value", "digits:4")
+        assert H.NeedlePreset.from_dict("p", {**BASE_PRESET, **exact}).value == exact.get("value", "digits:4")
 
 
 def _tokenizer_adding_bos():
@@ -778,14 +779,14 @@ def _tokenizer_adding_bos():
 
 def test_haystacks_and_prompt_parts_carry_no_special_tokens(tmp_path):
     tok = _tokenizer_adding_bos()
-    filler, _ = N.haystack_tokens(tok, "filler", 500)
+    filler, _ = H.haystack_tokens(tok, "filler", 500)
     (tmp_path / "a.txt").write_text("One. Two.")
     (tmp_path / "b.txt").write_text("Three.")
-    corpus, _ = N.haystack_tokens(tok, str(tmp_path), 10_000)
+    corpus, _ = H.haystack_tokens(tok, str(tmp_path), 10_000)
     assert tok.bos_token_id not in filler.tolist() and tok.bos_token_id not in corpus.tolist()
-    assert len(filler) >= 501 and len(filler) < 501 + 3 * len(_enc(tok, " " + N.FILLER))  # enough, not far more
-    b = N.PromptBuilder(tok, preset("passkey"), filler, chat_template=False)
-    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    assert len(filler) >= 501 and len(filler) < 501 + 3 * len(_enc(tok, " " + H.FILLER))  # enough, not far more
+    b = H.PromptBuilder(tok, preset("passkey"), filler, chat_template=False)
+    sample = H.make_sample(b.preset, np.random.default_rng(0))
     p = b.build(400, 50.0, sample, np.random.default_rng(0), 6)
     assert p.ids.count(tok.bos_token_id) == 1 and p.ids[0] == tok.bos_token_id  # only the one BOS, first
     assert b.answer_ids(sample) == _enc(tok, " " + sample.answers[0])
@@ -793,13 +794,13 @@ def test_haystacks_and_prompt_parts_carry_no_special_tokens(tmp_path):
 
 def test_a_tokenizer_without_bos_and_a_prompt_without_it():
     tok = build_tokenizer()
-    ids, _ = N.haystack_tokens(tok, "filler", 2000)
-    sample = N.make_sample(preset("passkey"), np.random.default_rng(0))
-    no_bos = N.PromptBuilder(tok, preset("passkey"), ids, chat_template=False, bos=False)
+    ids, _ = H.haystack_tokens(tok, "filler", 2000)
+    sample = H.make_sample(preset("passkey"), np.random.default_rng(0))
+    no_bos = H.PromptBuilder(tok, preset("passkey"), ids, chat_template=False, bos=False)
     assert tok.bos_token_id not in no_bos.build(400, 50.0, sample, np.random.default_rng(0), 6).ids
     tok.bos_token = None  # a tokenizer that has none (GPT-2 style)
     assert tok.bos_token_id is None
-    none = N.PromptBuilder(tok, preset("passkey"), ids, chat_template=False)
+    none = H.PromptBuilder(tok, preset("passkey"), ids, chat_template=False)
     assert None not in none.build(400, 50.0, sample, np.random.default_rng(0), 6).ids
     assert not none.snap  # snapping to sentence ends is asked for, not the default
 
@@ -810,9 +811,9 @@ def test_a_chat_template_without_its_own_bos_gets_one_and_the_assistant_turn_is_
         "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}[assistant] {% endif %}"
     )
-    ids, _ = N.haystack_tokens(tok, "filler", 2000)
-    b = N.PromptBuilder(tok, preset("passkey"), ids, chat_template=True)
-    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    ids, _ = H.haystack_tokens(tok, "filler", 2000)
+    b = H.PromptBuilder(tok, preset("passkey"), ids, chat_template=True)
+    sample = H.make_sample(b.preset, np.random.default_rng(0))
     p = b.build(500, 50.0, sample, np.random.default_rng(0), 6)
     head = [tok.bos_token_id] + _enc(tok, "[user] ")  # the template has no <s>: ctxeval's BOS comes first
     assert p.ids[: len(head)] == head
@@ -826,7 +827,7 @@ def test_distractors_get_one_value_each_and_no_value_repeats_across_needles():
     # two values for the queried key, three distractor keys; values from {1, ..., 5}: five needles, five values
     small = replace(preset("magic-number-multivalue"), values_per_key=2, distractors=3, value="int:1:5")
     for seed in range(40):  # 5 draws from 5 values collide in almost every sample: the retry is what keeps them apart
-        sample = N.make_sample(small, np.random.default_rng(seed))
+        sample = H.make_sample(small, np.random.default_rng(seed))
         pairs = [(n.split(" for ")[1].split(" is")[0], n.split(": ")[1].rstrip(".")) for n in sample.needles]
         assert len(pairs) == 5 and sorted(v for _, v in pairs) == ["1", "2", "3", "4", "5"], sample.needles
         assert (
@@ -841,15 +842,15 @@ def test_the_value_redraw_is_bounded_and_then_picks_a_free_value(monkeypatch):
     from dataclasses import replace
 
     small = replace(preset("magic-number-multivalue"), values_per_key=2, distractors=3, value="int:1:5")
-    monkeypatch.setattr(N, "MAX_REDRAWS", 1)
+    monkeypatch.setattr(H, "MAX_REDRAWS", 1)
     for seed in range(40):
-        sample = N.make_sample(small, np.random.default_rng(seed))
+        sample = H.make_sample(small, np.random.default_rng(seed))
         values = sorted(n.split(": ")[1].rstrip(".") for n in sample.needles)
         assert values == ["1", "2", "3", "4", "5"], sample.needles
     wide = replace(small, value="int:1:2000000")  # a range too wide to list: never reached in practice, refused here
     used = {str(v) for v in range(1, 6)}
     with pytest.raises(CtxevalError, match="widen its range"):
-        N._unused_value(wide, used, np.random.default_rng(0))
+        H._unused_value(wide, used, np.random.default_rng(0))
 
 
 @pytest.mark.parametrize(
@@ -863,20 +864,20 @@ def test_the_value_redraw_is_bounded_and_then_picks_a_free_value(monkeypatch):
 )
 def test_value_specs_past_64_bit_integers_are_refused(value, fragment):
     with pytest.raises(CtxevalError, match=fragment):
-        N.NeedlePreset.from_dict("x", {**load_task("needle-magic-number", "needle"), "value": value})
+        H.NeedlePreset.from_dict("x", {**load_task("needle-magic-number", "needle"), "value": value})
 
 
 def test_a_fixed_value_may_repeat_across_needles():
     from dataclasses import replace
 
     fixed = replace(preset("magic-number"), distractors=2, value="fixed:42")
-    sample = N.make_sample(fixed, np.random.default_rng(0))  # no retry: it would never find another value
+    sample = H.make_sample(fixed, np.random.default_rng(0))  # no retry: it would never find another value
     assert [n.split(": ")[1] for n in sample.needles] == ["42."] * 3 and sample.answers == ("42",)
 
 
 def test_further_needles_go_at_seeded_uniform_depths_of_the_haystack(tok):
     b = builder(tok, "magic-number-multikey")  # one queried needle, three distractors
-    sample = N.make_sample(b.preset, np.random.default_rng(0))
+    sample = H.make_sample(b.preset, np.random.default_rng(0))
     head, tail, needles, _ = b.fixed_tokens(sample)
     seen = []
     for seed in range(30):
@@ -897,7 +898,7 @@ def _vocab_builder(texts, snap=True):
     from types import SimpleNamespace
 
     tokenizer = SimpleNamespace(bos_token_id=None, decode=lambda ids: texts[ids[0]])
-    return N.PromptBuilder(tokenizer, preset("passkey"), np.arange(len(texts)), chat_template=False, snap=snap)
+    return H.PromptBuilder(tokenizer, preset("passkey"), np.arange(len(texts)), chat_template=False, snap=snap)
 
 
 def test_a_sentence_ends_at_a_stop_mark_before_trailing_whitespace_or_at_a_newline():
@@ -917,7 +918,7 @@ def test_an_empty_corpus_is_refused_in_one_line(tmp_path, tok):
     empty = tmp_path / "blank.jsonl"
     empty.write_text('{"text": ""}\n{"text": ""}\n')  # records, none with text
     with pytest.raises(CtxevalError) as caught:
-        N.haystack_tokens(tok, str(empty), 100)
+        H.haystack_tokens(tok, str(empty), 100)
     assert str(caught.value) == f"haystack corpus '{empty}' holds no text"
 
 
@@ -937,7 +938,7 @@ def test_a_row_records_the_seconds_per_prompt_of_its_batch(tok, monkeypatch):
 
 
 def test_a_halved_batch_carries_to_longer_lengths_of_its_own_method_only(tok, monkeypatch):
-    from ctxeval.evals.common import PointOOM
+    from ctxeval.evals.common import OomLadder, PointOOM
     from ctxeval.specs import expand_specs
 
     cfg = N.NeedleConfig((600, 700), (50.0,), samples=5, scoring="forced", batch_size=2)
@@ -951,11 +952,11 @@ def test_a_halved_batch_carries_to_longer_lengths_of_its_own_method_only(tok, mo
         return [{"correct": 1, "answer_nll": 0.0, "response": ""}] * len(chunk)
 
     monkeypatch.setattr(runner_, "_forced", forced)
-    skip, steps = {}, {}
+    ladder = OomLadder()
     none, pi = expand_specs(["none", "pi:factor=2"])
     for spec in (none, pi):
         for cells in ([(600, 0, 0), (600, 0, 1)], [(600, 0, 2), (600, 0, 3)], [(700, 0, 0), (700, 0, 1)]):
-            runner_.measure(spec, cells, lambda rows: None, None, skip, steps)
+            runner_.measure(spec, cells, lambda rows: None, None, ladder)
     # none: halved once at 600; its next chunk of 600 and the chunk of 700 start at 1; pi keeps its own batch of 2
     assert calls == [
         ("none", 600, 2),
@@ -969,7 +970,7 @@ def test_a_halved_batch_carries_to_longer_lengths_of_its_own_method_only(tok, mo
         (pi.label, 600, 2),
         (pi.label, 700, 2),
     ]
-    assert steps == {("none", 600): 1} and skip == {}
+    assert ladder.fitted == {("none", 600): 1} and ladder.skip_from == {}
 
 
 class _MemoryStore:
@@ -1042,8 +1043,8 @@ def test_a_sweep_shares_out_of_memory_lengths_and_halved_batches_across_its_item
     from ctxeval.specs import expand_specs
 
     lm = tiny_lm
-    hay, _ = N.haystack_tokens(lm.tokenizer, "filler", 4000)
-    b = N.PromptBuilder(lm.tokenizer, preset("passkey"), hay, chat_template=False)
+    hay, _ = H.haystack_tokens(lm.tokenizer, "filler", 4000)
+    b = H.PromptBuilder(lm.tokenizer, preset("passkey"), hay, chat_template=False)
     cfg = N.NeedleConfig((600, 700, 800), (50.0,), samples=3, scoring="forced", batch_size=2)
     runner_ = N.NeedleRunner(lm.model, lm.tokenizer, "cpu", b, cfg, "tiny", "passkey")
     calls = []
@@ -1078,8 +1079,8 @@ def test_a_sweep_generates_under_the_applied_dynamic_rope_frozen_at_each_length(
     from ctxeval.specs import expand_specs
 
     lm = tiny_lm
-    hay, _ = N.haystack_tokens(lm.tokenizer, "filler", 4000)
-    b = N.PromptBuilder(lm.tokenizer, preset("passkey"), hay, chat_template=False)
+    hay, _ = H.haystack_tokens(lm.tokenizer, "filler", 4000)
+    b = H.PromptBuilder(lm.tokenizer, preset("passkey"), hay, chat_template=False)
     cfg = N.NeedleConfig((200, 300), (50.0,), samples=1, max_new_tokens=2)
     runner_ = N.NeedleRunner(lm.model, lm.tokenizer, "cpu", b, cfg, "tiny", "passkey")
     frozen = []
@@ -1097,7 +1098,7 @@ def test_two_queried_keys_are_joined_by_and():
     from dataclasses import replace
 
     two = replace(preset("magic-number-multiquery"), keys=2)
-    sample = N.make_sample(two, np.random.default_rng(0))
+    sample = H.make_sample(two, np.random.default_rng(0))
     first, second = (n.split(" for ")[1].split(" is")[0] for n in sample.needles[:2])
     assert sample.question == two.question.format(keys=f"{first} and {second}")
 
@@ -1106,14 +1107,14 @@ def test_the_forced_answer_of_two_values_follows_the_prompt_text(tok):
     from dataclasses import replace
 
     two = replace(preset("magic-number-multivalue"), values_per_key=2)
-    ids, _ = N.haystack_tokens(tok, "filler", 4000)
-    b = N.PromptBuilder(tok, two, ids, chat_template=False)
+    ids, _ = H.haystack_tokens(tok, "filler", 4000)
+    b = H.PromptBuilder(tok, two, ids, chat_template=False)
     orders = set()
     for seed in range(12):
-        sample = N.make_sample(two, np.random.default_rng(seed))
+        sample = H.make_sample(two, np.random.default_rng(seed))
         p = b.build(800, 50.0, sample, np.random.default_rng(seed), 12)
         first, second = sorted(range(2), key=lambda i: p.needle_spans[i][0])
-        in_text = N.Sample(
+        in_text = H.Sample(
             sample.needles, 2, sample.question, sample.answer_prefix, (sample.answers[first], sample.answers[second])
         )
         assert p.answer_ids == b.answer_ids(in_text)
@@ -1124,7 +1125,7 @@ def test_the_forced_answer_of_two_values_follows_the_prompt_text(tok):
 def test_a_record_haystack_reads_the_text_field_asked_for(tmp_path, tok):
     records = tmp_path / "hay.jsonl"
     records.write_text(json.dumps({"body": "Alpha beta.", "text": "not this"}) + "\n")
-    ids, info = N.haystack_tokens(tok, str(records), 100, text_field="body")
+    ids, info = H.haystack_tokens(tok, str(records), 100, text_field="body")
     assert ids.tolist() == _enc(tok, "Alpha beta.") + _enc(tok, "\n\n") and info["documents"][0]["tokens"] == len(
         _enc(tok, "Alpha beta.")
     )

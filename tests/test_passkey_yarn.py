@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from ctxeval.cli import app
 from ctxeval.data.presets import load_task
 from ctxeval.errors import CtxevalError
+from ctxeval.evals import haystack as H
 from ctxeval.evals import needle as N
 from ctxeval.evals import passkey as P
 from ctxeval.tiny import MODEL_DIR
@@ -143,13 +144,13 @@ def test_a_built_prompt_draws_the_prefix_then_the_key_as_generate_prompt_does(ti
 
 
 def test_the_recorded_passkey_preset_has_the_repos_strings():
-    preset = N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle"))
+    preset = H.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle"))
     assert (preset.instruction, preset.needle.format(value=45028), f"{preset.question} {preset.answer_prefix}") == (
         P.YARN_TASK,
         P.information_line(45028),
         P.YARN_QUESTION,
     )
-    assert P.YarnPasskeyBuilder(build_tokenizer()).preset == preset and P.YARN_GARBAGE == N.FILLER
+    assert P.YarnPasskeyBuilder(build_tokenizer()).preset == preset and P.YARN_GARBAGE == H.FILLER
 
 
 def test_the_filler_continues_past_the_repos_ten_thousand_repetitions():
@@ -276,10 +277,10 @@ def test_scoring_is_the_repos_parse(response):
 
 
 def test_the_repos_scoring_differs_from_ctxevals_first_integer():
-    preset = N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle"))
-    sample = N.Sample(("x",), 1, "q", "", ("45028",))
+    preset = H.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle"))
+    sample = H.Sample(("x",), 1, "q", "", ("45028",))
     for response in ("-45028", "045028"):
-        assert P.yarn_score(response, 45028) and not N.score_response(preset, sample, response)
+        assert P.yarn_score(response, 45028) and not H.score_response(preset, sample, response)
     r = yarn_runner(build_tokenizer())
     assert r.score(sample, " 045028") and not r.score(sample, "no number") and not r.score(sample, " 45027")
 
@@ -428,3 +429,40 @@ def test_passkey_yarn_defaults_to_twenty_samples_and_bos_is_an_option(tmp_path, 
     assert (cspec["protocol"], cspec["bos"], cspec["samples"]) == ("ctxeval", True, 1)
     (crow,) = [json.loads(line) for line in (tmp_path / "c" / "rows.jsonl").read_text().splitlines()]
     assert crow["prompt_tokens"] + 4 == 200 and "protocol" not in crow  # ctxeval's rows as before
+
+
+def test_out_of_memory_halves_the_generate_batch_then_records_the_length_and_skips_longer_ones(tiny_tok, monkeypatch):
+    from ctxeval.evals.common import OomLadder, PointOOM
+    from ctxeval.specs import expand_specs
+
+    r = yarn_runner(tiny_tok, (300, 700), samples=4, batch_size=4)
+    notes = []
+    r.progress = type("P", (), {"note": lambda self, t: notes.append(t), "advance": lambda self, n, text: None})()
+    calls = []
+
+    def generate_batch(chunk, handle):
+        calls.append((chunk[0].length, len(chunk)))
+        if chunk[0].length == 700:
+            raise PointOOM("out of memory (injected)")
+        return [{"correct": 1, "response": "1"}] * len(chunk)
+
+    monkeypatch.setattr(r, "_generate_batch", generate_batch)
+    ladder, rows = OomLadder(), []
+    spec = expand_specs(["none"])[0]
+    r.measure(spec, r.cfg.cells(), rows.extend, None, ladder)
+    assert [(r_["length"], r_["status"]) for r_ in rows] == [(300, "ok")] * 4 + [(700, "oom")] * 4
+    assert {r_["note"] for r_ in rows if r_["status"] == "oom"} == {"out of memory (injected)"}
+    assert [n for length, n in calls if length == 700][-1] == 1  # given up only once a batch of one ran out
+    assert notes == [
+        "none: out of memory at 700 tokens; batch size 2",
+        "none: out of memory at 700 tokens; batch size 1",
+        "none: out of memory at 700 tokens; longer lengths skipped",
+    ]
+    later = []  # a later work item of the method: that length and longer ones are skipped, nothing generated
+    tried = len(calls)
+    r.measure(spec, [(700, 0, 0), (900, 0, 1)], later.extend, None, ladder)
+    assert [(r_["length"], r_["status"], r_["note"], r_["protocol"]) for r_ in later] == [
+        (700, "skipped", "skipped: out of memory at 700 tokens", "yarn"),
+        (900, "skipped", "skipped: out of memory at 700 tokens", "yarn"),
+    ]
+    assert len(calls) == tried

@@ -99,7 +99,7 @@ def test_one_forward_bucket_curve_equals_separate_forwards_and_per_token_losses(
 
     with apply_method(model, spec.name, **spec.params):
         for doc in documents:
-            runner_.measure(spec, doc, list(lengths), separate.append, {})
+            runner_.measure(spec, doc, list(lengths), separate.append)
         want_by_doc = {d.doc_id: hf_nll(model, [1] + d.ids[: max(lengths) - 1].tolist()) for d in documents}
     got_one = {(r["doc"], r["length"]): r for r in one.rows()}
     got_sep = {(r["doc"], r["length"]): r for r in separate.rows()}

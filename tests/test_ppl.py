@@ -431,8 +431,8 @@ def test_sliding_out_of_memory_halves_the_windows_per_forward_down_to_one(monkey
     row = runner_._sliding_at(spec, doc, L)
     assert row["nll_sum"] == pytest.approx(reference["nll_sum"], rel=1e-9) and row["n_tokens"] == reference["n_tokens"]
     assert notes[:2] == [
-        "out of memory with 4 windows per forward; trying 2",
-        "out of memory with 2 windows per forward; trying 1",
+        f"none: out of memory at {L} tokens; batch size 2",
+        f"none: out of memory at {L} tokens; batch size 1",
     ]
     runner_._nll_batch = lambda seqs, finite=True: (_ for _ in ()).throw(PointOOM("oom"))
     with pytest.raises(PointOOM):  # one window per forward does not fit either: the point is given up

@@ -183,13 +183,14 @@ def test_needle_generation_under_a_dynamic_method_equals_a_cache_free_recomputat
     from conftest import build_tokenizer, tiny_llama
 
     from ctxeval.data.presets import load_task
+    from ctxeval.evals import haystack as H
     from ctxeval.evals import needle as N
 
     tok = build_tokenizer()
     model = tiny_llama(vocab_size=len(tok))  # trained length 64: 320 tokens is 5x
-    hay, _ = N.haystack_tokens(tok, "filler", 4000)
-    builder = N.PromptBuilder(
-        tok, N.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay, chat_template=False
+    hay, _ = H.haystack_tokens(tok, "filler", 4000)
+    builder = H.PromptBuilder(
+        tok, H.NeedlePreset.from_dict("passkey", load_task("needle-passkey", "needle")), hay, chat_template=False
     )
     cfg = N.NeedleConfig((320,), (50.0,), max_new_tokens=10)
     runner_ = N.NeedleRunner(model, tok, "cpu", builder, cfg, "tiny", "needle")
@@ -265,13 +266,13 @@ def test_text_answers_match_regardless_of_case():
     """Needle answers and terms match case-insensitively (a model that writes 'Eat A Sandwich' found the needle),
     as RULER's string_match_all does; integers stay exact."""
     from ctxeval.data.presets import load_task
-    from ctxeval.evals import needle as N
+    from ctxeval.evals import haystack as H
 
     def preset(name):
-        return N.NeedlePreset.from_dict(name, load_task(f"needle-{name}", "needle"))
+        return H.NeedlePreset.from_dict(name, load_task(f"needle-{name}", "needle"))
 
-    words = N.Sample(("x",), 1, "q", "a", ("Blue-Whale", "harbor"))
-    assert N.score_response(preset("magic-number"), words, " the BLUE-whale by the Harbor")
-    assert not N.score_response(preset("magic-number"), words, " the blue whale by the harbor")
+    words = H.Sample(("x",), 1, "q", "a", ("Blue-Whale", "harbor"))
+    assert H.score_response(preset("magic-number"), words, " the BLUE-whale by the Harbor")
+    assert not H.score_response(preset("magic-number"), words, " the blue whale by the harbor")
     gk = preset("gkamradt")
-    assert N.score_response(gk, N.Sample(("x",), 1, "q", "a", ("eat",)), " " + " ".join(gk.match_terms).upper())
+    assert H.score_response(gk, H.Sample(("x",), 1, "q", "a", ("eat",)), " " + " ".join(gk.match_terms).upper())

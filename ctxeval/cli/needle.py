@@ -61,7 +61,7 @@ from .run import (
 )
 
 if TYPE_CHECKING:
-    from ..evals.needle import NeedlePreset
+    from ..evals.haystack import NeedlePreset
 
 # torch, transformers, pandas and matplotlib load only when a command needs them (`ctxeval --help` starts in
 # well under a second): the evaluation and report modules are imported inside the command functions.
@@ -138,7 +138,7 @@ def load_needle_preset(
     name: str, needle_text: str | None, question: str | None, answer_prefix: str | None, answer: str | None
 ) -> NeedlePreset:
     """A needle preset by name (tasks/needle-NAME.toml) or .toml path, with the pieces the flags override."""
-    from ..evals.needle import NeedlePreset
+    from ..evals.haystack import NeedlePreset
 
     if name.endswith(".toml"):
         data = load_task(name, "needle")
@@ -161,7 +161,8 @@ def load_needle_preset(
 
 def run_retrieval(task: str, opt: Retrieval) -> None:
     """Load the model, build the prompts, measure every (method, length, depth, sample), render the run."""
-    from ..evals.needle import FILLER, NeedleConfig, NeedleRunner, PromptBuilder, haystack_tokens, make_sample, sweep
+    from ..evals.haystack import FILLER, PromptBuilder, haystack_tokens, make_sample
+    from ..evals.needle import NeedleConfig, NeedleRunner, sweep
     from ..evals.passkey import (
         YARN_LENGTH_STEP,
         YARN_MAX_NEW_TOKENS,

@@ -1,11 +1,12 @@
-"""What every evaluation shares: the progress interface, the out-of-memory guard, the LM head split into its parts,
-and the fields every row starts with."""
+"""What every evaluation shares: the progress interface, the out-of-memory guard and ladder, the LM head split into
+its parts, and the fields every row starts with."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Any, Callable, Iterator, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import torch
 
@@ -79,6 +80,78 @@ def oom_guard(device: str) -> Iterator[None]:
             gc.collect()
             torch.cuda.empty_cache()
         raise PointOOM(message) from None
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+@dataclass
+class OomLadder:
+    """The one out-of-memory rule of ppl, needle, passkey and RULER: a batch that runs out of memory is halved and
+    tried again; when a batch of one still runs out of memory, that point is recorded as `oom` and the method's
+    points at that length and longer are skipped (rows with status `skipped`). One ladder serves a whole sweep, so
+    a later work item of the method starts at the batch that fitted and does not try again what ran out of memory."""
+
+    skip_from: dict[str, int] = field(default_factory=dict)  # method label -> length where a batch of one ran out
+    fitted: dict[tuple[str, int], int] = field(default_factory=dict)  # (label, length) -> the halved batch that fit
+
+    def skipped_at(self, label: str, length: int) -> int | None:
+        """The length that ran out of memory when `length` is at or past it (its points are skipped), else None."""
+        first = self.skip_from.get(label)
+        return first if first is not None and length >= first else None
+
+    def skip_note(self, label: str) -> str:
+        """The note of a row skipped because `label` ran out of memory."""
+        return f"skipped: out of memory at {self.skip_from[label]} tokens"
+
+    def first_batch(self, label: str, length: int, batch_size: int) -> int:
+        """The batch `length` starts at: `batch_size`, or less where a halved batch fitted this length or a shorter
+        one (a longer sequence needs at least as much memory)."""
+        fitted = [size for (name, at), size in self.fitted.items() if name == label and at <= length]
+        return min([batch_size, *fitted])
+
+    def halve(self, label: str, length: int, batch: int, progress: Progress) -> int:
+        """The batch after `batch` ran out of memory at `length` (at least 2), remembered for the method's items."""
+        half = batch // 2
+        self.fitted[(label, length)] = half
+        progress.note(f"{label}: out of memory at {length} tokens; batch size {half}")
+        return half
+
+    def give_up(self, label: str, length: int, progress: Progress) -> None:
+        """A batch of one ran out of memory at `length`: the method's points from this length on are skipped."""
+        self.skip_from[label] = length
+        progress.note(f"{label}: out of memory at {length} tokens; longer lengths skipped")
+
+    def batches(
+        self,
+        label: str,
+        length: int,
+        items: list[Item],
+        batch_size: int,
+        progress: Progress,
+        measure: Callable[[list[Item]], Result],
+        same_shape: Callable[[list[Item]], list[Item]] | None = None,
+    ) -> Iterator[tuple[list[Item], Result]]:
+        """(batch, measure(batch)) over `items` (all of one length) in order, halving the batch on out of memory
+        (`measure` raises PointOOM, as under oom_guard). `same_shape` trims a batch to the items that can share one
+        forward. PointOOM propagates when a batch of one runs out of memory: the caller records it and calls
+        give_up; the items from that batch on were not measured."""
+        step = self.first_batch(label, length, batch_size)
+        start = 0
+        while start < len(items):
+            chunk = items[start : start + step]
+            if same_shape is not None:
+                chunk = same_shape(chunk)
+            try:
+                result = measure(chunk)
+            except PointOOM:
+                if step == 1:
+                    raise
+                step = self.halve(label, length, step, progress)
+                continue
+            yield chunk, result
+            start += len(chunk)
 
 
 def head_parts(

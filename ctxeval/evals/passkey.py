@@ -34,7 +34,8 @@ import torch
 from ..data.presets import load_task
 from ..errors import CtxevalError
 from .common import Progress
-from .needle import FILLER, NeedleConfig, NeedleItem, NeedlePreset, NeedleRunner, Sample
+from .haystack import FILLER, NeedlePreset, Sample
+from .needle import NeedleConfig, NeedleItem, NeedleRunner
 
 # the strings of eval/passkey.py's generate_prompt, verbatim
 YARN_TASK = (

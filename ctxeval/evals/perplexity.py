@@ -31,7 +31,7 @@ from ..models.load import LoadedModel
 from ..runs.rows import RESUME_FIELDS
 from ..runs.store import RunStore
 from ..specs import MethodSpec
-from .common import PointOOM, Progress, SilentProgress, head_parts, oom_guard, point_row
+from .common import OomLadder, PointOOM, Progress, SilentProgress, head_parts, oom_guard, point_row
 from .positions import add_sums, bucket_sums, key_sums
 from .sweep import DocumentBatch, WorkItem, document_items, length_dependent, run_items
 
@@ -338,34 +338,33 @@ class PplRunner:
                 break
         return windows
 
-    def _window_nlls(self, doc: TokenDoc, windows: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+    def _window_nlls(
+        self, label: str, length: int, doc: TokenDoc, windows: list[tuple[int, int, int]], ladder: OomLadder
+    ) -> list[torch.Tensor]:
         """Each window's per-token NLL, `batch_size` windows of one length per forward (the ragged last ones
-        alone); out of memory halves the batch before the point is given up."""
+        alone), down the out-of-memory ladder (PointOOM when one window alone does not fit)."""
+
+        def same_size(group: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+            size = group[0][1] - group[0][0]
+            return group[: next((k for k, w in enumerate(group) if w[1] - w[0] != size), len(group))]
+
+        def nll(group: list[tuple[int, int, int]]) -> torch.Tensor:
+            return self._nll_batch([_sequence(doc.ids, b, e - b, self.bos) for b, e, _ in group])  # (B, window - 1)
+
         out: list[torch.Tensor] = []
-        i, batch = 0, self.cfg.batch_size
-        while i < len(windows):
-            size = windows[i][1] - windows[i][0]
-            group = [w for w in windows[i : i + batch]]
-            group = group[: next((k for k, w in enumerate(group) if w[1] - w[0] != size), len(group))]
-            seqs = [_sequence(doc.ids, b, e - b, self.bos) for b, e, _ in group]
-            try:
-                nll = self._nll_batch(seqs)
-            except PointOOM:
-                if batch == 1:
-                    raise
-                batch //= 2
-                self.progress.note(f"out of memory with {len(group)} windows per forward; trying {batch}")
-                continue
-            out += [row.double() for row in nll]
-            i += len(group)
+        for _, rows in ladder.batches(label, length, windows, self.cfg.batch_size, self.progress, nll, same_size):
+            out += [row.double() for row in rows]
         return out
 
-    def _sliding_at(self, spec: MethodSpec, doc: TokenDoc, length: int) -> dict[str, Any]:
+    def _sliding_at(
+        self, spec: MethodSpec, doc: TokenDoc, length: int, ladder: OomLadder | None = None
+    ) -> dict[str, Any]:
         start_time = time.perf_counter()
         nll_sum, n_tok, window_sum, n_windows = 0.0, 0, 0.0, 0
         by_position = None  # a token's position is its index in the window that scores it
         windows = self._sliding_windows(doc, length)
-        for (begin, _end, scored_until), nll in zip(windows, self._window_nlls(doc, windows)):
+        nlls = self._window_nlls(spec.label, length, doc, windows, OomLadder() if ladder is None else ladder)
+        for (begin, _end, scored_until), nll in zip(windows, nlls):
             # nll[j] predicts doc token begin + j (with BOS) or begin + j + 1 (without)
             first_target = begin if self.bos is not None else begin + 1
             new = nll[scored_until - first_target :]
@@ -411,39 +410,41 @@ class PplRunner:
         docs: list[TokenDoc],
         lengths: list[int],
         emit: Callable[[list[dict]], None],
-        skip_from: dict[str, int],
+        ladder: OomLadder | None = None,
     ) -> None:
         """Measure `lengths` of several documents; under truncate with --batch-size > 1 their equal-length sequences
         share forwards (one at max(lengths) for a static method, one per length for a length-dependent one), with
-        the same rows as one document at a time. Out of memory halves the batch; one document goes through measure."""
-        if len(docs) == 1 or self.cfg.protocol != "truncate" or max(lengths) >= skip_from.get(spec.label, math.inf):
+        the same rows as one document at a time. Out of memory halves the batch (`ladder`: one per sweep, a fresh one
+        by default); one document goes through measure."""
+        ladder = OomLadder() if ladder is None else ladder
+        if len(docs) == 1 or self.cfg.protocol != "truncate" or ladder.skipped_at(spec.label, max(lengths)) is not None:
             for doc in docs:
-                self.measure(spec, doc, lengths, emit, skip_from)
+                self.measure(spec, doc, lengths, emit, ladder)
+            return
+        size = ladder.first_batch(spec.label, max(lengths), len(docs))
+        if size < len(docs):  # a halved batch fitted these lengths before: start there
+            for i in range(0, len(docs), size):
+                self.measure_docs(spec, docs[i : i + size], lengths, emit, ladder)
             return
         static = not self.length_dependent(spec)
         groups = [sorted(lengths)] if static else [[L] for L in sorted(lengths)]
         done: list[int] = []
-        try:
-            for group in groups:
-                top = max(group)
-                seqs = [_sequence(d.ids, 0, self.cfg.doc_tokens_needed(top), self.bos) for d in docs]
-                start = time.perf_counter()
+        for group in groups:
+            top = max(group)
+            seqs = [_sequence(d.ids, 0, self.cfg.doc_tokens_needed(top), self.bos) for d in docs]
+            start = time.perf_counter()
+            try:
                 nll = self._nll_batch(seqs, finite=False).double()  # (B, top-1)
-                seconds, speed = (time.perf_counter() - start) / len(docs), self._speed()
-                rows = [
-                    r for d, row in zip(docs, nll) for r in self._rows_from_nll(spec, d, group, row, seconds, speed)
-                ]
-                emit(rows)
-                done += group
-                self.progress.advance(
-                    top * len(docs), f"{spec.label} {docs[0].doc_id} (+{len(docs) - 1} docs) ppl@{top}"
-                )
-        except PointOOM:
-            rest = [L for L in lengths if L not in done]
-            half = len(docs) // 2
-            self.progress.note(f"{spec.label}: out of memory with {len(docs)} documents per forward; trying {half}")
-            self.measure_docs(spec, docs[:half], rest, emit, skip_from)
-            self.measure_docs(spec, docs[half:], rest, emit, skip_from)
+            except PointOOM:
+                rest = [L for L in lengths if L not in done]
+                half = ladder.halve(spec.label, top, len(docs), self.progress)
+                self.measure_docs(spec, docs[:half], rest, emit, ladder)
+                self.measure_docs(spec, docs[half:], rest, emit, ladder)
+                return
+            seconds, speed = (time.perf_counter() - start) / len(docs), self._speed()
+            emit([r for d, row in zip(docs, nll) for r in self._rows_from_nll(spec, d, group, row, seconds, speed)])
+            done += group
+            self.progress.advance(top * len(docs), f"{spec.label} {docs[0].doc_id} (+{len(docs) - 1} docs) ppl@{top}")
 
     def measure(
         self,
@@ -451,15 +452,15 @@ class PplRunner:
         doc: TokenDoc,
         lengths: list[int],
         emit: Callable[[list[dict]], None],
-        skip_from: dict[str, int],
+        ladder: OomLadder | None = None,
     ) -> None:
-        """Measure `lengths` (ascending) of one method on one document, emitting rows point by point."""
-        skip = skip_from.get(spec.label, math.inf)
-        for length in sorted(x for x in lengths if x >= skip):
-            emit(
-                [self._row(spec, length, doc.doc_id, status="skipped", note=f"skipped: out of memory at {skip} tokens")]
-            )
-        lengths = sorted(x for x in lengths if x < skip)
+        """Measure `lengths` (ascending) of one method on one document, emitting rows point by point; out of memory
+        follows `ladder` (one per sweep, a fresh one by default)."""
+        ladder = OomLadder() if ladder is None else ladder
+        skipped = [x for x in sorted(lengths) if ladder.skipped_at(spec.label, x) is not None]
+        for length in skipped:
+            emit([self._row(spec, length, doc.doc_id, status="skipped", note=ladder.skip_note(spec.label))])
+        lengths = sorted(x for x in lengths if x not in skipped)
         static = not self.length_dependent(spec)
         if self.cfg.protocol == "truncate" and static and len(lengths) > 1:
             try:
@@ -477,27 +478,17 @@ class PplRunner:
                 if self.cfg.protocol == "truncate":
                     row = self._truncate_at(spec, doc, length)
                 else:
-                    row = self._sliding_at(spec, doc, length)
+                    row = self._sliding_at(spec, doc, length, ladder)
             except NonFiniteLoss as exc:
                 emit([self._row(spec, length, doc.doc_id, status="error", note=str(exc)[:300])])
                 self.progress.note(f"{spec.label} L={length} {doc.doc_id}: {exc}")
                 continue
             except PointOOM as exc:
-                skip_from[spec.label] = length
                 emit([self._row(spec, length, doc.doc_id, status="oom", note=str(exc)[:300])])
+                ladder.give_up(spec.label, length, self.progress)
+                note = ladder.skip_note(spec.label)
                 for longer in lengths[i + 1 :]:
-                    emit(
-                        [
-                            self._row(
-                                spec,
-                                longer,
-                                doc.doc_id,
-                                status="skipped",
-                                note=f"skipped: out of memory at {length} tokens",
-                            )
-                        ]
-                    )
-                self.progress.note(f"{spec.label}: out of memory at {length} tokens; longer lengths skipped")
+                    emit([self._row(spec, longer, doc.doc_id, status="skipped", note=note)])
                 return
             emit([row])
             cost = len(doc.ids) * length // self.cfg.stride if self.cfg.protocol == "sliding" else length
@@ -534,7 +525,7 @@ def sweep(
     )
     if cfg.protocol == "truncate" and cfg.batch_size > 1:
         items = batch_documents(items, cfg.batch_size)
-    skip_from: dict[str, int] = {}
+    ladder = OomLadder()
     run_items(
         lm,
         specs,
@@ -543,7 +534,7 @@ def sweep(
         store,
         progress,
         lambda spec, batch, _handle: runner.measure_docs(
-            spec, list(batch.documents), list(batch.lengths), store.append, skip_from
+            spec, list(batch.documents), list(batch.lengths), store.append, ladder
         ),
     )
 

@@ -1,10 +1,12 @@
-"""Greedy generation as every generating evaluation runs it (needle, passkey, RULER): the ids that end a reply and
-a plain greedy GenerationConfig that a checkpoint's own generation settings cannot change; and the two helpers the
-runners share with the vLLM backend (evals.vllm_engine), whose handle generates instead of transformers."""
+"""Greedy generation as every generating evaluation runs it (needle, passkey, RULER): the ids that end a reply, a
+plain greedy GenerationConfig that a checkpoint's own generation settings cannot change, the one transformers
+`generate` call (a length-dependent RoPE frozen for the whole reply) and the one stream of replies of the vLLM backend
+(models.vllm_engine), whose handle generates instead of transformers."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Iterator
 
 
 def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
@@ -40,3 +42,41 @@ def until_stop(new_ids: list[int], stops: Any) -> list[int]:
 def streams(handle: Any) -> bool:
     """Whether an applied method's handle generates itself (vLLM: `replies` streams finished replies)."""
     return callable(getattr(handle, "replies", None))
+
+
+def greedy_replies(
+    model: Any,
+    tokenizer: Any,
+    input_ids: Any,
+    attention_mask: Any,
+    max_new_tokens: int,
+    handle: Any = None,
+    frozen_length: int | None = None,
+) -> list[list[int]]:
+    """Greedy replies to a batch of prompts: each row's new token ids (a row that stopped early is padded after its
+    stop id). input_ids, attention_mask: (B, prompt tokens), left-padded where the prompts differ in length. Under a
+    length-dependent method (`handle`) the RoPE is frozen at `frozen_length` for the whole call, so that cached keys
+    and new queries share one RoPE."""
+    frozen = handle is not None and frozen_length is not None and getattr(handle.method, "length_dependent", False)
+    if frozen:
+        handle.freeze_length(frozen_length)
+    try:
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=greedy_config(tokenizer, max_new_tokens, model),
+        )  # (B, prompt tokens + new tokens)
+    finally:
+        if frozen:
+            handle.freeze_length(None)
+    return [row[input_ids.shape[1] :].tolist() for row in out]
+
+
+def timed_replies(handle: Any, prompts: list[list[int]], budgets: list[int]) -> Iterator[tuple[int, list[int], float]]:
+    """A streaming handle's replies (vLLM: every prompt submitted at once): (prompt index, new token ids, seconds since
+    the previous reply) in the order they finish, so that the rows of one submission add up to its wall time."""
+    last = time.perf_counter()
+    for index, new in handle.replies(prompts, budgets):
+        now = time.perf_counter()
+        yield index, new, now - last
+        last = now

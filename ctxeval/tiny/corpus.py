@@ -30,7 +30,7 @@ import numpy as np
 
 from ..data.offline import HELD_OUT_TITLES, held_out_documents, pydoc_topics, remove_held_out_lines
 from ..data.presets import load_task
-from ..evals.needle import NeedlePreset, make_sample
+from ..evals.haystack import NeedlePreset, make_sample
 from ..util.textfiles import write_text
 
 # standard-library folders that are not prose or ordinary code (tests, generated tables, other installs)

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..data.offline import held_out_documents
-from ..evals.needle import FILLER, KEY_ADJECTIVES, KEY_NOUNS, PromptBuilder, make_sample
+from ..evals.haystack import FILLER, KEY_ADJECTIVES, KEY_NOUNS, PromptBuilder, make_sample
 from .corpus import training_corpus, training_presets
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from ...errors import CtxevalError
-from ...models.generation import greedy_config, streams
+from ...models.generation import greedy_replies, streams, timed_replies
 from ...models.protocol import LanguageModel
 from ...models.vllm_engine import VllmModel
 from ...runs.rows import RESUME_FIELDS, point_key
@@ -28,7 +28,7 @@ from ...runs.store import RunStore
 from ...specs import MethodSpec
 from ...util.numbers import MAX_TOKENS, whole_number
 from ...util.textfiles import make_dirs, read_jsonl, write_text
-from ..common import PointOOM, Progress, SilentProgress, numbered, oom_guard, point_row
+from ..common import OomLadder, PointOOM, Progress, SilentProgress, numbered, oom_guard, point_row
 from ..sweep import WorkItem, forward_cost, run_items
 from .generate import generate, postprocess, score
 from .sources import Sources
@@ -195,19 +195,9 @@ class RulerRunner:
             finally:
                 self.tok.padding_side, self.tok.pad_token = pad_side, pad
         ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
-        frozen = handle is not None and getattr(handle.method, "length_dependent", False) and length is not None
-        if frozen:
-            handle.freeze_length(length)  # prompt and generated tokens share the RoPE of the task's length
-        try:
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                generation_config=greedy_config(self.tok, max_new_tokens, self.model),
-            )
-        finally:
-            if frozen:
-                handle.freeze_length(None)
-        texts = [self.tok.decode(row[ids.shape[1] :].tolist(), skip_special_tokens=True) for row in out]
+        # prompt and generated tokens share the RoPE of the task's length
+        replies = greedy_replies(self.model, self.tok, ids, mask, max_new_tokens, handle, length)
+        texts = [self.tok.decode(new, skip_special_tokens=True) for new in replies]
         return texts, [int(n) for n in enc["attention_mask"].sum(dim=1)]
 
     def measure(
@@ -219,51 +209,49 @@ class RulerRunner:
         emit: Callable[[list[dict]], None],
         handle: Any = None,
         of: int | None = None,
+        ladder: OomLadder | None = None,
     ) -> None:
-        """Score `samples` (some of the `of` samples of this task and length), emitting their rows batch by batch."""
+        """Score `samples` (some of the `of` samples of this task and length), emitting their rows batch by batch.
+        Out of memory follows `ladder` (one per sweep, so that it carries across calls; a fresh one by default)."""
+        ladder = OomLadder() if ladder is None else ladder
         family = FAMILIES[TASKS[task].family]
         of = of or max((s.index + 1 for s in samples), default=0)
+        if ladder.skipped_at(spec.label, length) is not None:
+            note = ladder.skip_note(spec.label)
+            emit([self._failed(spec, task, length, s, "skipped", note) for s in samples])
+            return
         if streams(handle):
             self._stream(spec, task, length, samples, emit, handle, of)
             return
-        for start in range(0, len(samples), self.batch_size):
-            chunk = samples[start : start + self.batch_size]
+
+        def timed(chunk: list[RulerSample]) -> tuple[list[str], list[int], float]:
             t0 = time.perf_counter()
-            try:
-                with oom_guard(self.device):
-                    predictions, prompt_tokens = self.predict(
-                        [s.prompt for s in chunk], family.tokens_to_generate, handle, length
-                    )
-            except PointOOM as exc:
-                emit(
-                    [
-                        point_row(
-                            self.model_name,
-                            spec,
-                            "ruler",
-                            ruler_task=task,
-                            length=length,
-                            sample=s.index,
-                            status="oom",
-                            note=str(exc),
-                        )
-                        for s in chunk
-                    ]
+            with oom_guard(self.device):
+                predictions, prompt_tokens = self.predict(
+                    [s.prompt for s in chunk], family.tokens_to_generate, handle, length
                 )
-                self.progress.note(f"{spec.label}: out of memory at {task} {length} tokens")
-                return
-            seconds = (time.perf_counter() - t0) / len(chunk)
-            rows = [
-                self._row(spec, task, length, sample, raw, n_prompt, seconds)
-                for sample, raw, n_prompt in zip(chunk, predictions, prompt_tokens)
-            ]
-            emit(rows)
-            self.progress.advance(
-                length * len(chunk),
-                f"{spec.label} {task} L={length} "
-                f"{numbered('sample', [s.index + 1 for s in chunk], of)} "
-                f"{sum(r['score'] for r in rows) / len(rows):.0%}",
-            )
+            return predictions, prompt_tokens, (time.perf_counter() - t0) / len(chunk)
+
+        measured = 0
+        try:
+            for chunk, (predictions, prompt_tokens, seconds) in ladder.batches(
+                spec.label, length, samples, self.batch_size, self.progress, timed
+            ):
+                rows = [
+                    self._row(spec, task, length, sample, raw, n_prompt, seconds)
+                    for sample, raw, n_prompt in zip(chunk, predictions, prompt_tokens)
+                ]
+                emit(rows)
+                self.progress.advance(
+                    length * len(chunk),
+                    f"{spec.label} {task} L={length} "
+                    f"{numbered('sample', [s.index + 1 for s in chunk], of)} "
+                    f"{sum(r['score'] for r in rows) / len(rows):.0%}",
+                )
+                measured += len(chunk)
+        except PointOOM as exc:
+            emit([self._failed(spec, task, length, s, "oom", str(exc)) for s in samples[measured:]])
+            ladder.give_up(spec.label, length, self.progress)
 
     def _stream(
         self,
@@ -279,25 +267,31 @@ class RulerRunner:
         its reply finishes (`seconds`: the wall time since the previous reply)."""
         family = FAMILIES[TASKS[task].family]
         prompts = [self.tok(s.prompt)["input_ids"] for s in samples]
-        last = time.perf_counter()
-        for index, new in handle.replies(prompts, [family.tokens_to_generate] * len(prompts)):
+        for index, new, seconds in timed_replies(handle, prompts, [family.tokens_to_generate] * len(prompts)):
             sample = samples[index]
-            now = time.perf_counter()
             row = self._row(
-                spec,
-                task,
-                length,
-                sample,
-                self.tok.decode(new, skip_special_tokens=True),
-                len(prompts[index]),
-                now - last,
+                spec, task, length, sample, self.tok.decode(new, skip_special_tokens=True), len(prompts[index]), seconds
             )
             emit([row])
             self.progress.advance(
                 length,
                 f"{spec.label} {task} L={length} {numbered('sample', [sample.index + 1], of)} {row['score']:.0%}",
             )
-            last = now
+
+    def _failed(
+        self, spec: MethodSpec, task: str, length: int, sample: RulerSample, status: str, note: str
+    ) -> dict[str, Any]:
+        """The row of a sample that ran out of memory (`oom`) or was skipped after one did (`skipped`)."""
+        return point_row(
+            self.model_name,
+            spec,
+            "ruler",
+            ruler_task=task,
+            length=length,
+            sample=sample.index,
+            status=status,
+            note=note,
+        )
 
     def _row(
         self,
@@ -374,6 +368,7 @@ def sweep(
                         length,
                     )
                 )
+    ladder = OomLadder()
     run_items(
         lm,
         specs,
@@ -382,6 +377,6 @@ def sweep(
         store,
         runner.progress,
         lambda spec, batch, handle: runner.measure(
-            spec, batch.task, batch.length, list(batch.samples), store.append, handle, of=batch.total
+            spec, batch.task, batch.length, list(batch.samples), store.append, handle, of=batch.total, ladder=ladder
         ),
     )

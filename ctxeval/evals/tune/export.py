@@ -162,7 +162,7 @@ def verify_export(
         runner.dynamic = {applied.label}  # one forward per length: the same forwards on both sides
         rows: list[dict[str, Any]] = []
         with applying(model, applied, tuple(lengths)) as (handle, _record):
-            runner.measure(applied, doc, list(lengths), rows.extend, {})
+            runner.measure(applied, doc, list(lengths), rows.extend)
             readback = {L: handle.readback(L)[0] for L in lengths}
         if any(r.get("status") != "ok" for r in rows):
             raise CtxevalError(f"--export: the perplexity of {name} could not be measured ({rows[0].get('note')})")

@@ -133,7 +133,7 @@ class TrialScorer:
         lengths = [self.cfg.target] if cached is not None else list(self.cfg.lengths)
         with applying(self.lm, spec, self.cfg.lengths) as (_handle, record):
             for doc in self.docs:
-                self.runner.measure(spec, doc, lengths, rows.extend, {})
+                self.runner.measure(spec, doc, lengths, rows.extend)
         if key is not None and cached is None:
             self.short_rows[key] = [r for r in rows if r["length"] == self.cfg.short]
         rows += cached or []
