@@ -11,11 +11,10 @@ from typing import Annotated
 
 import typer
 
-from .bound import bound_cmd
 from .console import state
 from .entropy import entropy_cmd
 from .lm_eval import lm_eval_cmd
-from .methods import methods_cmd, plan_cmd
+from .methods import bound_cmd, methods_cmd, plan_cmd
 from .needle import needle_cmd, passkey_cmd
 from .ppl import ppl_cmd
 from .report import report_cmd

@@ -12,7 +12,6 @@ from ..errors import CtxevalError
 from ..models.load import DEFAULT_MODEL
 from ..specs import expand_specs
 from .console import print_outputs, user_errors
-from .factors import settle_factors
 from .options import (
     DOCS,
     Check,
@@ -32,7 +31,7 @@ from .options import (
     parse_lengths,
     parse_temperatures,
 )
-from .run import default_lengths, default_out, load_for, measure
+from .run import default_lengths, default_out, load_for, measure, settle_factors
 
 # torch, transformers, pandas and matplotlib load only when a command needs them (`ctxeval --help` starts in
 # well under a second): the evaluation and report modules are imported inside the command functions.

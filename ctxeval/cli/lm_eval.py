@@ -12,7 +12,6 @@ from ..errors import CtxevalError
 from ..models.load import DEFAULT_MODEL
 from ..specs import MethodSpec, expand_specs
 from .console import err, print_outputs, user_errors
-from .factors import settle_factors
 from .options import (
     BackendOpt,
     Check,
@@ -30,7 +29,7 @@ from .options import (
     VllmArgOpt,
     parse_factors,
 )
-from .run import Backend, default_out, load_for, measure, prepare_backend
+from .run import Backend, default_out, load_for, measure, prepare_backend, settle_factors
 
 
 def extended_length(specs: list[MethodSpec], trained: int) -> int:

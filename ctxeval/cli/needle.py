@@ -15,7 +15,6 @@ from ..errors import CtxevalError
 from ..models.load import DEFAULT_MODEL
 from ..specs import expand_specs
 from .console import err, print_outputs, user_errors
-from .factors import settle_factors
 from .options import (
     NEEDLE_HELP,
     SAMPLES,
@@ -58,6 +57,7 @@ from .run import (
     note_attention_noops,
     prepare_backend,
     quickstart,
+    settle_factors,
 )
 
 if TYPE_CHECKING:

@@ -16,7 +16,6 @@ from ..models.memory import GIB, dry_run
 from ..runs.rows import AGGREGATES
 from ..specs import MethodSpec, expand_specs
 from .console import err, print_outputs, print_table, user_errors
-from .factors import settle_factors
 from .options import (
     DOCS,
     VALID_TOLERANCE,
@@ -35,7 +34,16 @@ from .options import (
     parse_lengths,
     parse_temperatures,
 )
-from .run import QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, note_attention_noops, quickstart
+from .run import (
+    QUICKSTART_SETTINGS,
+    default_lengths,
+    default_out,
+    load_for,
+    measure,
+    note_attention_noops,
+    quickstart,
+    settle_factors,
+)
 
 if TYPE_CHECKING:
     from ..evals.perplexity import PplConfig

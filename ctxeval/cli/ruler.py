@@ -18,7 +18,6 @@ from ..specs import expand_specs
 from ..util.paths import cache_dir
 from ..util.textfiles import MAX_TEXT_BYTES, read_bytes, read_json, read_text
 from .console import err, print_outputs, user_errors
-from .factors import settle_factors
 from .options import (
     AttnOpt,
     BackendOpt,
@@ -42,7 +41,16 @@ from .options import (
     parse_lengths,
     parse_temperatures,
 )
-from .run import Backend, default_lengths, default_out, load_for, measure, note_attention_noops, prepare_backend
+from .run import (
+    Backend,
+    default_lengths,
+    default_out,
+    load_for,
+    measure,
+    note_attention_noops,
+    prepare_backend,
+    settle_factors,
+)
 
 # torch, transformers, pandas and matplotlib load only when a command needs them: the evaluation and report modules
 # are imported inside the command function.

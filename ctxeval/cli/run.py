@@ -21,7 +21,7 @@ from ..rope.geometry import require_trained_length
 from ..runs.distributed import conclude, current, init_from_env, open_store
 from ..runs.rows import OK, RESUME_FIELDS, point_key
 from ..runs.store import RunStore, run_status
-from ..specs import MethodSpec
+from ..specs import MethodSpec, plain_rope_notes, with_default_factors
 from ..tiny import QUICKSTART
 from ..util.paths import safe_name
 from .console import QuietProgress, RichProgress, err, fmt_duration, state
@@ -198,6 +198,17 @@ def prepare_backend(
     for spec in specs:
         lm.plan(spec, tuple(lengths))
     return {"backend": "vllm"}
+
+
+def settle_factors(specs: list[MethodSpec], lengths: list[int], lm: Any) -> list[MethodSpec]:
+    """specs.with_default_factors at the longest of `lengths` for the loaded model's RoPE, with its notes (and
+    specs.plain_rope_notes) on rank 0's stderr."""
+    geometry = lm.rope.geometry
+    specs, notes = with_default_factors(specs, max(lengths) if lengths else None, geometry)
+    if current().is_main:
+        for note in notes + plain_rope_notes(specs, lengths, geometry):
+            err.print(f"note: {note}", markup=False)
+    return specs
 
 
 def note_attention_noops(specs: list[MethodSpec], lengths: list[int], original_length: int | None) -> None:

@@ -13,9 +13,8 @@ from ..data import corpora
 from ..errors import CtxevalError
 from ..specs import expand_specs
 from .console import err, print_outputs, user_errors
-from .factors import settle_factors
 from .options import AttnOpt, Check, DeviceOpt, DtypeOpt, ModelOpt, OverwriteOpt, RemoteOpt, parse_lengths
-from .run import default_out, load_for, measure
+from .run import default_out, load_for, measure, settle_factors
 
 QUICKSTART_TUNE = {"model": "tiny", "method": "yarn", "target_length": "1k", "data": "pydoc", "trials": 60}
 
