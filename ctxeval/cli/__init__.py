@@ -1,8 +1,9 @@
-"""The command line: one module per command (parse -> call the library -> print what it returns), shared option
-types in options.py, what the user sees in console.py, what every measuring command does around its evaluation in
-run.py. Data to stdout, messages to stderr; user errors are one red line with exit code 2 (--debug shows the
-traceback). Nothing in the library imports this package. The command modules import the evaluation and report
-modules inside the commands, so that importing the CLI loads no torch, transformers, pandas or matplotlib."""
+"""The command line: one module per measuring command (its options, and its own steps of the recipe in run.py that
+every measuring command follows), methods.py for the commands that inspect methods without measuring (methods, plan,
+bound), report.py; every option declared once in options.py, what the user sees in console.py. Data to stdout,
+messages to stderr; user errors are one red line with exit code 2 (--debug shows the traceback). Nothing in the
+library imports this package. The command modules import the evaluation and report modules inside the commands, so
+that importing the CLI loads no torch, transformers, pandas or matplotlib."""
 
 from __future__ import annotations
 

@@ -20,17 +20,60 @@ from ..errors import CtxevalError
 from ..models.load import load_config
 from ..rope import bound as BD
 from ..rope.methods import METHODS, Geometry, get_method, plan, resolve_params
-from ..specs import expand_specs, plain_rope_notes, takes_default_factor, with_default_factors
+from ..specs import MethodSpec, expand_specs, plain_rope_notes, takes_default_factor, with_default_factors
 from .console import err, out, user_errors
-from .options import Check, FactorOpt, Fmt, MethodOpt, parse_factors, parse_lengths
+from .options import (
+    Check,
+    FactorOpt,
+    Fmt,
+    FormatOpt,
+    HeadDimOpt,
+    LengthsOpt,
+    MethodOpt,
+    ModelOpt,
+    RemoteOpt,
+    parse_factors,
+    parse_lengths,
+    reworded,
+)
 
 
 @user_errors
 def methods_cmd(
-    fmt: Annotated[Fmt, typer.Option("--format", help="table or json")] = Fmt.table,
+    fmt: reworded(FormatOpt, "table or json") = Fmt.table,
 ) -> None:
     """List the RoPE methods (frequencies) and attention methods, their parameters and defaults."""
-    data = [
+    data = method_registry()
+    if fmt == Fmt.json:
+        print(json.dumps(data, indent=2))
+        return
+    if fmt == Fmt.csv:
+        raise CtxevalError("methods supports --format table or json")
+    table = Table(
+        title="RoPE methods (ctxeval plan --method NAME shows one in detail); attention methods follow a "
+        "frequency method with '+' (ntk:factor=2+logn) or run alone on plain RoPE"
+    )
+    for col in ("method", "kind", "depends on length", "parameters (default)", "what it does"):
+        table.add_column(col, overflow="fold")
+    for d in data:
+        params = (
+            ", ".join(
+                f"{p['name']}={p['default']}"
+                + (" (measuring: longest length / trained)" if "measuring_default" in p else "")
+                for p in d["params"]
+            )
+            or "-"
+        )
+        if d["param_aliases"]:
+            params += "  [dim](" + ", ".join(f"{a}={b}" for a, b in d["param_aliases"].items()) + ")[/dim]"
+        name = d["name"] + (f" ({', '.join(d['aliases'])})" if d["aliases"] else "")
+        table.add_row(name, d["kind"], "yes" if d["length_dependent"] else "no", params, d["summary"])
+    out.print(table)
+
+
+def method_registry() -> list[dict[str, Any]]:
+    """Every method (frequency methods, then attention methods) as `methods --format json` prints it."""
+    return [
         {
             "name": m.name,
             "kind": "frequency",
@@ -66,40 +109,15 @@ def methods_cmd(
         }
         for m in ATTENTION_METHODS.values()
     ]
-    if fmt == Fmt.json:
-        print(json.dumps(data, indent=2))
-        return
-    if fmt == Fmt.csv:
-        raise CtxevalError("methods supports --format table or json")
-    table = Table(
-        title="RoPE methods (ctxeval plan --method NAME shows one in detail); attention methods follow a "
-        "frequency method with '+' (ntk:factor=2+logn) or run alone on plain RoPE"
-    )
-    for col in ("method", "kind", "depends on length", "parameters (default)", "what it does"):
-        table.add_column(col, overflow="fold")
-    for d in data:
-        params = (
-            ", ".join(
-                f"{p['name']}={p['default']}"
-                + (" (measuring: longest length / trained)" if "measuring_default" in p else "")
-                for p in d["params"]
-            )
-            or "-"
-        )
-        if d["param_aliases"]:
-            params += "  [dim](" + ", ".join(f"{a}={b}" for a, b in d["param_aliases"].items()) + ")[/dim]"
-        name = d["name"] + (f" ({', '.join(d['aliases'])})" if d["aliases"] else "")
-        table.add_row(name, d["kind"], "yes" if d["length_dependent"] else "no", params, d["summary"])
-    out.print(table)
 
 
 @user_errors
 def plan_cmd(
-    method: MethodOpt = ["yarn"],
+    method: reworded(
+        MethodOpt, "NAME or NAME:key=value,... (e.g. yarn:factor=4,beta_fast=32); repeatable.", list[str]
+    ) = ("yarn",),
     factor: FactorOpt = None,
-    head_dim: Annotated[
-        Optional[int], typer.Option(help="Head dim (rotary dim = head_dim * partial_rotary_factor).")
-    ] = None,
+    head_dim: reworded(HeadDimOpt, "Head dim (rotary dim = head_dim * partial_rotary_factor).") = None,
     partial_rotary_factor: Annotated[
         float,
         typer.Option(help="Fraction of the head dim that rotates."),
@@ -107,32 +125,22 @@ def plan_cmd(
     ] = 1.0,
     base: Annotated[Optional[float], typer.Option(help="RoPE base (rope_theta).")] = None,
     original_length: Annotated[Optional[int], typer.Option(help="Original trained context length L.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Read the geometry from this model's config instead.")] = None,
+    model: reworded(ModelOpt, "Read the geometry from this model's config instead.") = None,
     length: Annotated[
         Optional[int], typer.Option(help="Sequence length (length-dependent methods)."), Check("--length", minimum=1)
     ] = None,
-    trust_remote_code: Annotated[bool, typer.Option(help="Allow the model's own config code.")] = False,
-    fmt: Annotated[Fmt, typer.Option("--format", help="table, json (every pair's inv_freq) or csv")] = Fmt.table,
+    trust_remote_code: reworded(RemoteOpt, "Allow the model's own config code.", negatable=True) = False,
+    fmt: reworded(FormatOpt, "table, json (every pair's inv_freq) or csv") = Fmt.table,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of the per-pair scale.")] = None,
 ) -> None:
     """Show the per-pair frequency plan of a method: wavelength, r = L/lambda, scale, group, attention factor."""
     geom, where = plan_geometry(head_dim, partial_rotary_factor, base, original_length, model, trust_remote_code)
-    specs = expand_specs(method, parse_factors(factor))
-    if len(specs) != 1:
-        raise CtxevalError(f"plan shows one method at a time; got {len(specs)}: {', '.join(s.label for s in specs)}")
-    specs, notes = with_default_factors(specs, length, geom)  # --length plays the longest length's part
-    notes += plain_rope_notes(specs, [length or geom.original_length], geom)
-    spec = specs[0]
+    spec = plan_spec(list(method), factor, length, geom)
     m = get_method(spec.name)
-    if length is not None and not m.length_dependent and not notes:
-        notes.append(f"{m.name} does not depend on the sequence length; --length is ignored")
-    for note in notes:
-        err.print(f"note: {note}", markup=False)
     freqs, rows = plan(m, geom, spec.params, length)
-    full = resolve_params(m, spec.params)
     header = {
         "method": m.name,
-        "params": full,
+        "params": resolve_params(m, spec.params),
         "geometry": {
             "rotary_dim": geom.rotary_dim,
             "base": geom.base,
@@ -156,58 +164,89 @@ def plan_cmd(
         title = f"{spec.label} on d={geom.rotary_dim}, b={geom.base:g}, L={geom.original_length} ({where})" + (
             f", length {length}" if m.length_dependent and length else ""
         )
-        table = Table(title=title)
-        for col in ("pair", "wavelength", "r = L/λ", "inv_freq", "scale", "group"):
-            table.add_column(col, justify="right" if col != "group" else "left")
-        style = {"extrapolated": "green", "blended": "yellow", "interpolated": "red"}
-        for r in rows:
-            table.add_row(
-                str(r.pair),
-                f"{r.wavelength:,.1f}",
-                f"{r.ratio:.4g}",
-                f"{r.inv_freq:.6e}",
-                f"{r.scale:.4f}",
-                f"[{style[r.group]}]{r.group}[/]",
-            )
-        out.print(table)
-        counts = {g: sum(r.group == g for r in rows) for g in style}
-        out.print(
-            f"attention factor {freqs.attention_factor:.6f} on q and k (logits x {freqs.attention_factor**2:.6f}); "
-            + ", ".join(f"{n} {g}" for g, n in counts.items())
-        )
-    remapping = [a for a in spec.attention if a.name != "logn"]
-    if spec.attention and fmt == Fmt.table:
-        L = geom.original_length
-        distances = sorted(
-            {0, L // 4, L // 2, L - 1, L, 2 * L, 4 * L, 8 * L}
-            | {window_of(a) + extra for a in remapping for extra in (-1, 0)}
-        )
-        table = Table(title=f"relative position scored for a pair at distance d (j = 0) under {spec.label}")
-        table.add_column("distance d", justify="right")
-        for a in remapping:
-            table.add_column(a.name, justify="right")
-        for d in distances:
-            table.add_row(f"{d:,}", *[f"{float(relative_position(a, [d])[0]):,.2f}" for a in remapping])
-        out.print(table)
-        for length in filter(None, (logn_length(a, L) for a in spec.attention)):
-            out.print(f"logn: queries at position i scaled by max(1, log(i+1)/log {length})")
+        print_plan_table(title, rows, freqs.attention_factor)
+        if spec.attention:
+            print_relative_positions(spec, geom.original_length)
     if plot is not None:
-        from ..report.plots import plot_plan, plot_relative_positions  # matplotlib only when a plot is asked for
+        write_plan_plot(spec, rows, geom, plot)
 
-        if remapping:
-            import numpy as np
 
-            distance = np.linspace(0, 4 * geom.original_length, 801)
-            plot_relative_positions(
-                distance,
-                {a.name: relative_position(a, distance) for a in remapping},
-                f"{spec.label}: relative position vs true distance",
-                geom.original_length,
-                plot,
-            )
-        else:
-            plot_plan(rows, f"{spec.label}: d={geom.rotary_dim}, b={geom.base:g}", geom.original_length, plot)
-        err.print(f"wrote {plot}")
+def plan_spec(method: list[str], factor: str | None, length: int | None, geom: Geometry) -> MethodSpec:
+    """The one method `plan` shows, its factor defaulted as a measuring command would at `length`; notes on stderr."""
+    specs = expand_specs(method, parse_factors(factor))
+    if len(specs) != 1:
+        raise CtxevalError(f"plan shows one method at a time; got {len(specs)}: {', '.join(s.label for s in specs)}")
+    specs, notes = with_default_factors(specs, length, geom)  # --length plays the longest length's part
+    notes += plain_rope_notes(specs, [length or geom.original_length], geom)
+    m = get_method(specs[0].name)
+    if length is not None and not m.length_dependent and not notes:
+        notes.append(f"{m.name} does not depend on the sequence length; --length is ignored")
+    for note in notes:
+        err.print(f"note: {note}", markup=False)
+    return specs[0]
+
+
+def print_plan_table(title: str, rows: list[Any], attention_factor: float) -> None:
+    """The per-pair table, coloured by group, and the attention factor line."""
+    table = Table(title=title)
+    for col in ("pair", "wavelength", "r = L/λ", "inv_freq", "scale", "group"):
+        table.add_column(col, justify="right" if col != "group" else "left")
+    style = {"extrapolated": "green", "blended": "yellow", "interpolated": "red"}
+    for r in rows:
+        table.add_row(
+            str(r.pair),
+            f"{r.wavelength:,.1f}",
+            f"{r.ratio:.4g}",
+            f"{r.inv_freq:.6e}",
+            f"{r.scale:.4f}",
+            f"[{style[r.group]}]{r.group}[/]",
+        )
+    out.print(table)
+    counts = {g: sum(r.group == g for r in rows) for g in style}
+    out.print(
+        f"attention factor {attention_factor:.6f} on q and k (logits x {attention_factor**2:.6f}); "
+        + ", ".join(f"{n} {g}" for g, n in counts.items())
+    )
+
+
+def print_relative_positions(spec: MethodSpec, original_length: int) -> None:
+    """The attention methods of `spec`: the relative position each scores at a distance, and logn's scaling."""
+    L = original_length
+    remapping = [a for a in spec.attention if a.name != "logn"]
+    distances = sorted(
+        {0, L // 4, L // 2, L - 1, L, 2 * L, 4 * L, 8 * L}
+        | {window_of(a) + extra for a in remapping for extra in (-1, 0)}
+    )
+    table = Table(title=f"relative position scored for a pair at distance d (j = 0) under {spec.label}")
+    table.add_column("distance d", justify="right")
+    for a in remapping:
+        table.add_column(a.name, justify="right")
+    for d in distances:
+        table.add_row(f"{d:,}", *[f"{float(relative_position(a, [d])[0]):,.2f}" for a in remapping])
+    out.print(table)
+    for length in filter(None, (logn_length(a, L) for a in spec.attention)):
+        out.print(f"logn: queries at position i scaled by max(1, log(i+1)/log {length})")
+
+
+def write_plan_plot(spec: MethodSpec, rows: list[Any], geom: Geometry, plot: Path) -> None:
+    """--plot: the relative positions of a remapping attention method, else the per-pair scale."""
+    from ..report.plots import plot_plan, plot_relative_positions  # matplotlib only when a plot is asked for
+
+    remapping = [a for a in spec.attention if a.name != "logn"]
+    if remapping:
+        import numpy as np
+
+        distance = np.linspace(0, 4 * geom.original_length, 801)
+        plot_relative_positions(
+            distance,
+            {a.name: relative_position(a, distance) for a in remapping},
+            f"{spec.label}: relative position vs true distance",
+            geom.original_length,
+            plot,
+        )
+    else:
+        plot_plan(rows, f"{spec.label}: d={geom.rotary_dim}, b={geom.base:g}", geom.original_length, plot)
+    err.print(f"wrote {plot}")
 
 
 def plan_geometry(
@@ -264,28 +303,18 @@ def _model_geometry(model: str, trust_remote_code: bool) -> Any:
 
 @user_errors
 def bound_cmd(
-    head_dim: Annotated[
-        Optional[int], typer.Option("--head-dim", help="Rotary dim d (head_dim x partial_rotary_factor), e.g. 128.")
-    ] = None,
-    lengths: Annotated[
-        Optional[str],
-        typer.Option(
-            "--lengths",
-            help="Context lengths L: 1000,2000 | 1k:16k:x2 (k = 1024 here; the paper's lengths are "
-            "thousands, the default: 1000,2000,...,512000,1000000).",
-        ),
-    ] = None,
-    model: Annotated[
-        Optional[str],
-        typer.Option(
-            "--model",
-            help="Read d, base and trained length from this model's config; add the longest context its base supports.",
-        ),
-    ] = None,
-    trust_remote_code: Annotated[
-        bool, typer.Option("--trust-remote-code", help="Run the model repository's own config code.")
-    ] = False,
-    fmt: Annotated[Fmt, typer.Option("--format", help="table, json or csv")] = Fmt.table,
+    head_dim: HeadDimOpt = None,
+    lengths: reworded(
+        LengthsOpt,
+        "Context lengths L: 1000,2000 | 1k:16k:x2 (k = 1024 here; the paper's lengths are "
+        "thousands, the default: 1000,2000,...,512000,1000000).",
+    ) = None,
+    model: reworded(
+        ModelOpt,
+        "Read d, base and trained length from this model's config; add the longest context its base supports.",
+    ) = None,
+    trust_remote_code: reworded(RemoteOpt, "Run the model repository's own config code.") = False,
+    fmt: FormatOpt = Fmt.table,
 ) -> None:
     """Lower bound on the RoPE base for context length L (Men et al. 2024): sum_i cos(m b^(-2i/d)) >= 0, m <= L."""
     if model is not None and head_dim is not None:
@@ -297,21 +326,10 @@ def bound_cmd(
     wanted = parse_lengths(lengths) if lengths is not None else list(BD.PAPER_LENGTHS)
     model_rec: dict[str, Any] | None = None
     if model is not None:
-        geom = _model_geometry(model, trust_remote_code)
-        head_dim = geom.rotary_dim
-        BD.check_head_dim(head_dim)
-        if geom.original_length <= BD.MAX_LENGTH:
-            wanted = sorted(set(wanted) | {geom.original_length})
-        reach = BD.max_context(geom.base, head_dim)
-        model_rec = {
-            "model": model,
-            "rotary_dim": head_dim,
-            "base": geom.base,
-            "trained_length": geom.original_length,
-            "max_context": reach,
-            "max_context_is_lower_limit": reach >= BD.MAX_LENGTH,
-            "ratio_to_trained": reach / geom.original_length,
-        }
+        model_rec = _model_record(model, trust_remote_code)
+        head_dim = model_rec["rotary_dim"]
+        if model_rec["trained_length"] <= BD.MAX_LENGTH:
+            wanted = sorted(set(wanted) | {model_rec["trained_length"]})
     table = BD.bound_table(head_dim, wanted)
     rows = table.rows
     if head_dim == 2 and max(wanted) >= 2:
@@ -320,39 +338,58 @@ def bound_cmd(
             "no base passes any L >= 2"
         )
     if fmt == Fmt.json:
-        print(
-            json.dumps(
-                {
-                    "head_dim": head_dim,
-                    "criterion": "sum_i cos(m * base^(-2i/d)) >= 0 for m = 0..L",
-                    "grid": f"bases with two significant digits from 1.1 to at most {BD.MAX_BASE:g}",
-                    "rows": [r.to_json() for r in rows],
-                    "model": model_rec,
-                    "seconds": round(table.seconds, 3),
-                },
-                indent=2,
-            )
-        )
+        print(json.dumps(_bound_json(head_dim, table, model_rec), indent=2))
     elif fmt == Fmt.csv:
-        buf = io.StringIO()
-        writer = csv.writer(buf)
-        writer.writerow(["length", "paper", "first_feasible", "all_feasible_above", "safe_base"])
-        for r in rows:
-            writer.writerow(
-                [
-                    r.length,
-                    "" if r.paper is None else repr(r.paper),
-                    "" if r.first_feasible is None else repr(r.first_feasible),
-                    "" if r.all_feasible_above is None else repr(r.all_feasible_above),
-                    repr(r.safe_base) if math.isfinite(r.safe_base) else "",
-                ]
-            )
-        sys.stdout.write(buf.getvalue())
+        sys.stdout.write(_bound_csv(rows))
     else:
         out.print(_render(head_dim, rows, model_rec))
     if model_rec is not None and fmt != Fmt.json:
         (out if fmt == Fmt.table else err).print(_model_line(model_rec, rows), markup=False)
     err.print(f"computed in {table.seconds:.1f} s ({table.grid_bases} grid bases)")
+
+
+def _model_record(model: str, trust_remote_code: bool) -> dict[str, Any]:
+    """--model: its rotary dim, base, trained length, and the longest context its base supports."""
+    geom = _model_geometry(model, trust_remote_code)
+    BD.check_head_dim(geom.rotary_dim)
+    reach = BD.max_context(geom.base, geom.rotary_dim)
+    return {
+        "model": model,
+        "rotary_dim": geom.rotary_dim,
+        "base": geom.base,
+        "trained_length": geom.original_length,
+        "max_context": reach,
+        "max_context_is_lower_limit": reach >= BD.MAX_LENGTH,
+        "ratio_to_trained": reach / geom.original_length,
+    }
+
+
+def _bound_json(head_dim: int, table: Any, model_rec: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "head_dim": head_dim,
+        "criterion": "sum_i cos(m * base^(-2i/d)) >= 0 for m = 0..L",
+        "grid": f"bases with two significant digits from 1.1 to at most {BD.MAX_BASE:g}",
+        "rows": [r.to_json() for r in table.rows],
+        "model": model_rec,
+        "seconds": round(table.seconds, 3),
+    }
+
+
+def _bound_csv(rows: list[BD.BoundRow]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["length", "paper", "first_feasible", "all_feasible_above", "safe_base"])
+    for r in rows:
+        writer.writerow(
+            [
+                r.length,
+                "" if r.paper is None else repr(r.paper),
+                "" if r.first_feasible is None else repr(r.first_feasible),
+                "" if r.all_feasible_above is None else repr(r.all_feasible_above),
+                repr(r.safe_base) if math.isfinite(r.safe_base) else "",
+            ]
+        )
+    return buf.getvalue()
 
 
 def _render(head_dim: int, rows: list[BD.BoundRow], model_rec: dict[str, Any] | None) -> Any:
