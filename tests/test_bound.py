@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ctxeval.cli.bound import fmt_base
+from ctxeval.cli.methods import fmt_base
 from ctxeval.rope import bound as BD
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from importlib.metadata import version
 import pytest
 from typer.testing import CliRunner
 
-from ctxeval.cli import app, entropy, needle, ppl, ruler
+from ctxeval.cli import app, run
 from ctxeval.data import corpora
 from ctxeval.data import offline as oc
 from ctxeval.errors import CtxevalError
@@ -21,8 +21,7 @@ def no_model(monkeypatch, tmp_path):
     def load(*args, **kwargs):
         raise AssertionError("the model was loaded before the data spec was checked")
 
-    for module in (ppl, needle, entropy, ruler):
-        monkeypatch.setattr(module, "load_for", load)
+    monkeypatch.setattr(run, "load_for", load)  # every measuring command loads through cli/run.py's recipe
     monkeypatch.setenv("CTXEVAL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CTXEVAL_R_LIBRARY", str(tmp_path / "no-r-library"))
     monkeypatch.setattr(oc, "_SYSTEM_R_LIBRARIES", ())

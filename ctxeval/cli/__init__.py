@@ -1,8 +1,9 @@
-"""The command line: one module per command (parse -> call the library -> print what it returns), shared option
-types in options.py, what the user sees in console.py, what every measuring command does around its evaluation in
-run.py. Data to stdout, messages to stderr; user errors are one red line with exit code 2 (--debug shows the
-traceback). Nothing in the library imports this package. The command modules import the evaluation and report
-modules inside the commands, so that importing the CLI loads no torch, transformers, pandas or matplotlib."""
+"""The command line: one module per measuring command (its options, and its own steps of the recipe in run.py that
+every measuring command follows), methods.py for the commands that inspect methods without measuring (methods, plan,
+bound), report.py; every option declared once in options.py, what the user sees in console.py. Data to stdout,
+messages to stderr; user errors are one red line with exit code 2 (--debug shows the traceback). Nothing in the
+library imports this package. The command modules import the evaluation and report modules inside the commands, so
+that importing the CLI loads no torch, transformers, pandas or matplotlib."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from typing import Annotated
 
 import typer
 
-from .bound import bound_cmd
 from .console import state
 from .entropy import entropy_cmd
 from .lm_eval import lm_eval_cmd
-from .methods import methods_cmd, plan_cmd
+from .methods import bound_cmd, methods_cmd, plan_cmd
 from .needle import needle_cmd, passkey_cmd
 from .ppl import ppl_cmd
 from .report import report_cmd

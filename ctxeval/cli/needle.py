@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -13,69 +13,45 @@ from ..data import corpora
 from ..data.presets import load_task, preset_names
 from ..errors import CtxevalError
 from ..models.load import DEFAULT_MODEL
-from ..specs import expand_specs
+from ..specs import MethodSpec
 from .console import err, print_outputs, user_errors
-from .factors import settle_factors
 from .options import (
     NEEDLE_HELP,
     SAMPLES,
-    THRESHOLD,
-    AttnOpt,
-    BackendOpt,
     BatchOpt,
-    Check,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
+    BosOpt,
+    ChatTemplateOpt,
+    Engine,
     FactorOpt,
-    GpuMemoryOpt,
-    MaxMemoryOpt,
-    MaxModelLenOpt,
+    HaystackOpt,
+    LengthsOpt,
+    Load,
     MaxNewOpt,
+    MethodOpt,
     ModelOpt,
     OutOpt,
     OverwriteOpt,
-    PipelineParallelOpt,
-    RemoteOpt,
+    ProtocolOpt,
+    SamplesOpt,
     ScoringOpt,
     SeedOpt,
     TemperatureOpt,
-    TensorParallelOpt,
     TextFieldOpt,
-    VllmArgOpt,
+    ThresholdOpt,
     parse_depths,
-    parse_factors,
     parse_lengths,
-    parse_temperatures,
+    reworded,
+    with_blocks,
 )
-from .run import (
-    QUICKSTART_SETTINGS,
-    Backend,
-    default_lengths,
-    default_out,
-    load_for,
-    measure,
-    note_attention_noops,
-    prepare_backend,
-    quickstart,
-)
+from .run import QUICKSTART_SETTINGS, Measurement, method_specs, quickstart
 
 if TYPE_CHECKING:
     from ..evals.haystack import NeedlePreset
+    from ..evals.needle import NeedleRunner
 
 # torch, transformers, pandas and matplotlib load only when a command needs them (`ctxeval --help` starts in
 # well under a second): the evaluation and report modules are imported inside the command functions.
 
-LengthsOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        help="Context lengths in tokens: 1k,2k,4k | 1k:16k:x2 "
-        "(default: 0.25x, 0.5x, 1x, 2x the model's original length)."
-    ),
-]
-RetrievalMethodOpt = Annotated[
-    Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; repeatable (default none).")
-]
 PASSKEY_PROTOCOLS = ("yarn", "ctxeval")
 
 
@@ -100,12 +76,8 @@ class Retrieval:
     seed: int
     out: Path | None
     overwrite: bool
-    dtype: str
-    device: str
-    attn: str
-    trust_remote_code: bool
-    device_map: str | None
-    max_memory: str | None
+    load: Load
+    engine: Engine = Engine()
     depths: str | None = None
     depth_spacing: str = "linear"
     needle: str = "passkey"
@@ -116,7 +88,11 @@ class Retrieval:
     snap: bool = False
     protocol: str = "ctxeval"
     bos: bool | None = None  # None: the protocol's default (yarn: off, as the repo's pipeline; ctxeval: on)
-    backend: Backend = Backend()
+
+    @classmethod
+    def of(cls, options: Any) -> "Retrieval":
+        """From needle's or passkey's options."""
+        return cls(**{f.name: getattr(options, f.name) for f in fields(options)})
 
 
 def check_yarn_options(opt: Retrieval) -> None:
@@ -159,400 +135,330 @@ def load_needle_preset(
     return NeedlePreset.from_dict(Path(name).stem if name.endswith(".toml") else name, data)
 
 
-def run_retrieval(task: str, opt: Retrieval) -> None:
-    """Load the model, build the prompts, measure every (method, length, depth, sample), render the run."""
-    from ..evals.haystack import FILLER, PromptBuilder, haystack_tokens, make_sample
-    from ..evals.needle import NeedleConfig, NeedleRunner, sweep
-    from ..evals.passkey import (
-        YARN_LENGTH_STEP,
-        YARN_MAX_NEW_TOKENS,
-        YARN_SAMPLES,
-        YarnPasskeyBuilder,
-        YarnPasskeyRunner,
-    )
-    from ..report.single import render_retrieval
+class RetrievalRun(Measurement):
+    """needle or passkey: prompts at every (length, depth, sample), replies scored; passkey --protocol yarn builds
+    YaRN's eval/passkey.py prompts instead of a haystack's."""
 
-    if task == "passkey" and opt.protocol not in PASSKEY_PROTOCOLS:
-        raise CtxevalError(f"--protocol must be {' or '.join(PASSKEY_PROTOCOLS)}, got '{opt.protocol}'")
-    yarn = task == "passkey" and opt.protocol == "yarn"
+    default_multiples = (0.25, 0.5, 1, 2)
 
-    is_quickstart = opt.model is None
-    if is_quickstart:  # the bundled model with its quickstart settings, each overridden by what the user gave
-        qs = quickstart(task, opt.factor is not None and opt.method is None)
-        opt = replace(
+    def __init__(self, task: str, opt: Retrieval) -> None:
+        super().__init__(opt.out, opt.overwrite, opt.load, opt.engine)
+        self.task, self.opt = task, opt
+
+    def settle(self) -> None:
+        """The quickstart settings under the flags (no --model), the protocol's defaults, the needle preset."""
+        from ..evals.passkey import YARN_SAMPLES
+
+        opt, task = self.opt, self.task
+        if task == "passkey" and opt.protocol not in PASSKEY_PROTOCOLS:
+            raise CtxevalError(f"--protocol must be {' or '.join(PASSKEY_PROTOCOLS)}, got '{opt.protocol}'")
+        self.yarn = task == "passkey" and opt.protocol == "yarn"
+        self.fixed_lengths = not self.yarn  # yarn's prompts stay under their lengths
+        self.is_quickstart = opt.model is None
+        if self.is_quickstart:  # the bundled model with its quickstart settings, each overridden by what the user gave
+            qs = quickstart(task, opt.factor is not None and opt.method is None)
+            opt = replace(
+                opt,
+                model=DEFAULT_MODEL,
+                lengths=opt.lengths if opt.lengths is not None else qs.get("lengths"),
+                samples=opt.samples if opt.samples is not None else qs.get("samples"),
+                method=opt.method if opt.method is not None else list(qs.get("method", ["none"])),
+            )
+        default_samples = YARN_SAMPLES if self.yarn else 10 if task == "passkey" else 1
+        self.opt = opt = replace(
             opt,
-            model=DEFAULT_MODEL,
-            lengths=opt.lengths if opt.lengths is not None else qs.get("lengths"),
-            samples=opt.samples if opt.samples is not None else qs.get("samples"),
-            method=opt.method if opt.method is not None else list(qs.get("method", ["none"])),
+            samples=opt.samples if opt.samples is not None else default_samples,
+            method=opt.method if opt.method is not None else ["none"],
         )
-    default_samples = YARN_SAMPLES if yarn else 10 if task == "passkey" else 1
-    opt = replace(
-        opt,
-        samples=opt.samples if opt.samples is not None else default_samples,
-        method=opt.method if opt.method is not None else ["none"],
-    )
-    SAMPLES(opt.samples)
+        SAMPLES(opt.samples)
+        self.model = opt.model
+        self.preset = load_needle_preset(opt.needle, opt.needle_text, opt.question, opt.answer_prefix, opt.answer)
 
-    preset = load_needle_preset(opt.needle, opt.needle_text, opt.question, opt.answer_prefix, opt.answer)
-    specs = expand_specs(opt.method, parse_factors(opt.factor), parse_temperatures(opt.attention_temperature))
-    random_depth = task == "passkey"
-    lengths_given = parse_lengths(opt.lengths) if opt.lengths is not None else None
-    depth_list = tuple(parse_depths(opt.depths, opt.depth_spacing)) if not random_depth else ()
-    max_new = (opt.max_new_tokens or YARN_MAX_NEW_TOKENS) if yarn else opt.max_new_tokens
-    cfg = NeedleConfig(
-        tuple(lengths_given or (1,)),
-        depth_list,
-        opt.samples,
-        opt.scoring,
-        max_new,
-        opt.seed,
-        random_depth,
-        opt.batch_size,
-    )  # validates the flags before the model loads
-    if opt.chat_template not in ("auto", "on", "off"):
-        raise CtxevalError(f"--chat-template must be auto, on or off, got '{opt.chat_template}'")
-    if yarn:
-        check_yarn_options(opt)
-    bos = opt.bos if opt.bos is not None else not yarn
-    if not yarn and opt.haystack != "filler":  # a missing corpus fails now, not after the model loads
-        corpora.check_data_spec(opt.haystack, "--haystack", opt.text_field)
+    def method_specs(self) -> list[MethodSpec]:
+        return method_specs(self.opt.method, self.opt.factor, self.opt.attention_temperature)
 
-    if opt.backend.name == "vllm" and opt.scoring == "forced":
-        raise CtxevalError(
-            "--scoring forced reads the model's logits in one forward; vLLM generates: use --scoring "
-            "generate, or --backend hf"
-        )
-    lm = load_for(
-        opt.model,
-        specs,
-        opt.dtype,
-        opt.device,
-        opt.attn,
-        opt.trust_remote_code,
-        opt.device_map,
-        opt.max_memory,
-        opt.backend,
-    )
-    if lengths_given is None:
-        cfg = replace(cfg, lengths=tuple(default_lengths(lm, (0.25, 0.5, 1, 2))))
-    specs = settle_factors(specs, list(cfg.lengths), lm)
-    note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
-    if yarn:
-        yarn_builder = YarnPasskeyBuilder(lm.tokenizer, preset, seed=opt.seed, bos=bos)
-        need = yarn_builder.minimum_length()
-        use_template, what = False, "the passkey prompt without filler"
-    else:
+    def check(self) -> None:
+        from ..evals.needle import NeedleConfig
+        from ..evals.passkey import YARN_MAX_NEW_TOKENS
+
+        opt, yarn = self.opt, self.yarn
+        random_depth = self.task == "passkey"
+        self.lengths = parse_lengths(opt.lengths) if opt.lengths is not None else None
+        self.given = self.lengths is not None
+        depth_list = tuple(parse_depths(opt.depths, opt.depth_spacing)) if not random_depth else ()
+        max_new = (opt.max_new_tokens or YARN_MAX_NEW_TOKENS) if yarn else opt.max_new_tokens
+        self.cfg = NeedleConfig(
+            tuple(self.lengths or (1,)),
+            depth_list,
+            opt.samples,
+            opt.scoring,
+            max_new,
+            opt.seed,
+            random_depth,
+            opt.batch_size,
+        )  # validates the flags before the model loads
+        if opt.chat_template not in ("auto", "on", "off"):
+            raise CtxevalError(f"--chat-template must be auto, on or off, got '{opt.chat_template}'")
+        if yarn:
+            check_yarn_options(opt)
+        self.bos = opt.bos if opt.bos is not None else not yarn
+
+    def check_data(self) -> None:
+        if not self.yarn and self.opt.haystack != "filler":  # a missing corpus fails now, not after the model loads
+            corpora.check_data_spec(self.opt.haystack, "--haystack", self.opt.text_field)
+
+    def check_engine(self) -> None:
+        if self.engine.backend == "vllm" and self.opt.scoring == "forced":
+            raise CtxevalError(
+                "--scoring forced reads the model's logits in one forward; vLLM generates: use --scoring "
+                "generate, or --backend hf"
+            )
+
+    def configure(self) -> None:
+        self.cfg = replace(self.cfg, lengths=tuple(self.lengths))
+
+    def prepare(self) -> None:
+        need, what = self.yarn_builder() if self.yarn else self.haystack_builder()
+        if not self.given and min(self.cfg.lengths) < need <= max(self.cfg.lengths):
+            dropped = [L for L in self.cfg.lengths if L < need]
+            err.print(
+                f"note: default lengths {', '.join(map(str, dropped))} are shorter than the prompt ({need} tokens); "
+                "left out"
+            )
+            self.cfg = replace(self.cfg, lengths=tuple(L for L in self.cfg.lengths if L >= need))
+            self.lengths = list(self.cfg.lengths)
+        if min(self.cfg.lengths) < need:
+            raise CtxevalError(
+                f"length {min(self.cfg.lengths)} is shorter than {what} "
+                f"({need} tokens with this tokenizer); use --lengths of at least {need}"
+            )
+        self.runner = self.yarn_runner() if self.yarn else self.haystack_runner()
+
+    def haystack_builder(self) -> tuple[int, str]:
+        """The prompt builder over the haystack's tokens; returns the shortest length a prompt fits in."""
+        from ..evals.haystack import PromptBuilder, haystack_tokens, make_sample
+        from ..evals.needle import NeedleRunner
+
+        opt, lm, cfg = self.opt, self.lm, self.cfg
         has_template = bool(getattr(lm.tokenizer, "chat_template", None))
         if opt.chat_template == "on" and not has_template:
             raise CtxevalError(
                 f"--chat-template on, but the tokenizer of '{opt.model}' has no chat template; use auto or off"
             )
-        use_template = has_template if opt.chat_template == "auto" else opt.chat_template == "on"
-        hay_ids, hay_info = haystack_tokens(lm.tokenizer, opt.haystack, max(cfg.lengths), opt.text_field)
-        builder = PromptBuilder(lm.tokenizer, preset, hay_ids, chat_template=use_template, bos=bos, snap=opt.snap)
-        probe = make_sample(preset, np.random.default_rng(opt.seed))
-        need = builder.minimum_length(
-            probe, NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name, task).budget(probe)
+        self.use_template = has_template if opt.chat_template == "auto" else opt.chat_template == "on"
+        self.hay_ids, self.hay_info = haystack_tokens(lm.tokenizer, opt.haystack, max(cfg.lengths), opt.text_field)
+        self.builder = PromptBuilder(
+            lm.tokenizer, self.preset, self.hay_ids, chat_template=self.use_template, bos=self.bos, snap=opt.snap
         )
-        what = "the instruction, needle and question"
-    if lengths_given is None and min(cfg.lengths) < need <= max(cfg.lengths):
-        dropped = [L for L in cfg.lengths if L < need]
-        err.print(
-            f"note: default lengths {', '.join(map(str, dropped))} are shorter than the prompt ({need} tokens); "
-            "left out"
-        )
-        cfg = replace(cfg, lengths=tuple(L for L in cfg.lengths if L >= need))
-    if min(cfg.lengths) < need:
-        raise CtxevalError(
-            f"length {min(cfg.lengths)} is shorter than {what} "
-            f"({need} tokens with this tokenizer); use --lengths of at least {need}"
-        )
-    if yarn:
-        garbage = {L: yarn_builder.garbage_chars(L) for L in cfg.lengths}  # the repo's length search, before the run
-        hay_info = {"haystack": "filler", "text": FILLER}
-        runner: NeedleRunner = YarnPasskeyRunner(lm.model, lm.tokenizer, lm.device, yarn_builder, cfg, lm.name, task)
-    else:
-        if len(hay_ids) < max(cfg.lengths):
+        probe = make_sample(self.preset, np.random.default_rng(opt.seed))
+        runner = NeedleRunner(lm.model, lm.tokenizer, lm.device, self.builder, cfg, lm.name, self.task)
+        return self.builder.minimum_length(probe, runner.budget(probe)), "the instruction, needle and question"
+
+    def haystack_runner(self) -> NeedleRunner:
+        from ..evals.needle import NeedleRunner
+
+        lm, cfg = self.lm, self.cfg
+        if len(self.hay_ids) < max(cfg.lengths):
             raise CtxevalError(
-                f"the haystack '{opt.haystack}' has {len(hay_ids):,} tokens, fewer than --lengths "
+                f"the haystack '{self.opt.haystack}' has {len(self.hay_ids):,} tokens, fewer than --lengths "
                 f"{max(cfg.lengths)}; use a longer corpus or shorter lengths"
             )
-        runner = NeedleRunner(lm.model, lm.tokenizer, lm.device, builder, cfg, lm.name, task)
-    # the longest sequence: prompt + budget is the length itself, except under yarn (prompts under the target)
-    longest = max(cfg.lengths) + (cfg.max_new_tokens + 1 if yarn else 0)
-    backend_spec = prepare_backend(lm, specs, list(cfg.lengths), longest, fixed_lengths=not yarn)
-    spec_record = {
-        "task": task,
-        "model": opt.model,
-        "preset": preset.__dict__,
-        "haystack": opt.haystack,
-        "text_field": opt.text_field,
-        "lengths": list(cfg.lengths),
-        "depths": list(cfg.depths),
-        "random_depth": random_depth,
-        "samples": opt.samples,
-        "scoring": opt.scoring,
-        "max_new_tokens": cfg.max_new_tokens if yarn else opt.max_new_tokens,
-        "snap": opt.snap,
-        "chat_template": use_template,
-        "methods": [s.label for s in specs],
-        "dtype": lm.dtype,
-        "seed": opt.seed,
-        **({"protocol": opt.protocol, "bos": bos} if task == "passkey" else {}),
-        **({"length_step": YARN_LENGTH_STEP} if yarn else {}),
-        **({"settings": QUICKSTART_SETTINGS} if is_quickstart else {}),
-        **backend_spec,
-    }
-    provenance = {
-        "model": lm.record(),
-        "haystack": hay_info,
-        "seed": opt.seed,
-        "scoring": {
-            "name": opt.scoring,
-            "rule": "yarn: int(first \\d+) == key" if yarn else preset.match,
-            "llm_judge": False,
-        },
-    }
-    if yarn:
-        provenance["protocol"] = {
+        return NeedleRunner(lm.model, lm.tokenizer, lm.device, self.builder, cfg, lm.name, self.task)
+
+    def yarn_builder(self) -> tuple[int, str]:
+        """passkey --protocol yarn: YaRN's prompt builder (its filler, no chat template)."""
+        from ..evals.passkey import YarnPasskeyBuilder
+
+        self.builder = YarnPasskeyBuilder(self.lm.tokenizer, self.preset, seed=self.opt.seed, bos=self.bos)
+        self.use_template = False
+        return self.builder.minimum_length(), "the passkey prompt without filler"
+
+    def yarn_runner(self) -> NeedleRunner:
+        """YaRN's runner, after the repo's length search for every length (before the run)."""
+        from ..evals.haystack import FILLER
+        from ..evals.passkey import YarnPasskeyRunner
+
+        lm, cfg = self.lm, self.cfg
+        self.garbage = {L: self.builder.garbage_chars(L) for L in cfg.lengths}
+        self.hay_info = {"haystack": "filler", "text": FILLER}
+        return YarnPasskeyRunner(lm.model, lm.tokenizer, lm.device, self.builder, cfg, lm.name, self.task)
+
+    def longest(self) -> int:
+        """A prompt fills its length, except under yarn: prompts under the length, then the generated tokens."""
+        return max(self.cfg.lengths) + (self.cfg.max_new_tokens + 1 if self.yarn else 0)
+
+    def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        from ..evals.passkey import YARN_LENGTH_STEP
+
+        opt, cfg, yarn, task = self.opt, self.cfg, self.yarn, self.task
+        self.backend_spec = backend_spec
+        spec_record = {
+            "task": task,
+            "model": opt.model,
+            "preset": self.preset.__dict__,
+            "haystack": opt.haystack,
+            "text_field": opt.text_field,
+            "lengths": list(cfg.lengths),
+            "depths": list(cfg.depths),
+            "random_depth": cfg.random_depth,
+            "samples": opt.samples,
+            "scoring": opt.scoring,
+            "max_new_tokens": cfg.max_new_tokens if yarn else opt.max_new_tokens,
+            "snap": opt.snap,
+            "chat_template": self.use_template,
+            "methods": [s.label for s in self.specs],
+            "dtype": self.lm.dtype,
+            "seed": opt.seed,
+            **({"protocol": opt.protocol, "bos": self.bos} if task == "passkey" else {}),
+            **({"length_step": YARN_LENGTH_STEP} if yarn else {}),
+            **({"settings": QUICKSTART_SETTINGS} if self.is_quickstart else {}),
+            **backend_spec,
+        }
+        provenance = {
+            "model": self.lm.record(),
+            "haystack": self.hay_info,
+            "seed": opt.seed,
+            "scoring": {
+                "name": opt.scoring,
+                "rule": "yarn: int(first \\d+) == key" if yarn else self.preset.match,
+                "llm_judge": False,
+            },
+        }
+        if yarn:
+            provenance["protocol"] = self.yarn_protocol()
+        return spec_record, provenance
+
+    def yarn_protocol(self) -> dict[str, Any]:
+        """provenance.json's protocol under --protocol yarn: where it comes from, BOS, the length search's results."""
+        from ..evals.passkey import YARN_LENGTH_STEP
+
+        builder = self.builder
+        return {
             "name": "yarn",
             "source": "jquesnelle/yarn eval/passkey.py (from epfml/landmark-attention llama/run_test.py)",
             "length_step": YARN_LENGTH_STEP,
-            "bos": bool(yarn_builder.bos),
-            "bos_token": lm.tokenizer.bos_token if yarn_builder.bos else None,
-            "garbage_chars": {str(L): n for L, n in garbage.items()},
-            "search_tokens": {str(L): yarn_builder.search_tokens(n) for L, n in garbage.items()},
+            "bos": bool(builder.bos),
+            "bos_token": self.lm.tokenizer.bos_token if builder.bos else None,
+            "garbage_chars": {str(L): n for L, n in self.garbage.items()},
+            "search_tokens": {str(L): builder.search_tokens(n) for L, n in self.garbage.items()},
         }
-    run_dir = default_out(task, opt.model, opt.out)
-    message = (
-        f"run directory: {run_dir}  ({len(cfg.cells())} samples per method; chat template "
-        f"{'on' if use_template else 'off'}; scoring {opt.scoring})"
-    )
-    if yarn:
-        message = (
-            f"run directory: {run_dir}  ({len(cfg.cells())} samples per method; protocol yarn: YaRN's "
-            f"eval/passkey.py prompts, BOS {'on' if yarn_builder.bos else 'off'}, at most {cfg.max_new_tokens} new "
-            "tokens)"
+
+    def message(self, run_dir: Path) -> str:
+        cells = len(self.cfg.cells())
+        if self.yarn:
+            return (
+                f"run directory: {run_dir}  ({cells} samples per method; protocol yarn: YaRN's "
+                f"eval/passkey.py prompts, BOS {'on' if self.builder.bos else 'off'}, at most "
+                f"{self.cfg.max_new_tokens} new tokens)"
+            )
+        return (
+            f"run directory: {run_dir}  ({cells} samples per method; chat template "
+            f"{'on' if self.use_template else 'off'}; scoring {self.opt.scoring})"
         )
 
-    def work(store: Any, progress: Any) -> None:
-        runner.progress = progress
-        sweep(lm, specs, runner, store)
+    def work(self, store: Any, progress: Any) -> None:
+        from ..evals.needle import sweep
 
-    title = (
-        f"{opt.model}: {preset.name} in {opt.haystack}"
-        + (" (protocol yarn)" if yarn else "")
-        + (" on vLLM" if backend_spec else "")
+        self.runner.progress = progress
+        sweep(self.lm, self.specs, self.runner, store)
+
+    def render(self, store: Any) -> None:
+        from ..report.single import render_retrieval
+
+        opt = self.opt
+        title = (
+            f"{opt.model}: {self.preset.name} in {opt.haystack}"
+            + (" (protocol yarn)" if self.yarn else "")
+            + (" on vLLM" if self.backend_spec else "")
+        )
+        print_outputs(render_retrieval(store, self.task, self.specs, self.lm.trained_length, opt.threshold, title))
+
+
+@dataclass(frozen=True)
+class NeedleOptions:
+    model: ModelOpt = None
+    lengths: LengthsOpt = None
+    depths: Annotated[str, typer.Option(help="Needle depths in percent: 0,50,100 | 0:100:11 (start:stop:count).")] = (
+        "0:100:5"
     )
-    measure(
-        run_dir,
-        spec_record,
-        opt.overwrite,
-        provenance,
-        message,
-        work,
-        render=lambda store: print_outputs(
-            render_retrieval(store, task, specs, lm.trained_length, opt.threshold, title)
-        ),
-    )
-
-
-@user_errors
-def needle_cmd(
-    model: ModelOpt = None,
-    lengths: LengthsOpt = None,
-    depths: Annotated[
-        str, typer.Option(help="Needle depths in percent: 0,50,100 | 0:100:11 (start:stop:count).")
-    ] = "0:100:5",
     depth_spacing: Annotated[
         str, typer.Option(help="linear | sigmoid (packed towards the ends, as the original test).")
-    ] = "linear",
-    samples: Annotated[
-        Optional[int],
-        typer.Option(help="Samples per cell, each with its own seeded needle and offset (default 1)."),
-        SAMPLES,
-    ] = None,
-    needle: Annotated[str, typer.Option(help=NEEDLE_HELP)] = "magic-number",
-    needle_text: Annotated[Optional[str], typer.Option(help="Override the needle sentence ({key}, {value}).")] = None,
-    question: Annotated[Optional[str], typer.Option(help="Override the question ({keys}).")] = None,
-    answer_prefix: Annotated[Optional[str], typer.Option(help="Override the answer prefix.")] = None,
-    answer: Annotated[Optional[str], typer.Option(help="A fixed expected answer (with --needle-text).")] = None,
-    haystack: Annotated[
-        str, typer.Option(help="pydoc | filler | austen | mobydick | files | hf:NAME (any --data spec).")
-    ] = "pydoc",
-    text_field: TextFieldOpt = "text",
-    snap: Annotated[bool, typer.Option(help="Move each needle back to the previous sentence end.")] = False,
-    chat_template: Annotated[
-        str, typer.Option(help="auto | on | off: wrap as a user turn, prefill the answer prefix.")
-    ] = "auto",
-    scoring: ScoringOpt = "generate",
-    max_new_tokens: MaxNewOpt = None,
-    batch_size: BatchOpt = 4,
-    threshold: Annotated[float, typer.Option(help="Accuracy that counts for the effective length."), THRESHOLD] = 0.8,
-    method: RetrievalMethodOpt = None,
-    factor: FactorOpt = None,
-    attention_temperature: TemperatureOpt = None,
-    seed: SeedOpt = 0,
-    out: OutOpt = None,
-    overwrite: OverwriteOpt = False,
-    dtype: DtypeOpt = "auto",
-    device: DeviceOpt = "auto",
-    attn: AttnOpt = "sdpa",
-    trust_remote_code: RemoteOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    backend: BackendOpt = "hf",
-    tensor_parallel_size: TensorParallelOpt = 1,
-    pipeline_parallel_size: PipelineParallelOpt = 1,
-    gpu_memory_utilization: GpuMemoryOpt = None,
-    max_model_len: MaxModelLenOpt = None,
-    vllm_arg: VllmArgOpt = None,
-) -> None:
-    """Needle in a haystack: accuracy over a depth x length grid per method, heatmaps, effective length."""
-    run_retrieval(
-        "needle",
-        Retrieval(
-            model,
-            lengths,
-            samples,
-            haystack,
-            text_field,
-            chat_template,
-            scoring,
-            max_new_tokens,
-            batch_size,
-            threshold,
-            method,
-            factor,
-            attention_temperature,
-            seed,
-            out,
-            overwrite,
-            dtype,
-            device,
-            attn,
-            trust_remote_code,
-            device_map,
-            max_memory,
-            depths=depths,
-            depth_spacing=depth_spacing,
-            needle=needle,
-            needle_text=needle_text,
-            question=question,
-            answer_prefix=answer_prefix,
-            answer=answer,
-            snap=snap,
-            backend=Backend(
-                backend,
-                tensor_parallel_size,
-                pipeline_parallel_size,
-                gpu_memory_utilization,
-                max_model_len,
-                tuple(vllm_arg or ()),
-            ),
-        ),
-    )
+    ] = "linear"
+    samples: SamplesOpt = None
+    needle: Annotated[str, typer.Option(help=NEEDLE_HELP)] = "magic-number"
+    needle_text: Annotated[Optional[str], typer.Option(help="Override the needle sentence ({key}, {value}).")] = None
+    question: Annotated[Optional[str], typer.Option(help="Override the question ({keys}).")] = None
+    answer_prefix: Annotated[Optional[str], typer.Option(help="Override the answer prefix.")] = None
+    answer: Annotated[Optional[str], typer.Option(help="A fixed expected answer (with --needle-text).")] = None
+    haystack: HaystackOpt = "pydoc"
+    text_field: TextFieldOpt = "text"
+    snap: Annotated[bool, typer.Option(help="Move each needle back to the previous sentence end.")] = False
+    chat_template: ChatTemplateOpt = "auto"
+    scoring: ScoringOpt = "generate"
+    max_new_tokens: MaxNewOpt = None
+    batch_size: BatchOpt = 4
+    threshold: ThresholdOpt = 0.8
+    method: MethodOpt = None
+    factor: FactorOpt = None
+    attention_temperature: TemperatureOpt = None
+    seed: SeedOpt = 0
+    out: OutOpt = None
+    overwrite: OverwriteOpt = False
+    load: Load = Load()
+    engine: Engine = Engine()
+
+
+@dataclass(frozen=True)
+class PasskeyOptions:
+    model: ModelOpt = None
+    lengths: LengthsOpt = None
+    samples: reworded(
+        SamplesOpt,
+        "Samples per length, each at a seeded uniform random depth "
+        "(default 20 under yarn, the repo's --iterations; 10 under ctxeval).",
+    ) = None
+    protocol: reworded(
+        ProtocolOpt,
+        "yarn: YaRN's eval/passkey.py point by point (its text, length search, "
+        "no BOS, 10 new tokens, scoring) | ctxeval: exact lengths in token "
+        "space.",
+        str,
+    ) = "yarn"
+    bos: reworded(
+        BosOpt,
+        "Start the prompt with the tokenizer's BOS (default off under yarn, on under ctxeval).",
+        Optional[bool],
+    ) = None
+    haystack: reworded(HaystackOpt, "filler (the original test's) or any --data spec (--protocol ctxeval).") = "filler"
+    text_field: TextFieldOpt = "text"
+    chat_template: reworded(ChatTemplateOpt, "auto | on | off (on and auto: --protocol ctxeval)") = "off"
+    scoring: ScoringOpt = "generate"
+    max_new_tokens: reworded(
+        MaxNewOpt, "Generation budget (default: 10 under yarn; the answer tokens + 8 under ctxeval)."
+    ) = None
+    batch_size: BatchOpt = 4
+    threshold: reworded(ThresholdOpt, "Accuracy that counts for the passkey context and the effective length.") = 0.8
+    method: MethodOpt = None
+    factor: FactorOpt = None
+    attention_temperature: TemperatureOpt = None
+    seed: SeedOpt = 0
+    out: OutOpt = None
+    overwrite: OverwriteOpt = False
+    load: Load = Load()
+    engine: Engine = Engine()
 
 
 @user_errors
-def passkey_cmd(
-    model: ModelOpt = None,
-    lengths: LengthsOpt = None,
-    samples: Annotated[
-        Optional[int],
-        typer.Option(
-            help="Samples per length, each at a seeded uniform random depth "
-            "(default 20 under yarn, the repo's --iterations; 10 under ctxeval)."
-        ),
-        SAMPLES,
-    ] = None,
-    protocol: Annotated[
-        str,
-        typer.Option(
-            help="yarn: YaRN's eval/passkey.py point by point (its text, length search, "
-            "no BOS, 10 new tokens, scoring) | ctxeval: exact lengths in token "
-            "space."
-        ),
-    ] = "yarn",
-    bos: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--bos/--no-bos",
-            help="Start the prompt with the tokenizer's BOS (default off under yarn, on under ctxeval).",
-        ),
-    ] = None,
-    haystack: Annotated[
-        str, typer.Option(help="filler (the original test's) or any --data spec (--protocol ctxeval).")
-    ] = "filler",
-    text_field: TextFieldOpt = "text",
-    chat_template: Annotated[str, typer.Option(help="auto | on | off (on and auto: --protocol ctxeval)")] = "off",
-    scoring: ScoringOpt = "generate",
-    max_new_tokens: Annotated[
-        Optional[int],
-        typer.Option(help="Generation budget (default: 10 under yarn; the answer tokens + 8 under ctxeval)."),
-        Check("--max-new-tokens", minimum=1),
-    ] = None,
-    batch_size: BatchOpt = 4,
-    threshold: Annotated[
-        float, typer.Option(help="Accuracy that counts for the passkey context and the effective length."), THRESHOLD
-    ] = 0.8,
-    method: RetrievalMethodOpt = None,
-    factor: FactorOpt = None,
-    attention_temperature: TemperatureOpt = None,
-    seed: SeedOpt = 0,
-    out: OutOpt = None,
-    overwrite: OverwriteOpt = False,
-    dtype: DtypeOpt = "auto",
-    device: DeviceOpt = "auto",
-    attn: AttnOpt = "sdpa",
-    trust_remote_code: RemoteOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    backend: BackendOpt = "hf",
-    tensor_parallel_size: TensorParallelOpt = 1,
-    pipeline_parallel_size: PipelineParallelOpt = 1,
-    gpu_memory_utilization: GpuMemoryOpt = None,
-    max_model_len: MaxModelLenOpt = None,
-    vllm_arg: VllmArgOpt = None,
-) -> None:
+@with_blocks
+def needle_cmd(opt: NeedleOptions) -> None:
+    """Needle in a haystack: accuracy over a depth x length grid per method, heatmaps, effective length."""
+    RetrievalRun("needle", Retrieval.of(opt)).run()
+
+
+@user_errors
+@with_blocks
+def passkey_cmd(opt: PasskeyOptions) -> None:
     """Passkey retrieval: accuracy per length (--protocol yarn: YaRN's eval/passkey.py test), the YaRN paper's passkey
     context (the longest length with accuracy >= --threshold) and passkey accuracy (the mean up to it), and the
     effective length (every length up to it passes)."""
-    run_retrieval(
-        "passkey",
-        Retrieval(
-            model,
-            lengths,
-            samples,
-            haystack,
-            text_field,
-            chat_template,
-            scoring,
-            max_new_tokens,
-            batch_size,
-            threshold,
-            method,
-            factor,
-            attention_temperature,
-            seed,
-            out,
-            overwrite,
-            dtype,
-            device,
-            attn,
-            trust_remote_code,
-            device_map,
-            max_memory,
-            protocol=protocol,
-            bos=bos,
-            backend=Backend(
-                backend,
-                tensor_parallel_size,
-                pipeline_parallel_size,
-                gpu_memory_utilization,
-                max_model_len,
-                tuple(vllm_arg or ()),
-            ),
-        ),
-    )
+    RetrievalRun("passkey", Retrieval.of(opt)).run()

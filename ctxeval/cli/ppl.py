@@ -16,26 +16,34 @@ from ..models.memory import GIB, dry_run
 from ..runs.rows import AGGREGATES
 from ..specs import MethodSpec, expand_specs
 from .console import err, print_outputs, print_table, user_errors
-from .factors import settle_factors
 from .options import (
     DOCS,
-    VALID_TOLERANCE,
-    AttnOpt,
+    AggregateOpt,
+    BatchOpt,
+    BosOpt,
     Check,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
+    ChunkOpt,
+    DataOpt,
+    DocsOpt,
     FactorOpt,
-    MaxMemoryOpt,
+    LengthsOpt,
+    Load,
+    MethodOpt,
     ModelOpt,
+    OutOpt,
     OverwriteOpt,
-    RemoteOpt,
+    ProtocolOpt,
+    SeedOpt,
     TemperatureOpt,
+    TextFieldOpt,
+    ValidToleranceOpt,
     parse_factors,
     parse_lengths,
     parse_temperatures,
+    reworded,
+    with_blocks,
 )
-from .run import QUICKSTART_SETTINGS, default_lengths, default_out, load_for, measure, note_attention_noops, quickstart
+from .run import QUICKSTART_SETTINGS, Measurement, quickstart
 
 if TYPE_CHECKING:
     from ..evals.perplexity import PplConfig
@@ -80,46 +88,33 @@ class PplSettings:
         return settings
 
 
-@user_errors
-def ppl_cmd(
-    model: ModelOpt = None,
-    data: Annotated[
-        Optional[str],
-        typer.Option(help="pydoc (default) | austen | mobydick | files/dirs/globs | hf:NAME[:CONFIG][@SPLIT]"),
-    ] = None,
-    text_field: Annotated[
-        Optional[str], typer.Option(help="Record field holding the text (.jsonl/.parquet/.csv/hf).")
-    ] = None,
-    lengths: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Evaluation lengths: 2k,4k,8k | 1k:16k:x2 | 1024:8192:1024 "
-            "(default: 0.5x, 1x and 2x the model's original length)."
-        ),
-    ] = None,
-    method: Annotated[
-        Optional[list[str]], typer.Option("--method", "-m", help="NAME or NAME:key=value,...; repeatable.")
-    ] = None,
-    factor: FactorOpt = None,
-    attention_temperature: TemperatureOpt = None,
-    protocol: Annotated[Optional[str], typer.Option(help="truncate (YaRN paper) | sliding.")] = None,
-    docs: Annotated[Optional[int], typer.Option(help="Number of documents."), DOCS] = None,
-    stride: Annotated[Optional[int], typer.Option(help="Sliding-window stride S (protocol sliding).")] = None,
-    aggregate: Annotated[
-        Optional[str], typer.Option(help="token (token-weighted) | window (mean of window means).")
-    ] = None,
-    bos: Annotated[
+@dataclass(frozen=True)
+class PplOptions:
+    model: ModelOpt = None
+    data: DataOpt = None
+    text_field: reworded(TextFieldOpt, "Record field holding the text (.jsonl/.parquet/.csv/hf).", Optional[str]) = None
+    lengths: reworded(
+        LengthsOpt,
+        "Evaluation lengths: 2k,4k,8k | 1k:16k:x2 | 1024:8192:1024 "
+        "(default: 0.5x, 1x and 2x the model's original length).",
+    ) = None
+    method: reworded(MethodOpt, "NAME or NAME:key=value,...; repeatable.") = None
+    factor: FactorOpt = None
+    attention_temperature: TemperatureOpt = None
+    protocol: ProtocolOpt = None
+    docs: DocsOpt = None
+    stride: Annotated[Optional[int], typer.Option(help="Sliding-window stride S (protocol sliding).")] = None
+    aggregate: AggregateOpt = None
+    bos: reworded(
+        BosOpt,
+        "Start each sequence with the tokenizer's BOS (default on; off under --key-tokens, as LongPPL).",
         Optional[bool],
-        typer.Option(
-            "--bos/--no-bos",
-            help="Start each sequence with the tokenizer's BOS (default on; off under --key-tokens, as LongPPL).",
-        ),
-    ] = None,
+    ) = None
     min_doc_tokens: Annotated[
         Optional[int],
         typer.Option(help="Use only documents of at least N tokens (the YaRN repo's --dataset-min-tokens)."),
         Check("--min-doc-tokens", minimum=1),
-    ] = None,
+    ] = None
     position_buckets: Annotated[
         Optional[str],
         typer.Option(
@@ -127,16 +122,16 @@ def ppl_cmd(
             "1,1k,4k,8k,16k (default: 1-31, then one per octave, "
             "plus the trained length)."
         ),
-    ] = None,
+    ] = None
     key_tokens: Annotated[
         Optional[str],
         typer.Option(
             help="LongPPL: the evaluator MODEL that finds the key tokens (may be the evaluated model; same tokenizer)."
         ),
-    ] = None,
+    ] = None
     key_tokens_method: Annotated[
         str, typer.Option(help="The evaluator's method (a static one), e.g. yarn:factor=2.")
-    ] = "none",
+    ] = "none"
     key_tokens_context: Annotated[
         Optional[int],
         typer.Option(
@@ -145,134 +140,120 @@ def ppl_cmd(
             "a quarter of it."
         ),
         Check("--key-tokens-context", minimum=4),
-    ] = None,
-    chunk_size: Annotated[
-        int, typer.Option(help="Positions per LM-head chunk (memory vs. speed)."), Check("--chunk-size", minimum=1)
-    ] = 1024,
-    batch_size: Annotated[
-        int,
-        typer.Option(
-            help="Sequences per forward: sliding windows, or documents under truncate (halved on out of memory)."
-        ),
-        Check("--batch-size", minimum=1),
-    ] = 1,
-    valid_tolerance: Annotated[
-        float, typer.Option(help="Valid-length table: allowed ppl rise over the original length."), VALID_TOLERANCE
-    ] = 0.10,
+    ] = None
+    chunk_size: ChunkOpt = 1024
+    batch_size: reworded(
+        BatchOpt, "Sequences per forward: sliding windows, or documents under truncate (halved on out of memory)."
+    ) = 1
+    valid_tolerance: ValidToleranceOpt = 0.10
     task: Annotated[
         Optional[str],
         typer.Option(
             help="Preset name (ppl-austen, ppl-yarn-proofpile, ppl-yarn-govreport, ppl-yarn-pg19, ppl-pg19) or .toml path."
         ),
-    ] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/ppl-<model>-<time>).")] = None,
-    overwrite: OverwriteOpt = False,
-    seed: Annotated[
-        int,
-        typer.Option(help="Seed recorded in the run (the protocols draw nothing at random)."),
-        Check("--seed", minimum=0),
-    ] = 0,
-    dtype: DtypeOpt = "auto",
-    device: DeviceOpt = "auto",
-    attn: AttnOpt = "sdpa",
-    trust_remote_code: RemoteOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
+    ] = None
+    out: reworded(OutOpt, "Run directory (default runs/ppl-<model>-<time>).") = None
+    overwrite: OverwriteOpt = False
+    seed: reworded(SeedOpt, "Seed recorded in the run (the protocols draw nothing at random).") = 0
+    load: Load = Load()
     dry_run: Annotated[
         bool,
         typer.Option(
             "--dry-run",
             help="Print the memory each length needs (from the config alone) and exit without loading weights.",
         ),
-    ] = False,
-) -> None:
-    """Perplexity vs. context length for each method: the YaRN paper's table, a plot, a resumable run directory."""
-    from ..evals.key_tokens import (
-        KeyTokenSettings,
-        check_settings,
-        default_context,
-        default_window,
-        find_key_tokens,
-        special_prefix,
-    )
-    from ..evals.perplexity import PplConfig, check_chunked_head, sweep
-    from ..evals.positions import parse_position_buckets
-    from ..evals.sweep import length_dependent
-    from ..report.single import render_ppl
+    ] = False
 
-    given = {
-        "model": model,
-        "data": data,
-        "text_field": text_field,
-        "lengths": lengths,
-        "method": method,
-        "protocol": protocol,
-        "docs": docs,
-        "stride": stride,
-        "aggregate": aggregate,
-        "bos": bos,
-        "min_doc_tokens": min_doc_tokens,
-    }
-    is_quickstart = model is None and task is None
-    preset = (
-        load_task(task, "ppl")
-        if task
-        else quickstart("ppl", factor is not None and method is None)
-        if is_quickstart
-        else {}
-    )
-    if key_tokens and bos is None and "bos" not in preset:
-        given["bos"] = False  # LongPPL's compute_longppl reads the text without special tokens
-    settings = PplSettings.resolve(given, preset, task)
-    specs = expand_specs(list(settings.method), parse_factors(factor), parse_temperatures(attention_temperature))
-    lengths_given = tuple(parse_lengths(settings.lengths)) if settings.lengths is not None else None
-    cfg = (
-        PplConfig(
-            lengths_given,
-            settings.protocol,
-            settings.stride,
-            settings.bos,
-            chunk_size,  # fails before loading
-            batch_size=batch_size,
+
+class Ppl(Measurement):
+    task = "ppl"
+
+    def __init__(self, opt: PplOptions) -> None:
+        super().__init__(opt.out, opt.overwrite, opt.load)
+        self.opt = opt
+
+    def settle(self) -> None:
+        """flags > preset (--task) or quickstart (no --model, no --task) > defaults."""
+        opt = self.opt
+        given = {f.name: getattr(opt, f.name) for f in fields(PplSettings)}
+        self.is_quickstart = opt.model is None and opt.task is None
+        preset = (
+            load_task(opt.task, "ppl")
+            if opt.task
+            else quickstart("ppl", opt.factor is not None and opt.method is None)
+            if self.is_quickstart
+            else {}
         )
-        if lengths_given
-        else None
-    )
-    if lengths_given:
-        parse_position_buckets(position_buckets, max(lengths_given), None)  # bad edges fail before loading
-    key_method = expand_specs([key_tokens_method])[0] if key_tokens else None
-    if dry_run:
-        print_dry_run(
-            settings.model,
-            lengths_given or (),
-            dtype,
-            device,
-            attn,
-            chunk_size,
-            trust_remote_code,
-            tuple(s.attention for s in specs),
+        if opt.key_tokens and opt.bos is None and "bos" not in preset:
+            given["bos"] = False  # LongPPL's compute_longppl reads the text without special tokens
+        self.settings = PplSettings.resolve(given, preset, opt.task)
+        self.model = self.settings.model
+
+    def method_specs(self) -> list[MethodSpec]:
+        opt = self.opt
+        return expand_specs(
+            list(self.settings.method), parse_factors(opt.factor), parse_temperatures(opt.attention_temperature)
         )
-        return
-    corpora.check_data_spec(settings.data, "--data", settings.text_field)  # fails now, not after the model loads
-    lm = load_for(settings.model, specs, dtype, device, attn, trust_remote_code, device_map, max_memory)
-    if cfg is None:
-        cfg = PplConfig(
-            tuple(default_lengths(lm, (0.5, 1, 2))),
-            settings.protocol,
-            settings.stride,
-            settings.bos,
-            chunk_size,
-            batch_size=batch_size,
+
+    def check(self) -> None:
+        from ..evals.positions import parse_position_buckets
+
+        settings = self.settings
+        self.lengths = parse_lengths(settings.lengths) if settings.lengths is not None else None
+        if self.lengths:
+            self.config(self.lengths)  # fails before loading
+            parse_position_buckets(self.opt.position_buckets, max(self.lengths), None)  # bad edges too
+        self.key_method = expand_specs([self.opt.key_tokens_method])[0] if self.opt.key_tokens else None
+
+    def dry_run(self) -> bool:
+        opt = self.opt
+        if opt.dry_run:
+            load = opt.load
+            attention = tuple(s.attention for s in self.specs)
+            print_dry_run(
+                self.model,
+                tuple(self.lengths or ()),
+                load.dtype,
+                load.device,
+                load.attn,
+                opt.chunk_size,
+                load.trust_remote_code,
+                attention,
+            )
+        return opt.dry_run
+
+    def check_data(self) -> None:
+        corpora.check_data_spec(self.settings.data, "--data", self.settings.text_field)
+
+    def config(self, lengths: list[int]) -> PplConfig:
+        from ..evals.perplexity import PplConfig
+
+        s = self.settings
+        return PplConfig(
+            tuple(lengths), s.protocol, s.stride, s.bos, self.opt.chunk_size, batch_size=self.opt.batch_size
         )
-    if cfg.bos and getattr(lm.tokenizer, "bos_token_id", None) is None:
-        err.print("note: the tokenizer has no BOS token; sequences start with document text (as --no-bos)")
-        cfg = replace(cfg, bos=False)
-    cfg = replace(cfg, position_edges=parse_position_buckets(position_buckets, max(cfg.lengths), lm.trained_length))
-    keys = None
-    if key_tokens:
-        context = key_tokens_context or default_context(lm.trained_length or max(cfg.lengths), max(cfg.lengths))
+
+    def configure(self) -> None:
+        """The config at the lengths: BOS as the tokenizer allows, the position buckets, LongPPL's key tokens."""
+        from ..evals.positions import parse_position_buckets
+
+        lm, cfg = self.lm, self.config(self.lengths)
+        if cfg.bos and getattr(lm.tokenizer, "bos_token_id", None) is None:
+            err.print("note: the tokenizer has no BOS token; sequences start with document text (as --no-bos)")
+            cfg = replace(cfg, bos=False)
+        edges = parse_position_buckets(self.opt.position_buckets, max(cfg.lengths), lm.trained_length)
+        self.cfg = replace(cfg, position_edges=edges)
+        self.keys = self.key_token_settings() if self.opt.key_tokens else None
+
+    def key_token_settings(self) -> Any:
+        """LongPPL's settings (--key-tokens), checked against the protocol: the evaluator's method must be static."""
+        from ..evals.key_tokens import KeyTokenSettings, check_settings, default_context, default_window, special_prefix
+        from ..evals.sweep import length_dependent
+
+        opt, lm, cfg, key_method = self.opt, self.lm, self.cfg, self.key_method
+        context = opt.key_tokens_context or default_context(lm.trained_length or max(cfg.lengths), max(cfg.lengths))
         keys = KeyTokenSettings(
-            key_tokens,
+            opt.key_tokens,
             key_method.label,
             context,
             default_window(context),
@@ -285,67 +266,78 @@ def ppl_cmd(
                 f"--key-tokens-method {key_method.label} depends on the sequence length; key tokens "
                 "are found once per document: give a static method (e.g. yarn:factor=2)"
             )
-        if not cfg.bos and bos is None:
+        if not cfg.bos and opt.bos is None:
             err.print(
                 "note: --key-tokens: the evaluated model reads the documents without BOS and the evaluator with "
                 "its tokenizer's defaults, as LongPPL (--bos gives the evaluated model BOS)"
             )
-    specs = settle_factors(specs, list(cfg.lengths), lm)
-    note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
-    check_chunked_head(lm.model, lm.device, lm.model.config.get_text_config().vocab_size)
-    if settings.min_doc_tokens and task and str(task).startswith("ppl-yarn"):
-        err.print(
-            f"note: documents of >= {settings.min_doc_tokens:,} tokens are counted in {settings.model}'s own "
-            "tokens (the YaRN repo counts Llama-2's; the same rule when the model uses Llama-2's tokenizer)"
+        return keys
+
+    def prepare(self) -> None:
+        from ..evals.perplexity import check_chunked_head
+
+        lm, settings, task = self.lm, self.settings, self.opt.task
+        check_chunked_head(lm.model, lm.device, lm.model.config.get_text_config().vocab_size)
+        if settings.min_doc_tokens and task and str(task).startswith("ppl-yarn"):
+            err.print(
+                f"note: documents of >= {settings.min_doc_tokens:,} tokens are counted in {settings.model}'s own "
+                "tokens (the YaRN repo counts Llama-2's; the same rule when the model uses Llama-2's tokenizer)"
+            )
+        self.documents = select_documents(settings, self.cfg, lm.tokenizer)
+
+    def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        opt, cfg = self.opt, self.cfg
+        spec_record, provenance = run_records(
+            self.settings, cfg, self.specs, self.lm, self.documents, opt.seed, opt.task, self.is_quickstart
         )
-    documents = select_documents(settings, cfg, lm.tokenizer)
-    spec_record, provenance = run_records(settings, cfg, specs, lm, documents, seed, task, is_quickstart)
-    if position_buckets is not None:
-        spec_record["position_buckets"] = list(cfg.position_edges)
-    if keys is not None:
-        spec_record["key_tokens"] = keys.record()
-        load_evaluator = evaluator_loader(
-            lm, key_tokens, dtype, device, attn, trust_remote_code, device_map, max_memory
+        if opt.position_buckets is not None:
+            spec_record["position_buckets"] = list(cfg.position_edges)
+        if self.keys is not None:
+            spec_record["key_tokens"] = self.keys.record()
+        return spec_record, provenance
+
+    def message(self, run_dir: Path) -> str:
+        return (
+            f"run directory: {run_dir}  ({len(self.documents)} document(s): "
+            + ", ".join(f"{d.doc_id} {len(d.ids):,} tokens" for d in self.documents)
+            + ")"
         )
-    run_dir = default_out("ppl", settings.model, out)
-    message = (
-        f"run directory: {run_dir}  ({len(documents)} document(s): "
-        + ", ".join(f"{d.doc_id} {len(d.ids):,} tokens" for d in documents)
-        + ")"
-    )
-    title = f"{settings.model} on {settings.data} ({cfg.protocol})"
-    original = lm.trained_length or max(cfg.lengths)
-    measure(
-        run_dir,
-        spec_record,
-        overwrite,
-        provenance,
-        message,
-        work=lambda store, progress: sweep(
-            lm,
-            specs,
-            documents,
-            cfg,
-            store,
-            progress,
-            None
-            if keys is None
-            else find_key_tokens(
+
+    def work(self, store: Any, progress: Any) -> None:
+        from ..evals.key_tokens import find_key_tokens
+        from ..evals.perplexity import sweep
+
+        lm, cfg, keys = self.lm, self.cfg, self.keys
+        key_tokens = None
+        if keys is not None:
+            load_evaluator = evaluator_loader(lm, self.opt.key_tokens, self.opt.load)
+            key_tokens = find_key_tokens(
                 store,
                 keys,
                 load_evaluator,
-                key_method,
-                documents,
+                self.key_method,
+                self.documents,
                 max(cfg.lengths),
                 bos_id(lm, cfg),
                 cfg.chunk_size,
                 progress,
-            ),
-        ),
-        render=lambda store: print_outputs(
-            render_ppl(store, specs, original, settings.aggregate, valid_tolerance, title)
-        ),
-    )
+            )
+        sweep(lm, self.specs, self.documents, cfg, store, progress, key_tokens)
+
+    def render(self, store: Any) -> None:
+        from ..report.single import render_ppl
+
+        settings, cfg = self.settings, self.cfg
+        title = f"{settings.model} on {settings.data} ({cfg.protocol})"
+        original = self.lm.trained_length or max(cfg.lengths)
+        print_outputs(render_ppl(store, self.specs, original, settings.aggregate, self.opt.valid_tolerance, title))
+
+
+@user_errors
+@with_blocks
+def ppl_cmd(opt: PplOptions) -> None:
+    """Perplexity vs. context length for each method: the YaRN paper's table, a plot, a resumable run directory."""
+    Ppl(opt).run()
 
 
 def select_documents(settings: PplSettings, cfg: PplConfig, tokenizer: Any) -> list[corpora.TokenDoc]:
@@ -367,16 +359,7 @@ def bos_id(lm: Any, cfg: PplConfig) -> int | None:
     return getattr(lm.tokenizer, "bos_token_id", None) if cfg.bos else None
 
 
-def evaluator_loader(
-    lm: Any,
-    name: str,
-    dtype: str,
-    device: str,
-    attn: str,
-    trust_remote_code: bool,
-    device_map: str | None,
-    max_memory: str | None,
-) -> Callable[[], tuple[Any, Callable[[], None]]]:
+def evaluator_loader(lm: Any, name: str, load: Load) -> Callable[[], tuple[Any, Callable[[], None]]]:
     """How find_key_tokens gets the LongPPL evaluator (only when key-tokens.json cannot be reused): the loaded model
     itself when it is the evaluator, else the named model loaded beside it (same options) and freed after."""
     from ..evals.key_tokens import same_tokenizer
@@ -387,12 +370,12 @@ def evaluator_loader(
             return lm, lambda: None
         other = load_model(
             name,
-            dtype=dtype,
-            device=lm.device if device_map is None else device,
-            attn_implementation=attn,
-            trust_remote_code=trust_remote_code,
-            device_map=device_map,
-            max_memory=parse_max_memory(max_memory),
+            dtype=load.dtype,
+            device=lm.device if load.device_map is None else load.device,
+            attn_implementation=load.attn,
+            trust_remote_code=load.trust_remote_code,
+            device_map=load.device_map,
+            max_memory=parse_max_memory(load.max_memory),
         )
         if not same_tokenizer(other.tokenizer, lm.tokenizer):
             raise CtxevalError(

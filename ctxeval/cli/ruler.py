@@ -5,8 +5,9 @@ from __future__ import annotations
 import glob
 import hashlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -14,35 +15,31 @@ from ..data import corpora
 from ..errors import CtxevalError
 from ..models.load import DEFAULT_MODEL
 from ..runs.rows import RULER_THRESHOLD
-from ..specs import expand_specs
+from ..specs import MethodSpec
 from ..util.paths import cache_dir
 from ..util.textfiles import MAX_TEXT_BYTES, read_bytes, read_json, read_text
 from .console import err, print_outputs, user_errors
-from .factors import settle_factors
 from .options import (
-    AttnOpt,
-    BackendOpt,
+    BatchOpt,
     Check,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
+    Engine,
     FactorOpt,
-    GpuMemoryOpt,
-    MaxMemoryOpt,
-    MaxModelLenOpt,
+    LengthsOpt,
+    Load,
+    MethodOpt,
     OutOpt,
     OverwriteOpt,
-    PipelineParallelOpt,
     PlainModelOpt,
-    RemoteOpt,
+    SamplesOpt,
+    SeedOpt,
+    TasksOpt,
     TemperatureOpt,
-    TensorParallelOpt,
-    VllmArgOpt,
-    parse_factors,
+    ThresholdOpt,
     parse_lengths,
-    parse_temperatures,
+    reworded,
+    with_blocks,
 )
-from .run import Backend, default_lengths, default_out, load_for, measure, note_attention_noops, prepare_backend
+from .run import Measurement, method_specs
 
 # torch, transformers, pandas and matplotlib load only when a command needs them: the evaluation and report modules
 # are imported inside the command function.
@@ -95,34 +92,28 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(read_bytes(path, "--qa-data file", max_bytes=MAX_TEXT_BYTES)).hexdigest()[:16]
 
 
-@user_errors
-def ruler_cmd(
-    model: PlainModelOpt = None,
-    tasks: Annotated[
+@dataclass(frozen=True)
+class RulerOptions:
+    model: PlainModelOpt = None
+    tasks: reworded(
+        TasksOpt,
+        "Comma-separated RULER tasks (default: all 13 once the QA files "
+        "are there, else the 11 that run offline: " + ", ".join(OFFLINE) + ").",
         Optional[str],
-        typer.Option(
-            help="Comma-separated RULER tasks (default: all 13 once the QA files "
-            "are there, else the 11 that run offline: " + ", ".join(OFFLINE) + ")."
-        ),
-    ] = None,
-    lengths: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Context lengths in tokens: 4k,8k | 4k:32k:x2 (default: 1x, 2x, 4x the model's original length)."
-        ),
-    ] = None,
-    samples: Annotated[
-        int, typer.Option(help="Samples per task and length (RULER uses 500)."), Check("--samples", minimum=1)
-    ] = 10,
+    ) = None
+    lengths: reworded(
+        LengthsOpt, "Context lengths in tokens: 4k,8k | 4k:32k:x2 (default: 1x, 2x, 4x the model's original length)."
+    ) = None
+    samples: reworded(SamplesOpt, "Samples per task and length (RULER uses 500).", int) = 10
     essays: Annotated[
         Optional[Path], typer.Option(help="RULER's PaulGrahamEssays.json or .txt essays for the essay haystack.")
-    ] = None,
+    ] = None
     essay_substitute: Annotated[
         str,
         typer.Option(
             help="Corpus used as the essay haystack without --essays (any --data spec; named in every table)."
         ),
-    ] = "pydoc",
+    ] = "pydoc"
     qa_data: Annotated[
         Optional[Path],
         typer.Option(
@@ -130,11 +121,11 @@ def ruler_cmd(
             "hotpotqa.json (HotpotQA dev, distractor). Without it qa_1/qa_2 "
             "download them from RULER's URLs into the cache."
         ),
-    ] = None,
+    ] = None
     samples_from: Annotated[
         Optional[Path],
         typer.Option(help="Run the prompts of RULER-generated files DIR/<length>/<task>/validation.jsonl instead."),
-    ] = None,
+    ] = None
     template: Annotated[
         str,
         typer.Option(
@@ -142,7 +133,7 @@ def ruler_cmd(
             "meta-chat, vicuna-chat, lwm-chat, command-r-chat, chatglm-chat, RWKV, Phi3, "
             "meta-llama3, jamba, nemotron5-instruct."
         ),
-    ] = "base",
+    ] = "base"
     cwe_words: Annotated[
         Optional[Path],
         typer.Option(
@@ -150,169 +141,194 @@ def ruler_cmd(
             "over ~64k): RULER's english_words.json or a word-per-line file "
             "(default /usr/share/dict/american-english, Debian wamerican)."
         ),
-    ] = None,
-    threshold: Annotated[
-        float,
-        typer.Option(help="Mean score a length must exceed for the effective length."),
-        Check("--threshold", above=0, maximum=100),
-    ] = RULER_THRESHOLD,
-    seed: Annotated[int, typer.Option(help="RULER's random seed (its default 42)."), Check("--seed", minimum=0)] = 42,
-    batch_size: Annotated[
-        int,
-        typer.Option(
-            help="Prompts per generate call (left-padded; 1 = one at a time; --backend "
-            "vllm submits every prompt of a task and length at once)."
-        ),
-        Check("--batch-size", minimum=1),
-    ] = 1,
-    method: Annotated[
-        Optional[list[str]],
-        typer.Option("--method", "-m", help="NAME or NAME:key=value,...; repeatable (default none)."),
-    ] = None,
-    factor: FactorOpt = None,
-    attention_temperature: TemperatureOpt = None,
-    out: OutOpt = None,
-    overwrite: OverwriteOpt = False,
-    dtype: DtypeOpt = "auto",
-    device: DeviceOpt = "auto",
-    attn: AttnOpt = "sdpa",
-    trust_remote_code: RemoteOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    backend: BackendOpt = "hf",
-    tensor_parallel_size: TensorParallelOpt = 1,
-    pipeline_parallel_size: PipelineParallelOpt = 1,
-    gpu_memory_utilization: GpuMemoryOpt = None,
-    max_model_len: MaxModelLenOpt = None,
-    vllm_arg: VllmArgOpt = None,
-) -> None:
-    """RULER's synthetic tasks (NIAH x8, variable tracking, common/frequent words): mean score per length, effective length."""
-    from ..evals.ruler.qa import QA, QA_URLS, qa_folder
-    from ..evals.ruler.run import RulerConfig, RulerRunner, prepare, sweep
-    from ..evals.ruler.sources import Sources, english_words
-    from ..evals.ruler.tasks import TASKS
-    from ..report.single import render_ruler
+    ] = None
+    threshold: reworded(
+        ThresholdOpt,
+        "Mean score a length must exceed for the effective length.",
+        check=Check("--threshold", above=0, maximum=100),
+    ) = RULER_THRESHOLD
+    seed: reworded(SeedOpt, "RULER's random seed (its default 42).") = 42
+    batch_size: reworded(
+        BatchOpt,
+        "Prompts per generate call (left-padded; 1 = one at a time; --backend "
+        "vllm submits every prompt of a task and length at once).",
+    ) = 1
+    method: MethodOpt = None
+    factor: FactorOpt = None
+    attention_temperature: TemperatureOpt = None
+    out: OutOpt = None
+    overwrite: OverwriteOpt = False
+    load: Load = Load()
+    engine: Engine = Engine()
 
-    model_name = model or DEFAULT_MODEL
-    qa_cache = cache_dir() / "ruler-qa"
-    qa_ready = qa_data is not None or all((qa_cache / name).is_file() for name in QA_URLS)
-    chosen = (
-        tuple(t.strip() for t in tasks.split(",") if t.strip())
-        if tasks
-        else (OFFLINE + (("qa_1", "qa_2") if qa_ready else ()))
-    )
-    left_out = (
-        []
-        if tasks or qa_ready
-        else [
-            f"qa_1, qa_2 left out: RULER's SQuAD / HotpotQA files are not in {qa_cache} (--tasks qa_1,qa_2 downloads them "
-            "from RULER's URLs; --qa-data DIR reads them from a folder)"
-        ]
-    )
-    specs = expand_specs(method or ["none"], parse_factors(factor), parse_temperatures(attention_temperature))
-    given = tuple(parse_lengths(lengths)) if lengths is not None else None
-    cfg = RulerConfig(
-        chosen, given or (1,), samples, seed, template
-    )  # checks tasks and template before the model loads
-    word_list = english_words(cwe_words) if "cwe" in chosen and samples_from is None else None
-    if samples_from is not None and not Path(samples_from).is_dir():
-        raise CtxevalError(
-            f"--samples-from {samples_from}: not a directory of RULER's <length>/<task>/validation.jsonl"
+
+class Ruler(Measurement):
+    task = "ruler"
+    default_multiples = (1, 2, 4)
+
+    def __init__(self, opt: RulerOptions) -> None:
+        super().__init__(opt.out, opt.overwrite, opt.load, opt.engine)
+        self.opt = opt
+
+    def settle(self) -> None:
+        """The tasks: --tasks, or the 11 offline ones and the QA pair once its files are in the cache."""
+        from ..evals.ruler.qa import QA_URLS
+
+        opt = self.opt
+        self.model = opt.model or DEFAULT_MODEL
+        self.qa_cache = cache_dir() / "ruler-qa"
+        qa_ready = opt.qa_data is not None or all((self.qa_cache / name).is_file() for name in QA_URLS)
+        self.chosen = (
+            tuple(t.strip() for t in opt.tasks.split(",") if t.strip())
+            if opt.tasks
+            else (OFFLINE + (("qa_1", "qa_2") if qa_ready else ()))
         )
-    qa_tasks = [t for t in cfg.tasks if TASKS[t].family == "qa"]
-    qa_dir = qa_folder(qa_tasks, qa_data, qa_cache) if qa_tasks and samples_from is None else None
-    sources = Sources(qa_dir=qa_dir)
-    if word_list is not None:
-        sources.extra_words, sources.extra_words_source = word_list
-    # the essays are read before the model loads: a missing file or corpus fails in a second, not after the load
-    if samples_from is None and any(TASKS[t].args.get("type_haystack") == "essay" for t in cfg.tasks):
-        text, sources.essay_source = essay_text(essays, essay_substitute)
-        sources.essay_words = re.sub(r"\s+", " ", text).split(" ")
-        essay_digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    else:
-        essay_digest = None
-    engine = Backend(
-        backend,
-        tensor_parallel_size,
-        pipeline_parallel_size,
-        gpu_memory_utilization,
-        max_model_len,
-        tuple(vllm_arg or ()),
-    )
-    lm = load_for(model_name, specs, dtype, device, attn, trust_remote_code, device_map, max_memory, engine)
-    if given is None:
-        cfg = RulerConfig(chosen, tuple(default_lengths(lm, (1, 2, 4))), samples, seed, template)
-    specs = settle_factors(specs, list(cfg.lengths), lm)
-    note_attention_noops(specs, list(cfg.lengths), lm.trained_length)
-    backend_spec = prepare_backend(lm, specs, list(cfg.lengths), max(cfg.lengths))
-    run_dir = default_out("ruler", model_name, out)
-    spec_record = {
-        "task": "ruler",
-        "model": model_name,
-        "tasks": list(cfg.tasks),
-        "lengths": list(cfg.lengths),
-        "samples": cfg.samples,
-        "seed": cfg.seed,
-        "essays": sources.essay_source or None,
-        "essay_sha256": essay_digest,
-        "samples_from": str(samples_from) if samples_from else None,
-        "template": template,
-        **(
-            {
-                "qa_data": str(qa_dir),
-                "qa_sha256": {
-                    name: file_digest(qa_dir / name) for name in QA.FILES.values() if (qa_dir / name).is_file()
-                },
-            }
-            if qa_dir
-            else {}
-        ),
-        # the default list is recorded in the protocol only: prompts, once generated, are read back from the run
-        # directory, so installing wamerican later neither changes a run nor blocks re-rendering it
-        **({"cwe_words": sources.extra_words_source} if cwe_words else {}),
-        "methods": [s.label for s in specs],
-        "dtype": lm.dtype,
-        **backend_spec,
-    }
-    provenance = {
-        "model": lm.record(),
-        "protocol": {
-            "name": "RULER (NVIDIA/RULER scripts/synthetic.yaml)",
-            "template": template,
-            "decoding": "greedy",
-            "scoring": "string_match_all",
-            "threshold": threshold,
-            "word_lists": "wonderwords 2.2.0"
-            + (f"; cwe past it: {sources.extra_words_source}" if sources.extra_words_source else ""),
+        self.left_out = (
+            []
+            if opt.tasks or qa_ready
+            else [
+                f"qa_1, qa_2 left out: RULER's SQuAD / HotpotQA files are not in {self.qa_cache} (--tasks qa_1,qa_2 "
+                "downloads them from RULER's URLs; --qa-data DIR reads them from a folder)"
+            ]
+        )
+
+    def method_specs(self) -> list[MethodSpec]:
+        return method_specs(self.opt.method, self.opt.factor, self.opt.attention_temperature)
+
+    def check(self) -> None:
+        from ..evals.ruler.run import RulerConfig
+
+        opt = self.opt
+        self.lengths = parse_lengths(opt.lengths) if opt.lengths is not None else None
+        # checks tasks and template before the model loads
+        self.cfg = RulerConfig(self.chosen, tuple(self.lengths or (1,)), opt.samples, opt.seed, opt.template)
+
+    def check_data(self) -> None:
+        """The word list, the prompts' folder, the QA files and the essays, read before the model loads: a missing
+        file or corpus fails in a second, not after the load."""
+        from ..evals.ruler.qa import qa_folder
+        from ..evals.ruler.sources import Sources, english_words
+        from ..evals.ruler.tasks import TASKS
+
+        opt, cfg = self.opt, self.cfg
+        word_list = english_words(opt.cwe_words) if "cwe" in self.chosen and opt.samples_from is None else None
+        if opt.samples_from is not None and not Path(opt.samples_from).is_dir():
+            raise CtxevalError(
+                f"--samples-from {opt.samples_from}: not a directory of RULER's <length>/<task>/validation.jsonl"
+            )
+        qa_tasks = [t for t in cfg.tasks if TASKS[t].family == "qa"]
+        self.qa_dir = qa_folder(qa_tasks, opt.qa_data, self.qa_cache) if qa_tasks and opt.samples_from is None else None
+        self.sources = Sources(qa_dir=self.qa_dir)
+        if word_list is not None:
+            self.sources.extra_words, self.sources.extra_words_source = word_list
+        self.essay_digest = None
+        if opt.samples_from is None and any(TASKS[t].args.get("type_haystack") == "essay" for t in cfg.tasks):
+            text, self.sources.essay_source = essay_text(opt.essays, opt.essay_substitute)
+            self.sources.essay_words = re.sub(r"\s+", " ", text).split(" ")
+            self.essay_digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def configure(self) -> None:
+        from ..evals.ruler.run import RulerConfig
+
+        opt = self.opt
+        self.cfg = RulerConfig(self.chosen, tuple(self.lengths), opt.samples, opt.seed, opt.template)
+
+    def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        from ..evals.ruler.qa import QA
+
+        opt, cfg, sources, qa_dir = self.opt, self.cfg, self.sources, self.qa_dir
+        self.backend_spec = backend_spec
+        spec_record = {
+            "task": "ruler",
+            "model": self.model,
+            "tasks": list(cfg.tasks),
+            "lengths": list(cfg.lengths),
+            "samples": cfg.samples,
+            "seed": cfg.seed,
             "essays": sources.essay_source or None,
-        },
-    }
-    notes = (
-        left_out
-        + ([f"essay haystack: {sources.essay_source}"] if sources.essay_source else [])
-        + ([f"model template: {template}"] if template != "base" and samples_from is None else [])
-        + ([f"prompts read from {samples_from}"] if samples_from else [])
-    )
-    original = lm.trained_length
-    title = f"{model_name}: RULER" + (" on vLLM" if backend_spec else "")
-    runner = RulerRunner(lm.model, lm.tokenizer, lm.device, lm.name, batch_size)
+            "essay_sha256": self.essay_digest,
+            "samples_from": str(opt.samples_from) if opt.samples_from else None,
+            "template": opt.template,
+            **(
+                {
+                    "qa_data": str(qa_dir),
+                    "qa_sha256": {
+                        name: file_digest(qa_dir / name) for name in QA.FILES.values() if (qa_dir / name).is_file()
+                    },
+                }
+                if qa_dir
+                else {}
+            ),
+            # the default list is recorded in the protocol only: prompts, once generated, are read back from the run
+            # directory, so installing wamerican later neither changes a run nor blocks re-rendering it
+            **({"cwe_words": sources.extra_words_source} if opt.cwe_words else {}),
+            "methods": [s.label for s in self.specs],
+            "dtype": self.lm.dtype,
+            **backend_spec,
+        }
+        provenance = {
+            "model": self.lm.record(),
+            "protocol": {
+                "name": "RULER (NVIDIA/RULER scripts/synthetic.yaml)",
+                "template": opt.template,
+                "decoding": "greedy",
+                "scoring": "string_match_all",
+                "threshold": opt.threshold,
+                "word_lists": "wonderwords 2.2.0"
+                + (f"; cwe past it: {sources.extra_words_source}" if sources.extra_words_source else ""),
+                "essays": sources.essay_source or None,
+            },
+        }
+        return spec_record, provenance
 
-    def work(store, progress) -> None:  # noqa: ANN001
+    def before_measure(self, run_dir: Path) -> None:
+        opt = self.opt
+        self.notes = (
+            self.left_out
+            + ([f"essay haystack: {self.sources.essay_source}"] if self.sources.essay_source else [])
+            + ([f"model template: {opt.template}"] if opt.template != "base" and opt.samples_from is None else [])
+            + ([f"prompts read from {opt.samples_from}"] if opt.samples_from else [])
+        )
+        for note in self.notes:
+            err.print(f"note: {note}")
+
+    def message(self, run_dir: Path) -> str:
+        cfg = self.cfg
+        return (
+            f"run directory: {run_dir}  ({len(cfg.tasks)} task(s) x {len(cfg.lengths)} length(s) x {cfg.samples} "
+            "sample(s) per method)"
+        )
+
+    def work(self, store: Any, progress: Any) -> None:
+        from ..evals.ruler.run import RulerRunner, prepare, sweep
+
+        lm = self.lm
+        runner = RulerRunner(lm.model, lm.tokenizer, lm.device, lm.name, self.opt.batch_size)
         runner.progress = progress
-        prompts = prepare(cfg, lm.tokenizer, sources, store.dir, samples_from, progress.note)
-        sweep(lm, specs, prompts, cfg, runner, store)
+        prompts = prepare(self.cfg, lm.tokenizer, self.sources, store.dir, self.opt.samples_from, progress.note)
+        sweep(lm, self.specs, prompts, self.cfg, runner, store)
 
-    for note in notes:
-        err.print(f"note: {note}")
-    measure(
-        run_dir,
-        spec_record,
-        overwrite,
-        provenance,
-        f"run directory: {run_dir}  ({len(cfg.tasks)} task(s) x {len(cfg.lengths)} length(s) x {cfg.samples} "
-        "sample(s) per method)",
-        work,
-        render=lambda store: print_outputs(
-            render_ruler(store, specs, list(cfg.tasks), original, threshold, cfg.samples, title, notes)
-        ),
-    )
+    def render(self, store: Any) -> None:
+        from ..report.single import render_ruler
+
+        opt, cfg = self.opt, self.cfg
+        title = f"{self.model}: RULER" + (" on vLLM" if self.backend_spec else "")
+        print_outputs(
+            render_ruler(
+                store,
+                self.specs,
+                list(cfg.tasks),
+                self.lm.trained_length,
+                opt.threshold,
+                cfg.samples,
+                title,
+                self.notes,
+            )
+        )
+
+
+@user_errors
+@with_blocks
+def ruler_cmd(opt: RulerOptions) -> None:
+    """RULER's synthetic tasks (NIAH x8, variable tracking, common/frequent words): mean score per length, effective length."""
+    Ruler(opt).run()

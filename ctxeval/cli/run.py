@@ -1,7 +1,8 @@
-"""What every measuring command does around its evaluation: load the model once (joining torchrun's process group
-first), resolve settings (flags > preset > quickstart > defaults), open the run directory (locked: one measuring
-process per directory; rank 0 holds it for a torchrun job), run the work with run.json finalised whatever happens,
-and render the run's outputs while the lock is held."""
+"""The one recipe of every measuring command (Measurement.run: preset, specs, checks before any load, load, lengths,
+factors, notes, backend, records, measure) and its shared steps: load the model once (joining torchrun's process
+group first), settle the factors a user left open, open the run directory (locked: one measuring process per
+directory; rank 0 holds it for a torchrun job), run the work with run.json finalised whatever happens, and render the
+run's outputs while the lock is held."""
 
 from __future__ import annotations
 
@@ -21,46 +22,13 @@ from ..rope.geometry import require_trained_length
 from ..runs.distributed import conclude, current, init_from_env, open_store
 from ..runs.rows import OK, RESUME_FIELDS, point_key
 from ..runs.store import RunStore, run_status
-from ..specs import MethodSpec
+from ..specs import MethodSpec, expand_specs, plain_rope_notes, with_default_factors
 from ..tiny import QUICKSTART
 from ..util.paths import safe_name
 from .console import QuietProgress, RichProgress, err, fmt_duration, state
-from .options import parse_vllm_args
+from .options import Engine, Load, parse_factors, parse_temperatures, parse_vllm_args
 
 QUICKSTART_SETTINGS = "quickstart (ctxeval/tiny/__init__.py)"  # what a run's spec records when they applied
-
-
-BACKENDS = ("hf", "vllm")
-
-
-@dataclass(frozen=True)
-class Backend:
-    """What generates: transformers' generate (hf) or vLLM, with vLLM's engine options."""
-
-    name: str = "hf"
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    gpu_memory_utilization: float | None = None
-    max_model_len: int | None = None
-    vllm_args: tuple[str, ...] = ()
-
-    def check(self) -> None:
-        if self.name not in BACKENDS:
-            raise CtxevalError(f"--backend must be hf or vllm, got '{self.name}'")
-        if self.name == "hf":
-            given = [
-                flag
-                for flag, on in (
-                    ("--tensor-parallel-size", self.tensor_parallel_size != 1),
-                    ("--pipeline-parallel-size", self.pipeline_parallel_size != 1),
-                    ("--gpu-memory-utilization", self.gpu_memory_utilization is not None),
-                    ("--max-model-len", self.max_model_len is not None),
-                    ("--vllm-arg", bool(self.vllm_args)),
-                )
-                if on
-            ]
-            if given:
-                raise CtxevalError(f"{given[0]} is an option of --backend vllm")
 
 
 def load_for(
@@ -72,14 +40,14 @@ def load_for(
     trust_remote_code: bool,
     device_map: str | None = None,
     max_memory: str | None = None,
-    backend: Backend | None = None,
+    backend: Engine | None = None,
 ) -> Any:
     """Join torchrun's process group if there is one, then load the model once for a sweep (on this rank's device,
     or spread by --device-map); a model without RoPE accepts only method none. With --backend vllm: the tokenizer
     and config only (evals.vllm_engine; one engine per method comes later)."""
-    backend = backend or Backend()
+    backend = backend or Engine()
     backend.check()
-    if backend.name == "vllm":
+    if backend.backend == "vllm":
         return load_for_vllm(model, specs, dtype, device, trust_remote_code, device_map, max_memory, backend)
     memory = parse_max_memory(max_memory)
     if memory and not device_map:
@@ -114,6 +82,13 @@ def load_for(
             "ctxeval can change and that its forward reads ('scaling', or BLOOM's "
             "inv_norm_factor/beta); drop the option"
         )
+    note_loaded(lm, model, specs, device_map)
+    return lm
+
+
+def note_loaded(lm: Any, model: str, specs: list[MethodSpec], device_map: str | None) -> None:
+    """What the user should know about the loaded model: layers offloaded by --device-map, a sliding window's L x L
+    mask, a shipped rope_type that method none replaces."""
     offloaded = sorted({str(v) for v in (getattr(lm.model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
     if device_map and offloaded:
         err.print(
@@ -133,7 +108,6 @@ def load_for(
             f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
             "original length; add --method native to measure the RoPE it ships"
         )
-    return lm
 
 
 def load_for_vllm(
@@ -144,7 +118,7 @@ def load_for_vllm(
     trust_remote_code: bool,
     device_map: str | None,
     max_memory: str | None,
-    backend: Backend,
+    backend: Engine,
 ) -> Any:
     """--backend vllm: what it cannot take, refused in one line before vLLM loads; then its VllmModel."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -173,7 +147,7 @@ def load_for_vllm(
         backend.pipeline_parallel_size,
         backend.gpu_memory_utilization,
         backend.max_model_len,
-        parse_vllm_args(list(backend.vllm_args)),
+        parse_vllm_args(list(backend.vllm_arg or ())),
     )
     check_engine_args(settings.engine_args)
     lm = load_vllm_model(model, dtype, settings, trust_remote_code)
@@ -198,6 +172,17 @@ def prepare_backend(
     for spec in specs:
         lm.plan(spec, tuple(lengths))
     return {"backend": "vllm"}
+
+
+def settle_factors(specs: list[MethodSpec], lengths: list[int], lm: Any) -> list[MethodSpec]:
+    """specs.with_default_factors at the longest of `lengths` for the loaded model's RoPE, with its notes (and
+    specs.plain_rope_notes) on rank 0's stderr."""
+    geometry = lm.rope.geometry
+    specs, notes = with_default_factors(specs, max(lengths) if lengths else None, geometry)
+    if current().is_main:
+        for note in notes + plain_rope_notes(specs, lengths, geometry):
+            err.print(f"note: {note}", markup=False)
+    return specs
 
 
 def note_attention_noops(specs: list[MethodSpec], lengths: list[int], original_length: int | None) -> None:
@@ -352,3 +337,137 @@ def quickstart(task: str, factor_given: bool = False) -> dict[str, Any]:
 
         settings["method"] = [strip(m) for m in settings["method"]]
     return settings
+
+
+class Measurement:
+    """One run of a measuring command (ppl, needle, passkey, ruler, entropy, lm-eval, tune). `run` takes the steps
+    they all take, in one order; a command subclasses this and supplies what is its own (the hooks, each a no-op
+    unless the command has something to do there):
+
+      settle()          the preset or quickstart settings under the flags; sets model (and what the command keeps)
+      method_specs()    the methods asked, parsed and swept (every method name and parameter checked)
+      check()           every check that needs no model (lengths and the command's config); sets lengths, or None
+      dry_run()         True when the command is done without the model (ppl --dry-run)
+      check_data()      the corpus or haystack can be read, then check_engine(): what the backend cannot take
+      load              load_for: the model once, methods it cannot take refused
+      loaded()          checks that need the loaded model (self.lm)
+      lengths           --lengths, or default_lengths(): multiples of the trained length
+      configure()       what the lengths decide before the factors are settled
+      factors           a method named without a factor gets the one for the longest length; their notes
+      no-op notes       an attention method that changes nothing at these lengths (when notes_noops)
+      prepare()         documents, prompts, runners: the work's inputs
+      backend           on vLLM, every method's plan at the longest sequence (longest())
+      records(...)      run.json's spec and provenance, then before_measure(run_dir)
+      measure           the run directory: work(store, progress), then render(store), with message(run_dir)
+
+    So every bad input is refused, in one line with exit code 2, before the model loads."""
+
+    task: str
+    default_multiples: tuple[float, ...] = (0.5, 1, 2)
+    notes_noops = True  # lm-eval and tune have no length grid to note against
+    fixed_lengths = True  # prompts fill their lengths exactly (passkey's yarn protocol: under them)
+
+    def __init__(self, out: Path | None, overwrite: bool, load: Load, engine: Engine | None = None) -> None:
+        self.out, self.overwrite, self.load, self.engine = out, overwrite, load, engine or Engine()
+        self.model = ""
+        self.specs: list[MethodSpec] = []
+        self.lengths: list[int] | None = None
+        self.lm: Any = None  # the loaded model (models.load.LoadedModel, or vllm_engine's VllmModel)
+
+    def run(self) -> None:
+        self.settle()
+        self.specs = self.method_specs()
+        self.check()
+        if self.dry_run():
+            return
+        self.check_data()
+        self.check_engine()
+        load = self.load
+        self.lm = load_for(
+            self.model,
+            self.specs_to_load(),
+            load.dtype,
+            load.device,
+            load.attn,
+            load.trust_remote_code,
+            load.device_map,
+            load.max_memory,
+            self.engine,
+        )
+        self.loaded()
+        if self.lengths is None:
+            self.lengths = self.default_lengths()
+        self.configure()
+        self.specs = settle_factors(self.specs, self.lengths, self.lm)
+        if self.notes_noops:
+            note_attention_noops(self.specs, self.lengths, self.lm.trained_length)
+        self.prepare()
+        backend_spec = prepare_backend(self.lm, self.specs, self.lengths, self.longest(), self.fixed_lengths)
+        run_dir = default_out(self.task, self.model, self.out)
+        spec_record, provenance = self.records(backend_spec)
+        self.before_measure(run_dir)
+        measure(run_dir, spec_record, self.overwrite, provenance, self.message(run_dir), self.work, self.render)
+
+    # -- the command's own steps ------------------------------------------------------------------------------------
+    def settle(self) -> None:
+        """The preset or quickstart settings under the flags; sets self.model."""
+
+    def method_specs(self) -> list[MethodSpec]:
+        """The methods asked (every command has its own)."""
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Every check of the settings that needs no model; sets self.lengths when --lengths is given."""
+
+    def dry_run(self) -> bool:
+        return False
+
+    def check_data(self) -> None:
+        """The corpus or haystack can be read."""
+
+    def check_engine(self) -> None:
+        """What the generation backend cannot take."""
+
+    def specs_to_load(self) -> list[MethodSpec]:
+        return self.specs
+
+    def loaded(self) -> None:
+        """Checks that need the loaded model (self.lm)."""
+
+    def default_lengths(self) -> list[int]:
+        return default_lengths(self.lm, self.default_multiples)
+
+    def configure(self) -> None:
+        """What the lengths decide before the factors are settled."""
+
+    def prepare(self) -> None:
+        """The work's inputs: documents, prompts, runners."""
+
+    def longest(self) -> int:
+        """The longest sequence the run reads (prompt and generated tokens)."""
+        return max(self.lengths or [0])
+
+    def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """run.json's spec (what a resume must match) and provenance."""
+        raise NotImplementedError
+
+    def before_measure(self, run_dir: Path) -> None:
+        """Last checks and set-up once the records are known, before the run directory opens."""
+
+    def message(self, run_dir: Path) -> str:
+        return f"run directory: {run_dir}"
+
+    def work(self, store: Any, progress: Any) -> None:
+        """Measure every point into `store` (run.measure calls it with the run directory open)."""
+        raise NotImplementedError
+
+    def render(self, store: Any) -> None:
+        """The run's tables and plots, from its rows."""
+        raise NotImplementedError
+
+
+def method_specs(
+    method: list[str] | None, factor: str | None, temperature: str | None = None, default: str = "none"
+) -> list[MethodSpec]:
+    """--method (or `default`), --factor and --attention-temperature as the specs to measure."""
+    return expand_specs(list(method or [default]), parse_factors(factor), parse_temperatures(temperature))
