@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from ..data import corpora
 from ..errors import CtxevalError
 from ..models.load import DEFAULT_MODEL
+from ..runs.store import RunStore
 from ..specs import MethodSpec
 from .console import print_outputs, user_errors
 from .options import (
@@ -33,6 +34,9 @@ from .options import (
     with_blocks,
 )
 from .run import Measurement, method_specs
+
+if TYPE_CHECKING:
+    from ..evals.common import Progress
 
 # torch, transformers, pandas and matplotlib load only when a command needs them (`ctxeval --help` starts in
 # well under a second): the evaluation and report modules are imported inside the command functions.
@@ -156,12 +160,12 @@ class Entropy(Measurement):
     def message(self, run_dir: Any) -> str:
         return f"run directory: {run_dir}  ({len(self.documents)} document(s))"
 
-    def work(self, store: Any, progress: Any) -> None:
+    def work(self, store: RunStore, progress: Progress) -> None:
         from ..evals.entropy import sweep
 
         sweep(self.lm, self.specs, self.documents, self.cfg, store, progress)
 
-    def render(self, store: Any) -> None:
+    def render(self, store: RunStore) -> None:
         from ..report.single import render_entropy
 
         original = self.lm.trained_length or max(self.cfg.lengths)

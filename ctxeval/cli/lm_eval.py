@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from ..errors import CtxevalError
 from ..models.load import DEFAULT_MODEL
+from ..runs.store import RunStore
 from ..specs import MethodSpec
 from .console import err, print_outputs, user_errors
 from .options import (
@@ -28,6 +29,9 @@ from .options import (
     with_blocks,
 )
 from .run import Measurement, method_specs
+
+if TYPE_CHECKING:
+    from ..evals.common import Progress
 
 
 def extended_length(specs: list[MethodSpec], trained: int) -> int:
@@ -172,12 +176,12 @@ class LmEval(Measurement):
         }
         return spec_record, provenance
 
-    def work(self, store: Any, progress: Any) -> None:
+    def work(self, store: RunStore, progress: Progress) -> None:
         from ..evals.lm_eval_bridge import evaluate
 
         evaluate(self.lm, self.specs, self.cfg, store, progress)
 
-    def render(self, store: Any) -> None:
+    def render(self, store: RunStore) -> None:
         from ..report.single import render_lm_eval
 
         title = f"{self.model}: lm-eval {', '.join(self.names)}" + (" on vLLM" if self.backend_spec else "")

@@ -13,6 +13,7 @@ from ..data import corpora
 from ..data.presets import load_task, preset_names
 from ..errors import CtxevalError
 from ..models.load import DEFAULT_MODEL
+from ..runs.store import RunStore
 from ..specs import MethodSpec
 from .console import err, print_outputs, user_errors
 from .options import (
@@ -46,6 +47,7 @@ from .options import (
 from .run import QUICKSTART_SETTINGS, Measurement, method_specs, quickstart
 
 if TYPE_CHECKING:
+    from ..evals.common import Progress
     from ..evals.haystack import NeedlePreset
     from ..evals.needle import NeedleRunner
 
@@ -356,13 +358,13 @@ class RetrievalRun(Measurement):
             f"{'on' if self.use_template else 'off'}; scoring {self.opt.scoring})"
         )
 
-    def work(self, store: Any, progress: Any) -> None:
+    def work(self, store: RunStore, progress: Progress) -> None:
         from ..evals.needle import sweep
 
         self.runner.progress = progress
         sweep(self.lm, self.specs, self.runner, store)
 
-    def render(self, store: Any) -> None:
+    def render(self, store: RunStore) -> None:
         from ..report.single import render_retrieval
 
         opt = self.opt

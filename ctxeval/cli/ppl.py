@@ -13,7 +13,9 @@ from ..data import corpora
 from ..data.presets import load_task
 from ..errors import CtxevalError
 from ..models.memory import GIB, dry_run
+from ..models.protocol import LanguageModel
 from ..runs.rows import AGGREGATES
+from ..runs.store import RunStore
 from ..specs import MethodSpec, expand_specs
 from .console import err, print_outputs, print_table, user_errors
 from .options import (
@@ -46,6 +48,7 @@ from .options import (
 from .run import QUICKSTART_SETTINGS, Measurement, quickstart
 
 if TYPE_CHECKING:
+    from ..evals.common import Progress
     from ..evals.perplexity import PplConfig
 
 # torch, transformers, pandas and matplotlib load only when a command needs them (`ctxeval --help` starts in
@@ -303,7 +306,7 @@ class Ppl(Measurement):
             + ")"
         )
 
-    def work(self, store: Any, progress: Any) -> None:
+    def work(self, store: RunStore, progress: Progress) -> None:
         from ..evals.key_tokens import find_key_tokens
         from ..evals.perplexity import sweep
 
@@ -324,7 +327,7 @@ class Ppl(Measurement):
             )
         sweep(lm, self.specs, self.documents, cfg, store, progress, key_tokens)
 
-    def render(self, store: Any) -> None:
+    def render(self, store: RunStore) -> None:
         from ..report.single import render_ppl
 
         settings, cfg = self.settings, self.cfg
@@ -354,12 +357,12 @@ def select_documents(settings: PplSettings, cfg: PplConfig, tokenizer: Any) -> l
     return corpora.first_documents(settings.data, tokenizer, settings.docs, settings.text_field, min_tokens=floor or 2)
 
 
-def bos_id(lm: Any, cfg: PplConfig) -> int | None:
+def bos_id(lm: LanguageModel, cfg: PplConfig) -> int | None:
     """The BOS id the sequences start with, or None (--no-bos, or a tokenizer without one)."""
     return getattr(lm.tokenizer, "bos_token_id", None) if cfg.bos else None
 
 
-def evaluator_loader(lm: Any, name: str, load: Load) -> Callable[[], tuple[Any, Callable[[], None]]]:
+def evaluator_loader(lm: LanguageModel, name: str, load: Load) -> Callable[[], tuple[Any, Callable[[], None]]]:
     """How find_key_tokens gets the LongPPL evaluator (only when key-tokens.json cannot be reused): the loaded model
     itself when it is the evaluator, else the named model loaded beside it (same options) and freed after."""
     from ..evals.key_tokens import same_tokenizer
@@ -401,7 +404,7 @@ def run_records(
     settings: PplSettings,
     cfg: PplConfig,
     specs: list[MethodSpec],
-    lm: Any,
+    lm: LanguageModel,
     documents: list[corpora.TokenDoc],
     seed: int,
     task: str | None,

@@ -7,7 +7,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -15,6 +15,7 @@ from ..data import corpora
 from ..errors import CtxevalError
 from ..models.load import DEFAULT_MODEL
 from ..runs.rows import RULER_THRESHOLD
+from ..runs.store import RunStore
 from ..specs import MethodSpec
 from ..util.paths import cache_dir
 from ..util.textfiles import MAX_TEXT_BYTES, read_bytes, read_json, read_text
@@ -40,6 +41,9 @@ from .options import (
     with_blocks,
 )
 from .run import Measurement, method_specs
+
+if TYPE_CHECKING:
+    from ..evals.common import Progress
 
 # torch, transformers, pandas and matplotlib load only when a command needs them: the evaluation and report modules
 # are imported inside the command function.
@@ -299,7 +303,7 @@ class Ruler(Measurement):
             "sample(s) per method)"
         )
 
-    def work(self, store: Any, progress: Any) -> None:
+    def work(self, store: RunStore, progress: Progress) -> None:
         from ..evals.ruler.run import RulerRunner, prepare, sweep
 
         lm = self.lm
@@ -308,7 +312,7 @@ class Ruler(Measurement):
         prompts = prepare(self.cfg, lm.tokenizer, self.sources, store.dir, self.opt.samples_from, progress.note)
         sweep(lm, self.specs, prompts, self.cfg, runner, store)
 
-    def render(self, store: Any) -> None:
+    def render(self, store: RunStore) -> None:
         from ..report.single import render_ruler
 
         opt, cfg = self.opt, self.cfg

@@ -12,12 +12,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..attention.patching import supports_temperature, wrappable_attention
 from ..errors import CtxevalError
 from ..models.load import load_model, parse_max_memory
 from ..models.memory import sliding_window_of
+from ..models.protocol import LanguageModel
 from ..rope.geometry import require_trained_length
 from ..runs.distributed import conclude, current, init_from_env, open_store
 from ..runs.rows import OK, RESUME_FIELDS, point_key
@@ -27,6 +28,9 @@ from ..tiny import QUICKSTART
 from ..util.paths import safe_name
 from .console import QuietProgress, RichProgress, err, fmt_duration, state
 from .options import Engine, Load, parse_factors, parse_temperatures, parse_vllm_args
+
+if TYPE_CHECKING:
+    from ..evals.common import Progress
 
 QUICKSTART_SETTINGS = "quickstart (ctxeval/tiny/__init__.py)"  # what a run's spec records when they applied
 
@@ -41,7 +45,7 @@ def load_for(
     device_map: str | None = None,
     max_memory: str | None = None,
     backend: Engine | None = None,
-) -> Any:
+) -> LanguageModel:
     """Join torchrun's process group if there is one, then load the model once for a sweep (on this rank's device,
     or spread by --device-map); a model without RoPE accepts only method none. With --backend vllm: the tokenizer
     and config only (evals.vllm_engine; one engine per method comes later)."""
@@ -86,7 +90,7 @@ def load_for(
     return lm
 
 
-def note_loaded(lm: Any, model: str, specs: list[MethodSpec], device_map: str | None) -> None:
+def note_loaded(lm: LanguageModel, model: str, specs: list[MethodSpec], device_map: str | None) -> None:
     """What the user should know about the loaded model: layers offloaded by --device-map, a sliding window's L x L
     mask, a shipped rope_type that method none replaces."""
     offloaded = sorted({str(v) for v in (getattr(lm.model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
@@ -119,7 +123,7 @@ def load_for_vllm(
     device_map: str | None,
     max_memory: str | None,
     backend: Engine,
-) -> Any:
+) -> LanguageModel:
     """--backend vllm: what it cannot take, refused in one line before vLLM loads; then its VllmModel."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise CtxevalError(
@@ -157,7 +161,7 @@ def load_for_vllm(
 
 
 def prepare_backend(
-    lm: Any, specs: list[MethodSpec], lengths: list[int], max_len: int, fixed_lengths: bool = True
+    lm: LanguageModel, specs: list[MethodSpec], lengths: list[int], max_len: int, fixed_lengths: bool = True
 ) -> dict[str, Any]:
     """Once the lengths are known: on vLLM, every method's plan (a method vLLM cannot apply as ctxeval does is refused
     here, before the run directory exists); returns what the run spec adds ({} on hf, whose specs stay as they were)."""
@@ -174,7 +178,7 @@ def prepare_backend(
     return {"backend": "vllm"}
 
 
-def settle_factors(specs: list[MethodSpec], lengths: list[int], lm: Any) -> list[MethodSpec]:
+def settle_factors(specs: list[MethodSpec], lengths: list[int], lm: LanguageModel) -> list[MethodSpec]:
     """specs.with_default_factors at the longest of `lengths` for the loaded model's RoPE, with its notes (and
     specs.plain_rope_notes) on rank 0's stderr."""
     geometry = lm.rope.geometry
@@ -310,7 +314,7 @@ def tally(before: list[dict[str, Any]], after: list[dict[str, Any]], kind: str) 
     return out
 
 
-def default_lengths(lm: Any, multiples: tuple[float, ...]) -> list[int]:
+def default_lengths(lm: LanguageModel, multiples: tuple[float, ...]) -> list[int]:
     """Lengths as multiples of the model's trained length (geometry.trained_length)."""
     length = require_trained_length(lm.model.config if lm.model is not None else lm.config, lm.name)
     return sorted({max(2, int(length * m)) for m in multiples})
@@ -372,7 +376,7 @@ class Measurement:
         self.model = ""
         self.specs: list[MethodSpec] = []
         self.lengths: list[int] | None = None
-        self.lm: Any = None  # the loaded model (models.load.LoadedModel, or vllm_engine's VllmModel)
+        self.lm: LanguageModel = None  # the loaded model (models.load.LoadedModel, or vllm_engine's VllmModel)
 
     def run(self) -> None:
         self.settle()
@@ -457,11 +461,11 @@ class Measurement:
     def message(self, run_dir: Path) -> str:
         return f"run directory: {run_dir}"
 
-    def work(self, store: Any, progress: Any) -> None:
+    def work(self, store: RunStore, progress: Progress) -> None:
         """Measure every point into `store` (run.measure calls it with the run directory open)."""
         raise NotImplementedError
 
-    def render(self, store: Any) -> None:
+    def render(self, store: RunStore) -> None:
         """The run's tables and plots, from its rows."""
         raise NotImplementedError
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from ..data import corpora
 from ..errors import CtxevalError
+from ..runs.store import RunStore
 from ..specs import MethodSpec, expand_specs
 from .console import err, print_outputs, user_errors
 from .options import (
@@ -31,6 +32,9 @@ from .options import (
     with_blocks,
 )
 from .run import Measurement
+
+if TYPE_CHECKING:
+    from ..evals.common import Progress
 
 QUICKSTART_TUNE = {"model": "tiny", "method": "yarn", "target_length": "1k", "data": "pydoc", "trials": 60}
 
@@ -304,12 +308,12 @@ class Tune(Measurement):
             f"held out {', '.join(d.doc_id for d in self.heldout)})"
         )
 
-    def work(self, store: Any, progress: Any) -> None:
+    def work(self, store: RunStore, progress: Progress) -> None:
         from ..evals.tune.job import run_tune
 
         run_tune(self.lm, self.job, store, progress, lambda text: err.print(f"note: {text}", markup=False))
 
-    def render(self, store: Any) -> None:
+    def render(self, store: RunStore) -> None:
         from ..report.tune import render_tune
 
         print_outputs(render_tune(store.dir))
