@@ -29,26 +29,44 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESUME = "tests/test_resume_and_rollback.py"
-ROUND2 = "tests/test_behaviours_round2.py"
+# issue 27's behaviour tests, in the files of the modules they test
+ROUND2 = ["tests/cli/test_ruler.py", "tests/report/test_tables.py", "tests/evals/test_perplexity.py"]
 # the console script, not `python -m mutmut`: -m would put the scratch tree (the unmutated ctxeval) first on sys.path
 MUTMUT = str(Path(sys.executable).parent / "mutmut")
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "store": (
         ["ctxeval/runs/store.py", "ctxeval/runs/rows.py"],
-        ["tests/test_store.py", "tests/test_rows.py", "tests/test_runlock.py", "tests/test_run_lock_cli.py", RESUME],
+        ["tests/runs/test_store.py", "tests/runs/test_rows.py", "tests/runs/test_lock.py", RESUME],
     ),
     "patching": (
         ["ctxeval/rope/patching.py"],
-        ["tests/test_patching.py", "tests/test_temperature.py", "tests/test_gpu_readiness.py", RESUME],
+        ["tests/rope/test_patching.py", "tests/attention/test_patching.py", "tests/gpu/test_readiness.py", RESUME],
     ),
-    "methods": (["ctxeval/rope/methods.py"], ["tests/test_methods.py", "tests/test_patching.py", RESUME]),
+    "methods": (["ctxeval/rope/methods.py"], ["tests/rope/test_methods.py", "tests/rope/test_patching.py", RESUME]),
     "perplexity": (
         ["ctxeval/evals/perplexity.py"],
-        ["tests/test_ppl.py", "tests/test_gpu_readiness.py", "tests/test_positions_longppl.py", RESUME],
+        [
+            "tests/evals/test_perplexity.py",
+            "tests/gpu/test_readiness.py",
+            "tests/evals/test_positions.py",
+            "tests/evals/test_key_tokens.py",
+            "tests/report/test_tables.py",
+            "tests/cli/test_ppl.py",
+            RESUME,
+        ],
     ),
     "needle": (
         ["ctxeval/evals/needle.py", "ctxeval/evals/haystack.py"],
-        ["tests/test_needle.py", "tests/test_gpu_readiness.py", RESUME],
+        [
+            "tests/data/test_presets.py",
+            "tests/evals/test_needle.py",
+            "tests/evals/test_needle_runner.py",
+            "tests/cli/test_options.py",
+            "tests/cli/test_needle.py",
+            "tests/models/test_generation.py",
+            "tests/gpu/test_readiness.py",
+            RESUME,
+        ],
     ),
     # issue 27: the modules added since
     "ruler": (
@@ -56,30 +74,71 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             f"ctxeval/evals/{m}.py"
             for m in ("ruler", "ruler_tasks", "ruler_sources", "ruler_niah", "ruler_vt", "ruler_words", "ruler_qa")
         ],
-        ["tests/test_ruler.py", "tests/test_conformance_ruler_yarn.py", ROUND2],
+        ["tests/evals/ruler/test_generate.py", "tests/conformance/test_ruler_yarn.py", *ROUND2],
     ),
-    "ruler_eval": (["ctxeval/evals/ruler/run.py"], ["tests/test_ruler_cli.py", "tests/test_ruler.py", ROUND2, RESUME]),
+    "ruler_eval": (
+        ["ctxeval/evals/ruler/run.py"],
+        ["tests/cli/test_ruler.py", "tests/evals/ruler/test_generate.py", *ROUND2, RESUME],
+    ),
     "attention": (
         ["ctxeval/attention/methods.py"],
-        ["tests/test_attention_methods.py", "tests/test_conformance_attention.py"],
+        ["tests/attention/test_methods.py", "tests/conformance/test_attention.py"],
     ),
     "key_tokens": (
         ["ctxeval/evals/key_tokens.py"],
-        ["tests/test_positions_longppl.py", "tests/test_longppl_original.py", ROUND2],
+        [
+            "tests/evals/test_positions.py",
+            "tests/evals/test_key_tokens.py",
+            "tests/report/test_tables.py",
+            "tests/cli/test_ppl.py",
+            "tests/conformance/test_longppl_original.py",
+            *ROUND2,
+        ],
     ),
-    "positions": (["ctxeval/evals/positions.py"], ["tests/test_positions_longppl.py", "tests/test_ppl.py", ROUND2]),
-    "entropy": (["ctxeval/evals/entropy.py"], ["tests/test_entropy.py"]),
+    "positions": (
+        ["ctxeval/evals/positions.py"],
+        [
+            "tests/evals/test_positions.py",
+            "tests/evals/test_key_tokens.py",
+            "tests/report/test_tables.py",
+            "tests/cli/test_ppl.py",
+            "tests/evals/test_perplexity.py",
+            *ROUND2,
+        ],
+    ),
+    "entropy": (["ctxeval/evals/entropy.py"], ["tests/evals/test_entropy.py"]),
     "tables": (
         ["ctxeval/report/tables.py"],
-        ["tests/test_report.py", "tests/test_merge_report.py", "tests/test_passkey_yarn.py", ROUND2],
+        [
+            "tests/report/test_tables.py",
+            "tests/runs/test_store.py",
+            "tests/report/test_merged.py",
+            "tests/evals/test_passkey.py",
+            *ROUND2,
+        ],
     ),
     "runs": (
         ["ctxeval/report/runs.py"],
-        ["tests/test_merge_report.py", "tests/test_report.py", "tests/test_html_report.py"],
+        [
+            "tests/report/test_merged.py",
+            "tests/report/test_tables.py",
+            "tests/runs/test_store.py",
+            "tests/report/test_html.py",
+        ],
     ),
     "sweep": (
         ["ctxeval/evals/sweep.py"],
-        ["tests/test_ppl.py", "tests/test_needle.py", "tests/test_ruler_cli.py", RESUME],
+        [
+            "tests/evals/test_perplexity.py",
+            "tests/data/test_presets.py",
+            "tests/evals/test_needle.py",
+            "tests/evals/test_needle_runner.py",
+            "tests/cli/test_options.py",
+            "tests/cli/test_needle.py",
+            "tests/models/test_generation.py",
+            "tests/cli/test_ruler.py",
+            RESUME,
+        ],
     ),
 }
 # groups measured on part of their module: the functions that turn a forward into the numbers a row holds (fnmatch
@@ -103,12 +162,36 @@ ONLY: dict[str, list[str]] = {
 }
 # issue 27's tests written against each group's survivors join its selection
 for _group in ("positions", "key_tokens", "entropy", "attention"):
-    GROUPS[_group][1].append("tests/test_mutants_round2_a.py")
+    GROUPS[_group][1].extend(
+        [
+            "tests/evals/test_positions.py",
+            "tests/evals/test_key_tokens.py",
+            "tests/evals/test_entropy.py",
+            "tests/attention/test_methods.py",
+        ]
+    )
 for _group in ("sweep", "tables", "ruler_eval", "runs", "ruler"):
-    GROUPS[_group][1].append("tests/test_mutants_round2_b.py")
+    GROUPS[_group][1].extend(
+        [
+            "tests/evals/test_sweep.py",
+            "tests/report/test_tables.py",
+            "tests/evals/ruler/test_run.py",
+            "tests/report/test_runs.py",
+            "tests/evals/ruler/test_generate.py",
+            "tests/evals/ruler/test_tasks.py",
+        ]
+    )
 # the second pass's tests (the rest of tables, runs, ruler_eval and RULER's generators)
 for _group in ("tables", "runs", "ruler_eval", "ruler"):
-    GROUPS[_group][1].append("tests/test_mutants_round2_c.py")
+    GROUPS[_group][1].extend(
+        [
+            "tests/report/test_runs.py",
+            "tests/report/test_tables.py",
+            "tests/evals/ruler/test_run.py",
+            "tests/evals/ruler/test_generate.py",
+            "tests/evals/ruler/test_words.py",
+        ]
+    )
 # issue 27's groups measured on part of their modules (a run per group had to fit in about 15 minutes on one child)
 ONLY.update(
     {
@@ -138,15 +221,30 @@ ONLY.update(
 )
 # the rest of issue 27's partial groups, measured after the first pass: RULER's generators (its qa and source
 # readers, whose outputs the parity tests pin, left out for time) and the rest of its runner
-GROUPS["ruler_gen"] = (GROUPS["ruler"][0], [*GROUPS["ruler"][1], "tests/test_loop_bounds.py"])
+GROUPS["ruler_gen"] = (
+    GROUPS["ruler"][0],
+    [
+        *GROUPS["ruler"][1],
+        "tests/evals/ruler/test_vt.py",
+        "tests/evals/ruler/test_words.py",
+        "tests/evals/test_passkey.py",
+        "tests/evals/ruler/test_generate.py",
+    ],
+)
 ONLY["ruler_gen"] = [
     f"ctxeval.evals.ruler.generate.{name}__mutmut_*" for name in ("x_generate", "x__vt_example", "x__fwe_samples")
 ] + [f"ctxeval.evals.ruler_{module}.*" for module in ("niah", "vt", "words")]
-# without test_ruler_cli.py, whose every test generates with the tiny model (about 40 s a surviving mutant): a mutant
+# without cli/test_ruler.py, whose every test generates with the tiny model (about 40 s a surviving mutant): a mutant
 # only it would kill counts as a survivor here
 GROUPS["ruler_eval_rest"] = (
     GROUPS["ruler_eval"][0],
-    [t for t in GROUPS["ruler_eval"][1] if t != "tests/test_ruler_cli.py"] + ["tests/test_loop_bounds.py"],
+    [t for t in GROUPS["ruler_eval"][1] if t != "tests/cli/test_ruler.py"]
+    + [
+        "tests/evals/ruler/test_vt.py",
+        "tests/evals/ruler/test_words.py",
+        "tests/evals/test_passkey.py",
+        "tests/evals/ruler/test_generate.py",
+    ],
 )
 ONLY["ruler_eval_rest"] = [
     f"ctxeval.evals.ruler.run.{name}__mutmut_*"
@@ -162,7 +260,16 @@ ONLY["ruler_eval_rest"] = [
 ]
 # report functions only the single-run report calls (no test of the tables group's selection reaches them), against
 # the second pass's tests written for them
-GROUPS["tables_single"] = (GROUPS["tables"][0], ["tests/test_mutants_round2_c.py"])
+GROUPS["tables_single"] = (
+    GROUPS["tables"][0],
+    [
+        "tests/report/test_runs.py",
+        "tests/report/test_tables.py",
+        "tests/evals/ruler/test_run.py",
+        "tests/evals/ruler/test_generate.py",
+        "tests/evals/ruler/test_words.py",
+    ],
+)
 ONLY["tables_single"] = [f"ctxeval.report.tables.{name}__mutmut_*" for name in ("x_entropy_tables", "x_valid_cells")]
 if os.environ.get("RULER_SEARCH_ONLY"):  # the size search alone (its mutants hang without the bound)
     ONLY["ruler"] = ["ctxeval.evals.ruler.generate.x__search__mutmut_*"]

@@ -1,19 +1,12 @@
+"""Fixtures every test folder sees: an isolated cache, a tiny random Llama, a saved tiny model, texts."""
+
 import logging
 
 import pytest
+from helpers import build_tokenizer, tiny_llama
 
 # torch and transformers load in the fixtures that use them, so that tests/test_layers.py (pure AST) runs anywhere
 logging.getLogger("transformers").setLevel(logging.ERROR)
-
-TINY = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
 
 
 @pytest.fixture(autouse=True)
@@ -22,39 +15,9 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CTXEVAL_CACHE", str(tmp_path / "ctxeval-cache"))
 
 
-def tiny_llama(rope_parameters=None, seed=0, **overrides):
-    """A tiny random Llama built from a config: no download. Trained length L = 64."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        **{**TINY, **overrides}, rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}
-    )
-    return LlamaForCausalLM(cfg).eval()
-
-
 @pytest.fixture
 def llama():
     return tiny_llama()
-
-
-def build_tokenizer(vocab_size=300):
-    """A small byte-level BPE tokenizer trained offline on CPython's bundled docs (no download)."""
-    from pydoc_data.topics import topics
-
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    tok = ByteLevelBPETokenizer()
-    tok.train_from_iterator(
-        list(topics.values()),
-        vocab_size=vocab_size,
-        min_frequency=2,
-        show_progress=False,
-        special_tokens=["<s>", "</s>"],
-    )
-    return PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, bos_token="<s>", eos_token="</s>")
 
 
 @pytest.fixture(scope="session")

@@ -180,7 +180,7 @@ def test_needle_generation_under_a_dynamic_method_equals_a_cache_free_recomputat
     """Greedy needle generation under dynamic NTK past the trained length: with the KV cache, the prompt's keys and
     each new query must share one RoPE, the one of the evaluated length. The reference recomputes every step from
     scratch, without a cache, with the RoPE frozen at that length."""
-    from conftest import build_tokenizer, tiny_llama
+    from helpers import build_tokenizer, tiny_llama
 
     from ctxeval.data.presets import load_task
     from ctxeval.evals import haystack as H
@@ -222,7 +222,7 @@ def test_window_aggregates_from_their_definition(tmp_path):
     of per-window means). The reference is the definition, with a full forward per window."""
     import numpy as np
     import torch.nn.functional as F
-    from conftest import tiny_llama
+    from helpers import tiny_llama
 
     from ctxeval.data.corpora import TokenDoc
     from ctxeval.evals import perplexity as P

@@ -2,11 +2,15 @@
 spec is made, and equal what get_method and resolve_params give; a dynamic method's spec says it depends on the
 sequence length."""
 
+from __future__ import annotations
+
+import random
+
 import pytest
 
 from ctxeval.errors import CtxevalError
-from ctxeval.rope.methods import METHODS, get_method, resolve_params
-from ctxeval.specs import MethodSpec, expand_specs, parse_spec
+from ctxeval.rope.methods import METHODS, Geometry, get_method, resolve_params
+from ctxeval.specs import MethodSpec, default_factor, expand_specs, parse_spec, plain_rope_notes, with_default_factors
 
 SPECS = [
     "none",
@@ -76,3 +80,106 @@ def test_the_ppl_runner_measures_length_by_length_what_the_sweep_or_the_method_s
     assert runner.length_dependent(dynamic)
     runner.dynamic = {native.label}  # the sweep's word for a checkpoint that ships a dynamic RoPE
     assert runner.length_dependent(native) and not runner.length_dependent(yarn)
+
+
+G = Geometry(rotary_dim=16, base=10_000.0, original_length=128)
+
+
+def labels(specs):
+    return [s.label for s in specs]
+
+
+def test_open_factors_cover_the_longest_length():
+    specs = expand_specs(["none", "yarn", "pi", "ntk", "ntk-by-parts", "yarn:beta_fast=4,beta_slow=0.25"])
+    out, notes = with_default_factors(specs, 1024, G)
+    assert labels(out) == [
+        "none",
+        "yarn(factor=8)",
+        "pi(factor=8)",
+        "ntk(factor=8)",
+        "ntk-by-parts(factor=8)",
+        "yarn(beta_fast=4,beta_slow=0.25,factor=8)",
+    ]
+    assert notes == [
+        "yarn, pi, ntk, ntk-by-parts, yarn(beta_fast=4,beta_slow=0.25): factor 8 = the longest length "
+        "1,024 / the trained length 128; give --factor or NAME:factor=S to choose"
+    ]
+
+
+def test_given_factors_and_methods_with_their_own_defaults_are_kept():
+    specs = expand_specs(
+        [
+            "yarn:factor=4",
+            "ntk:alpha=2",
+            "ntk:base=50000",
+            "dynamic-ntk",
+            "dynamic-ntk:rule=paper",
+            "llama3",
+            "dynamic-yarn",
+            "none+logn",
+            "self-extend",
+        ]
+    )
+    out, notes = with_default_factors(specs, 1024, G)
+    assert labels(out) == labels(specs) and notes == []
+    swept = expand_specs(["yarn", "pi"], factors=[2, 4])  # --factor wins over the default
+    assert labels(with_default_factors(swept, 1024, G)[0]) == labels(swept)
+
+
+def test_the_method_own_original_length_sets_its_factor_and_duplicates_merge():
+    specs = expand_specs(["yarn:original_max_position_embeddings=64", "yarn", "yarn:factor=8"])
+    out, notes = with_default_factors(specs, 1024, G)
+    assert labels(out) == ["yarn(factor=16,original_max_position_embeddings=64)", "yarn(factor=8)"]
+    assert len(notes) == 2 and "1,024 / the trained length 64" in notes[0]
+
+
+def test_a_length_within_the_trained_one_gives_factor_1_and_says_so():
+    out, notes = with_default_factors(expand_specs(["pi"]), 100, G)
+    assert labels(out) == ["pi(factor=1)"]
+    assert notes == [
+        "pi: factor 1, as the longest length 100 is within the trained length 128; give --factor or "
+        "NAME:factor=S to choose"
+    ]
+
+
+def test_default_factor_covers_the_length_by_at_most_a_hundredth():
+    draw = random.Random(26)
+    cases = [(1024, 128), (300, 128), (131_072, 4096), (4097, 4096), (4096, 4096), (1, 8192), (3 * 4096, 4096)]
+    cases += [(draw.randint(1, 2_000_000), draw.randint(1, 200_000)) for _ in range(2000)]
+    for longest, trained in cases:
+        f = default_factor(longest, trained)
+        assert f >= 1 and f * trained >= longest * (1 - 1e-12), (longest, trained, f)
+        assert f == 1 or f - longest / trained < 0.01 + 1e-12, (longest, trained, f)
+        assert round(f, 2) == f
+    assert default_factor(131_072, 4096) == 32 and default_factor(300, 128) == 2.35
+
+
+def test_plain_rope_notes_name_exactly_the_methods_that_change_nothing():
+    specs = expand_specs(
+        [
+            "none",
+            "yarn:factor=1",
+            "pi:factor=1",
+            "ntk:factor=1",
+            "ntk-by-parts:factor=1",
+            "yarn:factor=2",
+            "dynamic-ntk",
+            "llama3:factor=1",
+            "self-extend",
+            "native",
+        ]
+    )
+    specs += expand_specs(["pi:factor=1"], temperatures=[1.2])
+    notes = plain_rope_notes(specs, [64, 128], G)
+    flagged = [n.split(" is plain RoPE")[0] for n in notes]
+    assert flagged == [
+        "yarn(factor=1)",
+        "pi(factor=1)",
+        "ntk(factor=1)",
+        "ntk-by-parts(factor=1)",
+        "dynamic-ntk",
+        "llama3(factor=1)",
+    ]
+    assert "it rescales only longer sequences" in notes[4]
+    past = plain_rope_notes(expand_specs(["dynamic-ntk", "dynamic-yarn"]), [64, 256], G)
+    assert past == []  # past the trained length the dynamic methods rescale

@@ -1,0 +1,198 @@
+"""Issue 26: a data spec that cannot be read fails before the model loads (ppl, needle, passkey, entropy, ruler),
+and `ctxeval --version`."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import version
+
+import pytest
+from typer.testing import CliRunner
+
+from ctxeval.cli import app, run
+from ctxeval.data import corpora
+from ctxeval.data import offline as oc
+from ctxeval.errors import CtxevalError
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def no_model(monkeypatch, tmp_path):
+    """Loading a model fails the test loudly; no offline corpus package is installed; the cache is empty."""
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the data spec was checked")
+
+    monkeypatch.setattr(run, "load_for", load)  # every measuring command loads through cli/run.py's recipe
+    monkeypatch.setenv("CTXEVAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CTXEVAL_R_LIBRARY", str(tmp_path / "no-r-library"))
+    monkeypatch.setattr(oc, "_SYSTEM_R_LIBRARIES", ())
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+CASES = {
+    "ppl, corpus package missing": (
+        ["ppl", "--model", "smollm2", "--data", "austen", "--lengths", "1k"],
+        "needs the Debian package r-cran-janeaustenr",
+    ),
+    "ppl, no such file": (["ppl", "--model", "tiny", "--data", "missing.txt"], "--data 'missing.txt': no such file"),
+    "ppl, glob matches nothing": (["ppl", "--model", "tiny", "--data", "nowhere/*.txt"], "matches no files"),
+    "ppl, hf without a name": (["ppl", "--model", "tiny", "--data", "hf:@test"], "write hf:NAME[:CONFIG][@SPLIT]"),
+    "ppl, unsupported file": (["ppl", "--model", "tiny", "--data", "book.pdf"], "unsupported file type '.pdf'"),
+    "ppl, empty records": (["ppl", "--model", "tiny", "--data", "empty.jsonl"], "is empty"),
+    "needle haystack": (["needle", "--model", "tiny", "--haystack", "mobydick"], "r-cran-tokenizers"),
+    "passkey haystack": (
+        ["passkey", "--model", "tiny", "--protocol", "ctxeval", "--haystack", "missing.txt"],
+        "--haystack 'missing.txt': no such file",
+    ),
+    "entropy data": (["entropy", "--model", "tiny", "--data", "austen"], "r-cran-janeaustenr"),
+    "ruler essay substitute": (
+        ["ruler", "--model", "tiny", "--tasks", "niah_single_2", "--essay-substitute", "austen"],
+        "r-cran-janeaustenr",
+    ),
+    "ruler essays": (
+        ["ruler", "--model", "tiny", "--tasks", "niah_single_2", "--essays", "missing.json"],
+        "--essays missing.json",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_data_spec_that_cannot_be_read_fails_before_the_model_loads(no_model, case):
+    (no_model / "book.pdf").write_bytes(b"%PDF")
+    (no_model / "empty.jsonl").write_text("")
+    args, fragment = CASES[case]
+    result = runner.invoke(app, args)
+    assert not isinstance(result.exception, AssertionError), "the model was loaded first"
+    assert result.exit_code == 2, result.output
+    assert fragment in result.stderr and result.stderr.startswith("error:")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert not (no_model / "runs").exists()
+
+
+def test_check_data_spec_accepts_what_can_be_read_and_reads_nothing(no_model, monkeypatch):
+    (no_model / "a.txt").write_text("text")
+    (no_model / "b.jsonl").write_text('{"text": "x"}\n')
+    monkeypatch.setattr(corpora, "iter_documents", lambda *a, **k: pytest.fail("check_data_spec read the corpus"))
+    monkeypatch.setattr(oc, "load_named_corpus", lambda *a, **k: pytest.fail("check_data_spec read the corpus"))
+    for spec in ("pydoc", "a.txt", "b.jsonl", str(no_model), "*.txt", "hf:emozilla/pg19-test@test", "hf:name:cfg"):
+        corpora.check_data_spec(spec)
+    with pytest.raises(CtxevalError, match="--haystack 'nope'"):
+        corpora.check_data_spec("nope", "--haystack")
+
+
+def test_version_prints_the_installed_distribution():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"ctxeval {version('ctxeval')}\n"
+
+
+# Issue 26, item 2: a method named without a factor measures something. Static methods whose factor defaults to 1
+# get the factor that covers the longest length asked (longest / trained, shown in the label); a method that stays
+# plain RoPE at the lengths asked is named in a note; an unknown name gets the nearest one.
+
+
+def run_cli(tmp_path, *args):
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return result
+
+
+def test_ppl_rows_differ_from_none_when_methods_are_named_bare(tmp_path):
+    out = tmp_path / "run"
+    result = run_cli(
+        tmp_path,
+        "ppl",
+        "--model",
+        "tiny",
+        "--lengths",
+        "64,256",
+        "-m",
+        "none",
+        "-m",
+        "yarn",
+        "-m",
+        "pi",
+        "--docs",
+        "1",
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    assert "yarn, pi: factor 2 = the longest length 256 / the trained length 128" in result.stderr
+    run = json.loads((out / "run.json").read_text())
+    assert run["spec"]["methods"] == ["none", "yarn(factor=2)", "pi(factor=2)"]
+    table = (out / "table.md").read_text()
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2:-1]
+        for line in table.splitlines()
+        if line.startswith("| ") and "factor" in line or line.startswith("| none")
+    }
+    assert rows["yarn(factor=2)"] != rows["none"] and rows["pi(factor=2)"] != rows["none"]
+
+
+def test_ppl_within_the_trained_length_warns_that_bare_methods_are_plain(tmp_path):
+    result = run_cli(
+        tmp_path,
+        "ppl",
+        "--model",
+        "tiny",
+        "--lengths",
+        "64",
+        "-m",
+        "none",
+        "-m",
+        "yarn",
+        "--docs",
+        "1",
+        "--out",
+        str(tmp_path / "run"),
+    )
+    assert result.exit_code == 0, result.output
+    assert "note: yarn(factor=1) is plain RoPE at this factor: it measures the same as none" in result.stderr
+
+
+def test_passkey_labels_carry_the_default_factor(tmp_path):
+    out = tmp_path / "run"
+    result = run_cli(
+        tmp_path,
+        "passkey",
+        "--model",
+        "tiny",
+        "--lengths",
+        "256",
+        "--samples",
+        "1",
+        "-m",
+        "yarn",
+        "--protocol",
+        "ctxeval",
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "run.json").read_text())["spec"]["methods"] == ["yarn(factor=2)"]
+
+
+def test_an_unknown_name_suggests_the_nearest_of_both_kinds(tmp_path):
+    result = run_cli(tmp_path, "ppl", "--model", "tiny", "-m", "yarn+log-n")
+    assert result.exit_code == 2
+    assert "unknown method 'log-n' in 'yarn+log-n'; did you mean 'logn'?" in result.stderr
+    assert "self-extend, rerope, leaky-rerope, logn" in result.stderr
+
+
+def test_methods_lists_which_factors_default_to_the_longest_length(tmp_path):
+    result = run_cli(tmp_path, "methods", "--format", "json")
+    factors = {m["name"]: p for m in json.loads(result.stdout) for p in m["params"] if p["name"] == "factor"}
+    with_rule = sorted(name for name, p in factors.items() if "measuring_default" in p)
+    assert with_rule == ["ntk", "ntk-by-parts", "pi", "yarn"]
+
+
+def test_plan_takes_the_default_factor_from_length(tmp_path):
+    geometry = ["--head-dim", "64", "--base", "10000", "--original-length", "4096", "--format", "json"]
+    result = run_cli(tmp_path, "plan", "-m", "yarn", *geometry, "--length", "16384")
+    assert json.loads(result.stdout)["params"]["factor"] == 4
+    assert "factor 4 = the longest length 16,384 / the trained length 4,096" in result.stderr
+    bare = run_cli(tmp_path, "plan", "-m", "yarn", *geometry)
+    assert json.loads(bare.stdout)["params"]["factor"] == 1 and "yarn is plain RoPE at this factor" in bare.stderr

@@ -1,0 +1,51 @@
+"""evals/tune/export.py: which methods export, and as what."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+TRAINED, TARGET, S = 128, 256, 2.0  # the tiny model's trained length; the target of every search here; the factor
+
+
+def tiny_geometry():
+    from ctxeval.rope.methods import Geometry
+
+    return Geometry(32, 100000.0, TRAINED)  # ctxeval/tiny/model/config.json: head_dim 32, rope_theta 1e5, 128
+
+
+def one_spec(text: str):
+    from ctxeval.specs import expand_specs
+
+    return expand_specs([text])[0]
+
+
+def test_export_refuses_attention_methods_and_dynamic_ntk():
+    """No rope_parameters entry can say an attention method, and transformers' dynamic NTK applies its length rule
+    differently. Bug caught: the `spec.attention` check dropped (yarn+self-extend exported as plain yarn), or
+    dynamic-ntk exported as rope_type 'dynamic'."""
+    from ctxeval.errors import CtxevalError
+    from ctxeval.evals.tune.export import rope_parameters
+
+    geometry = tiny_geometry()
+    with pytest.raises(CtxevalError, match="attention"):
+        rope_parameters(one_spec("yarn:factor=8+self-extend"), geometry, 1024)
+    with pytest.raises(CtxevalError, match="dynamic-ntk"):
+        rope_parameters(one_spec("dynamic-ntk:factor=8"), geometry, 1024)
+    assert rope_parameters(one_spec("yarn:factor=8"), geometry, 1024)["rope_type"] == "yarn"
+
+
+def test_ntk_exports_as_plain_rope_at_the_new_base():
+    """A static NTK winner is plain RoPE at base b' (rope_type default): its inverse frequencies are NTK's. Bug caught:
+    the exponent d/(d-2) (NTK's own base formula) applied to the ratio of the second pair's frequencies instead of
+    d/2."""
+    from ctxeval.evals.tune.export import rope_parameters
+    from ctxeval.rope.methods import Geometry, compute
+
+    geometry = tiny_geometry()
+    for params in ("ntk:alpha=5.3", "ntk:factor=8"):
+        spec = one_spec(params)
+        entry = rope_parameters(spec, geometry, 1024)
+        assert entry["rope_type"] == "default" and set(entry) == {"rope_type", "rope_theta"}
+        plain = Geometry(geometry.rotary_dim, entry["rope_theta"], TRAINED).default_inv_freq()
+        np.testing.assert_allclose(plain, compute("ntk", geometry, spec.params, 1024).inv_freq, rtol=1e-12)

@@ -1,0 +1,179 @@
+"""evals/tune/space.py: the search space of each method, snapping, seeds and invalid points."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+TRAINED, TARGET, S = 128, 256, 2.0  # the tiny model's trained length; the target of every search here; the factor
+
+
+def tiny_geometry():
+    from ctxeval.rope.methods import Geometry
+
+    return Geometry(32, 100000.0, TRAINED)  # ctxeval/tiny/model/config.json: head_dim 32, rope_theta 1e5, 128
+
+
+def one_spec(text: str):
+    from ctxeval.specs import expand_specs
+
+    return expand_specs([text])[0]
+
+
+def test_yarn_space_searches_betas_and_attention_factor_at_fixed_factor():
+    """Bug caught: the factor searched by default (dims gain 'factor'), or fixed at the trained length / target
+    (0.125 instead of 8), or a range's log flag dropped."""
+    from ctxeval.evals.tune.space import build_space
+
+    space = build_space(one_spec("yarn"), tiny_geometry(), 1024)
+    assert space.factor == 1024 / TRAINED == 8.0
+    assert space.base.params["factor"] == 8.0
+    got = {d.key: (d.kind, d.low, d.high, d.log) for d in space.dims}
+    assert got == {
+        "beta_fast": (float, 0.5, 128.0, True),
+        "beta_slow": (float, 0.01, 16.0, True),
+        "attention_factor": (float, 0.8, 1.6, False),
+    }
+    assert space.pairs == 16 and not space.vector
+
+
+def test_a_parameter_fixed_in_the_spec_is_not_searched():
+    """Bug caught: `if name not in fixed` dropped: yarn:beta_fast=4 would still search beta_fast (and the trial would
+    overwrite the user's 4)."""
+    from ctxeval.evals.tune.space import build_space
+
+    space = build_space(one_spec("yarn:beta_fast=4"), tiny_geometry(), 1024)
+    assert [d.key for d in space.dims] == ["beta_slow", "attention_factor"]
+    assert space.base.params["beta_fast"] == 4.0
+    spec = space.spec({"beta_slow": 0.5, "attention_factor": 1.1})
+    assert spec.params["beta_fast"] == 4.0 and spec.params["factor"] == 8.0
+
+
+@pytest.mark.parametrize("target,low,high", [(1024, 4.0, 32.0), (512, 2.0, 16.0)])
+def test_ntk_alpha_range_is_relative_to_the_factor(target, low, high):
+    """alpha in [s/2, 4s]. Bug caught: per="factor" ignored in _bounds (alpha in [1, 4] at every factor)."""
+    from ctxeval.evals.tune.space import build_space
+
+    (dim,) = build_space(one_spec("ntk"), tiny_geometry(), target).dims
+    assert (dim.key, dim.low, dim.high, dim.log) == ("alpha", low, high, True)
+
+
+@pytest.mark.parametrize("trained", [128, 256])
+def test_self_extend_neighbor_window_is_relative_to_the_trained_length_and_integer(trained):
+    """neighbor_window in [L/16, L], whole numbers; group_size in [2, 64]. Bug caught: scale by the factor instead of
+    L (or the target), or the int kind lost (a window of 23.7 positions)."""
+    from ctxeval.evals.tune.space import build_space
+    from ctxeval.rope.methods import Geometry
+
+    space = build_space(one_spec("yarn+self-extend"), Geometry(32, 100000.0, trained), trained * 8)
+    dims = {d.key: d for d in space.dims}
+    window, group = dims["self-extend.neighbor_window"], dims["self-extend.group_size"]
+    assert (window.kind, window.low, window.high) == (int, trained / 16, trained)
+    assert (group.kind, group.low, group.high) == (int, 2, 64)
+    snapped = space.snap(
+        {
+            **{k: (d.low + d.high) / 2 for k, d in dims.items()},
+            "self-extend.neighbor_window": 23.7,
+            "self-extend.group_size": 4,
+        }
+    )
+    assert snapped["self-extend.neighbor_window"] == 23 and isinstance(snapped["self-extend.neighbor_window"], int)
+    spec = space.spec(snapped)
+    assert spec.attention[0].params["neighbor_window"] == 23
+
+
+def test_longrope_has_one_dim_per_pair_in_one_to_one_plus_s():
+    """Bug caught: the range [1, s] (LongRoPE's dim_mono range is [1, 1 + s]), or d instead of d/2 factors."""
+    from ctxeval.evals.tune.space import build_space
+
+    space = build_space(one_spec("longrope"), tiny_geometry(), 1024)
+    assert space.vector and space.pairs == 16
+    long = [d for d in space.dims if d.name.startswith("long_factor.")]
+    assert [d.key for d in long] == [f"long_factor.{i}" for i in range(16)]
+    assert all((d.kind, d.low, d.high) == (float, 1.0, 9.0) for d in long)
+    assert space.base.params["short_factor"] == tuple([1.0] * 16)
+
+
+def test_monotone_is_the_running_max():
+    """Bug caught: np.minimum.accumulate, or sorting (which moves values between pairs)."""
+    from ctxeval.evals.tune.space import monotone
+
+    assert monotone([1.0, 3.0, 2.0, 5.0, 4.0, 4.5]) == (1.0, 3.0, 3.0, 5.0, 5.0, 5.0)
+    assert monotone([2.0, 1.0]) == (2.0, 2.0)
+
+
+def test_snap_rounds_longrope_to_the_grid_and_other_floats_to_four_digits():
+    """Bug caught: round(value, 2) applied to every float (beta_slow 0.0123 -> 0.01), or '.4f' instead of '.4g'."""
+    from ctxeval.evals.tune.space import build_space
+
+    yarn = build_space(one_spec("yarn"), tiny_geometry(), 1024)
+    assert yarn.snap({"beta_fast": 12.34567, "beta_slow": 0.0123456, "attention_factor": 1.23456}) == {
+        "beta_fast": 12.35,
+        "beta_slow": 0.01235,
+        "attention_factor": 1.235,
+    }
+    assert yarn.snap({"beta_fast": 1e9, "beta_slow": 1e-9, "attention_factor": 1.0})["beta_fast"] == 128.0
+    longrope = build_space(one_spec("longrope"), tiny_geometry(), 1024)
+    point = {f"long_factor.{i}": 1.0 + i * 0.5123 for i in range(16)}
+    point["long_factor.15"] = 9.004  # rounds onto the range's top
+    if "attention_factor" in {d.key for d in longrope.dims}:
+        point["attention_factor"] = 1.23456
+    snapped = longrope.snap(point)
+    assert [snapped[f"long_factor.{i}"] for i in range(15)] == [round(1.0 + i * 0.5123, 2) for i in range(15)]
+    assert snapped["long_factor.15"] == 9.0
+    if "attention_factor" in snapped:
+        assert snapped["attention_factor"] == 1.235
+
+
+def test_spec_of_an_invalid_point_raises():
+    """Bug caught: spec() skips resolve_params (beta_slow >= beta_fast would be measured as a method)."""
+    from ctxeval.errors import CtxevalError
+    from ctxeval.evals.tune.space import build_space
+
+    space = build_space(one_spec("yarn"), tiny_geometry(), 1024)
+    for slow in (2.0, 3.0):
+        with pytest.raises(CtxevalError, match="beta"):
+            space.spec({"beta_fast": 2.0, "beta_slow": slow, "attention_factor": 1.0})
+    spec = space.spec({"beta_fast": 4.0, "beta_slow": 0.25, "attention_factor": 1.1})
+    assert (spec.name, spec.params) == (
+        "yarn",
+        {"factor": 8.0, "beta_fast": 4.0, "beta_slow": 0.25, "attention_factor": 1.1},
+    )
+
+
+def test_longrope_seeds_are_pi_ntk_and_yarn_factors():
+    """pi = s for every pair; ntk = s^(2i/(d-2)); yarn = s (1 - gamma) + gamma, gamma = YaRN's ramp at beta 32 / 1
+    (1 extrapolates, 0 interpolates); each clipped to [1, 1 + s]. Bug caught: the ntk exponent 2i/d (last pair
+    s^(15/16) instead of s), or gamma and 1 - gamma swapped (factors decreasing from s to 1)."""
+    from ctxeval.evals.tune.space import build_space, longrope_seeds
+    from ctxeval.rope.methods import yarn_ramp
+
+    geometry = tiny_geometry()
+    s, d = 8.0, 32
+    space = build_space(one_spec("longrope"), geometry, 1024)
+    seeds = longrope_seeds(space, geometry)
+    i = np.arange(d // 2, dtype=np.float64)
+    gamma = yarn_ramp(geometry, {"beta_fast": 32.0, "beta_slow": 1.0, "ramp": "index", "truncate": True}, TRAINED)
+    want = {
+        "pi": np.full(d // 2, s),
+        "ntk": np.clip(s ** (2 * i / (d - 2)), 1, 1 + s),
+        "yarn": np.clip(s * (1 - gamma) + gamma, 1, 1 + s),
+    }
+    assert set(seeds) == set(want)
+    for name, factors in want.items():
+        np.testing.assert_allclose(seeds[name], factors, rtol=1e-12, err_msg=name)
+    assert seeds["ntk"][0] == 1.0 and seeds["ntk"][-1] == pytest.approx(s)
+    assert seeds["yarn"][0] == 1.0 and seeds["yarn"][-1] == s  # the fastest pair extrapolates, the slowest is s
+    assert all(np.all(np.diff(v) >= 0) for v in seeds.values())
+
+
+def test_factor_is_rounded_as_every_command_rounds_it_and_ntk_searches_no_second_factor():
+    """Bug caught: the exact target / trained ratio (7.8125 for 1000 / 128) while --compare specs get default_factor's
+    7.82; or --search-factor adding a factor next to ntk's alpha (every point refused by ntk's checks)."""
+    from ctxeval.evals.tune.space import build_space
+    from ctxeval.specs import default_factor
+
+    space = build_space(one_spec("yarn"), tiny_geometry(), 1000)
+    assert space.factor == default_factor(1000, 128) == 7.82 and space.base.params["factor"] == 7.82
+    ntk = build_space(one_spec("ntk"), tiny_geometry(), 1024, search_factor=True)
+    assert [d.key for d in ntk.dims] == ["alpha"]

