@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
-NOT_COMPARED = {"run.json", "run.log"}
+NOT_COMPARED = {"run.json", "run.log", ".lock"}  # run.json: times and versions; .lock: the holder
 FIGURES = {".png", ".svg", ".pdf"}
 
 

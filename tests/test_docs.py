@@ -52,3 +52,36 @@ def test_the_link_check_finds_a_broken_link_and_anchor(tmp_path):
     )
     assert links(page) == ["missing.md", "#a-page-one-two", "#nowhere"]
     assert anchors(page) == {"a-page-one-two"}
+
+
+def layout_tree() -> dict[str, set[str]]:
+    """docs/development.md's layout: folder (relative to ctxeval/) -> the module names its line lists."""
+    text = (REPO / "docs" / "development.md").read_text(encoding="utf-8")
+    block = text.split("## Code layout", 1)[1].split("```", 2)[1]
+    tree: dict[str, set[str]] = {}
+    parents: list[str] = []
+    for line in block.splitlines():
+        entry = re.match(r"^(\s+)([\w]+)/\s+(.*)$", line)
+        if not entry:
+            continue
+        depth = (len(entry.group(1)) - 2) // 2
+        parents = parents[:depth] + [entry.group(2)]
+        names = re.split(r"\s{2,}", entry.group(3).strip())[0]
+        tree["/".join(parents)] = set(re.sub(r"\(.*?\)", "", names).split())
+    return tree
+
+
+def test_the_layout_in_development_md_matches_the_tree():
+    tree = layout_tree()
+    package = REPO / "ctxeval"
+    folders = {
+        str(p.relative_to(package))
+        for p in package.rglob("*")
+        if p.is_dir() and p.name != "__pycache__" and "model" not in p.relative_to(package).parts
+    }
+    assert set(tree) == folders, sorted(set(tree) ^ folders)
+    for folder, listed in tree.items():
+        if folder == "tiny" or folder.endswith("assets"):
+            continue  # tiny's line names its __main__ and model/ in prose; assets hold data files
+        modules = {p.stem for p in (package / folder).glob("*.py") if p.stem != "__init__"}
+        assert listed == modules, (folder, sorted(listed ^ modules))
