@@ -383,13 +383,14 @@ def main() -> int:
         "--also-test",
         action="append",
         default=[],
-        help="with --new-tests-only: a test file of the group's selection that gained tests too",
+        help="with --new-tests-only: a test file of the group's selection that gained tests (repeatable)",
     )
     parser.add_argument(
         "--new-tests-only",
         action="store_true",
-        help="with --retest, run the survivors against the group's round-2 test file only (they "
-        "survived every other selected test, which did not change)",
+        help="with --retest, run the survivors against the --also-test files only (they survived every "
+        "other selected test, which did not change); the round-2 files it once named are dissolved into the "
+        "module test files (issue 38), so name those with --also-test",
     )
     args = parser.parse_args()
     modules, tests = GROUPS[args.group]
@@ -418,7 +419,7 @@ def main() -> int:
                 (short,) = scratch_tree(args.commit, dest, "tests")
             tests = [t for t in tests if (tree / t).exists()]
             if args.new_tests_only:
-                tests = [t for t in tests if "test_mutants_round2" in t or t in args.also_test]
+                tests = [t for t in tests if t in args.also_test]
             write_config(tree, modules, tests)
             shutil.copy(tree / "setup.cfg", tree / "mutants" / "setup.cfg")
         else:
@@ -500,7 +501,7 @@ def main() -> int:
             "commit": short,
             "retest_of_survivors": args.retest,
             "retested": sorted(survivors_before) if args.retest else [],
-            "retest_tests": "the round-2 test file only" if args.new_tests_only else "the group's selection",
+            "retest_tests": "the --also-test files only" if args.new_tests_only else "the group's selection",
             "earlier": [str(p.name) for p in args.earlier],
             "only": only,
             "modules": modules,
