@@ -175,7 +175,10 @@ def test_sdpa_and_eager_paths_agree_and_other_implementations_are_refused():
         model = tiny_llama()
         model.config._attn_implementation = impl
         rotary = find_rotary_modules(model)[0][1]
-        with attention_methods(model, spec.attention, lambda: rotary.inv_freq, 64), torch.inference_mode():
+        with (
+            attention_methods(model, spec.attention, lambda rotary=rotary: rotary.inv_freq, 64),
+            torch.inference_mode(),
+        ):
             logits[impl] = model(input_ids=ids).logits
     assert torch.allclose(logits["eager"], logits["sdpa"], atol=1e-5)
     model.config._attn_implementation = "flash_attention_2"

@@ -99,8 +99,6 @@ def test_needle_and_passkey_progress_name_each_prompt(monkeypatch):
     from ctxeval.evals import needle as N
     from ctxeval.specs import expand_specs
 
-    lines = []
-    progress = type("P", (), {"note": lambda self, t: None, "advance": lambda self, n, t: lines.append(t)})()
     item = type("Item", (), {})
     spec = expand_specs(["none"])[0]
 

@@ -37,7 +37,7 @@ def test_needle_cli_outputs_and_resume(tmp_path, tiny_model_dir):
     ]
     first = needle(*args)
     assert first.exit_code == 0, first.output
-    rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * 2 * 3 * 2
     assert all(r["prompt_tokens"] + r["answer_tokens"] == r["length"] for r in rows)
     for name in ("table.md", "summary.csv", "heatmap-none.png", "heatmap-yarn-factor-4.png"):
@@ -71,7 +71,7 @@ def test_passkey_cli(tmp_path, tiny_model_dir):
         ],
     )
     assert result.exit_code == 0, result.output
-    rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and len({r["depth"] for r in rows}) > 1  # random depth per sample
     assert all(r["prompt_tokens"] + 6 == r["length"] for r in rows)
     assert "Passkey context" in (out / "table.md").read_text()

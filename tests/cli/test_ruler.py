@@ -340,7 +340,7 @@ def test_ruler_generation_under_dynamic_methods_uses_the_rope_of_the_tasks_lengt
         )
         key = first[0]
         assert prompt_tokens[key] == prompt and prompt < key[1]  # this generation is that point's prompt
-        for i, (n, inv_freq, scaling) in enumerate(steps):
+        for i, (_n, inv_freq, scaling) in enumerate(steps):
             assert torch.allclose(inv_freq, expected[key][0], rtol=1e-5), (
                 f"{key}: forward {i} of the generation ({prompt} prompt tokens + {i} generated) used another RoPE "
                 f"than the task's length {key[1]}: max rel diff "

@@ -599,7 +599,11 @@ def test_attend_equals_the_original_patch(case, decode):
             for (chunk, mask), got in ctxeval_variants(text, original_length, q, k, v, decode).items():
                 assert got.shape == want.shape
                 torch.testing.assert_close(
-                    got, want, atol=ATOL, rtol=0, msg=lambda m: f"{name} chunk={chunk} mask={mask}: {m}"
+                    got,
+                    want,
+                    atol=ATOL,
+                    rtol=0,
+                    msg=lambda m, chunk=chunk, mask=mask: f"{name} chunk={chunk} mask={mask}: {m}",
                 )
                 worst, n = max(worst, float((got - want).abs().max())), n + want.numel()
             if name in CROSSING:  # the method matters here: plain causal attention is far from the original

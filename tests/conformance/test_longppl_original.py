@@ -152,7 +152,9 @@ def test_aggregate_equals_the_original(ctxeval_run, original_outputs):
     out, _ = ctxeval_run
     lines = (out / "longppl.csv").read_text().splitlines()
     header = lines[0].split(",")
-    table = {(r[header.index("method")], int(r[header.index("length")])): r for r in (l.split(",") for l in lines[1:])}
+    table = {
+        (r[header.index("method")], int(r[header.index("length")])): r for r in (line.split(",") for line in lines[1:])
+    }
     per_doc_values = []
     for label, per_doc in original_outputs.items():
         want = original_aggregate(list(per_doc.values()))

@@ -264,7 +264,7 @@ def test_task_scores_equal_rulers_evaluate():
     got = ruler_task_scores(rows)
     assert len(got) == len(expected)
     diffs = []
-    for label, task, length, value, n, status in zip(
+    for label, task, length, value, _n, status in zip(
         got["label"], got["ruler_task"], got["length"], got["score"], got["samples"], got["status"]
     ):
         want = expected[(label, task, int(length))]

@@ -133,7 +133,7 @@ def test_longppl_end_to_end_same_key_tokens_for_every_method(tmp_path, monkeypat
     model = AutoModelForCausalLM.from_pretrained(MODEL_DIR).eval()
     documents = select_long_documents("pydoc", tok, 2, 1024)
     sequences = {d.doc_id: d.ids[:1024].tolist() for d in documents}
-    rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     for doc, seq in sequences.items():
         want_keys = [t - 1 for t in reference_key_tokens(model, [tok.bos_token_id] + seq, 64, 16)]
         assert cache["documents"][doc]["positions"] == want_keys

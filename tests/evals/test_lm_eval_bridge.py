@@ -138,8 +138,8 @@ def test_rows_results_and_read_back(run_dir):
     got = {(r["label"], r["lm_eval_task"], r["metric"]) for r in rows}
     labels = ["none", "yarn(factor=2)", "self-extend(group_size=2,neighbor_window=32)"]
     assert got == {
-        (l, t, m)
-        for l in labels
+        (label, t, m)
+        for label in labels
         for t, m in (("ctxeval_test_mc", "acc"), ("ctxeval_test_mc", "acc_norm"), ("ctxeval_test_gen", "exact_match"))
     }
     assert all(r["status"] == "ok" and r["length"] == 256 and r["samples"] in (3, 4) for r in rows)

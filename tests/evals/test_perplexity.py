@@ -64,7 +64,7 @@ def test_chunked_loss_with_logit_softcapping():
 
 
 def test_custom_logit_postprocessing_is_refused(llama):
-    head = llama.get_output_embeddings()
+    llama.get_output_embeddings()
     original = llama.forward
 
     def shifted(*a, **k):
@@ -197,7 +197,7 @@ def test_cli_end_to_end_resume_and_outputs(tmp_path, tiny_model_dir, text_dir):
     eff = run["methods"]["yarn(factor=4)"]["effective"][0]
     assert eff["attention_factor"] == pytest.approx(0.1 * math.log(4) + 1)
     assert eff["max_rel_diff"] < 1e-5
-    rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 9 and all(r["status"] == "ok" for r in rows)
     assert {"model", "method", "params", "task", "length", "metric", "value", "n_tokens", "seconds", "ppl"} <= set(
         rows[0]

@@ -122,7 +122,7 @@ def test_ppl_on_local_files_runs_without_datasets_rdata_or_gguf(tmp_path, tiny_m
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = [json.loads(l) for l in (tmp_path / "r" / "rows.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "r" / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
 
 
@@ -153,7 +153,7 @@ def test_batched_sliding_windows_equal_one_window_per_forward(bos):
         runner_ = P.PplRunner(model, "cpu", cfg, 1, "tiny")
         seqs = []
         real = runner_._nll_batch
-        runner_._nll_batch = lambda s, finite=True: (seqs.append(len(s)), real(s, finite))[1]
+        runner_._nll_batch = lambda s, finite=True, seqs=seqs, real=real: (seqs.append(len(s)), real(s, finite))[1]
         rows[batch] = runner_._sliding_at(spec, doc, L)
         assert max(seqs) == min(batch, max(seqs)) and (batch == 1 or max(seqs) > 1)
     for batch in (3, 8):

@@ -195,7 +195,7 @@ def needle_run(
     for label, values in acc.items():
         for length, correct in values.items():
             per_sample = correct if isinstance(correct, list) else [correct] * samples
-            for d_i, depth in enumerate([None] if task == "passkey" else depths):
+            for _d_i, depth in enumerate([None] if task == "passkey" else depths):
                 for s, c in enumerate(per_sample):
                     rows.append(
                         {

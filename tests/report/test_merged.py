@@ -178,7 +178,7 @@ def test_unfinished_run_is_used_with_a_note_and_run_json_path_is_accepted(tmp_pa
 
 def test_resumed_point_inside_one_run_replaces_its_failure(tmp_path):
     a = ppl_run(tmp_path, "a", ppl={"none": {64: 10.0}}, failed=[("none", 64, "oom")])
-    rows = [json.loads(l) for l in (a / "rows.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (a / "rows.jsonl").read_text().splitlines()]
     (a / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))  # failure first, then success
     assert row_of(main_table(merged.build_report([a]), "ppl-1"), "m1", "none")["64"] == pytest.approx(10.0)
 

@@ -300,13 +300,16 @@ def test_spec_parsing_and_factor_sweep():
 # -- the survivors of mutmut 3.8.1 over rope/methods.py (docs/testing.md): what each method reports beside its frequencies,
 # -- the plan, and every one-line refusal
 
+INTERPOLATION_GEOMETRY = Geometry(64, 1e4, 2048)  # _interpolation_factor's default geometry
 
-def _interpolation_factor(name, params, length=None, geom=Geometry(64, 1e4, 2048)):
+
+def _interpolation_factor(name, params, length=None, geom=INTERPOLATION_GEOMETRY):
     return compute(name, geom, params, length).interpolation_factor
 
 
 def test_interpolation_factor_of_each_method_from_its_definition():
-    d, b, L = 64, 1e4, 2048
+    d, L = 64, 2048
+    assert INTERPOLATION_GEOMETRY == Geometry(d, 1e4, L)  # the helper's default: base b = 1e4, so base 4e4 is 4 b
     assert _interpolation_factor("pi", {"factor": 3}) == 3
     assert _interpolation_factor("yarn", {"factor": 3}) == 3
     assert _interpolation_factor("ntk-by-parts", {"factor": 3}) == 3

@@ -67,7 +67,7 @@ def test_dynamic_is_order_independent():
         logits(model, long)
         a_after_long = logits(model, short)
     torch.testing.assert_close(a_first, a_after_long, rtol=0, atol=0)
-    with apply_method(model, "dynamic-yarn") as handle:
+    with apply_method(model, "dynamic-yarn"):
         logits(model, long)
         b = logits(model, short)
     fresh_order = tiny_llama()

@@ -44,7 +44,7 @@ def test_smollm2_ppl_and_needle(tmp_path):
     assert result.exit_code == 0, result.output
     run = json.loads((out / "run.json").read_text())
     assert run["model"]["rope"]["original_length"] == 8192 and run["model"]["rope"]["base"] == 100000.0
-    rows = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert all(15 < r["ppl"] < 60 for r in rows)  # the start of Emma: about 33 at 1k
     needle = runner.invoke(
         app,
@@ -65,7 +65,7 @@ def test_smollm2_ppl_and_needle(tmp_path):
         ],
     )
     assert needle.exit_code == 0, needle.output
-    correct = [json.loads(l)["correct"] for l in (tmp_path / "n" / "rows.jsonl").read_text().splitlines()]
+    correct = [json.loads(line)["correct"] for line in (tmp_path / "n" / "rows.jsonl").read_text().splitlines()]
     assert sum(correct) >= 2
 
 

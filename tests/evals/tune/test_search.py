@@ -55,7 +55,7 @@ def test_processes_opening_a_fresh_storage_together_all_get_the_study(tmp_path):
         barrier = threading.Barrier(4)
         outcomes = []
 
-        def work():
+        def work(barrier=barrier, url=url, outcomes=outcomes):
             barrier.wait()
             try:
                 open_study(url, {"model": "tiny", "target": TARGET}, cfg, space, tiny_geometry())
