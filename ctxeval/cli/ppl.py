@@ -368,7 +368,7 @@ def evaluator_loader(lm: LanguageModel, name: str, load: Load) -> Callable[[], t
     from ..evals.key_tokens import same_tokenizer
     from ..models.load import load_model, parse_max_memory
 
-    def load() -> tuple[Any, Callable[[], None]]:
+    def load_evaluator() -> tuple[Any, Callable[[], None]]:
         if name == lm.name:
             return lm, lambda: None
         other = load_model(
@@ -397,7 +397,7 @@ def evaluator_loader(lm: LanguageModel, name: str, load: Load) -> Callable[[], t
 
         return other, release
 
-    return load
+    return load_evaluator
 
 
 def run_records(
