@@ -116,7 +116,7 @@ def test_the_ruler_sweep_plans_pending_samples_in_batches_and_passes_each_to_mea
     monkeypatch.setattr(
         runner,
         "measure",
-        lambda spec, task, length, samples, emit, handle=None, of=None: measured.append(
+        lambda spec, task, length, samples, emit, handle=None, of=None, ladder=None: measured.append(
             (spec.label, task, length, [s.index for s in samples], emit.__name__, handle, of)
         ),
     )
