@@ -48,7 +48,7 @@ def load_for(
 ) -> LanguageModel:
     """Join torchrun's process group if there is one, then load the model once for a sweep (on this rank's device,
     or spread by --device-map); a model without RoPE accepts only method none. With --backend vllm: the tokenizer
-    and config only (evals.vllm_engine; one engine per method comes later)."""
+    and config only (models.vllm_engine; one engine per method comes later)."""
     backend = backend or Engine()
     backend.check()
     if backend.backend == "vllm":

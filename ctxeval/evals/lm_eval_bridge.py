@@ -2,7 +2,7 @@
 (with its read-back check, as every sweep does) and lm-eval's own evaluator (`lm_eval.simple_evaluate` on its HFLM,
 wrapping the already-loaded model and tokenizer) runs each requested task. With --backend vllm, lm-eval's own vLLM
 model type (`lm_eval.models.vllm_causallms.VLLM`) is built once per method with the method's engine arguments
-(evals.vllm_engine: hf_overrides, max_model_len) and the rotary table read back from it before any task runs. Every task x metric (x filter) becomes a
+(models.vllm_engine: hf_overrides, max_model_len) and the rotary table read back from it before any task runs. Every task x metric (x filter) becomes a
 row with its stderr; lm-eval's own result JSON (and its samples, if asked) is kept beside the rows.
 
 lm-eval truncates every input from the left to HFLM's `max_length`, which it takes from the model's config (the

@@ -1,6 +1,6 @@
 """A RoPE method as vLLM applies it: the `hf_overrides` that make vLLM build the method's rotary table, the cases where
 vLLM's rule cannot equal ctxeval's (refused before anything loads), and the check of the table vLLM really built
-against methods.py. Pure: no vLLM import (evals.vllm_engine loads the engine and probes its rotary modules).
+against methods.py. Pure: no vLLM import (models.vllm_engine loads the engine and probes its rotary modules).
 
 What vLLM 0.32 does with each rope_type (vllm/model_executor/layers/rotary_embedding/), and what follows here:
 - default / linear / llama3: a cos/sin table of `max_position_embeddings` rows; ctxeval's static NTK is plain RoPE at

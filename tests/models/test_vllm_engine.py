@@ -17,7 +17,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from ctxeval.cli import app  # noqa: E402
 from ctxeval.errors import CtxevalError  # noqa: E402
-from ctxeval.evals import vllm_engine  # noqa: E402
+from ctxeval.models import vllm_engine  # noqa: E402
 from ctxeval.models.generation import greedy_config, until_stop  # noqa: E402
 from ctxeval.models.load import load_model  # noqa: E402
 from ctxeval.rope.patching import apply_method  # noqa: E402
