@@ -208,6 +208,9 @@ class Ppl(Measurement):
             parse_position_buckets(self.opt.position_buckets, max(self.lengths), None)  # bad edges too
         self.key_method = expand_specs([self.opt.key_tokens_method])[0] if self.opt.key_tokens else None
 
+    def planning_only(self) -> bool:
+        return self.opt.dry_run
+
     def dry_run(self) -> bool:
         opt = self.opt
         if opt.dry_run:

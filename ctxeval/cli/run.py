@@ -6,11 +6,12 @@ run's outputs while the lock is held."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -22,7 +23,7 @@ from ..models.protocol import LanguageModel
 from ..rope.geometry import require_trained_length
 from ..runs.distributed import conclude, current, init_from_env, open_store
 from ..runs.rows import OK, RESUME_FIELDS, point_key
-from ..runs.store import RunStore, run_status
+from ..runs.store import RunStore, check_run_dir, run_status
 from ..specs import MethodSpec, expand_specs, plain_rope_notes, with_default_factors
 from ..tiny import QUICKSTART
 from ..util.paths import safe_name
@@ -212,13 +213,22 @@ def measure(
     finalised whatever happens, merge the ranks' rows, then `render(store)` on rank 0; the lock is released at the
     end (or by the kernel, if the process dies)."""
     dist = current()
-    run_dir = dist.agree(run_dir)  # the default name comes from rank 0's clock
+    run_dir = dist.agree(run_dir)  # a default name outside a command line comes from rank 0's clock
+    fresh = not (run_dir / "run.json").exists() and not (run_dir.is_dir() and any(run_dir.iterdir()))
     store = open_store(RunStore, run_dir, spec_record, overwrite, provenance)
     kind = str(spec_record.get("task"))
+    removed = False
     try:
         before = store.rows() if dist.is_main else []
         if dist.is_main:
             err.print(message + (f"; {dist.world} ranks (torchrun)" if dist.active else ""))
+            done = {point_key(r, RESUME_FIELDS.get(kind, ("label", "length"))) for r in before if r.get("status") == OK}
+            if done:
+                err.print(
+                    f"resuming: {len(done)} point{'s' * (len(done) != 1)} already measured in {store.dir} are "
+                    "reused (--overwrite starts over)",
+                    markup=False,
+                )
             for note in store.skipped_notes():  # lines a resume cannot use: those points are measured again
                 err.print(f"note: {note}", markup=False)
         try:
@@ -232,14 +242,18 @@ def measure(
         except BaseException:
             if dist.is_main:  # what the rows hold now; the error or interruption itself is the line after
                 try:
-                    counts = tally(before, store.rows(), kind)
+                    after = store.rows()
+                    counts = tally(before, after, kind)
                 except Exception:  # noqa: BLE001 - the original error matters more than this line
-                    counts = None
-                if counts is not None:
+                    after, counts = None, None
+                stopped = f"stopped after {fmt_duration(time.perf_counter() - state['started'])}"
+                if fresh and after == [] and not dist.active:  # nothing measured: leave no empty run behind
+                    removed = remove_run_dir(store)
+                if removed:
+                    err.print(f"{stopped}: nothing was measured; removed {store.dir}", markup=False)
+                elif counts is not None:
                     err.print(
-                        f"stopped after {fmt_duration(time.perf_counter() - state['started'])}: {counts}; "
-                        f"kept in {store.dir}",
-                        markup=False,
+                        f"{stopped}: {counts}; kept in {store.dir} (rerun the same command to resume)", markup=False
                     )
             raise
         if dist.is_main:
@@ -251,7 +265,29 @@ def measure(
                 markup=False,
             )
     finally:
+        if not removed:
+            store.close()
+
+
+def remove_run_dir(store: RunStore) -> bool:
+    """Delete a run directory this command created and measured nothing into (run.json and the lock only), then
+    release its lock; False, and the directory kept, if anything else is in it or it cannot be removed."""
+    try:
+        if any(
+            p.name not in ("run.json", ".lock") and not (p.name == "rows.jsonl" and p.stat().st_size == 0)
+            for p in store.dir.iterdir()
+        ):
+            return False
+        for path in store.dir.iterdir():
+            if path.name != ".lock":
+                path.unlink()
+        (store.dir / ".lock").unlink(missing_ok=True)
+        store.dir.rmdir()  # while the lock is held: no other process can have started measuring into it
+    except OSError:
         store.close()
+        return False
+    store.close()
+    return True
 
 
 FAILED_AS = {"oom": "out of memory"}  # how a failed row's status reads in the summary line
@@ -321,11 +357,50 @@ def default_lengths(lm: LanguageModel, multiples: tuple[float, ...]) -> list[int
 
 
 RUNS_DIR = "runs"  # default parent of run directories: not results/, which a checkout keeps for committed runs
+# Options that say how a run is executed or rendered, not what it measures: a rerun that changes only these (a
+# smaller --batch-size after an out-of-memory, more --trials for a search) resumes the same default directory. None
+# of them is in a run's spec, so the directory accepts the rerun.
+HOW_NOT_WHAT = frozenset(
+    {
+        "out",
+        "overwrite",
+        "batch_size",
+        "device",
+        "device_map",
+        "max_memory",
+        "gpu_memory_utilization",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "threshold",
+        "valid_tolerance",
+        "dry_run",
+        "trials",
+        "export",
+        "log_samples",
+    }
+)
 
 
-def default_out(task: str, model: str, out: Path | None) -> Path:
-    """--out, or runs/<task>-<model>-<time> under the working directory."""
-    return out or Path(RUNS_DIR) / f"{task}-{safe_name(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
+def request_of(task: str, options: Any) -> dict[str, Any] | None:
+    """A command's options (its dataclass, blocks such as Load flattened into it) as the user gave them, less
+    HOW_NOT_WHAT; None when the command keeps no options dataclass (a caller of Measurement from Python)."""
+    if options is None or not is_dataclass(options):
+        return None
+    flat: dict[str, Any] = {"command": task}
+    for key, value in asdict(options).items():
+        flat.update(value if isinstance(value, dict) else {key: value})
+    return {k: v for k, v in flat.items() if k not in HOW_NOT_WHAT}
+
+
+def default_out(task: str, model: str, out: Path | None, request: dict[str, Any] | None = None) -> Path:
+    """--out, or runs/<task>-<model>-<8 hex digits of the request> under the working directory: the same command
+    again names the same directory, so rerunning it resumes (outside a command line: the time instead)."""
+    if out is not None:
+        return out
+    if request is None:
+        return Path(RUNS_DIR) / f"{task}-{safe_name(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    digest = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return Path(RUNS_DIR) / f"{task}-{safe_name(model)}-{digest}"
 
 
 def quickstart(task: str, factor_given: bool = False) -> dict[str, Any]:
@@ -350,6 +425,7 @@ class Measurement:
 
       settle()          the preset or quickstart settings under the flags; sets model (and what the command keeps)
       method_specs()    the methods asked, parsed and swept (every method name and parameter checked)
+      run directory     --out (or the default) is a run directory nobody else measures into (check_run_dir)
       check()           every check that needs no model (lengths and the command's config); sets lengths, or None
       dry_run()         True when the command is done without the model (ppl --dry-run)
       check_data()      the corpus or haystack can be read, then check_engine(): what the backend cannot take
@@ -376,11 +452,15 @@ class Measurement:
         self.model = ""
         self.specs: list[MethodSpec] = []
         self.lengths: list[int] | None = None
+        self.opt: Any = None  # the command's options dataclass (its fields name the default run directory)
         self.lm: LanguageModel = None  # the loaded model (models.load.LoadedModel, or vllm_engine's VllmModel)
 
     def run(self) -> None:
         self.settle()
         self.specs = self.method_specs()
+        run_dir = default_out(self.task, self.model, self.out, request_of(self.task, self.opt))
+        if not self.planning_only() and os.environ.get("RANK", "0") == "0":  # rank 0 alone holds the directory
+            check_run_dir(run_dir, self.overwrite)  # a file, a foreign folder, another process: in a second
         self.check()
         if self.dry_run():
             return
@@ -407,7 +487,6 @@ class Measurement:
             note_attention_noops(self.specs, self.lengths, self.lm.trained_length)
         self.prepare()
         backend_spec = prepare_backend(self.lm, self.specs, self.lengths, self.longest(), self.fixed_lengths)
-        run_dir = default_out(self.task, self.model, self.out)
         spec_record, provenance = self.records(backend_spec)
         self.before_measure(run_dir)
         measure(run_dir, spec_record, self.overwrite, provenance, self.message(run_dir), self.work, self.render)
@@ -422,6 +501,10 @@ class Measurement:
 
     def check(self) -> None:
         """Every check of the settings that needs no model; sets self.lengths when --lengths is given."""
+
+    def planning_only(self) -> bool:
+        """True when the command will write no run directory (ppl --dry-run)."""
+        return False
 
     def dry_run(self) -> bool:
         return False

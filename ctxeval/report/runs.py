@@ -111,6 +111,22 @@ class Run:
         return trained_length_of_record(self.record.get("model") or {})
 
 
+class NothingMeasured(CtxevalError):
+    """A run directory without a measured row (a run refused or stopped before its first point): load_run's error,
+    and the note a report that skips it prints."""
+
+    def __init__(self, message: str, note: str) -> None:
+        super().__init__(message)
+        self.note = note
+
+
+def why_nothing(record: dict[str, Any]) -> str:
+    """How a run that measured nothing ended, from its run.json: its status and the first line of its error."""
+    status = str(record.get("status") or "unknown")
+    error = str(record.get("error") or "").strip().splitlines()
+    return f"status {status}" + (f": {error[0][:160]}" if error else "")
+
+
 def load_run(path: Path | str, order: int = 0) -> Run:
     """Read one run directory; a CtxevalError (one line, what to do) for anything that is not a usable run."""
     given = str(path).rstrip("/") or str(path)
@@ -200,9 +216,10 @@ def load_run(path: Path | str, order: int = 0) -> Run:
             "line); resume the run with its original command, or leave it out"
         )
     if not found.rows:
-        raise CtxevalError(
+        raise NothingMeasured(
             f"{given} has no measured rows ({ROWS_FILE} missing or empty); resume the run with "
-            "its original command, or leave it out"
+            "its original command, or leave it out",
+            f"{given} measured nothing ({why_nothing(record)}); skipped",
         )
     rows = found.rows
     run = Run(p, given, task, record, rows, order)
@@ -317,14 +334,24 @@ def load_runs(paths: Sequence[Path | str]) -> tuple[list[Run], list[str]]:
     runs: list[Run] = []
     seen: dict[Path, str] = {}
     paths, notes = expand_run_args(paths)
+    empty: list[NothingMeasured] = []
     for path in paths:
-        run = load_run(path, order=len(runs))
+        try:
+            run = load_run(path, order=len(runs))
+        except NothingMeasured as nothing:  # a run refused or stopped before its first point: nothing to show
+            empty.append(nothing)
+            notes.append(nothing.note)
+            continue
         resolved = run.path.resolve()
         if resolved in seen:
             notes.append(f"{run.name} was given twice (as {seen[resolved]}); used once")
             continue
         seen[resolved] = run.name
         runs.append(run)
+    if not runs and empty:
+        if len(empty) == 1:
+            raise empty[0]
+        raise CtxevalError(f"none of the {len(empty)} run directories given measured anything; {empty[0].note}")
     for run in runs:
         if run.skipped:
             notes.append(f"{run.name}: {run.skipped}")

@@ -112,6 +112,14 @@ class RunLock:
         self.release()
 
 
+def refuse_if_held(run_dir: Path) -> None:
+    """Raise the same one-line error as acquire() when another process holds run_dir's lock; takes nothing (a command
+    calls it before it loads a model, long before it locks the directory)."""
+    info = holder(run_dir)
+    if info is not None:
+        raise CtxevalError(_in_use_message(Path(run_dir), info, "wait for it to finish, or use another --out"))
+
+
 def holder(run_dir: Path) -> dict | None:
     """The info of the process holding the lock on run_dir ({} if it wrote none readable), or None if nobody does."""
     if fcntl is None:

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 from ..errors import CtxevalError
 from ..util import textfiles
-from .lock import LOCK_NAME, RunLock
+from .lock import LOCK_NAME, RunLock, refuse_if_held
 from .rows import KINDS, point_key, row_problem
 
 RUN_FILE, ROWS_FILE = "run.json", "rows.jsonl"
@@ -104,6 +104,44 @@ def environment() -> dict[str, Any]:
     }
 
 
+def refuse_foreign(out: Path, overwrite: bool) -> None:
+    """A file, or a folder with other things in it and no run.json, is no run directory (--overwrite empties the
+    folder)."""
+    if out.exists() and not out.is_dir():
+        raise CtxevalError(f"--out {out} is a file, not a directory; choose a directory path")
+    through_file = next((parent for parent in out.parents if parent.exists() and not parent.is_dir()), None)
+    if through_file is not None:
+        raise CtxevalError(f"cannot create the run directory {out} ({through_file} is a file); choose another --out")
+    if (
+        out.is_dir()
+        and not (out / RUN_FILE).exists()
+        and not overwrite
+        and any(p.name != LOCK_NAME for p in out.iterdir())
+    ):
+        raise CtxevalError(f"{out} exists and is not a ctxeval run directory; use another --out or --overwrite")
+
+
+def check_run_dir(out: Path, overwrite: bool = False) -> None:
+    """What RunStore would refuse about `out` before it reads a spec, checked without creating or locking anything:
+    a command calls it before it loads a model, so a wrong --out or a second process on one directory is refused
+    in a second, not after the load. RunStore checks again when it opens (and takes) the directory."""
+    out = Path(out)
+    refuse_foreign(out, overwrite)
+    refuse_if_held(out)
+    run_path = out / RUN_FILE
+    if run_path.exists() and not overwrite:
+        try:
+            record = textfiles.read_json(run_path, "", finite=False)
+            problem = None if isinstance(record, dict) else "not a JSON object"
+        except CtxevalError as exc:
+            problem = str(exc)
+        if problem:
+            raise CtxevalError(
+                f"{out}: run.json cannot be read as a ctxeval run ({problem}); use another --out, "
+                "or --overwrite to replace the directory"
+            )
+
+
 class RunStore:
     """One run directory. `spec` is what defines the measurement; resume requires the same spec."""
 
@@ -113,20 +151,10 @@ class RunStore:
         self.dir = Path(out)
         self.writer = rank in (None, 0)
         self.append_path = self.dir / (ROWS_FILE if rank is None else f"rows.rank{rank}.jsonl")
-        if self.dir.exists() and not self.dir.is_dir():
-            raise CtxevalError(f"--out {self.dir} is a file, not a directory; choose a directory path")
+        refuse_foreign(self.dir, overwrite)
         self.spec = json.loads(json.dumps(spec, default=str))  # normalise (tuples -> lists, ...)
         self.run_path, self.rows_path = self.dir / RUN_FILE, self.dir / ROWS_FILE
         self.record: dict[str, Any] = {}
-        if (
-            self.dir.exists()
-            and not self.run_path.exists()
-            and not overwrite
-            and any(p.name != LOCK_NAME for p in self.dir.iterdir())
-        ):
-            raise CtxevalError(
-                f"{self.dir} exists and is not a ctxeval run directory; use another --out or --overwrite"
-            )
         self.lock = RunLock(self.dir) if self.writer else None
         if self.lock is not None:
             try:

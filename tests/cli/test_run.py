@@ -3,8 +3,10 @@ and `ctxeval --version`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -196,3 +198,122 @@ def test_plan_takes_the_default_factor_from_length(tmp_path):
     assert "factor 4 = the longest length 16,384 / the trained length 4,096" in result.stderr
     bare = run_cli(tmp_path, "plan", "-m", "yarn", *geometry)
     assert json.loads(bare.stdout)["params"]["factor"] == 1 and "yarn is plain RoPE at this factor" in bare.stderr
+
+
+# -- issue 39: the run directory (the same command resumes; refusals before the load; nothing measured, nothing left)
+
+
+def ppl_in(cwd, monkeypatch, *extra):
+    monkeypatch.chdir(cwd)
+    args = ["ppl", "--model", "tiny", "--lengths", "64,128", "-m", "none", "--docs", "1", *extra]
+    return CliRunner().invoke(app, args, catch_exceptions=False)
+
+
+def test_the_same_command_twice_resumes_its_default_directory(tmp_path, monkeypatch):
+    first = ppl_in(tmp_path, monkeypatch)
+    assert first.exit_code == 0, first.output
+    assert "2 points measured, 0 reused" in first.stderr
+    again = ppl_in(tmp_path, monkeypatch, "--batch-size", "1")  # how it runs, not what it measures: same directory
+    assert again.exit_code == 0, again.output
+    assert "resuming: 2 points already measured" in again.stderr
+    assert "0 points measured, 2 reused from an earlier run" in again.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("ppl-tiny-") and len(run_dir.name) == len("ppl-tiny-") + 8
+    other = ppl_in(tmp_path, monkeypatch, "--bos")  # another measurement: its own directory
+    assert other.exit_code == 0 and "resuming" not in other.stderr
+    assert len(list((tmp_path / "runs").iterdir())) == 2
+
+
+def test_default_out_depends_on_what_is_measured_only():
+    base = {"command": "ppl", "lengths": "1k", "method": ["none"]}
+    assert run.default_out("ppl", "tiny", None, base) == run.default_out("ppl", "tiny", None, dict(base))
+    assert run.default_out("ppl", "tiny", None, base) != run.default_out("ppl", "tiny", None, {**base, "lengths": "2k"})
+    assert run.default_out("ppl", "tiny", Path("mine"), base) == Path("mine")
+
+
+def test_request_of_leaves_out_how_a_run_is_executed():
+    from ctxeval.cli.options import Load
+    from ctxeval.cli.ppl import PplOptions
+
+    fields = {f.name for f in dataclasses.fields(PplOptions)}
+    given = {name: None for name in fields}
+    small = PplOptions(**{**given, "batch_size": 1, "load": Load(device="cpu")})
+    large = PplOptions(**{**given, "batch_size": 8, "load": Load(device="cuda")})
+    assert run.request_of("ppl", small) == run.request_of("ppl", large)
+    assert run.request_of("ppl", small) != run.request_of("ppl", PplOptions(**{**given, "lengths": "1k"}))
+    assert run.request_of("ppl", None) is None
+
+
+def held_elsewhere(path):
+    from ctxeval.runs.lock import RunLock
+
+    lock = RunLock(path)
+    lock.acquire()
+    return lock
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda t: (t / "README.md").write_text("x") and "README.md", "is a file, not a directory"),
+        (lambda t: (t / "README.md").write_text("x") and "README.md/run", "(README.md is a file)"),
+        (lambda t: (t / "notes").mkdir() or (t / "notes" / "a.txt").write_text("x") and "notes", "not a ctxeval run"),
+        (lambda t: (t / "bad").mkdir() or (t / "bad" / "run.json").write_text("[1") and "bad", "cannot be read"),
+    ],
+    ids=["file", "through a file", "foreign folder", "unreadable run.json"],
+)
+@pytest.mark.parametrize(
+    "command", [["ppl"], ["needle"], ["passkey"], ["ruler"], ["entropy"], ["tune", "--target-length", "1k"]]
+)
+def test_a_wrong_out_is_refused_before_the_model_loads(no_model, command, make, expected):
+    out = make(no_model)
+    result = CliRunner().invoke(app, [*command, "--model", "tiny", "--out", out])
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_second_process_on_one_directory_is_refused_before_the_model_loads(no_model):
+    (no_model / "run").mkdir()
+    lock = held_elsewhere(no_model / "run")
+    try:
+        result = CliRunner().invoke(app, ["ppl", "--model", "tiny", "--out", "run"])
+    finally:
+        lock.release()
+    assert result.exit_code == 2
+    assert "is in use by another ctxeval process" in result.stderr
+
+
+def test_ppl_dry_run_writes_nothing_and_ignores_the_out_check(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "README.md").write_text("x")
+    result = CliRunner().invoke(app, ["ppl", "--model", "tiny", "--lengths", "1k", "--dry-run", "--out", "README.md"])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_run_stopped_before_its_first_point_leaves_no_directory(tmp_path, monkeypatch):
+    from ctxeval.evals import perplexity
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(perplexity, "sweep", interrupted)
+    result = ppl_in(tmp_path, monkeypatch, "--out", "fresh")
+    assert result.exit_code == 130
+    assert "nothing was measured; removed fresh" in result.stderr
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_a_resumed_run_stopped_again_keeps_its_directory(tmp_path, monkeypatch):
+    from ctxeval.evals import perplexity
+
+    assert ppl_in(tmp_path, monkeypatch, "--out", "kept").exit_code == 0
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(perplexity, "sweep", interrupted)
+    result = ppl_in(tmp_path, monkeypatch, "--out", "kept", "-m", "yarn:factor=2")  # another spec: --overwrite
+    assert result.exit_code == 2 and "different spec" in result.stderr
+    result = ppl_in(tmp_path, monkeypatch, "--out", "kept")
+    assert (tmp_path / "kept" / "rows.jsonl").read_text().count("\n") == 2
+    assert "removed" not in result.stderr

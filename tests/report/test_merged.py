@@ -630,3 +630,27 @@ def test_report_arguments_a_folder_of_runs_is_expanded_and_what_is_not_a_run_is_
         f"note: {empty} is not a ctxeval run directory (no run.json); skipped",
     ]
     assert "| m1" in mixed.stdout and "Traceback" not in mixed.output
+
+
+def test_a_run_that_measured_nothing_is_skipped_with_a_note(tmp_path):
+    """Issue 39: `report runs/* --html` exited 2 and wrote nothing when one run directory had no rows (a run refused
+    after its directory was made, or stopped before its first point)."""
+    good = ppl_run(tmp_path, "good")
+    refused = ppl_run(tmp_path, "refused", status="error")
+    (refused / "rows.jsonl").unlink()
+    record = json.loads((refused / "run.json").read_text())
+    record["error"] = "niah_single_1: length 128 is shorter than the task's smallest prompt\nmore"
+    (refused / "run.json").write_text(json.dumps(record))
+    stopped = ppl_run(tmp_path, "stopped", status="interrupted")
+    (stopped / "rows.jsonl").write_text("")
+    page = tmp_path / "page.html"
+    result = cli(good, refused, stopped, "--html", page)
+    assert result.exit_code == 0, result.output
+    assert f"{refused} measured nothing (status error: niah_single_1: length 128 is shorter than the task's " in (
+        result.stdout
+    )
+    assert f"{stopped} measured nothing (status interrupted); skipped" in result.stdout
+    assert page.is_file() and "refused measured nothing" in page.read_text()
+    only_empty = cli(refused, stopped)
+    assert only_empty.exit_code == 2
+    assert "none of the 2 run directories given measured anything" in only_empty.stderr
