@@ -231,11 +231,49 @@ class Ruler(Measurement):
             self.sources.essay_words = re.sub(r"\s+", " ", text).split(" ")
             self.essay_digest = hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def loaded(self) -> None:
+        if self.model == "tiny":
+            err.print(
+                "note: tiny (the bundled 2-layer model, trained at 128 tokens on CPython's docs) cannot answer "
+                "RULER's tasks: expect 0.0 everywhere; this run checks the pipeline. For numbers use --model smollm2 "
+                "or your model",
+                markup=False,
+            )
+
+    def prompts(self) -> Any:
+        from ..evals.ruler.fit import Prompts
+
+        opt = self.opt
+        return Prompts(self.lm.tokenizer, self.sources, opt.samples, opt.seed, opt.template)
+
+    def default_lengths(self) -> list[int]:
+        """Multiples of the trained length that every task's prompts fit (from RULER's files: all of them); none
+        fitting, the smallest power of two that fits."""
+        from ..evals.ruler.fit import fitting_length
+
+        lengths = super().default_lengths()
+        if self.opt.samples_from is not None:
+            return lengths
+        prompts = self.prompts()
+        fitting = [length for length in lengths if all(prompts.fits(task, length) for task in self.chosen)]
+        if fitting != lengths:
+            fitting = fitting or [fitting_length(self.chosen, prompts)]
+            err.print(
+                f"note: default lengths {', '.join(f'{n:,}' for n in fitting)} (not "
+                f"{', '.join(f'{n:,}' for n in lengths)}, multiples of the trained length): RULER's smallest prompts "
+                "need more tokens with this tokenizer",
+                markup=False,
+            )
+        return fitting
+
     def configure(self) -> None:
+        from ..evals.ruler.fit import check_lengths
         from ..evals.ruler.run import RulerConfig
 
         opt = self.opt
         self.cfg = RulerConfig(self.chosen, tuple(self.lengths), opt.samples, opt.seed, opt.template)
+        if opt.samples_from is None:
+            check_lengths(self.chosen, self.lengths, self.prompts())  # before the run directory exists
 
     def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         from ..evals.ruler.qa import QA

@@ -114,7 +114,7 @@ def test_prompts_from_ruler_files(tmp_path):
         (["--tasks", "niah_single_9"], "unknown RULER task 'niah_single_9'"),
         (["--samples", "0"], "--samples must be >= 1, got 0"),
         (["--threshold", "120"], "--threshold must be in (0, 100], got 120.0"),
-        (["--tasks", "niah_single_2", "--lengths", "256"], "shorter than the task's smallest prompt"),
+        (["--tasks", "niah_single_2", "--lengths", "256"], "--lengths 256 is shorter than the smallest prompt of"),
         (["--template", "llama-chat"], "unknown RULER model template 'llama-chat'"),
         (["--tasks", "cwe", "--cwe-words", "/nonexistent/words"], "--cwe-words /nonexistent/words: cannot read it"),
     ],
@@ -349,3 +349,32 @@ def test_ruler_generation_under_dynamic_methods_uses_the_rope_of_the_tasks_lengt
             assert scaling == pytest.approx(expected[key][1], rel=1e-6), (key, i, scaling)
         matched.append(key)
     assert sorted(matched) == sorted(keys)
+
+
+def test_a_length_too_short_for_any_asked_task_is_refused_before_the_run_directory(tmp_path):
+    """Issue 39: 128 failed on niah_single_1 after the run directory was made, then 512 on niah_single_2: one task at
+    a time. Every asked task is checked at once, the shortest length that fits all of them is named, and it fits."""
+    out = tmp_path / "r"
+    args = ["ruler", "--model", "tiny", "--device", "cpu", "--tasks", "fwe,vt", "--samples", "2", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--lengths", "128,1k"])
+    assert result.exit_code == 2 and not out.exists()
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "--lengths 128 is shorter than the smallest prompt of fwe (" in line and "vt (" in line
+    shortest = int(line.split("fits all 2 asked tasks is ")[1].split(":")[0].replace(",", ""))
+    assert 250 <= shortest < 1024  # vt's smallest prompt on this tokenizer is ~860 tokens
+    too_short = runner.invoke(app, [*args, "--lengths", str(shortest - 1)])
+    assert too_short.exit_code == 2 and "is shorter than the smallest prompt of vt" in too_short.stderr
+    fits = runner.invoke(app, [*args, "--lengths", str(shortest)])
+    assert fits.exit_code == 0, fits.output
+
+
+def test_default_lengths_on_tiny_fit_the_asked_tasks_and_say_what_tiny_cannot_do(tmp_path):
+    """The trained length's multiples (128, 256, 512) that fwe's 250-token prompts fit; tiny's note up front."""
+    out = tmp_path / "r"
+    result = runner.invoke(
+        app, ["ruler", "--model", "tiny", "--device", "cpu", "--tasks", "fwe", "--samples", "1", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "note: default lengths 256, 512 (not 128, 256, 512, multiples of the trained length)" in result.stderr
+    assert "cannot answer RULER's tasks" in result.stderr
+    assert json.loads((out / "run.json").read_text())["spec"]["lengths"] == [256, 512]

@@ -57,6 +57,7 @@ __all__ = [
     "generate",
     "postprocess",
     "score",
+    "smallest_prompt",
 ]
 
 
@@ -192,6 +193,42 @@ def generate(
         position = answer_token_position(prompt, answer, count) if task.family == "niah" else None
         samples.append(RulerSample(index, prompt, list(answer), total, prefix, position))
     return samples
+
+
+def smallest_prompt(
+    task_name: str,
+    length: int,
+    tokenizer: Any,
+    sources: Sources,
+    seed: int = RULER_SEED,
+    model_template: str = "base",
+) -> int:
+    """The tokens (RULER's count, tokens_to_generate included) of the task's smallest prompt at `length`: its
+    haystack at one increment, the size below which `generate` refuses the length. For fwe, the larger of the
+    template alone and the 4 coded words of 50 tokens each RULER's vocabulary needs. One draw of the task's random
+    stream: a sample of another draw may differ by a few tokens (generate still refuses exactly)."""
+    task = TASKS[task_name]
+    family = FAMILIES[task.family]
+    ttg = family.tokens_to_generate
+
+    def count(text: str) -> int:
+        return len(tokenizer.tokenize(text))
+
+    stream = Stream(seed)
+    if task.family == "freq_words_extraction":
+        fwe = FreqWords(task, sources, stream, length, model_template)
+        return max(count(fwe.template.format(context="", query="")) + ttg, 4 * 50 + ttg)
+    if task.family == "variable_tracking":
+        vt = VariableTracking(task, sources, stream, model_template)
+        example = _vt_example(vt, count)
+        return count(vt.generate(vt.increment(length))[0]) + count(example) + ttg
+    if task.family == "niah":
+        make: Any = Niah(task, sources, stream, model_template)
+    elif task.family == "qa":
+        make = QA(task, sources, stream, model_template)
+    else:
+        make = CommonWords(task, sources, stream, length, model_template)
+    return count(make(make.increment(length))[0]) + ttg
 
 
 def _vt_example(vt: VariableTracking, count: Callable[[str], int]) -> str:
