@@ -1,8 +1,8 @@
 """`ctxeval report --html FILE`: the report as one self-contained HTML page. Every table of every group, sortable by
 clicking a column header (a few lines of inline JavaScript, numeric columns sorted by their raw values, missing
-cells last either way); every figure `write_plots` draws, embedded as a base64 PNG, never shrunk below 3/4 of its
-size (it scrolls sideways instead) and shown at full size over the page on a click; the captions, footnotes and
-notes; and each run's provenance from its run.json (command, spec, model, methods with their read-back checks,
+cells last either way); every figure `write_plots` draws (drawn to fit the page's column), embedded as a base64
+PNG, captioned with what it shows and its group's protocol, never shrunk below 3/4 of its size (it scrolls sideways
+instead) and shown at full size over the page on a click; the captions, footnotes and notes; and each run's provenance from its run.json (command, spec, model, methods with their read-back checks,
 environment, sessions). Nothing is loaded from anywhere: no external CSS, scripts, fonts or images, so the file can be
 mailed, archived or opened offline. Every string from a run or a table is escaped."""
 
@@ -25,7 +25,7 @@ from ..runs.rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
 from ..runs.store import RUN_FILE, now_utc
 from ..util.textfiles import write_text
 from .merged import Report
-from .render import write_plots
+from .render import group_figures, heading, write_plots
 from .runs import Group, Run
 from .tables import Table, number
 
@@ -119,28 +119,13 @@ def data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 
-def figure_html(key: str, path: Path, caption: str) -> str:
+def figure_html(key: str, path: Path, caption: str, protocol: str | None = None) -> str:
+    """One embedded figure: `caption` (short: also its alt text) and the group's `protocol` under it."""
+    note = f' <span class="fig-protocol">Protocol: {esc(protocol)}.</span>' if protocol else ""
     return (
         f'<figure id="fig-{esc(key)}"><img alt="{esc(caption)}" src="{data_uri(path)}">'
-        f"<figcaption>{esc(caption)}</figcaption></figure>\n"
+        f"<figcaption>{esc(caption)}.{note}</figcaption></figure>\n"
     )
-
-
-def group_figures(group: Group, images: dict[str, Path]) -> list[tuple[str, Path, str]]:
-    """(key, PNG, caption) of the group's figures: its main figure first, then the others write_plots made for it
-    (`<group>-positions`, ...)."""
-    keys = [k for k in images if k == group.id] + [k for k in images if k.startswith(group.id + "-")]
-    extra = {"positions": "loss by position"}
-    return [
-        (
-            k,
-            images[k],
-            group.title
-            if k == group.id
-            else f"{group.title}: {extra.get(k[len(group.id) + 1 :], k[len(group.id) + 1 :].replace('-', ' '))}",
-        )
-        for k in keys
-    ]
 
 
 # -- provenance (run.json) ---------------------------------------------------------------------------------------
@@ -436,9 +421,9 @@ def to_html(rep: Report, images: dict[str, Path] | None = None, generated: dict[
         "</p>\n"
     )
     toc = [
-        f'<a href="#group-{esc(g.id)}"><b>{esc(g.short_title)}</b>{esc(g.title[len(g.short_title) :])}</a>'
-        if g.title.startswith(g.short_title)
-        else f'<a href="#group-{esc(g.id)}">{esc(g.title)}</a>'
+        f'<a href="#group-{esc(g.id)}"><b>{esc(g.short_title)}</b>{esc(heading(g)[len(g.short_title) :])}</a>'
+        if heading(g).startswith(g.short_title)
+        else f'<a href="#group-{esc(g.id)}">{esc(heading(g))}</a>'
         for g in rep.groups
     ]
     toc.append('<a href="#runs">Runs and their provenance</a>')
@@ -475,7 +460,7 @@ def to_html(rep: Report, images: dict[str, Path] | None = None, generated: dict[
 
     shown_images: set[str] = set()
     for group in rep.groups:
-        out.append(f'<section class="group" id="group-{esc(group.id)}">\n<h2>{esc(group.title)}</h2>\n')
+        out.append(f'<section class="group" id="group-{esc(group.id)}">\n<h2>{esc(heading(group))}</h2>\n')
         runs = ", ".join(f'<a href="#{anchors[id(r)]}"><code>{esc(r.name)}</code></a>' for r in group.runs)
         out.append(f'<p class="protocol">Protocol: {esc(group.description)}. Runs: {runs}.</p>\n')
         for i, table in enumerate(group.tables):
@@ -488,7 +473,7 @@ def to_html(rep: Report, images: dict[str, Path] | None = None, generated: dict[
         if group.notes:
             out.append('<ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in group.notes) + "</ul>\n")
         for key, path, caption in group_figures(group, images):
-            out.append(figure_html(key, path, caption))
+            out.append(figure_html(key, path, caption, group.description))
             shown_images.add(key)
         out.append("</section>\n")
     rest = [k for k in images if k not in shown_images]

@@ -6,7 +6,8 @@ log y axis carries numbers at readable values (1-2-5 steps, finer when the data 
 series differs from every other (hue by method family; shade, line style and marker by parameters or model); a
 series identical to another is drawn once and its legend entry names both; titles wrap between words or list items,
 never inside a word; the legend moves outside the axes past four entries; original lengths are marked with black
-vertical lines.
+vertical lines. Heatmaps use a colour-blind-safe scale whose lightness rises with the score (viridis), each cell's
+text black or white by the cell's luminance, and wrap into rows so that a grid fits the HTML report's column.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import colorsys
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -25,7 +26,7 @@ matplotlib.use("Agg")  # files only; never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
-from matplotlib import ticker  # noqa: E402
+from matplotlib import patheffects, ticker  # noqa: E402
 
 from ..errors import CtxevalError  # noqa: E402
 from ..runs.rows import fmt_length, status_label  # noqa: E402
@@ -68,6 +69,16 @@ VARIANT_STYLES = [
 ]
 LEGEND_INSIDE_MAX = 4  # legend entries (curves and marker lines) that fit inside the axes
 LEGEND_WIDTH = 56  # characters of a legend entry's line (a longer one wraps, as titles do, not widening the figure)
+DPI = 120  # every figure's resolution: inches x 120 = pixels in the PNG
+# Heatmap scale: viridis is perceptually uniform and its lightness rises monotonically from 0 (dark blue-violet) to 1
+# (light yellow), so its order reads without telling red from green (and in grey print); it holds no grey, so the
+# light grey of a cell that was not measured is never taken for a score.
+HEATMAP_CMAP = "viridis"
+NOT_MEASURED_COLOR = "#dddddd"
+# the HTML report's column is 1,264 px (report.css: main 1320 px less 2 x 28 px padding): a grid of heatmaps wraps
+# into rows to stay within it, so that the page shows it at full size without scrolling sideways
+PAGE_WIDTH_PX = 1264
+PAGE_WIDTH_IN = (PAGE_WIDTH_PX - 24) / DPI  # figure width, less a margin for savefig's tight bounding box
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,7 @@ def save(fig: Any, path: Path, tight: bool = True) -> Path:
         if tight:
             fig.tight_layout()
         with atomic_path(path, "figure") as tmp:  # a crash leaves the old figure or the new one, never half of one
-            fig.savefig(tmp, dpi=120, bbox_inches="tight", format=kind)
+            fig.savefig(tmp, dpi=DPI, bbox_inches="tight", format=kind)
     except OSError as exc:
         raise CtxevalError(
             f"cannot write figure {path} ({exc.strerror or type(exc).__name__}); choose another path"
@@ -266,10 +277,17 @@ def plot_curves(
     threshold_label: str | None = None,
     ylim: tuple[float, float] | None = None,
     x_ticks: Sequence[int] | None = None,
+    y_percent: bool = False,
 ) -> Path:
     """Curves against the context length on one figure. `originals`: original length -> legend text (marked with
     black vertical lines); `threshold`: a grey horizontal line (accuracy figures); `x_ticks`: the labelled x
-    positions when the points do not sit on them (loss-by-position buckets, drawn at their centres)."""
+    positions when the points do not sit on them (loss-by-position buckets, drawn at their centres); `y_percent`:
+    the values and the threshold are fractions, drawn on a 0-100% axis (both in the same unit)."""
+    if y_percent:
+        curves = [replace(c, ys=[100.0 * y for y in c.ys]) for c in curves]
+        threshold_label = threshold_label or (f"threshold {threshold:.0%}" if threshold is not None else None)
+        threshold = 100.0 * threshold if threshold is not None else None
+        ylim = ylim or (-5.0, 105.0)
     measured = [c for c in curves if c.xs]
     styles = curve_styles(measured)
     drawn = merge_identical(measured)
@@ -287,6 +305,9 @@ def plot_curves(
         ax.axhline(threshold, color="grey", lw=1, ls="--", label=threshold_label or f"threshold {threshold:.0%}")
     if ylim is not None:
         ax.set_ylim(*ylim)
+    if y_percent:
+        ax.yaxis.set_major_locator(ticker.MultipleLocator(20))
+        ax.yaxis.set_major_formatter(ticker.PercentFormatter(xmax=100, decimals=0))
     if log_y:
         ax.set_yscale("log")
         readable_log_y(ax)
@@ -302,29 +323,53 @@ def plot_curves(
     return save(fig, path)
 
 
+def relative_luminance(color: Any) -> float:
+    """WCAG 2's relative luminance of a colour (0 black, 1 white)."""
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in mcolors.to_rgb(color)]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def text_color(background: Any) -> str:
+    """Black or white, whichever contrasts more with `background` (WCAG's contrast ratio)."""
+    luminance = relative_luminance(background)
+    return "black" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "white"
+
+
 def paint_heatmap(ax: Any, panel: HeatmapPanel, fontsize: int = 8) -> Any:
-    """One accuracy grid on `ax` (red-yellow-green, the original test's scale; values printed; a dashed line where
-    the lengths pass the original length). Returns the image for a colour bar."""
+    """One accuracy grid on `ax` (viridis: dark at 0, light at 1; values printed in black or white, whichever reads on
+    the cell; a dashed line where the lengths pass the original length). Returns the image for a colour bar."""
     values = panel.grid.to_numpy(dtype=float)
-    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="#dddddd")
+    cmap = matplotlib.colormaps[HEATMAP_CMAP].with_extremes(bad=NOT_MEASURED_COLOR)
     image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0, vmax=1, aspect="auto")
     for i in range(values.shape[0]):
         for j in range(values.shape[1]):
             v = values[i, j]
             text = f"{v:.0%}" if not math.isnan(v) else status_label(str(panel.status.iat[i, j]))
-            ax.text(j, i, text, ha="center", va="center", fontsize=fontsize)
+            cell = cmap(image.norm(v)) if not math.isnan(v) else NOT_MEASURED_COLOR
+            ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color=text_color(cell))
     ax.set_xticks(range(values.shape[1]))
     ax.set_xticklabels([fmt_length(int(c)) for c in panel.grid.columns], fontsize=fontsize)
     ax.set_yticks(range(values.shape[0]))
     ax.set_yticklabels(panel.row_labels or [f"{d:g}%" for d in panel.grid.index], fontsize=fontsize)
     L = panel.original_length
     past = [j for j, c in enumerate(panel.grid.columns) if L is not None and c > L]
-    if past:
-        ax.axvline(past[0] - 0.5, color="black", lw=1.5, ls="--")
+    if past:  # a white dash edged in black: seen on the dark and the light end of the scale
+        ax.axvline(
+            past[0] - 0.5,
+            color="white",
+            lw=1.5,
+            ls="--",
+            path_effects=[patheffects.withStroke(linewidth=3, foreground="black")],
+        )
     if panel.title:
         ax.set_title(panel.title, fontsize=9)
     ax.set_xlabel("context length", fontsize=fontsize)
     return image
+
+
+def heatmap_columns(n: int, panel_width: float) -> int:
+    """Panels a row: at most four, and no more than fit the HTML report's column (at least one)."""
+    return max(1, min(n, 4, int((PAGE_WIDTH_IN - 1.2) // panel_width)))
 
 
 def plot_heatmaps(
@@ -334,13 +379,14 @@ def plot_heatmaps(
     row_title: str = "needle depth",
     scale_label: str = "accuracy",
 ) -> Path:
-    """Heatmaps side by side (at most four a row) on shared depth axes and one colour scale."""
+    """Heatmaps on shared depth axes and one colour scale, side by side as many as fit the HTML report's column (at
+    most four), in rows."""
     n = len(panels)
-    ncols = min(n, 4)
-    nrows = math.ceil(n / ncols)
     first = panels[0].grid
     width = max(3.0, 0.8 * first.shape[1] + 1.2)
     height = max(2.2, 0.35 * first.shape[0] + 1.4)
+    ncols = heatmap_columns(n, width)
+    nrows = math.ceil(n / ncols)
     fig, axes = plt.subplots(
         nrows,
         ncols,
@@ -359,7 +405,7 @@ def plot_heatmaps(
     if image is not None:
         bar = fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.046, pad=0.02, label=scale_label)
         bar.ax.yaxis.set_major_formatter(ticker.PercentFormatter(xmax=1.0))  # the cells are labelled in % too
-    fig.suptitle(wrap_title(title, max(60, int(28 * ncols))), fontsize=9)
+    fig.suptitle(wrap_title(title, max(60, int(12 * fig.get_figwidth()))), fontsize=9)  # ~12 characters an inch
     return save(fig, path, tight=False)
 
 

@@ -1,5 +1,6 @@
 """A report as files and text: markdown, one tidy CSV, one wide CSV per table, JSON (with how it was made) and
-one figure per protocol group."""
+one figure per protocol group (a tune group: its runs' search figures). Headings and figure titles stay short (the
+kind, the models, what is plotted); the protocol goes to the line under the heading and the HTML page's captions."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import contextlib
 import csv
 import io
 import json
+import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,8 +22,84 @@ from ..util.paths import safe_name
 from ..util.textfiles import finite_json, read_json, write_text
 from .merged import Report
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
-from .runs import Group, is_report_dir
+from .runs import Group, field_label, fmt_value, is_report_dir
+from .single import table_csv
 from .tables import Table, bucket_center, csv_value, markdown, number
+from .tune import draw as draw_tune
+from .tune_data import read_tune
+
+__all__ = ["table_csv"]  # kept importable from here: single.py holds it so that a run's lm-eval table can use it
+
+HEADING_MAX = 100  # characters of a group's heading (markdown ## and the HTML page's h2): one line on the page
+# a tune run's figures (tune.py draws them into a run directory as tune-<part>.png): part -> what each shows
+TUNE_FIGURES = {
+    "objective": "perplexity at the target by trial, with the best so far",
+    "pareto": "perplexity at the trained length against the target, the Pareto front, the guard",
+    "factors": "the winner's per-pair scale against PI, NTK and YaRN",
+}
+
+
+def compact_field(field: str, value: Any) -> str:
+    """A protocol field for a heading: a list of more than three items counted (`11 tasks`), a remark in brackets
+    left out (`essays austen`)."""
+    if isinstance(value, (list, tuple)) and len(value) > NAME_LIST_MAX:
+        return f"{len(value)} {field_label(field)}"
+    return f"{field_label(field)} {re.sub(r' [(].*$', '', fmt_value(value))}"
+
+
+def heading(group: Group) -> str:
+    """The group's heading: its title (kind, number, what sets it apart) within HEADING_MAX characters; a longer
+    one counts its long lists and drops remarks, then stops at a field boundary with '...'. The line under the
+    heading (`Protocol: ...`) keeps every field whole."""
+    title = group.title
+    if len(title) <= HEADING_MAX:
+        return title
+    title = f"{group.short_title}: " + ", ".join(compact_field(f, group.key.get(f)) for f in group.distinguishing)
+    if len(title) <= HEADING_MAX:
+        return title
+    cut = title.rfind(", ", 0, HEADING_MAX - 4)
+    return (title[:cut] if cut > len(group.short_title) else title[: HEADING_MAX - 4]) + ", ..."
+
+
+def group_models(group: Group) -> list[str]:
+    """The models of a group's runs, by their last path part, in order."""
+    return list(dict.fromkeys(Path(m).name or m for run in group.runs for m in run.models))
+
+
+def figure_title(group: Group, what: str) -> str:
+    """A figure's title, one short line: the kind (and number), the models, what is plotted."""
+    models = group_models(group)
+    who = ", ".join(models) if len(models) <= NAME_LIST_MAX else f"{len(models)} models"
+    return f"{group.short_title} · {who}: {what}"
+
+
+def tune_runs(group: Group) -> list[Any]:
+    return sorted(group.runs, key=lambda r: r.order)
+
+
+def figure_caption(group: Group, key: str) -> str:
+    """What one of the group's figures shows (`key` as write_plots returns it): the group's heading (a tune run's
+    figure: the kind and number, and the run when the group holds several), then what is plotted."""
+    if key == group.id:
+        return heading(group)
+    part = key[len(group.id) + 1 :]
+    if part == "positions":
+        return f"{heading(group)}: loss by position"
+    runs = tune_runs(group) if group.kind == "tune" else []
+    run_part, _, figure = part.rpartition("-")
+    if figure in TUNE_FIGURES and runs:
+        k = int(run_part.removeprefix("run")) if run_part.startswith("run") else 1
+        run = runs[k - 1] if 1 <= k <= len(runs) else None
+        who = f" · {run.name}" if run is not None and len(runs) > 1 else ""
+        return f"{group.short_title}{who}: {TUNE_FIGURES[figure]}"
+    return f"{heading(group)}: {part.replace('-', ' ')}"
+
+
+def group_figures(group: Group, images: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    """(key, file, caption) of the group's figures: its main figure first, then the others write_plots made for it
+    (`<group>-positions`, a tune run's `<group>-objective`, ...)."""
+    keys = [k for k in images if k == group.id] + [k for k in images if k.startswith(group.id + "-")]
+    return [(k, images[k], figure_caption(group, k)) for k in keys]
 
 
 def to_markdown(rep: Report, images: dict[str, str] | None = None) -> str:
@@ -45,7 +124,7 @@ def to_markdown(rep: Report, images: dict[str, str] | None = None) -> str:
     if rep.notes:
         parts.append("\n" + "".join(f"- {n}\n" for n in rep.notes))
     for group in rep.groups:
-        parts.append(f"\n## {group.title}\n\n")
+        parts.append(f"\n## {heading(group)}\n\n")
         parts.append(f"Protocol: {group.description}. Runs: {', '.join(f'`{r.name}`' for r in group.runs)}.\n")
         for i, table in enumerate(group.tables):
             if i:
@@ -57,10 +136,8 @@ def to_markdown(rep: Report, images: dict[str, str] | None = None) -> str:
                 parts.append("\n" + "".join(f"{f}\n" for f in table.footnotes))
         if group.notes:
             parts.append("\n" + "".join(f"- {n}\n" for n in group.notes))
-        if images and group.id in images:
-            parts.append(f"\n![{group.title}]({images[group.id]})\n")
-        if images and f"{group.id}-positions" in images:
-            parts.append(f"\n![{group.title}: loss by position]({images[group.id + '-positions']})\n")
+        for _, name, caption in group_figures(group, images or {}):
+            parts.append(f"\n![{caption}]({name})\n")
     return "".join(parts)
 
 
@@ -76,16 +153,6 @@ def to_csv(rep: Report) -> str:
         for row, sts in zip(table.rows, table.status):
             for col, value, st in list(zip(table.columns, row, sts))[2:]:
                 w.writerow([table.id, table.title, row[0], row[1], col, csv_value(value), st or "ok"])
-    return buf.getvalue()
-
-
-def table_csv(table: Table) -> str:
-    """One table as a wide CSV (the markdown's shape, raw values; missing = empty)."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(table.columns)
-    for row in table.rows:
-        w.writerow(row[:2] + [csv_value(v) for v in row[2:]])
     return buf.getvalue()
 
 
@@ -134,6 +201,7 @@ def to_json(rep: Report, images: dict[str, str] | None = None) -> dict[str, Any]
                     "tables": [table_json(t) for t in g.tables],
                     "plot": (images or {}).get(g.id),
                     "positions_plot": (images or {}).get(f"{g.id}-positions"),
+                    "figures": [name for _, name, _ in group_figures(g, images or {})],
                 }
                 for g in rep.groups
             ],
@@ -257,14 +325,45 @@ def figure_stems(groups: Sequence[Group]) -> dict[str, str]:
     return stems
 
 
+def tune_figures(group: Group, out_dir: Path, stem: str, taken: set[str]) -> dict[str, str]:
+    """A tune group's figures: each run's search figures as `ctxeval tune` draws them in its run directory (tune.py),
+    redrawn from its rows as `<stem>-objective.png`, `-pareto.png`, `-factors.png` (`<stem>-<method>-...` when the
+    group holds several runs; a name in `taken` gets `-2`, `-3`); returns key (`<group>-objective`,
+    `<group>-run<k>-objective`) -> file name."""
+    images: dict[str, str] = {}
+    runs = tune_runs(group)
+    summaries = [read_tune(run.path, run.record, run.rows) for run in runs]
+    methods = [safe_name(str(s.spec.get("method") or "tune")).lower() for s in summaries]
+    for k, s in enumerate(summaries, 1):
+        baseline, tolerance = s.tune.get("baseline_short"), s.spec.get("short_tolerance")
+        guard = baseline * (1 + tolerance) if baseline is not None and tolerance is not None else None  # as tune.md
+        key = f"run{k}-" if len(runs) > 1 else ""
+        named = "" if len(runs) == 1 else f"{methods[k - 1]}-" if methods.count(methods[k - 1]) == 1 else key
+        # tune.py names the files tune-<part>.png: drawn into a folder of their own, then renamed into out_dir
+        with tempfile.TemporaryDirectory(prefix=".tune-figures-", dir=out_dir) as tmp:
+            for name in draw_tune(s, guard, Path(tmp)):
+                part = name.removeprefix("tune-").removesuffix(".png")
+                base = f"{stem}-{named}{part}"
+                file = next(
+                    f"{n}.png"
+                    for n in (base, *(f"{base}-{i}" for i in range(2, len(taken) + 3)))
+                    if f"{n}.png" not in taken
+                )
+                os.replace(Path(tmp) / name, out_dir / file)
+                taken.add(file)
+                images[f"{group.id}-{key}{part}"] = file
+    return images
+
+
 def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
-    """One PNG per group (ppl curves / needle heatmaps / passkey curves / entropy curves), named by figure_stems;
-    returns group id (and `<group id>-positions`) -> file name."""
+    """One PNG per group (ppl curves / needle heatmaps / passkey curves / entropy curves; a tune group: its runs'
+    search figures), named by figure_stems; returns group id (and `<group id>-positions`, `<group id>-objective`,
+    ...) -> file name. Titles are one short line (figure_title); the protocol is in the captions."""
     images: dict[str, str] = {}
     stems = figure_stems(rep.groups)
+    taken = {f"{stem}{end}.png" for stem in stems.values() for end in ("", "-positions")}
     for group in rep.groups:
         path = Path(out_dir) / f"{stems[group.id]}.png"
-        title = f"{group.short_title}\n{group.description}"
         if group.kind == "needle":
             if not group.grids:
                 continue
@@ -280,17 +379,23 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
             plot_heatmaps(
                 panels,
                 path,
-                f"{group.short_title}{' (dashed: past the original length)' if dashed else ''}\n{group.description}",
+                figure_title(
+                    group,
+                    "accuracy by depth and length" + (" (dashed: past the original length)" if dashed else ""),
+                ),
             )
-        elif group.kind in ("lm-eval", "tune"):
-            continue  # a method x task table, one row per search: nothing to draw against the context length
+        elif group.kind == "tune":
+            images.update(tune_figures(group, Path(out_dir), stems[group.id], taken))
+            continue
+        elif group.kind == "lm-eval":
+            continue  # a method x task table: nothing to draw against the context length
         elif group.kind == "ruler":
             curves = group_curves(group, value_columns=len(group.tables[0].columns) - 3)
             threshold = group.ruler_threshold
             plot_curves(
                 curves,
                 path,
-                title=title,
+                title=figure_title(group, "mean score by length"),
                 xlabel="context length (tokens)",
                 ylabel="RULER mean score",
                 originals=_originals(group),
@@ -303,12 +408,12 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
             plot_curves(
                 curves,
                 path,
-                title=title,
+                title=figure_title(group, "accuracy by length"),
                 xlabel="context length (tokens)",
                 ylabel="accuracy",
                 originals=_originals(group),
                 threshold=rep.threshold,
-                ylim=(-0.05, 1.05),
+                y_percent=True,
             )
         else:
             curves = group_curves(group)
@@ -318,7 +423,7 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
                 plot_curves(
                     curves,
                     path,
-                    title=title,
+                    title=figure_title(group, "perplexity by length"),
                     xlabel="evaluation length (tokens)",
                     ylabel="perplexity",
                     originals=_originals(group),
@@ -330,7 +435,7 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
                     plot_curves(
                         position_curves(group, positions),
                         pos_path,
-                        title=f"Loss by position: {title}",
+                        title=figure_title(group, "loss by position"),
                         xlabel="tokens of context the prediction had (bucket centres; ticks at bucket edges)",
                         ylabel="perplexity of the bucket's tokens",
                         originals=_originals(group),
@@ -342,7 +447,7 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
                 plot_curves(
                     curves,
                     path,
-                    title=title,
+                    title=figure_title(group, "attention entropy by length"),
                     xlabel="context length (tokens)",
                     ylabel="mean attention entropy (nats)",
                     originals=_originals(group),
@@ -362,6 +467,8 @@ def earlier_figures(out_dir: Path) -> set[str]:
         return set()
     groups = record.get("groups") if isinstance(record.get("groups"), list) else []
     names = {g.get(key) for g in groups if isinstance(g, dict) for key in ("plot", "positions_plot")}
+    listed = [g.get("figures") for g in groups if isinstance(g, dict) and isinstance(g.get("figures"), list)]
+    names |= {n for figures in listed for n in figures if isinstance(n, str)}
     return {
         n for n in names if isinstance(n, str) and n.endswith(".png") and Path(n).name == n and (out_dir / n).is_file()
     }

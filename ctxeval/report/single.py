@@ -4,6 +4,8 @@ each function returns the tables for the command to show."""
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -17,9 +19,11 @@ from ..util.paths import safe_name
 from ..util.textfiles import atomic_path, write_text
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
 from .tables import (
+    Table,
     accuracy_grid,
     bucket_center,
     bucket_label,
+    csv_value,
     entropy_tables,
     fmt_acc,
     fmt_ppl,
@@ -51,6 +55,17 @@ def save_csv(frame: pd.DataFrame, path: Any, **options: Any) -> None:
     """A run's own CSV, written atomically."""
     with atomic_path(path, "run table") as tmp:
         frame.to_csv(tmp, **options)
+
+
+def table_csv(table: Table) -> str:
+    """One report table as a wide CSV (the markdown's shape, raw values; missing = empty): a run's lm-eval
+    table.csv and `ctxeval report`'s per-table CSVs."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(table.columns)
+    for row in table.rows:
+        w.writerow(row[:2] + [csv_value(v) for v in row[2:]])
+    return buf.getvalue()
 
 
 @dataclass(frozen=True)
@@ -250,7 +265,8 @@ def render_retrieval(
     store: RunStore, task: str, specs: Sequence[MethodSpec], original: int | None, threshold: float, title: str
 ) -> RunOutputs:
     """Per method a heatmap + accuracy table (depth x length); a summary (method x length) with the effective
-    length; for passkey the passkey context."""
+    length; for passkey (random depths: no heatmap) the passkey context and passkey.png, accuracy by length per
+    method with the threshold, both in percent."""
     df = needle_long(store.rows())
     order = [s.label for s in specs]
     summary = needle_summary(df, order, threshold)
@@ -294,6 +310,16 @@ def render_retrieval(
         ]
         printed.append(Printed("passkey context and accuracy (the YaRN paper's figures)", pcaption, pheaders, prow))
         save_csv(pk, store.dir / "passkey.csv", index=False)
+        plot_curves(
+            _curves(summary[lengths]),
+            store.dir / "passkey.png",
+            title=f"{title}: accuracy by length",
+            xlabel="context length (tokens)",
+            ylabel="accuracy",
+            originals={original: f"original length {fmt_length(original)}"} if original else None,
+            threshold=threshold,
+            y_percent=True,
+        )
     for label in summary.index:
         grid, status = accuracy_grid(df, label)
         if task != "passkey":
@@ -317,7 +343,8 @@ def render_retrieval(
     caption = f"mean accuracy; effective length = longest length with every shorter length >= {threshold:.0%}"
     return RunOutputs(
         [Printed(title, caption, headers, rows), *printed],
-        f"wrote {store.dir}/table.md, summary.csv" + (", heatmap-*.png" if task != "passkey" else ", passkey.csv"),
+        f"wrote {store.dir}/table.md, summary.csv"
+        + (", heatmap-*.png" if task != "passkey" else ", passkey.csv, passkey.png"),
     )
 
 
@@ -451,7 +478,6 @@ def render_ruler(
 def render_lm_eval(store: RunStore, title: str) -> RunOutputs:
     """table.md / table.csv: method x (lm-eval task, metric), value ± stderr (the report's own table of this run)."""
     from .merged import build_report
-    from .render import table_csv
 
     table = build_report([store.dir], single=True).tables[0]
     headers, rows = table.headers[1:], [r[1:] for r in table.cells]

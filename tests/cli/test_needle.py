@@ -75,6 +75,9 @@ def test_passkey_cli(tmp_path, tiny_model_dir):
     assert len(rows) == 6 and len({r["depth"] for r in rows}) > 1  # random depth per sample
     assert all(r["prompt_tokens"] + 6 == r["length"] for r in rows)
     assert "Passkey context" in (out / "table.md").read_text()
+    # its own figure, as needle writes heatmap-<method>.png (issue 39): accuracy by length, listed in the wrote line
+    assert (out / "passkey.png").read_bytes().startswith(b"\x89PNG")
+    assert f"wrote {out}/table.md, summary.csv, passkey.csv, passkey.png" in " ".join(result.stderr.split())
     # passkey.csv from the rows by the YaRN paper's rule (Table 5): the longest length at >= 80 %, and the mean
     # accuracy of every length up to it
     accuracy = {n: sum(r["correct"] for r in rows if r["length"] == n) / 3 for n in (300, 400)}

@@ -4,6 +4,7 @@ there are many, one painter for a run's heatmaps and the report's."""
 import colorsys
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 from matplotlib import colors as mcolors
@@ -160,3 +161,91 @@ def test_heatmap_panel_marks_failures_and_the_original_length(figures):
     texts = [t.get_text() for t in figures[0].axes[0].texts]
     assert texts == ["100%", "OOM", "50%", "—"]
     assert [line.get_xdata()[0] for line in figures[0].axes[0].lines] == [0.5]  # dashed: past 128
+
+
+def luminance(color):
+    """WCAG 2 relative luminance of a matplotlib colour."""
+    channels = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in mcolors.to_rgb(color)]
+    return 0.2126 * channels[0] + 0.7152 * channels[1] + 0.0722 * channels[2]
+
+
+def contrast(a, b):
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def heatmap_axes(figures, values, statuses=None):
+    grid = pd.DataFrame([values], index=[50.0], columns=[64 * 2**i for i in range(len(values))])
+    status = pd.DataFrame([statuses or ["ok"] * len(values)], index=grid.index, columns=grid.columns)
+    PL.plot_heatmaps([PL.HeatmapPanel("m", grid, status, 128)], "x.png", "title")
+    return figures[-1].axes[0]
+
+
+def test_the_heatmap_scale_is_colour_blind_safe(figures):
+    """Issue 39: needle, RULER and tune heatmaps were red-yellow-green, which a red-green colour-blind reader cannot
+    order. The scale's lightness must rise from 0 to 1 (readable by lightness alone, in grey too)."""
+    ax = heatmap_axes(figures, [0.0, 0.5, 1.0])
+    cmap = ax.images[0].get_cmap()
+    lightness = [luminance(cmap(x)) for x in [i / 64 for i in range(65)]]
+    assert all(b > a for a, b in zip(lightness, lightness[1:])), cmap.name
+    assert lightness[-1] - lightness[0] > 0.5  # dark to light, not a band of one lightness
+    # the grey of a cell not measured is no colour of the scale
+    bad = np.array(cmap.get_bad()[:3])
+    assert min(np.linalg.norm(bad - np.array(cmap(i / 64)[:3])) for i in range(65)) > 0.15
+
+
+def test_every_heatmap_cell_text_is_readable_on_its_cell(figures):
+    """Issue 39: black text on every cell; on a dark cell it disappears. Every cell's text keeps WCAG's 4.5:1."""
+    values = [0.0, 0.1, 0.25, 0.4, 0.5, 0.6, 0.75, 0.9, 1.0, float("nan"), float("nan")]
+    ax = heatmap_axes(figures, values, ["ok"] * 9 + ["oom", "missing"])
+    image = ax.images[0]
+    cells = image.cmap(image.norm(np.ma.masked_invalid(values)))
+    texts = ax.texts
+    assert len(texts) == len(values)
+    for text, cell in zip(texts, cells):
+        ratio = contrast(text.get_color(), cell)
+        assert ratio >= 4.5, (text.get_text(), text.get_color(), mcolors.to_hex(cell), round(ratio, 2))
+
+
+def test_the_original_length_line_shows_on_dark_and_light_cells(figures):
+    ax = heatmap_axes(figures, [1.0, 0.0, 0.0])
+    (line,) = ax.lines
+    strokes = [luminance(line.get_color())] + [
+        luminance(effect._gc["foreground"]) for effect in line.get_path_effects() if "foreground" in effect._gc
+    ]
+    assert max(strokes) > 0.8 and min(strokes) < 0.05  # a light dash edged in black: seen on both ends of the scale
+
+
+@pytest.mark.parametrize("methods, lengths, per_row", [(4, 4, 2), (7, 3, 2), (11, 4, 2), (2, 6, 1), (3, 2, 3)])
+def test_a_grid_of_heatmaps_fits_the_html_column(tmp_path, methods, lengths, per_row):
+    """Issue 39: the 4-method needle figure was 2,256 px wide and overflowed the HTML page at a 1400 px window.
+    Panels now wrap into rows so the saved PNG fits the page's 1,264 px column at full size."""
+    from matplotlib import image as mpimg
+
+    columns = [128 * 2**i for i in range(lengths)]
+    depths = [0.0, 25.0, 50.0, 75.0, 100.0]
+    grid = pd.DataFrame([[0.5] * lengths] * len(depths), index=depths, columns=columns)
+    status = pd.DataFrame("ok", index=grid.index, columns=grid.columns)
+    panels = [PL.HeatmapPanel(f"yarn(factor={2**i})", grid, status, 128) for i in range(methods)]
+    path = PL.plot_heatmaps(panels, tmp_path / "h.png", "Needle in a haystack · tiny: accuracy by depth and length")
+    width = mpimg.imread(path).shape[1]
+    assert width <= PL.PAGE_WIDTH_PX, width
+    assert PL.heatmap_columns(methods, max(3.0, 0.8 * lengths + 1.2)) == per_row  # as many a row as fit
+    assert width > 0.6 * PL.PAGE_WIDTH_PX or per_row == methods  # a row is not left half empty
+
+
+def test_percent_curves_put_the_threshold_on_the_axis_unit(figures):
+    """Issue 39: the passkey plot's y axis ran 0-1 while its threshold said 80%: both in percent now."""
+    curves = [PL.Curve("none", "none", [1024, 2048, 4096], [1.0, 0.6, 0.8])]
+    PL.plot_curves(
+        curves, "x.png", title="t", xlabel="length", ylabel="accuracy", threshold=0.8, y_percent=True, originals=None
+    )
+    ax = figures[0].axes[0]
+    drawn = {line.get_label(): list(line.get_ydata()) for line in ax.lines}
+    assert drawn["none"] == [100.0, 60.0, 80.0]
+    assert drawn["threshold 80%"] == [80.0, 80.0]
+    low, high = ax.get_ylim()
+    assert low <= 0 and 100 <= high <= 110
+    figures[0].canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and all(label.endswith("%") for label in labels) and "100%" in labels
