@@ -248,6 +248,36 @@ def plain_rope_notes(specs: list[MethodSpec], lengths: list[int], geometry: Geom
     return notes
 
 
+def identical_methods(specs: list[MethodSpec], lengths: list[int], geometry: Geometry | None) -> dict[str, str]:
+    """{label: the label of an earlier spec it measures exactly as}: two frequency methods whose frequencies and
+    attention factor are equal at every length asked (plain RoPE at factor 1 and none; yarn and ntk within the
+    trained length), neither with an attention temperature or method, nor `native` (the checkpoint's own RoPE is the
+    loaded model's to say). A run measures the first of them and copies its rows to the others."""
+    if geometry is None or not lengths:
+        return {}
+    at = sorted(set(lengths))
+
+    def tables(spec: MethodSpec) -> list[Any] | None:
+        if spec.name == "native" or spec.attention or spec.temperature != 1.0:
+            return None
+        try:
+            return [compute(spec.method, geometry, spec.params, n if spec.length_dependent else None) for n in at]
+        except CtxevalError:
+            return None  # fails with its own error when applied
+
+    computed = [(spec, tables(spec)) for spec in specs]
+    twins: dict[str, str] = {}
+    for index, (spec, mine) in enumerate(computed):
+        if mine is None:
+            continue
+        for earlier, theirs in computed[:index]:
+            same = theirs is not None and earlier.label not in twins
+            if same and all(_same_freqs(a, b) for a, b in zip(mine, theirs)):
+                twins[spec.label] = earlier.label
+                break
+    return twins
+
+
 def _same_freqs(a: Any, b: Any) -> bool:
     return bool(
         np.allclose(a.inv_freq, b.inv_freq, rtol=1e-12, atol=0)

@@ -10,7 +10,15 @@ import pytest
 
 from ctxeval.errors import CtxevalError
 from ctxeval.rope.methods import METHODS, Geometry, get_method, resolve_params
-from ctxeval.specs import MethodSpec, default_factor, expand_specs, parse_spec, plain_rope_notes, with_default_factors
+from ctxeval.specs import (
+    MethodSpec,
+    default_factor,
+    expand_specs,
+    identical_methods,
+    parse_spec,
+    plain_rope_notes,
+    with_default_factors,
+)
 
 SPECS = [
     "none",
@@ -183,3 +191,28 @@ def test_plain_rope_notes_name_exactly_the_methods_that_change_nothing():
     assert "it rescales only longer sequences" in notes[4]
     past = plain_rope_notes(expand_specs(["dynamic-ntk", "dynamic-yarn"]), [64, 256], G)
     assert past == []  # past the trained length the dynamic methods rescale
+
+
+def test_identical_methods_pair_each_method_with_the_first_that_measures_the_same():
+    specs = expand_specs(
+        [
+            "yarn:factor=2",
+            "none",
+            "yarn:factor=1",
+            "pi:factor=2",
+            "ntk:factor=1",
+            "dynamic-ntk",
+            "native",
+            "self-extend",
+        ]
+    )
+    specs += expand_specs(["pi:factor=1"], temperatures=[1.2])
+    twins = identical_methods(specs, [64, 128], G)
+    # the first of equals is measured: none (yarn:factor=2 differs); native, attention and temperature never pair
+    assert twins == {"yarn(factor=1)": "none", "ntk(factor=1)": "none", "dynamic-ntk": "none"}
+    assert identical_methods(specs, [64, 256], G) == {"yarn(factor=1)": "none", "ntk(factor=1)": "none"}
+    # equal to each other without none: the later copies the earlier
+    assert identical_methods(expand_specs(["yarn:factor=2", "yarn:factor=2,beta_fast=32"]), [64], G) == {
+        "yarn(beta_fast=32,factor=2)": "yarn(factor=2)"
+    }
+    assert identical_methods(specs, [64], None) == {}

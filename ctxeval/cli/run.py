@@ -24,7 +24,7 @@ from ..rope.geometry import require_trained_length
 from ..runs.distributed import conclude, current, init_from_env, open_store
 from ..runs.rows import OK, RESUME_FIELDS, point_key
 from ..runs.store import RunStore, check_run_dir, run_status
-from ..specs import MethodSpec, expand_specs, plain_rope_notes, with_default_factors
+from ..specs import MethodSpec, expand_specs, identical_methods, plain_rope_notes, with_default_factors
 from ..tiny import QUICKSTART
 from ..util.paths import safe_name
 from .console import QuietProgress, RichProgress, err, fmt_duration, state
@@ -290,6 +290,31 @@ def remove_run_dir(store: RunStore) -> bool:
     return True
 
 
+def copy_twin_rows(store: RunStore, twins: dict[str, str], specs: list[MethodSpec], kind: str) -> None:
+    """Append, for each copy, the rows of the method it equals at the points it has no ok row for, relabelled and
+    marked `same_as`; its read-back record in run.json is the other's, marked the same way."""
+    fields = RESUME_FIELDS.get(kind, ("label", "length"))
+    rows = store.rows()
+    have = {point_key(row, fields) for row in rows if row.get("status") == OK}
+    by_label = {spec.label: spec for spec in specs}
+    copies = []
+    for twin, first in twins.items():
+        spec = by_label[twin]
+        for row in rows:
+            if row.get("label") != first or row.get("same_as"):
+                continue
+            copy = {**row, "label": twin, "method": spec.method_name, "params": spec.record_params, "same_as": first}
+            if point_key(copy, fields) not in have:
+                copies.append(copy)
+    if copies:
+        store.append(copies)
+    methods = dict(store.record.get("methods") or {})
+    for twin, first in twins.items():
+        if isinstance(methods.get(first), dict) and twin not in methods:
+            methods[twin] = {**methods[first], "same_as": first}
+    store.update(methods=methods)
+
+
 FAILED_AS = {"oom": "out of memory"}  # how a failed row's status reads in the summary line
 REFUSED = "invalid"  # evals.tune.INVALID (not imported: that would load torch for every command)
 
@@ -302,6 +327,7 @@ class Tally:
     measured: int = 0
     reused: int = 0
     failed: dict[str, int] = field(default_factory=dict)
+    copied: int = 0  # points of a method identical to another, copied from its rows (Measurement.work_once)
 
     def __str__(self) -> str:
         refused = self.failed.get(REFUSED, 0)  # tune's points the method's own checks refused: no forward, no failure
@@ -313,6 +339,7 @@ class Tally:
             f"run, {failed} failed"
             + (f" ({why})" if failed else "")
             + (f", {refused} refused by the method's checks" if refused else "")
+            + (f", {self.copied} copied from an identical method" if self.copied else "")
         )
 
 
@@ -328,6 +355,7 @@ def tally(before: list[dict[str, Any]], after: list[dict[str, Any]], kind: str) 
 
     old = Counter(whole(r) for r in before)
     newest: dict[tuple, str] = {}
+    copied: set[tuple] = set()
     for row in after:
         text = whole(row)
         if old[text] > 0:
@@ -336,14 +364,18 @@ def tally(before: list[dict[str, Any]], after: list[dict[str, Any]], kind: str) 
         if row.get("synced"):  # tune: a trial another process (or an earlier session) measured, copied from the study
             continue
         newest[point_key(row, fields)] = str(row.get("status"))
+        if row.get("same_as"):
+            copied.add(point_key(row, fields))
     out = Tally(
         reused=len(
             {point_key(r, fields) for r in before + [r for r in after if r.get("synced")] if r.get("status") == OK}
             - set(newest)
         )
     )
-    for status in newest.values():
-        if status == OK:
+    for key, status in newest.items():
+        if key in copied:
+            out.copied += 1
+        elif status == OK:
             out.measured += 1
         else:
             out.failed[status] = out.failed.get(status, 0) + 1
@@ -445,6 +477,7 @@ class Measurement:
     task: str
     default_multiples: tuple[float, ...] = (0.5, 1, 2)
     notes_noops = True  # lm-eval and tune have no length grid to note against
+    twins_once = True  # a method identical to an earlier one is measured once (tune searches its own points)
     fixed_lengths = True  # prompts fill their lengths exactly (passkey's yarn protocol: under them)
 
     def __init__(self, out: Path | None, overwrite: bool, load: Load, engine: Engine | None = None) -> None:
@@ -453,6 +486,7 @@ class Measurement:
         self.specs: list[MethodSpec] = []
         self.lengths: list[int] | None = None
         self.opt: Any = None  # the command's options dataclass (its fields name the default run directory)
+        self.twins: dict[str, str] = {}  # label -> the label of the identical method measured for it
         self.lm: LanguageModel = None  # the loaded model (models.load.LoadedModel, or vllm_engine's VllmModel)
 
     def run(self) -> None:
@@ -483,13 +517,42 @@ class Measurement:
             self.lengths = self.default_lengths()
         self.configure()
         self.specs = settle_factors(self.specs, self.lengths, self.lm)
+        self.twins = self.identical_methods()
         if self.notes_noops:
             note_attention_noops(self.specs, self.lengths, self.lm.trained_length)
         self.prepare()
         backend_spec = prepare_backend(self.lm, self.specs, self.lengths, self.longest(), self.fixed_lengths)
         spec_record, provenance = self.records(backend_spec)
         self.before_measure(run_dir)
-        measure(run_dir, spec_record, self.overwrite, provenance, self.message(run_dir), self.work, self.render)
+        measure(run_dir, spec_record, self.overwrite, provenance, self.message(run_dir), self.work_once, self.render)
+
+    def identical_methods(self) -> dict[str, str]:
+        """Methods that measure exactly as an earlier one at these lengths (specs.identical_methods), each noted;
+        {} under torchrun, whose ranks' rows are merged only after the work."""
+        if not self.twins_once or int(os.environ.get("WORLD_SIZE", "1")) > 1 or not self.lengths:
+            return {}
+        twins = identical_methods(self.specs, self.lengths, self.lm.rope.geometry)
+        for first in dict.fromkeys(twins.values()):
+            copies = [twin for twin, of in twins.items() if of == first]
+            err.print(
+                f"note: {', '.join(copies)} measure{'s' * (len(copies) == 1)} exactly as {first} at these lengths: "
+                f"measured once, as {first} (rows copied, marked same_as)",
+                markup=False,
+            )
+        return twins
+
+    def work_once(self, store: RunStore, progress: Progress) -> None:
+        """`work` over the methods that are no copy of another, then the copies' rows from the ones they equal."""
+        if not self.twins:
+            self.work(store, progress)
+            return
+        every = self.specs
+        self.specs = [spec for spec in every if spec.label not in self.twins]
+        try:
+            self.work(store, progress)
+        finally:
+            self.specs = every
+        copy_twin_rows(store, self.twins, every, self.task)
 
     # -- the command's own steps ------------------------------------------------------------------------------------
     def settle(self) -> None:

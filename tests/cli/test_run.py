@@ -317,3 +317,48 @@ def test_a_resumed_run_stopped_again_keeps_its_directory(tmp_path, monkeypatch):
     result = ppl_in(tmp_path, monkeypatch, "--out", "kept")
     assert (tmp_path / "kept" / "rows.jsonl").read_text().count("\n") == 2
     assert "removed" not in result.stderr
+
+
+def test_methods_identical_at_these_lengths_are_measured_once(tmp_path, monkeypatch):
+    """Issue 39: `-m none -m yarn -m ntk` within the trained length measured yarn and ntk (plain RoPE at factor 1)
+    anyway: 2/3 of the run. They are measured once, as none, and their rows are none's."""
+    from ctxeval.evals import perplexity
+
+    measured = []
+    real_sweep = perplexity.sweep
+
+    def counting(lm, specs, *args, **kwargs):
+        measured.extend(spec.label for spec in specs)
+        return real_sweep(lm, specs, *args, **kwargs)
+
+    monkeypatch.setattr(perplexity, "sweep", counting)
+    result = ppl_in(tmp_path, monkeypatch, "-m", "yarn", "-m", "ntk", "-m", "pi:factor=2", "--out", "run")
+    assert result.exit_code == 0, result.output
+    assert measured == ["none", "pi(factor=2)"]
+    assert "yarn(factor=1), ntk(factor=1) measure exactly as none at these lengths: measured once" in result.stderr
+    assert "4 points measured, 0 reused from an earlier run, 0 failed, 4 copied from an identical method" in (
+        result.stderr
+    )
+    rows = [json.loads(line) for line in (tmp_path / "run" / "rows.jsonl").read_text().splitlines()]
+    by = {(r["label"], r["length"]): r for r in rows}
+    for label in ("yarn(factor=1)", "ntk(factor=1)"):
+        for length in (64, 128):
+            assert by[(label, length)]["value"] == by[("none", length)]["value"]
+            assert by[(label, length)]["same_as"] == "none" and by[(label, length)]["method"] == label[:-10]
+    assert by[("pi(factor=2)", 128)]["value"] != by[("none", 128)]["value"]
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["methods"]["ntk(factor=1)"]["same_as"] == "none"
+    measured.clear()
+    again = ppl_in(tmp_path, monkeypatch, "-m", "yarn", "-m", "ntk", "-m", "pi:factor=2", "--out", "run")
+    assert "0 points measured, 8 reused" in again.stderr and measured in ([], ["none", "pi(factor=2)"])
+
+
+def test_needle_measures_an_identical_method_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["needle", "--model", "tiny", "--lengths", "128", "--depths", "0.5", "--samples", "1", "--out", "n"]
+    result = CliRunner().invoke(app, [*args, "-m", "none", "-m", "yarn:factor=1"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "1 point measured" in result.stderr and "1 copied from an identical method" in result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "n" / "rows.jsonl").read_text().splitlines()]
+    assert [r["label"] for r in rows] == ["none", "yarn(factor=1)"]
+    assert rows[0]["response"] == rows[1]["response"] and rows[1]["same_as"] == "none"
