@@ -12,6 +12,7 @@ import typer
 from ..data import corpora
 from ..data.presets import load_task
 from ..errors import CtxevalError
+from ..models.load import model_title
 from ..models.memory import GIB, dry_run
 from ..models.protocol import LanguageModel
 from ..runs.rows import AGGREGATES
@@ -334,7 +335,7 @@ class Ppl(Measurement):
         from ..report.single import render_ppl
 
         settings, cfg = self.settings, self.cfg
-        title = f"{settings.model} on {settings.data} ({cfg.protocol})"
+        title = f"{model_title(settings.model)} on {settings.data} ({cfg.protocol})"
         original = self.lm.trained_length or max(cfg.lengths)
         print_outputs(render_ppl(store, self.specs, original, settings.aggregate, self.opt.valid_tolerance, title))
 

