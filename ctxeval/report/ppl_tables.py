@@ -29,6 +29,19 @@ from .tables import (
     valid_lengths,
 )
 
+NOT_REACHED = "not reached"
+NOT_REACHED_NOTE = (
+    f"≥ L ({NOT_REACHED}): valid at every length evaluated, up to the longest, L; where it fails lies beyond."
+)
+
+
+def open_ended(valid: int | None, evaluated: list[int], shown: str, said: bool = True) -> str:
+    """A valid length that is the longest length evaluated is a lower bound: `≥ 1k (not reached)` (`≥ 8.00` for its
+    multiple of the original length, `said` False)."""
+    if valid is None or not evaluated or valid < max(evaluated):
+        return shown
+    return f"≥ {shown}" + (f" ({NOT_REACHED})" if said else "")
+
 
 def ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> list[Table]:
     """The ppl group's tables: perplexity by length (model x method), the valid length of each method, and, where
@@ -117,10 +130,10 @@ def ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> li
                     label,
                     fmt_length(int(ref_len)),
                     fmt_ppl(ref if ref is not None else float("nan"), ref_status),
-                    length_or(longest, MISSING),
-                    f"{times:.2f}" if times is not None else MISSING,
-                    length_or(vs_base, MISSING),
-                    f"{vs_times:.2f}" if vs_times is not None else MISSING,
+                    open_ended(longest, evaluated, length_or(longest, MISSING)),
+                    open_ended(longest, evaluated, f"{times:.2f}" if times is not None else MISSING, False),
+                    open_ended(vs_base, evaluated, length_or(vs_base, MISSING)),
+                    open_ended(vs_base, evaluated, f"{vs_times:.2f}" if vs_times is not None else MISSING, False),
                 ]
             )
     one_base = {b.split(": ", 1)[1] for b in bases}
@@ -148,7 +161,8 @@ def ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> li
         caption="Reference: the model's original length (or the longest evaluated length below it). "
         f"Own: the longest length, going up from it, whose ppl stays within {tolerance:.0%} "
         "of the method's own ppl there. Vs base: within the tolerance of the unmodified "
-        f"model's ppl there ({'; '.join(bases)}): how far the method goes without paying.",
+        f"model's ppl there ({'; '.join(bases)}): how far the method goes without paying. "
+        f"{NOT_REACHED_NOTE}",
     )
     return [main, valid_table, *_longppl_tables(group, rows, pairs), *_positions_table(group, rows, pairs)]
 

@@ -654,3 +654,18 @@ def test_a_run_that_measured_nothing_is_skipped_with_a_note(tmp_path):
     only_empty = cli(refused, stopped)
     assert only_empty.exit_code == 2
     assert "none of the 2 run directories given measured anything" in only_empty.stderr
+
+
+def test_a_valid_length_at_the_longest_length_evaluated_says_not_reached(tmp_path):
+    """Issue 39: a valid length equal to the longest length asked read as if the method broke there."""
+    a = ppl_run(
+        tmp_path,
+        "a",
+        ppl={"none": {64: 10.0, 128: 10.5, 256: 40.0}, "yarn(factor=2)": {64: 10.2, 128: 10.4, 256: 10.9}},
+    )
+    valid = main_table(merged.build_report([a]), "ppl-1-valid")
+    assert row_of(valid, "m1", "yarn(factor=2)")["longest within 10% of own ppl"] == 256  # the raw value: a number
+    cells = cells_of(valid, "m1", "yarn(factor=2)")
+    assert cells["longest within 10% of own ppl"] == "≥ 256 (not reached)" and cells["x original"] == "≥ 2.00"
+    assert cells_of(valid, "m1", "none")["longest within 10% of own ppl"] == "128"  # broke at 256: a plain length
+    assert "not reached" in valid.caption
