@@ -90,9 +90,6 @@ class LmEval(Measurement):
         self.opt = opt
 
     def settle(self) -> None:
-        from ..evals.lm_eval_bridge import require_lm_eval
-
-        self.lm_eval = require_lm_eval()
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise CtxevalError(
                 "ctxeval lm-eval runs in one process (lm-eval shards a loaded model itself only through "
@@ -105,8 +102,9 @@ class LmEval(Measurement):
         return method_specs(self.opt.method, self.opt.factor)
 
     def check(self) -> None:
-        from ..evals.lm_eval_bridge import LmEvalConfig, parse_metadata, task_manager
+        from ..evals.lm_eval_bridge import LmEvalConfig, parse_metadata, require_lm_eval, task_manager
 
+        self.lm_eval = require_lm_eval()  # lm-eval's import takes seconds: after the run directory's check
         opt = self.opt
         self.cfg = LmEvalConfig(
             self.names,

@@ -263,7 +263,16 @@ def held_elsewhere(path):
     ids=["file", "through a file", "foreign folder", "unreadable run.json"],
 )
 @pytest.mark.parametrize(
-    "command", [["ppl"], ["needle"], ["passkey"], ["ruler"], ["entropy"], ["tune", "--target-length", "1k"]]
+    "command",
+    [
+        ["ppl"],
+        ["needle"],
+        ["passkey"],
+        ["ruler"],
+        ["entropy"],
+        ["tune", "--target-length", "1k"],
+        ["lm-eval", "--tasks", "x"],
+    ],
 )
 def test_a_wrong_out_is_refused_before_the_model_loads(no_model, command, make, expected):
     out = make(no_model)
