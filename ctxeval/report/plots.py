@@ -405,7 +405,7 @@ def plot_heatmaps(
     if image is not None:
         bar = fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.046, pad=0.02, label=scale_label)
         bar.ax.yaxis.set_major_formatter(ticker.PercentFormatter(xmax=1.0))  # the cells are labelled in % too
-    fig.suptitle(wrap_title(title, max(60, int(12 * fig.get_figwidth()))), fontsize=9)  # ~12 characters an inch
+    fig.suptitle(wrap_title(title, max(60, int(13 * fig.get_figwidth()))), fontsize=9)  # 9 pt: ~13 characters an inch
     return save(fig, path, tight=False)
 
 

@@ -30,7 +30,8 @@ from .tune_data import read_tune
 
 __all__ = ["table_csv"]  # kept importable from here: single.py holds it so that a run's lm-eval table can use it
 
-HEADING_MAX = 100  # characters of a group's heading (markdown ## and the HTML page's h2): one line on the page
+# characters of a group's heading (markdown ## and the HTML page's h2): one line in the page's 1,264 px column
+HEADING_MAX = 110
 # a tune run's figures (tune.py draws them into a run directory as tune-<part>.png): part -> what each shows
 TUNE_FIGURES = {
     "objective": "perplexity at the target by trial, with the best so far",
