@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .console import state
+from .console import ReadableCommand, state
 from .entropy import entropy_cmd
 from .lm_eval import lm_eval_cmd
 from .methods import bound_cmd, methods_cmd, plan_cmd
@@ -22,8 +22,19 @@ from .report import report_cmd
 from .ruler import ruler_cmd
 from .tune import tune_cmd
 
+EXAMPLES = """Examples:
+
+\b
+  ctxeval ppl && ctxeval needle        the quickstart: the bundled tiny model
+  ctxeval methods                      every method, its parameters, defaults
+  ctxeval ppl --model M --lengths 4k,8k,16k -m none -m yarn
+  ctxeval report runs/* --html report.html
+
+Docs: README.md and docs/ in the repository; each command's --help."""
+
 app = typer.Typer(
     help="Measure how well RoPE context-extension methods work: perplexity vs. length, needle in a haystack.",
+    epilog=EXAMPLES,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
@@ -31,6 +42,20 @@ app = typer.Typer(
     # a help text as markup; click's writes every name in full and wraps only the help text
     rich_markup_mode=None,
 )
+# each command's line in `ctxeval --help`: short enough for 80 columns (the docstring's first sentence is its --help)
+SUMMARIES = {
+    "methods": "List every method, its kind, parameters and defaults.",
+    "plan": "Show what a method does to each rotary pair.",
+    "ppl": "Perplexity vs. context length for each method.",
+    "needle": "Needle-in-a-haystack accuracy over depth x length.",
+    "passkey": "Passkey retrieval accuracy by length (the YaRN repo's test).",
+    "report": "Merge run directories into tables and one HTML page.",
+    "entropy": "Attention entropy vs. context length for each method.",
+    "bound": "The smallest RoPE base a context length needs (Men et al.).",
+    "ruler": "RULER's synthetic tasks and the effective length.",
+    "lm-eval": "Any lm-evaluation-harness task under each method.",
+    "tune": "Search a method's parameters for a target length; export them.",
+}
 
 
 def print_version(value: bool) -> None:
@@ -57,18 +82,6 @@ def _root(
     state["debug"] = debug
 
 
-def short_help(doc: str | None, limit: int = 66) -> str:
-    """A command's line in `ctxeval --help`: the first sentence of its docstring (only a period before a capital
-    ends one: 'vs. length', 'et al. 2024' do not), cut at a word to `limit` characters (80 columns with the names)."""
-    words = (doc or "").split("\n\n")[0].split()
-    for i, word in enumerate(words):
-        if word.endswith(".") and (i == len(words) - 1 or words[i + 1][0].isupper()):
-            words = words[: i + 1]
-            break
-    text = " ".join(words)
-    return text if len(text) <= limit else text[: limit - 3].rsplit(" ", 1)[0] + "..."
-
-
 for name, command in (
     ("methods", methods_cmd),
     ("plan", plan_cmd),
@@ -82,7 +95,7 @@ for name, command in (
     ("lm-eval", lm_eval_cmd),
     ("tune", tune_cmd),
 ):
-    app.command(name, short_help=short_help(command.__doc__))(command)
+    app.command(name, short_help=SUMMARIES[name], cls=ReadableCommand)(command)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from ..models.load import load_config
 from ..rope import bound as BD
 from ..rope.methods import METHODS, Geometry, get_method, plan, resolve_params
 from ..specs import MethodSpec, expand_specs, plain_rope_notes, takes_default_factor, with_default_factors
-from .console import err, out, user_errors
+from .console import err, out, print_caption, print_table, user_errors
 from .options import (
     Check,
     FactorOpt,
@@ -40,7 +40,9 @@ from .options import (
 
 @user_errors
 def methods_cmd(
-    fmt: reworded(FormatOpt, "table or json") = Fmt.table,
+    fmt: reworded(
+        FormatOpt, "table, json (every parameter's choices and help too) or csv (one row per method)"
+    ) = Fmt.table,
 ) -> None:
     """List the RoPE methods (frequencies) and attention methods, their parameters and defaults."""
     data = method_registry()
@@ -48,27 +50,61 @@ def methods_cmd(
         print(json.dumps(data, indent=2))
         return
     if fmt == Fmt.csv:
-        raise CtxevalError("methods supports --format table or json")
-    table = Table(
-        title="RoPE methods (ctxeval plan --method NAME shows one in detail); attention methods follow a "
-        "frequency method with '+' (ntk:factor=2+logn) or run alone on plain RoPE"
+        sys.stdout.write(methods_csv(data))
+        return
+    print_table(
+        "RoPE methods (frequencies) and attention methods",
+        "ctxeval plan --method NAME shows one in detail; an attention method follows a frequency method with '+' "
+        "(ntk:factor=2+logn) or runs alone on plain RoPE",
+        ["method", "kind", "depends on length", "what it does", "parameters (default)"],
+        [
+            [
+                d["name"] + (f" ({', '.join(d['aliases'])})" if d["aliases"] else ""),
+                d["kind"],
+                "yes" if d["length_dependent"] else "no",
+                d["summary"],
+                param_text(d),
+            ]
+            for d in data
+        ],
     )
-    for col in ("method", "kind", "depends on length", "parameters (default)", "what it does"):
-        table.add_column(col, overflow="fold")
-    for d in data:
-        params = (
-            ", ".join(
-                f"{p['name']}={p['default']}"
-                + (" (measuring: longest length / trained)" if "measuring_default" in p else "")
-                for p in d["params"]
-            )
-            or "-"
+
+
+def param_text(method: dict[str, Any]) -> str:
+    """A method's parameters and defaults in one line: 'factor=1.0 (measuring: longest length / trained), ...',
+    then its parameter aliases; '-' for none."""
+    text = (
+        ", ".join(
+            f"{p['name']}={p['default']}"
+            + (" (measuring: longest length / trained)" if "measuring_default" in p else "")
+            for p in method["params"]
         )
-        if d["param_aliases"]:
-            params += "  [dim](" + ", ".join(f"{a}={b}" for a, b in d["param_aliases"].items()) + ")[/dim]"
-        name = d["name"] + (f" ({', '.join(d['aliases'])})" if d["aliases"] else "")
-        table.add_row(name, d["kind"], "yes" if d["length_dependent"] else "no", params, d["summary"])
-    out.print(table)
+        or "-"
+    )
+    if method["param_aliases"]:
+        text += " (aliases: " + ", ".join(f"{a}={b}" for a, b in method["param_aliases"].items()) + ")"
+    return text
+
+
+def methods_csv(data: list[dict[str, Any]]) -> str:
+    """`methods --format csv`: a header and one row per method; parameters as 'name=default' joined by '; ' (the
+    JSON has their choices and help too)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["name", "kind", "aliases", "length_dependent", "parameters", "param_aliases", "summary"])
+    for d in data:
+        writer.writerow(
+            [
+                d["name"],
+                d["kind"],
+                "; ".join(d["aliases"]),
+                str(d["length_dependent"]).lower(),
+                "; ".join(f"{p['name']}={p['default']}" for p in d["params"]),
+                "; ".join(f"{a}={b}" for a, b in d["param_aliases"].items()),
+                d["summary"],
+            ]
+        )
+    return buf.getvalue()
 
 
 def method_registry() -> list[dict[str, Any]]:
@@ -342,7 +378,10 @@ def bound_cmd(
     elif fmt == Fmt.csv:
         sys.stdout.write(_bound_csv(rows))
     else:
-        out.print(_render(head_dim, rows, model_rec))
+        shown = _render(head_dim, rows, model_rec)
+        caption, shown.caption = str(shown.caption), None
+        out.print(shown)
+        print_caption(caption)
     if model_rec is not None and fmt != Fmt.json:
         (out if fmt == Fmt.table else err).print(_model_line(model_rec, rows), markup=False)
     err.print(f"computed in {table.seconds:.1f} s ({table.grid_bases} grid bases)")
@@ -392,6 +431,9 @@ def _bound_csv(rows: list[BD.BoundRow]) -> str:
     return buf.getvalue()
 
 
+BOUND_DOC = "docs/bound.md#reproducing-the-papers-table-1-d--128"  # the paper's rows that do not match, explained
+
+
 def _render(head_dim: int, rows: list[BD.BoundRow], model_rec: dict[str, Any] | None) -> Any:
     with_paper = any(r.paper is not None for r in rows)
     trained = model_rec["trained_length"] if model_rec else None
@@ -428,6 +470,11 @@ def _render(head_dim: int, rows: list[BD.BoundRow], model_rec: dict[str, Any] | 
     if with_paper:
         n = sum(r.paper is not None for r in rows)
         table.caption += f"; {matches} of {n} rows match the paper's Table 1 (green)"
+        if matches < n:
+            table.caption += (
+                f"; the other {n - matches} row(s): the paper's own base fails the criterion at some m <= L "
+                f"(why, and what was tried: {BOUND_DOC})"
+            )
     return table
 
 

@@ -143,13 +143,23 @@ def search_lines(s: TuneSummary, guard: float | None) -> list[str]:
     return lines
 
 
+def shown_path(value: Any, fallback: Any = None) -> str:
+    """A path a record holds, as tune.md names it: a relative one as it is, an absolute one (older runs recorded
+    '/tmp/export-tiny-yarn') by `fallback` when given, else by its last part; tune.md names no machine's paths."""
+    if not isinstance(value, str) or not value:
+        return "?"
+    if not Path(value).is_absolute():
+        return value
+    return str(fallback) if fallback else Path(value).name
+
+
 def export_section(export: dict[str, Any]) -> str:
     check = export.get("verification") if isinstance(export.get("verification"), dict) else {}
     parts = [
         "\n## Export\n\n",
-        f"- directory: `{check.get('directory', '?')}` (config.json with these rope_parameters, weights linked "
-        f"from `{export.get('weights_linked_from', '?')}`; max_position_embeddings "
-        f"{export.get('max_position_embeddings')})\n",
+        f"- directory: `{shown_path(check.get('directory'))}` (config.json with these rope_parameters, weights linked "
+        f"from `{shown_path(export.get('weights_linked_from'), export.get('model'))}`'s files; "
+        f"max_position_embeddings {export.get('max_position_embeddings')})\n",
         f"- rope_parameters: `{json.dumps(export.get('rope_parameters'), sort_keys=True)}`\n",
     ]
     if check:

@@ -2,9 +2,11 @@
 every measuring command, the per-task and passkey-context tables on stdout, readable tables at 80 columns, no
 library reminders that do not apply, and every option name whole in `--help` at 80 columns."""
 
+import csv
 import io
 import json
 import logging
+import re
 
 import pytest
 from rich.console import Console
@@ -255,29 +257,97 @@ def test_passkey_prints_its_context_table(tmp_path):
     assert "| none   | 256             | 100%             |" in (store.dir / "table.md").read_text()
 
 
-def test_a_wide_table_fits_80_columns_with_every_cell_whole(monkeypatch):
+def table_at(monkeypatch, width, *args):
+    """print_table's output on a `width`-column console."""
     buffer = io.StringIO()
-    monkeypatch.setattr(C, "out", Console(file=buffer, width=80, highlight=False, soft_wrap=True, emoji=False))
-    headers = [
-        "method",
-        "reference length",
-        "ppl at reference",
-        "longest within 10% of own ppl",
-        "x original",
-        "longest within 10% of none",
-        "x original (vs base)",
-    ]
+    monkeypatch.setattr(C, "out", Console(file=buffer, width=width, highlight=False, soft_wrap=True, emoji=False))
+    C.print_table(*args)
+    return buffer.getvalue()
+
+
+def cells_of(text):
+    """The words of a printed table's lines, its frame characters dropped."""
+    return {w for line in text.splitlines() for w in line.replace("│", " ").replace("┃", " ").split()}
+
+
+VALID_HEADERS = [
+    "method",
+    "reference length",
+    "ppl at reference",
+    "longest within 10% of own ppl",
+    "x original",
+    "longest within 10% of none",
+    "x original (vs base)",
+]
+
+
+def test_a_wide_table_fits_80_columns_with_every_cell_whole(monkeypatch):
     rows = [
         ["none", "128", "55.94", "128", "1.00", "128", "1.00"],
-        ["yarn(beta_fast=4,beta_slow=0.25,factor=2)", "1,024", "155.78", "2,048", "16.00", "128", "1.00"],
+        ["yarn(factor=16)", "1,024", "155.78", "2,048", "16.00", "128", "1.00"],
+        ["yarn(beta_fast=4,beta_slow=0.25,factor=2)", "1,024", "155.78", "2,048", "16.00", "—", "—"],
     ]
-    C.print_table("valid length", None, headers, rows)
-    text = buffer.getvalue()
+    text = table_at(monkeypatch, 80, "valid length", "caption", VALID_HEADERS, rows)
     assert max(len(line) for line in text.splitlines()) <= 80
-    body = text.split("┡")[1]
-    for value in {c for r in rows for c in r[1:]}:
-        assert f" {value} │" in body  # whole, on one line
-    assert "│ none " in body and "│ yarn(beta_" in body  # the method column folds, it does not vanish
+    words = cells_of(text)
+    assert {c for r in rows for c in r[1:]} <= words  # every number whole, on one line
+    assert {"none", "yarn(factor=16)", "yarn(beta_fast=4,", "beta_slow=0.25,"} <= words  # broken only after a comma
+    assert text.count("valid length") == 1 and text.rstrip().endswith("caption")  # one table: no box, no split
+
+
+def test_a_table_too_wide_for_the_terminal_is_split_with_its_names_in_each_part(monkeypatch):
+    rows = [["none", "128", "74.91", "128", "1.00", "128", "1.00"], ["yarn(factor=8)", "128", "104.10"] + ["—"] * 4]
+    text = table_at(monkeypatch, 44, "valid length", "caption", VALID_HEADERS, rows)
+    assert max(len(line) for line in text.splitlines()) <= 44
+    parts = text.split("valid length (continued)")
+    assert len(parts) >= 2 and all("yarn(factor=8)" in part and "none" in part for part in parts)
+    assert {"74.91", "104.10", "1.00"} <= cells_of(text) and text.count("caption") == 1
+
+
+def test_numbers_and_ranks_keep_their_width_and_parameter_lists_break_between_parameters(monkeypatch):
+    # the issue: the tune best-trials table at 80 columns had an empty rank column and one digit per line
+    params = "beta_fast=2.487, beta_slow=0.1876, attention_factor=0.997"
+    headers = ["rank", "trial", "ppl at 1k", "ppl at 128", "rise at 128", "parameters (as searched)"]
+    rows = [[str(i), str(100 + i), "95.16", "79.86", "+0.97%", params] for i in range(1, 11)]
+    text = table_at(monkeypatch, 80, "the 10 best trial(s)", None, headers, rows)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    body = text.split("┡")[1].splitlines()[1:-1]
+    assert [line.split("│")[1].strip() for line in body if line.split("│")[1].strip()] == [str(i) for i in range(1, 11)]
+    assert {"95.16", "79.86", "+0.97%", *params.split()} <= cells_of(text)
+    assert "   1 │" in body[0]  # a rank is a number: right-aligned
+
+
+def test_stdout_that_is_not_a_terminal_takes_columns_when_it_is_set(monkeypatch):
+    console = C.DataConsole(file=io.StringIO())  # not a terminal
+    monkeypatch.setenv("COLUMNS", "80")
+    assert console.width == 80
+    monkeypatch.delenv("COLUMNS")
+    assert console.width == C.PIPED_WIDTH  # logs and files: tables at their full width
+
+
+def test_ppl_prints_its_tables_at_80_columns_with_method_labels_whole(tmp_path):
+    # the issue: the valid-length table broke 'yarn(factor=8)' as 'yarn(facto' / 'r=8)', and piped output ignored
+    # COLUMNS (CliRunner's stdout is not a terminal)
+    args = ["ppl", "--lengths", "128,256,512", "-m", "none", "-m", "yarn:factor=8", "--out", str(tmp_path / "run")]
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "valid length (ppl within 10%)" in result.stdout
+    labels = [line.replace("│", " ").split()[0] for line in lines if line.lstrip("│ ").startswith(("none", "yarn"))]
+    assert len(labels) >= 6 and set(labels) == {"none", "yarn(factor=8)"}  # 2 rows x 3 tables, whole
+    valid = list(csv.DictReader((tmp_path / "run" / "valid.csv").open()))
+    for row in valid:  # every value of the valid-length table whole
+        for value in row.values():
+            assert not value or value in cells_of(result.stdout) or f"{float(value):.2f}" in cells_of(result.stdout)
+
+
+def test_methods_at_80_columns_keeps_every_parameter_whole():
+    result = runner.invoke(app, ["methods"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    words = cells_of(result.stdout)
+    assert {"original_max_position_embeddings=None,", "beta_fast=32.0,", "dynamic-ntk", "leaky-rerope"} <= words
 
 
 # -- messages that do not apply --------------------------------------------------------------------------------------
@@ -362,7 +432,7 @@ metric_list:
 
 # -- --help at 80 columns --------------------------------------------------------------------------------------------
 
-COMMANDS = ["ppl", "needle", "passkey", "ruler", "entropy", "report", "lm-eval", "bound", "methods", "plan"]
+COMMANDS = ["ppl", "needle", "passkey", "ruler", "entropy", "report", "lm-eval", "bound", "methods", "plan", "tune"]
 
 
 @pytest.mark.parametrize("command", [None, *COMMANDS])
@@ -377,3 +447,36 @@ def test_help_at_80_columns_shows_every_option_name_whole(command):
     assert [n for n in names if n not in words] == []
     if command is None:
         assert "Perplexity vs. context length" in result.output  # not cut at 'vs.'
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_names_each_value_by_what_it_is_not_by_its_python_type(command):
+    # the issue: '-m, --method <list[str]>', '--out <path>', 'runs... <list[Path]>'
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    leaked = re.findall(r"<(?:str|int|float|bool|path|Path|list\[[^>]*\])>", result.output)
+    assert leaked == []
+    option_lines = [line.split() for line in result.output.splitlines() if line.lstrip().startswith("-")]
+    takes_value = [words for words in option_lines if len(words) > 1 and not words[1].startswith(("/", "-"))]
+    assert takes_value  # every command has options with a value
+
+
+def test_help_values_read_as_their_meaning():
+    help_of = {c: runner.invoke(app, [c, "--help"], env={"COLUMNS": "200"}).output for c in ("ppl", "report", "tune")}
+    assert "-m, --method METHOD" in help_of["ppl"] and "--lengths LENGTHS" in help_of["ppl"]
+    assert "--out DIR" in help_of["ppl"] and "--docs N" in help_of["ppl"] and "--model MODEL" in help_of["ppl"]
+    assert "RUN_DIR..." in help_of["report"] and "--html FILE" in help_of["report"]
+    assert "--space NAME=LOW:HIGH" in help_of["tune"] and "--export DIR" in help_of["tune"]
+
+
+def test_the_command_list_gives_each_command_a_whole_summary_and_examples_follow():
+    # the issue: `ctxeval --help` cut every summary mid-phrase ('List the RoPE methods (frequencies) and attention
+    # methods,...') and showed no example
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    listed = result.output.split("Commands:")[1].split("Examples:")[0]
+    summaries = dict(line.strip().split(None, 1) for line in listed.strip().splitlines())
+    assert set(summaries) == set(get_command(app).commands)
+    assert all(not text.endswith("...") and text.endswith((".", ")")) for text in summaries.values()), summaries
+    examples = result.output.split("Examples:")[1]
+    assert "ctxeval ppl && ctxeval needle" in examples and "ctxeval report runs/* --html report.html" in examples

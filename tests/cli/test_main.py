@@ -1,6 +1,10 @@
 """The CLI as a user runs it (typer's CliRunner): help, plan numbers, one-line user errors with exit code 2."""
 
+import csv
+import io
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +14,7 @@ from ctxeval.cli import app
 from ctxeval.rope.methods import Geometry, compute
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parents[2]
 GEOM = ["--head-dim", "64", "--base", "10000", "--original-length", "2048"]
 
 
@@ -48,6 +53,38 @@ def test_methods_lists_every_method():
     ]
     table = run("methods")
     assert "beta_fast=32" in table.stdout and "alpha=beta_slow" in table.stdout
+
+
+def test_methods_csv_has_a_header_and_one_row_per_method():
+    # the issue: --format advertised csv and refused it ('methods supports --format table or json')
+    listed = json.loads(run("methods", "--format", "json").stdout)
+    result = run("methods", "--format", "csv")
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert result.stdout.splitlines()[0] == "name,kind,aliases,length_dependent,parameters,param_aliases,summary"
+    assert [r["name"] for r in rows] == [m["name"] for m in listed]
+    yarn = next(r for r in rows if r["name"] == "yarn")
+    assert yarn["kind"] == "frequency" and yarn["length_dependent"] == "false"
+    assert (
+        "beta_fast=32.0; beta_slow=1.0" in yarn["parameters"]
+        and yarn["param_aliases"] == "alpha=beta_slow; beta=beta_fast"
+    )
+    assert next(r for r in rows if r["name"] == "pi")["aliases"] == "linear"
+    assert "csv (one row per method)" in run("methods", "--help").stdout
+
+
+def test_bound_says_where_the_rows_that_differ_from_the_paper_are_explained():
+    # the issue: '6 of 11 rows match the paper's Table 1' pointed nowhere; 16,000 is one of the rows that differ
+    result = runner.invoke(app, ["bound", "--head-dim", "128", "--lengths", "1000,16000"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "1 of 2 rows match the paper's Table 1" in text
+    page, anchor = text.split("(why, and what was tried: ")[1].split(")")[0].split("#")
+    doc = (REPO / page).read_text()
+    slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", doc, re.M)}
+    assert anchor in slugs  # the section is there, and it explains the rows that differ
+    section = doc.split("## Reproducing the paper's Table 1")[1].split("\n## ")[0]
+    assert "16,000 | 3.1e5 | 3.2e5" in section and "the base the paper prints fails the criterion" in section
 
 
 @pytest.mark.parametrize(

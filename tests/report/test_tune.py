@@ -4,7 +4,9 @@
 import csv
 import json
 import math
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -13,7 +15,16 @@ from ctxeval.cli import app
 from ctxeval.report.runs import expand_run_args
 from ctxeval.report.tables import fmt_ppl
 from ctxeval.report.tune import render_tune, trials_frame
-from ctxeval.report.tune_data import Heldout, best_so_far, inv_freq, pair_scales, pareto_front, read_tune, trial_rows
+from ctxeval.report.tune_data import (
+    Heldout,
+    best_so_far,
+    fmt_params,
+    inv_freq,
+    pair_scales,
+    pareto_front,
+    read_tune,
+    trial_rows,
+)
 from ctxeval.rope.methods import Geometry, compute
 from ctxeval.runs.store import read_rows
 
@@ -229,6 +240,67 @@ def test_inv_freq_takes_the_target_length_entry_of_a_length_dependent_method(tmp
     assert inv_freq(held, "longrope(x)") == [0.5, 0.01]
     assert inv_freq(held, "none") == [1.0, 0.1]  # no read-back record: computed from the geometry
     assert pair_scales(held, ["longrope(x)"]) == {"longrope(x)": pytest.approx([2.0, 10.0])}
+
+
+def absolute_paths(text: str) -> list[str]:
+    """Absolute paths of this machine a committed file could carry: /tmp, /work, /home, /root, the pytest temp dir."""
+    return re.findall(r"(?<![\w.])/(?:tmp|work|home|root|private|var)/[^\s`'\")]*", text)
+
+
+def test_tune_md_and_run_json_name_no_absolute_temp_path(runs):
+    # the issue: results/tune-tiny-pydoc-yarn/tune.md named '/tmp/export-tiny-yarn' and the model's own directory
+    a, _ = runs
+    text, export = (a / "tune.md").read_text(), record(a)["tune"]["export"]
+    assert absolute_paths(text) == [] and str(a.parent) not in text
+    assert "- directory: `export` (config.json with these rope_parameters, weights linked from `tiny`'s files" in text
+    assert export["verification"]["directory"] == "export" and export["weights_linked_from"] == "tiny"
+    assert absolute_paths(json.dumps(export)) == []
+
+
+def test_an_older_record_with_absolute_paths_is_shown_by_names(runs, tmp_path):
+    a, _ = runs
+    run = tmp_path / "old"
+    shutil.copytree(a, run)
+    rec = record(run)
+    rec["tune"]["export"]["verification"]["directory"] = "/tmp/export-tiny-yarn"  # what issue 39 found committed
+    rec["tune"]["export"]["weights_linked_from"] = "/work/main/ctxeval/tiny/model"
+    (run / "run.json").write_text(json.dumps(rec))
+    render_tune(run)
+    text = (run / "tune.md").read_text()
+    assert "- directory: `export-tiny-yarn` (config.json" in text and "linked from `tiny`'s files" in text
+    assert absolute_paths(text) == []
+
+
+def test_the_committed_tune_results_name_no_absolute_path():
+    results = Path(__file__).resolve().parents[2] / "results"
+    tune_runs = sorted(results.glob("tune-*/run.json"))
+    assert len(tune_runs) >= 3
+    for path in tune_runs:
+        assert absolute_paths((path.parent / "tune.md").read_text()) == [], path.parent.name
+        assert absolute_paths(json.dumps(json.loads(path.read_text())["tune"].get("export") or {})) == []
+
+
+def test_tune_prints_its_best_trials_whole_at_80_columns(runs, tmp_path):
+    # the issue: at 80 columns the best-trials table had an empty rank column and its numbers one digit per line;
+    # a rerun of a finished search measures nothing and prints the tables again
+    _, b = runs
+    run = tmp_path / "b"
+    shutil.copytree(b, run)
+    args = ["tune", "--target-length", "1k", "--out", str(run), "--trials", "6", "--seed", "1"]
+    result = runner.invoke(app, [*args, "--short-tolerance", "0.5"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    words = {w for line in out.splitlines() for w in line.replace("│", " ").split()}
+    top = out.split("best trial(s) that kept the guard")[1]
+    ranks = [line.replace("│", " ").split()[0] for line in top.splitlines() if re.match(r"^│\s+\d", line)]
+    feasible = sorted(
+        (r for r in trial_rows(read_rows(run / "rows.jsonl")) if r.get("feasible")), key=lambda r: r["value"]
+    )
+    assert ranks == [str(i) for i in range(1, len(feasible[:10]) + 1)]
+    for r in feasible[:10]:
+        assert {str(r["trial"]), fmt_ppl(r["value"]), fmt_ppl(r["ppl_short"])} <= words
+        assert set(fmt_params(r["params"]).split()) <= words  # each parameter whole, on one line
 
 
 # -- ctxeval report ----------------------------------------------------------------------------------------------

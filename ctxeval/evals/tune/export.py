@@ -144,6 +144,28 @@ def write_export(
     return record
 
 
+def portable_path(path: str | Path, run_dir: Path) -> str:
+    """How run.json names a path of this machine: relative to the run directory when it lies inside it, else by its
+    last part; a run directory that moves or is committed names no absolute temporary path ('/tmp/export-tiny')."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path(run_dir).resolve()))
+    except ValueError:
+        return path.name
+
+
+def export_record(written: dict[str, Any], check: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """run.json's `tune.export`: what write_export wrote and the verification, with the export directory named by
+    portable_path and the weights' source by the model's name (its own directory's last part for a local path);
+    the export directory's ctxeval-export.json keeps the absolute source its links point at."""
+    model = str(written["model"])
+    return {
+        **written,
+        "weights_linked_from": Path(model).name if os.path.isabs(model) else model,
+        "verification": {**check, "directory": portable_path(check["directory"], run_dir)},
+    }
+
+
 def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-30)
 

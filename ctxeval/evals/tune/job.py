@@ -14,7 +14,7 @@ from ...runs.store import RunStore
 from ...specs import MethodSpec
 from ..common import Progress
 from ..perplexity import PplConfig, sweep
-from .export import verify_export, write_export
+from .export import export_record, verify_export, write_export
 from .search import (
     DEFAULT_STORAGE,
     INVALID,
@@ -169,5 +169,5 @@ def run_tune(lm: LoadedModel, job: TuneJob, store: RunStore, progress: Progress,
     if job.export is not None:
         written = write_export(job.model, winner, lm.rope.geometry, cfg.target, job.export, job.trust_remote_code)
         check = verify_export(lm, winner, job.export, job.tuning[0], cfg.lengths, cfg.bos, cfg.chunk_size)
-        summary["export"] = {**written, "verification": check}
+        summary["export"] = export_record(written, check, store.dir)
         store.update(tune=summary)

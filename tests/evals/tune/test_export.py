@@ -49,3 +49,22 @@ def test_ntk_exports_as_plain_rope_at_the_new_base():
         assert entry["rope_type"] == "default" and set(entry) == {"rope_type", "rope_theta"}
         plain = Geometry(geometry.rotary_dim, entry["rope_theta"], TRAINED).default_inv_freq()
         np.testing.assert_allclose(plain, compute("ntk", geometry, spec.params, 1024).inv_freq, rtol=1e-12)
+
+
+def test_run_json_names_the_export_relative_to_the_run_directory_or_by_its_name(tmp_path):
+    """Bug caught (issue 39): run.json and tune.md named '/tmp/export-tiny-yarn' and the model's absolute directory,
+    paths of the machine that ran the search."""
+    from ctxeval.evals.tune.export import export_record, portable_path
+
+    run = tmp_path / "run"
+    assert portable_path(run / "export", run) == "export"
+    assert portable_path(run / "sub" / "export", run) == "sub/export"
+    assert portable_path(tmp_path / "elsewhere" / "export-tiny", run) == "export-tiny"
+    written = {"model": "/data/models/llama", "weights_linked_from": "/data/models/llama", "files": ["config.json"]}
+    check = {"directory": str(tmp_path / "export-tiny"), "passed": True}
+    record = export_record(written, check, run)
+    assert record["weights_linked_from"] == "llama" and record["verification"] == {
+        "directory": "export-tiny",
+        "passed": True,
+    }
+    assert export_record({**written, "model": "tiny"}, check, run)["weights_linked_from"] == "tiny"
