@@ -32,9 +32,11 @@ step() {
   say "step $step_no/$steps: $*"
 }
 
-# which torch the environment has: '2.13.0+cpu (a CPU build)', '2.13.0 (CUDA 12.8)'
+# which torch the environment has: '2.13.0+cpu (a CPU build)', '2.13.0 (CUDA 12.8)'; without torch's warning that
+# numpy is missing (right after step 1, ctxeval's dependencies are not installed yet)
 torch_installed() {
-  python3 -c 'import torch; c = torch.version.cuda; print(torch.__version__ + (f" (CUDA {c})" if c else " (a CPU build)"))'
+  PYTHONWARNINGS=ignore python3 -c \
+    'import torch; c = torch.version.cuda; print(torch.__version__ + (f" (CUDA {c})" if c else " (a CPU build)"))'
 }
 
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -z "${CONDA_PREFIX:-}" ]; then
