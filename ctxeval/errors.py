@@ -14,3 +14,12 @@ class CtxevalError(Exception):
     def __init__(self, message: str) -> None:
         # one line: the CLI promises a single line on stderr
         super().__init__(" ".join(str(message).split()))
+
+
+class NothingMeasured(CtxevalError):
+    """A run directory without a measured row (a run refused or stopped before its first point): the error of
+    reading it as a run, and `note`, what a report that skips it says."""
+
+    def __init__(self, message: str, note: str) -> None:
+        super().__init__(message)
+        self.note = note

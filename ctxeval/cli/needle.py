@@ -12,7 +12,7 @@ import typer
 from ..data import corpora
 from ..data.presets import load_task, preset_names
 from ..errors import CtxevalError
-from ..models.load import DEFAULT_MODEL
+from ..models.load import DEFAULT_MODEL, model_title
 from ..runs.store import RunStore
 from ..specs import MethodSpec
 from .console import err, print_outputs, user_errors
@@ -149,8 +149,6 @@ class RetrievalRun(Measurement):
 
     def settle(self) -> None:
         """The quickstart settings under the flags (no --model), the protocol's defaults, the needle preset."""
-        from ..evals.passkey import YARN_SAMPLES
-
         opt, task = self.opt, self.task
         if task == "passkey" and opt.protocol not in PASSKEY_PROTOCOLS:
             raise CtxevalError(f"--protocol must be {' or '.join(PASSKEY_PROTOCOLS)}, got '{opt.protocol}'")
@@ -166,13 +164,9 @@ class RetrievalRun(Measurement):
                 samples=opt.samples if opt.samples is not None else qs.get("samples"),
                 method=opt.method if opt.method is not None else list(qs.get("method", ["none"])),
             )
-        default_samples = YARN_SAMPLES if self.yarn else 10 if task == "passkey" else 1
-        self.opt = opt = replace(
-            opt,
-            samples=opt.samples if opt.samples is not None else default_samples,
-            method=opt.method if opt.method is not None else ["none"],
-        )
-        SAMPLES(opt.samples)
+        self.opt = opt = replace(opt, method=opt.method if opt.method is not None else ["none"])
+        if opt.samples is not None:
+            SAMPLES(opt.samples)
         self.model = opt.model
         self.preset = load_needle_preset(opt.needle, opt.needle_text, opt.question, opt.answer_prefix, opt.answer)
 
@@ -181,8 +175,11 @@ class RetrievalRun(Measurement):
 
     def check(self) -> None:
         from ..evals.needle import NeedleConfig
-        from ..evals.passkey import YARN_MAX_NEW_TOKENS
+        from ..evals.passkey import YARN_MAX_NEW_TOKENS, YARN_SAMPLES
 
+        if self.opt.samples is None:  # the protocol's default (after the run directory's check: this imports torch)
+            default_samples = YARN_SAMPLES if self.yarn else 10 if self.task == "passkey" else 1
+            self.opt = replace(self.opt, samples=default_samples)
         opt, yarn = self.opt, self.yarn
         random_depth = self.task == "passkey"
         self.lengths = parse_lengths(opt.lengths) if opt.lengths is not None else None
@@ -369,7 +366,7 @@ class RetrievalRun(Measurement):
 
         opt = self.opt
         title = (
-            f"{opt.model}: {self.preset.name} in {opt.haystack}"
+            f"{model_title(opt.model)}: {self.preset.name} in {opt.haystack}"
             + (" (protocol yarn)" if self.yarn else "")
             + (" on vLLM" if self.backend_spec else "")
         )

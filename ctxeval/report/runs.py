@@ -33,10 +33,10 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..errors import CtxevalError
+from ..errors import CtxevalError, NothingMeasured
 from ..rope.geometry import trained_length_of_record
 from ..runs.rows import AGGREGATES, KINDS, MISSING, POINT_FIELDS, RULER_THRESHOLD, point_key
-from ..runs.store import ROWS_FILE, RUN_FILE, load_rows
+from ..runs.store import ROWS_FILE, RUN_FILE, how_it_ended, load_rows
 from ..util.numbers import finite_number
 from ..util.textfiles import read_json
 from .tables import Table
@@ -109,22 +109,6 @@ class Run:
     def original_length(self) -> int | None:
         """The model's trained length (geometry.trained_length's rule, read from run.json's model record)."""
         return trained_length_of_record(self.record.get("model") or {})
-
-
-class NothingMeasured(CtxevalError):
-    """A run directory without a measured row (a run refused or stopped before its first point): load_run's error,
-    and the note a report that skips it prints."""
-
-    def __init__(self, message: str, note: str) -> None:
-        super().__init__(message)
-        self.note = note
-
-
-def why_nothing(record: dict[str, Any]) -> str:
-    """How a run that measured nothing ended, from its run.json: its status and the first line of its error."""
-    status = str(record.get("status") or "unknown")
-    error = str(record.get("error") or "").strip().splitlines()
-    return f"status {status}" + (f": {error[0][:160]}" if error else "")
 
 
 def load_run(path: Path | str, order: int = 0) -> Run:
@@ -219,7 +203,7 @@ def load_run(path: Path | str, order: int = 0) -> Run:
         raise NothingMeasured(
             f"{given} has no measured rows ({ROWS_FILE} missing or empty); resume the run with "
             "its original command, or leave it out",
-            f"{given} measured nothing ({why_nothing(record)}); skipped",
+            f"{given} measured nothing ({how_it_ended(record)}); skipped",
         )
     rows = found.rows
     run = Run(p, given, task, record, rows, order)

@@ -104,6 +104,13 @@ def environment() -> dict[str, Any]:
     }
 
 
+def how_it_ended(record: dict[str, Any]) -> str:
+    """A run's end from its run.json: its status and the first line of its error ("status error: ...")."""
+    status = str(record.get("status") or "unknown")
+    error = str(record.get("error") or "").strip().splitlines()
+    return f"status {status}" + (f": {error[0][:160]}" if error else "")
+
+
 def refuse_foreign(out: Path, overwrite: bool) -> None:
     """A file, or a folder with other things in it and no run.json, is no run directory (--overwrite empties the
     folder)."""

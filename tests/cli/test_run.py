@@ -371,3 +371,22 @@ def test_needle_measures_an_identical_method_once(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (tmp_path / "n" / "rows.jsonl").read_text().splitlines()]
     assert [r["label"] for r in rows] == ["none", "yarn(factor=1)"]
     assert rows[0]["response"] == rows[1]["response"] and rows[1]["same_as"] == "none"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["ppl"], ["ruler"], ["entropy"], ["tune", "--target-length", "1k"], ["lm-eval", "--tasks", "x"], ["needle"]],
+)
+def test_a_wrong_out_is_refused_before_torch_is_imported(tmp_path, command):
+    """Issue 39: `--out README.md` was refused after 7-9 s; the check now comes before torch's import."""
+    import subprocess
+    import sys
+
+    (tmp_path / "README.md").write_text("x")
+    code = (
+        "import sys\nfrom typer.testing import CliRunner\nfrom ctxeval.cli import app\n"
+        f"result = CliRunner().invoke(app, {[*command, '--model', 'tiny', '--out', 'README.md']!r})\n"
+        "print(result.exit_code, 'torch' in sys.modules, result.stderr.strip())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("2 False error: --out README.md is a file"), done.stdout + done.stderr
