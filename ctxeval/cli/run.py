@@ -222,15 +222,7 @@ def measure(
         before = store.rows() if dist.is_main else []
         if dist.is_main:
             err.print(message + (f"; {dist.world} ranks (torchrun)" if dist.active else ""))
-            done = {point_key(r, RESUME_FIELDS.get(kind, ("label", "length"))) for r in before if r.get("status") == OK}
-            if done:
-                err.print(
-                    f"resuming: {len(done)} point{'s' * (len(done) != 1)} already measured in {store.dir} are "
-                    "reused (--overwrite starts over)",
-                    markup=False,
-                )
-            for note in store.skipped_notes():  # lines a resume cannot use: those points are measured again
-                err.print(f"note: {note}", markup=False)
+            note_resumed(store, before, kind)
         try:
             with run_status(store), RichProgress() if dist.is_main else QuietProgress() as progress:
                 failed = None
@@ -265,6 +257,19 @@ def measure(
     finally:
         if not removed:
             store.close()
+
+
+def note_resumed(store: RunStore, before: list[dict[str, Any]], kind: str) -> None:
+    """Say how many points a resumed directory already holds, and which of its lines a resume cannot use."""
+    done = {point_key(r, RESUME_FIELDS.get(kind, ("label", "length"))) for r in before if r.get("status") == OK}
+    if done:
+        err.print(
+            f"resuming: {len(done)} point{'s' * (len(done) != 1)} already measured in {store.dir} are reused "
+            "(--overwrite starts over)",
+            markup=False,
+        )
+    for note in store.skipped_notes():  # lines a resume cannot use: those points are measured again
+        err.print(f"note: {note}", markup=False)
 
 
 def default_lengths(lm: LanguageModel, multiples: tuple[float, ...]) -> list[int]:
@@ -351,6 +356,7 @@ class Measurement:
       lengths           --lengths, or default_lengths(): multiples of the trained length
       configure()       what the lengths decide before the factors are settled
       factors           a method named without a factor gets the one for the longest length; their notes
+      identical methods a method that measures exactly as an earlier one is measured once (identical_methods())
       no-op notes       an attention method that changes nothing at these lengths (when notes_noops)
       prepare()         documents, prompts, runners: the work's inputs
       backend           on vLLM, every method's plan at the longest sequence (longest())

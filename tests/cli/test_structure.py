@@ -226,6 +226,7 @@ def test_the_recipe_takes_its_steps_in_one_order(monkeypatch):
     monkeypatch.setattr(run, "note_attention_noops", step("no-op notes"))
     monkeypatch.setattr(run, "prepare_backend", step("backend", {}))
     monkeypatch.setattr(run, "measure", step("measure"))
+    monkeypatch.setattr(run, "check_run_dir", step("run directory"))
 
     class Recorded(run.Measurement):
         task = "toy"
@@ -244,6 +245,7 @@ def test_the_recipe_takes_its_steps_in_one_order(monkeypatch):
         "before_measure",
     ):
         setattr(Recorded, hook, step(hook))
+    Recorded.identical_methods = step("identical methods", {})
     Recorded.dry_run = step("dry_run", False)
     Recorded.default_lengths = step("default_lengths", [8])
     Recorded.longest = step("longest", 8)
@@ -252,6 +254,7 @@ def test_the_recipe_takes_its_steps_in_one_order(monkeypatch):
     assert steps == [
         "settle",
         "method_specs",
+        "run directory",
         "check",
         "dry_run",
         "check_data",
@@ -261,6 +264,7 @@ def test_the_recipe_takes_its_steps_in_one_order(monkeypatch):
         "default_lengths",
         "configure",
         "factors",
+        "identical methods",
         "no-op notes",
         "prepare",
         "longest",
