@@ -382,7 +382,12 @@ SeedOpt = Annotated[
     typer.Option("--seed", help="Seed of every random choice (values, keys, depths, offsets)."),
     Check("--seed", minimum=0),
 ]
-OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Run directory (default runs/<command>-<model>-<time>).")]
+OutOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--out", help="Run directory (default runs/<command>-<model>-<key>: the same command again resumes it)."
+    ),
+]
 OverwriteOpt = Annotated[
     bool, typer.Option("--overwrite/--no-overwrite", help="Replace a run directory that holds a different spec.")
 ]

@@ -156,7 +156,7 @@ class PplOptions:
             help="Preset name (ppl-austen, ppl-yarn-proofpile, ppl-yarn-govreport, ppl-yarn-pg19, ppl-pg19) or .toml path."
         ),
     ] = None
-    out: reworded(OutOpt, "Run directory (default runs/ppl-<model>-<time>).") = None
+    out: reworded(OutOpt, "Run directory (default runs/ppl-<model>-<key>: the same command again resumes it).") = None
     overwrite: OverwriteOpt = False
     seed: reworded(SeedOpt, "Seed recorded in the run (the protocols draw nothing at random).") = 0
     load: Load = Load()

@@ -120,7 +120,7 @@ class TuneOptions:
             help="optuna storage URL shared by several processes or machines (default sqlite:///RUN_DIR/study.db)."
         ),
     ] = None
-    out: reworded(OutOpt, "Run directory (default runs/tune-<model>-<time>).") = None
+    out: reworded(OutOpt, "Run directory (default runs/tune-<model>-<key>: the same command again resumes it).") = None
     overwrite: OverwriteOpt = False
     seed: reworded(SeedOpt, "The sampler's seed (an uninterrupted search is reproducible from it).") = 0
     chunk_size: reworded(ChunkOpt, "Positions per LM-head chunk.") = 1024
@@ -132,6 +132,7 @@ class Tune(Measurement):
     target length)."""
 
     task = "tune"
+    twins_once = False  # the search measures its own points; every --compare method is measured as asked
     notes_noops = False
 
     def __init__(self, opt: TuneOptions) -> None:

@@ -14,6 +14,7 @@ from ..errors import CtxevalError
 from ..runs.rows import MISSING, fmt_length
 from .runs import Group, row_order
 from .tables import (
+    NOT_REACHED_NOTE,
     Table,
     base_label,
     base_valid_column,
@@ -23,24 +24,12 @@ from .tables import (
     length_or,
     longppl_long,
     number,
+    open_ended,
     own_valid_column,
     positions_long,
     ppl_long,
     valid_lengths,
 )
-
-NOT_REACHED = "not reached"
-NOT_REACHED_NOTE = (
-    f"≥ L ({NOT_REACHED}): valid at every length evaluated, up to the longest, L; where it fails lies beyond."
-)
-
-
-def open_ended(valid: int | None, evaluated: list[int], shown: str, said: bool = True) -> str:
-    """A valid length that is the longest length evaluated is a lower bound: `≥ 1k (not reached)` (`≥ 8.00` for its
-    multiple of the original length, `said` False)."""
-    if valid is None or not evaluated or valid < max(evaluated):
-        return shown
-    return f"≥ {shown}" + (f" ({NOT_REACHED})" if said else "")
 
 
 def ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> list[Table]:

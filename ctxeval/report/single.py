@@ -19,6 +19,7 @@ from ..util.paths import safe_name
 from ..util.textfiles import atomic_path, write_text
 from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
 from .tables import (
+    NOT_REACHED_NOTE,
     Table,
     accuracy_grid,
     bucket_center,
@@ -113,7 +114,7 @@ VALID_CAPTION = (
     "Both valid lengths go up from the reference length (the original length, or the longest evaluated "
     "length below it) and stop at the first length that fails. Own: ppl within the tolerance of the "
     "method's own ppl at the reference (how gracefully it degrades). Vs base: within the tolerance of "
-    "the unmodified model's ppl there (`native`, else `none`): how far it goes without paying."
+    "the unmodified model's ppl there (`native`, else `none`): how far it goes without paying. " + NOT_REACHED_NOTE
 )
 POSITIONS_CAPTION = (
     "Perplexity of the tokens predicted from p tokens of context (bucket start <= p < stop), "
@@ -220,7 +221,7 @@ def render_ppl(
     status = status_wide(long, wide)
     valid = valid_lengths(wide, original_length, tolerance)
     headers, rows = ppl_cells(wide, status)
-    vheaders, vrows = valid_cells(valid)
+    vheaders, vrows = valid_cells(valid, list(wide.columns))
     n_docs = int(long["n_docs"].max()) if len(long) else 0
     caption = f"Perplexity ({aggregate}-weighted over {n_docs} document(s)); original length {original_length}."
     position_printed, position_md = render_positions(store, original_length, title)

@@ -245,9 +245,29 @@ def ppl_cells(wide: pd.DataFrame, status: pd.DataFrame | None = None) -> tuple[l
     return headers, rows
 
 
-def valid_cells(valid: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+NOT_REACHED = "not reached"
+NOT_REACHED_NOTE = (
+    f"≥ L ({NOT_REACHED}): valid at every length evaluated, up to the longest, L; where it fails lies beyond."
+)
+
+
+def open_ended(valid: int | None, evaluated: list[int], shown: str, said: bool = True) -> str:
+    """A valid length that is the longest length evaluated is a lower bound: `≥ 1k (not reached)` (`≥ 8.00` for its
+    multiple of the original length, `said` False)."""
+    if valid is None or not evaluated or valid < max(evaluated):
+        return shown
+    return f"≥ {shown}" + (f" ({NOT_REACHED})" if said else "")
+
+
+def valid_cells(valid: pd.DataFrame, evaluated: list[int] | None = None) -> tuple[list[str], list[list[str]]]:
+    """The valid-length table's cells; with the lengths evaluated, a valid length at the longest is open_ended."""
     headers = list(valid.columns)
     rows = []
+
+    def bound(length: Any, shown: str, said: bool = True) -> str:
+        known = length is not None and not pd.isna(length)
+        return open_ended(int(length) if known else None, evaluated or [], shown, said)
+
     for _, r in valid.iterrows():
         present = lambda x: x is not None and not pd.isna(x)  # noqa: E731
         rows.append(
@@ -255,10 +275,10 @@ def valid_cells(valid: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                 r.iloc[0],
                 fmt_length(int(r.iloc[1])),
                 fmt_ppl(r.iloc[2]),
-                fmt_length(int(r.iloc[3])) if present(r.iloc[3]) else MISSING,
-                f"{r.iloc[4]:.2f}" if present(r.iloc[4]) else MISSING,
-                fmt_length(int(r.iloc[5])) if present(r.iloc[5]) else MISSING,
-                f"{r.iloc[6]:.2f}" if present(r.iloc[6]) else MISSING,
+                bound(r.iloc[3], fmt_length(int(r.iloc[3])) if present(r.iloc[3]) else MISSING),
+                bound(r.iloc[3], f"{r.iloc[4]:.2f}" if present(r.iloc[4]) else MISSING, False),
+                bound(r.iloc[5], fmt_length(int(r.iloc[5])) if present(r.iloc[5]) else MISSING),
+                bound(r.iloc[5], f"{r.iloc[6]:.2f}" if present(r.iloc[6]) else MISSING, False),
             ]
         )
     return headers, rows

@@ -1085,3 +1085,21 @@ def test_longppl_with_a_failed_document_is_missing_as_ppl_is(tmp_path, failed_st
     assert record["256"] == pytest.approx(math.exp(9 / 6)) and record["512"] is None
     count = next(r for r in longppl.records() if r["method"] == "key tokens (count)")
     assert count["256"] == 6 and count["512"] is None
+
+
+def test_valid_cells_mark_a_valid_length_at_the_longest_evaluated_as_not_reached():
+    """Issue 39: in a run's table.md, a method valid at every length asked read as if it broke at the longest."""
+    import pandas as pd
+
+    from ctxeval.report.tables import valid_cells, valid_lengths
+
+    wide = pd.DataFrame(
+        [[10.0, 10.5, 40.0], [10.2, 10.4, 10.9]], index=["none", "yarn(factor=2)"], columns=[64, 128, 256]
+    )
+    valid = valid_lengths(wide, 128, 0.10)
+    _, rows = valid_cells(valid, [64, 128, 256])
+    by = {row[0]: row for row in rows}
+    assert by["yarn(factor=2)"][3:5] == ["≥ 256 (not reached)", "≥ 2.00"]
+    assert by["none"][3:5] == ["128", "1.00"]
+    _, unmarked = valid_cells(valid)  # without the lengths evaluated: plain lengths, as before
+    assert unmarked[1][3] == "256"
