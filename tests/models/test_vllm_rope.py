@@ -2,7 +2,10 @@
 are built the way vLLM 0.32 builds them (rotary_embedding/*.py, transcribed), so a wrong override or a table that
 stops short must fail the check. tests/models/test_vllm_engine.py runs the real engine where vLLM is installed."""
 
+import logging
 import math
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,7 +14,18 @@ from typer.testing import CliRunner
 
 from ctxeval.cli import app
 from ctxeval.errors import CtxevalError
-from ctxeval.models.vllm_rope import compare_rotation, decode_rotation, plan, rotation_probe, verify
+from ctxeval.models.vllm_rope import (
+    check_method,
+    check_plans,
+    compare_rotation,
+    config_from_json,
+    decode_rotation,
+    default_lengths,
+    plan,
+    rotation_probe,
+    verify,
+)
+from ctxeval.rope.geometry import rope_info_from_config
 from ctxeval.rope.methods import Geometry, compute
 from ctxeval.specs import MethodSpec, expand_specs
 
@@ -156,9 +170,9 @@ def test_dynamic_ntk_runs_at_one_length_where_vllms_base_is_transformers_rule():
     [
         ("yarn:factor=2", (4096, 8192), 8192, "table holds original length x factor = 4,096 positions"),
         (longrope(1.0, 2.0), (1024, 4096), 4096, "in separate runs"),
-        ("dynamic-yarn", (4096,), 4096, "has no rope_parameters entry"),
-        ("ntk-by-parts:factor=2", (4096,), 4096, "has no rope_parameters entry"),
-        ("yarn:factor=4,ramp=ratio", (4096,), 4096, "ramp=ratio"),
+        ("dynamic-yarn", (4096,), 4096, "vLLM has no rope_type that computes dynamic-yarn"),
+        ("ntk-by-parts:factor=2", (4096,), 4096, "vLLM has no rope_type that computes ntk-by-parts"),
+        ("yarn:factor=4,ramp=ratio", (4096,), 4096, "not over the paper's ratio"),
         ("rerope:window=512", (4096,), 4096, "vLLM runs its own attention kernels"),
     ],
 )
@@ -181,6 +195,269 @@ def test_none_on_a_model_without_rope_needs_no_override():
     assert rope.hf_overrides == {} and rope.expected == {}
     with pytest.raises(CtxevalError, match="has no RoPE"):
         plan(spec("pi:factor=2"), None, (512,), 512, 512)
+
+
+# a transformers config as rope_info_from_config reads it: GEOM's RoPE (64 rotary dims, base 10000, trained at 2048)
+CONFIG = SimpleNamespace(
+    model_type="llama",
+    max_position_embeddings=2048,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    num_attention_heads=8,
+    hidden_size=512,
+)
+# issue 39's five refusals that came only after vLLM's import: (method, lengths, tokens past the length, fixed
+# lengths, what the line says)
+FIVE = {
+    "dynamic-ntk at two lengths": ("dynamic-ntk:factor=4", [4096, 8192], 0, True, "give one --lengths value per run"),
+    "yarn past L x s": ("yarn:factor=2", [4096, 8192], 0, True, "original length x factor = 4,096 positions"),
+    "longrope across L": (longrope(1.0, 2.0), [1024, 4096], 0, True, "measure lengths <= 2,048 and longer ones"),
+    "the paper's yarn": ("yarn:factor=4,ramp=ratio", [4096], 0, True, "use ramp=index, or --backend hf"),
+    "passkey at L": (longrope(1.0, 2.0), [2048], 11, False, "reach 2,059 tokens"),
+}
+
+
+@pytest.mark.parametrize("case", list(FIVE))
+def test_the_five_late_refusals_are_decided_from_the_config_alone(case):
+    method, lengths, extra, fixed, message = FIVE[case]
+    with pytest.raises(CtxevalError, match=message) as refused:
+        check_plans([spec(method)], CONFIG, lengths, extra_tokens=extra, fixed_lengths=fixed)
+    line = str(refused.value)
+    assert "\n" not in line and line.endswith("--backend hf")
+    # the same run as the engine plans it (VllmModel.plan, after vLLM loaded) meets the same line
+    with pytest.raises(CtxevalError) as again:
+        plan(spec(method), GEOM, tuple(lengths), max(lengths) + extra, 2048, fixed_lengths=fixed)
+    assert str(again.value) == line
+
+
+def test_check_plans_settles_an_open_factor_as_the_run_does():
+    """-m yarn with no factor gets longest / trained = 2 at 4096: the yarn passkey's 11 tokens past it do not fit."""
+    check_plans([spec("yarn")], CONFIG, [4096])
+    with pytest.raises(CtxevalError, match="holds original length x factor = 4,096 .* use factor >= 2.01"):
+        check_plans([spec("yarn")], CONFIG, [4096], extra_tokens=11, fixed_lengths=False)
+    check_plans([spec("yarn:factor=4"), spec("pi"), spec("llama3"), spec("native")], CONFIG, [1024, 8192])
+
+
+def test_check_plans_refuses_a_max_model_len_below_the_longest_sequence_first():
+    with pytest.raises(CtxevalError, match="--max-model-len 4096 is shorter than the run's longest sequence .8192"):
+        check_plans([spec("pi:factor=4")], CONFIG, [8192], max_model_len=4096)
+    with pytest.raises(CtxevalError, match="drop --max-model-len"):
+        check_plans([spec("dynamic-ntk:factor=4")], CONFIG, [4096], max_model_len=8192)
+
+
+def test_lengths_the_run_may_still_drop_are_refused_only_when_every_run_left_would_be():
+    """Default lengths below the prompt are left out later (cli/needle.py): the longest always stays."""
+    lengths = [512, 1024, 2048, 4096]
+    with pytest.raises(CtxevalError, match="in separate runs"):
+        check_plans([spec(longrope(1.0, 2.0))], CONFIG, lengths)
+    check_plans([spec(longrope(1.0, 2.0))], CONFIG, lengths, exact=False)  # 4096 alone would run: left to the engine
+    check_plans([spec("dynamic-ntk:factor=4")], CONFIG, lengths, exact=False)
+    with pytest.raises(CtxevalError, match="table holds original length x factor = 4,096"):
+        check_plans([spec("yarn:factor=2")], CONFIG, [1024, 8192], exact=False)  # 8192 stays in every run
+
+
+def test_without_lengths_only_what_no_length_changes_is_refused():
+    check_plans([spec("yarn:factor=2"), spec("dynamic-ntk")], None, None)
+    for method, message in [
+        ("yarn:ramp=ratio", "ramp=index"),
+        ("dynamic-ntk:rule=paper", "only rule=transformers"),
+        ("ntk-by-parts", "no rope_type"),
+        ("dynamic-yarn", "no rope_type"),
+        ("rerope:window=512", "its own attention kernels"),
+    ]:
+        with pytest.raises(CtxevalError, match=message):
+            check_plans([spec("none"), spec(method)], None, None)
+    with pytest.raises(CtxevalError, match="sequences differ in length"):
+        check_method(spec("dynamic-ntk"), fixed_lengths=False)
+
+
+def test_a_model_without_rope_takes_none_and_native_only():
+    no_rope = SimpleNamespace(model_type="gpt2", max_position_embeddings=1024)
+    check_plans([spec("none"), spec("native")], no_rope, [512])
+    with pytest.raises(CtxevalError, match="this model has no RoPE; use --method none or native"):
+        check_plans([spec("pi:factor=2")], no_rope, [512])
+
+
+def test_default_lengths_are_multiples_of_the_trained_length():
+    assert default_lengths(CONFIG, "m", (0.25, 0.5, 1, 2)) == [512, 1024, 2048, 4096]
+    assert default_lengths(SimpleNamespace(max_position_embeddings=4), "m", (0.25, 1)) == [2, 4]
+    with pytest.raises(CtxevalError, match="'m' declares no trained length"):
+        default_lengths(SimpleNamespace(model_type="gpt2"), "m", (1,))
+
+
+def causal_lm(model_type: str, **fields) -> dict:
+    return {"architectures": [f"{model_type.title()}ForCausalLM"], "model_type": model_type, **fields}
+
+
+PHI3_FACTORS = [1.0 + i / 48 for i in range(48)]
+# config.json files as checkpoints ship them (transformers 4's rope_scaling + rope_theta, or 5's rope_parameters)
+SHIPPED = {
+    "tiny": None,  # the bundled model's own file
+    "llama-3.1": causal_lm(
+        "llama",
+        hidden_size=512,
+        num_attention_heads=8,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    "linear, legacy 'type'": causal_lm(
+        "llama",
+        hidden_size=256,
+        num_attention_heads=4,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        rope_scaling={"type": "linear", "factor": 2.0},
+    ),
+    "qwen2 yarn": causal_lm(
+        "qwen2",
+        hidden_size=256,
+        num_attention_heads=4,
+        max_position_embeddings=131072,
+        rope_theta=1000000.0,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    ),
+    "phi-3 longrope": causal_lm(
+        "phi3",
+        hidden_size=3072,
+        num_attention_heads=32,
+        max_position_embeddings=131072,
+        original_max_position_embeddings=4096,
+        rope_theta=10000.0,
+        rope_scaling={"type": "longrope", "short_factor": PHI3_FACTORS, "long_factor": PHI3_FACTORS},
+    ),
+    "mistral head_dim": causal_lm(
+        "mistral", hidden_size=640, num_attention_heads=4, head_dim=64, max_position_embeddings=32768, rope_theta=1e6
+    ),
+    "stablelm partial": causal_lm(
+        "stablelm",
+        hidden_size=512,
+        num_attention_heads=8,
+        partial_rotary_factor=0.25,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_a_config_json_read_without_transformers_decides_as_transformers_config(name, tmp_path):
+    """preflight reads a local config.json itself when it names every field (transformers' import takes 3-14 s): the
+    geometry, the shipped length and every refusal must be those of transformers' own config of the same file."""
+    import json
+
+    from ctxeval.models.load import load_hf_config, model_directory
+
+    data = SHIPPED[name] or json.loads((model_directory("tiny") / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    phi3 = f"longrope:factor=32,short_factor={';'.join(map(str, PHI3_FACTORS))},long_factor={';'.join(['2.0'] * 48)}"
+    specs = [spec("yarn:factor=2"), spec("pi"), spec("dynamic-ntk:factor=4")] + ([spec(phi3)] if "phi" in name else [])
+    raw = config_from_json(data, specs)
+    assert raw is not None
+    hf = load_hf_config(str(tmp_path))
+    assert rope_info_from_config(raw).geometry == rope_info_from_config(hf).geometry
+    assert raw.max_position_embeddings == hf.max_position_embeddings
+    trained = rope_info_from_config(hf).geometry.original_length
+    for lengths in ([trained // 2, trained], [trained * 2], [trained * 2, trained * 4], [trained * 8]):
+        for one in specs:
+            outcomes = []
+            for config in (raw, hf):
+                try:
+                    check_plans([one], config, lengths)
+                    outcomes.append("runs")
+                except CtxevalError as exc:
+                    outcomes.append(str(exc))
+            assert outcomes[0] == outcomes[1], (one.label, lengths)
+
+
+def test_a_config_json_that_leaves_a_field_to_transformers_is_read_by_transformers():
+    tiny = causal_lm("llama", hidden_size=128, num_attention_heads=4, max_position_embeddings=128, rope_theta=1e5)
+    assert config_from_json(tiny, [spec("pi")]) is not None
+    for missing in ("rope_theta", "max_position_embeddings", "model_type", "architectures"):
+        assert config_from_json({k: v for k, v in tiny.items() if k != missing}, [spec("pi")]) is None, missing
+    assert config_from_json({**tiny, "auto_map": {"AutoConfig": "x.Config"}}, [spec("pi")]) is None  # remote code
+    assert config_from_json({**tiny, "text_config": {}}, [spec("pi")]) is None  # a multimodal model's text part
+    assert config_from_json({**tiny, "architectures": ["LlavaForConditionalGeneration"]}, [spec("pi")]) is None
+    per_layer = {"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}
+    assert config_from_json({**tiny, "rope_parameters": per_layer}, [spec("pi")]) is None
+    assert config_from_json({**tiny, "head_dim": 31}, [spec("pi")]) is None  # an odd rotary dim: transformers says so
+    # LongRoPE's lists against this config's 16 pairs: 16 decides here, 8 is left to transformers' rotary dim
+    assert config_from_json(tiny, [spec(f"longrope:short_factor={'1;' * 15}1,long_factor={'2;' * 15}2")]) is not None
+    assert config_from_json(tiny, [spec(f"longrope:short_factor={'1;' * 7}1,long_factor={'2;' * 7}2")]) is None
+    assert config_from_json(tiny, [spec("longrope")]) is None  # no lists: transformers' pair count names what is due
+
+
+@pytest.fixture
+def no_vllm(monkeypatch):
+    """An import of vllm (installed or not) fails as it does where vLLM is absent."""
+    import builtins
+
+    real = builtins.__import__
+
+    def without(name, *args, **kwargs):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("No module named 'vllm'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without)
+
+
+TINY_FIVE = {  # the five on the bundled tiny model (trained at 128, 16 rotary pairs), as vllm_engine.preflight takes them
+    "dynamic-ntk at two lengths": ("dynamic-ntk:factor=4", [256, 512], 0, True, "give one --lengths value"),
+    "yarn past L x s": ("yarn:factor=2", [256, 512], 0, True, "x factor = 256 positions and this run needs 512"),
+    "longrope across L": (f"longrope:factor=4,short_factor={'1;' * 15}1,long_factor={'2;' * 15}2", [128, 256], 0, True,
+                          "measure lengths <= 128"),
+    "the paper's yarn": ("yarn:factor=4,ramp=ratio", [512], 0, True, "use ramp=index"),
+    "passkey at L": (f"longrope:factor=4,short_factor={'1;' * 15}1,long_factor={'2;' * 15}2", [128], 11, False,
+                     "reach 139 tokens"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(TINY_FIVE))
+def test_preflight_reads_the_models_config_and_refuses_without_vllm(case, no_vllm):
+    from ctxeval.models.vllm_engine import preflight
+
+    method, lengths, extra, fixed, message = TINY_FIVE[case]
+    with pytest.raises(CtxevalError, match=message):
+        preflight("tiny", [spec(method)], lengths, None, extra_tokens=extra, fixed_lengths=fixed)
+
+
+def test_preflight_passes_what_vllm_can_run_and_refuses_a_gguf_file(no_vllm):
+    from ctxeval.models.vllm_engine import preflight
+
+    preflight("tiny", [spec("yarn:factor=4"), spec("pi")], [256, 512], None)
+    preflight("tiny", [spec("dynamic-ntk:factor=4")], [512], None)
+    preflight("tiny", [spec("yarn")], None, (1, 2, 4))  # the factor settles at 512 = 4 x 128
+    preflight("no/such-model", [spec("pi:factor=2")], None, None)  # lengths the command picks itself: no config read
+    with pytest.raises(CtxevalError, match="not a .gguf file"):
+        preflight("model.gguf", [spec("none")], [256], None)
+
+
+def test_the_chat_warmup_record_of_a_skipped_tokenizer_is_dropped_and_nothing_else():
+    from ctxeval.models.vllm_engine import WARMUP_LOGGER, WARMUP_MESSAGE, NoTokenizerWarmup, quiet_tokenizer_warmup
+
+    def record(message, error=None):
+        exc_info = None
+        if error is not None:
+            try:
+                raise error
+            except Exception:
+                exc_info = sys.exc_info()
+        return logging.LogRecord(WARMUP_LOGGER, logging.WARNING, "base.py", 380, message, (), exc_info)
+
+    drop = NoTokenizerWarmup().filter
+    assert not drop(record(WARMUP_MESSAGE, ValueError("Tokenizer not available when `skip_tokenizer_init=True`")))
+    assert drop(record(WARMUP_MESSAGE, ValueError("jinja2 could not parse the template")))
+    assert drop(record(WARMUP_MESSAGE, KeyError("skip_tokenizer_init")))
+    assert drop(record(WARMUP_MESSAGE)) and drop(record("Multi-modal warmup failed"))
+    quiet_tokenizer_warmup()
+    quiet_tokenizer_warmup()
+    assert sum(isinstance(f, NoTokenizerWarmup) for f in logging.getLogger(WARMUP_LOGGER).filters) == 1
 
 
 def invoke(args, tmp_path):
