@@ -351,6 +351,7 @@ class Measurement:
       check()           every check that needs no model (lengths and the command's config); sets lengths, or None
       dry_run()         True when the command is done without the model (ppl --dry-run)
       check_data()      the corpus or haystack can be read, then check_engine(): what the backend cannot take
+      check_vllm()      on vLLM, the methods it cannot apply at these lengths, from the config (before its import)
       load              load_for: the model once, methods it cannot take refused
       loaded()          checks that need the loaded model (self.lm)
       lengths           --lengths, or default_lengths(): multiples of the trained length
@@ -391,6 +392,8 @@ class Measurement:
             return
         self.check_data()
         self.check_engine()
+        if self.engine.backend == "vllm":
+            self.check_vllm()
         load = self.load
         self.lm = load_for(
             self.model,
@@ -445,6 +448,25 @@ class Measurement:
             self.specs = every
         relabel = {spec.label: {"method": spec.method_name, "params": spec.record_params} for spec in every}
         copy_twin_rows(store, self.twins, relabel, self.task)
+
+    def check_vllm(self) -> None:
+        """--backend vllm: a method vLLM cannot apply as ctxeval does at this run's lengths, refused from the model's
+        config before vLLM is imported (models.vllm_engine.preflight; prepare_backend plans the final lengths again)."""
+        from ..models.vllm_engine import preflight
+
+        own_lengths = type(self).default_lengths is not Measurement.default_lengths  # RULER, lm-eval: not multiples
+        preflight(
+            self.model,
+            self.specs_to_load(),
+            self.lengths,
+            None if own_lengths else self.default_multiples,
+            # before configure(), longest() counts from self.lengths or a stand-in length (needle's 1, run's 0): the
+            # difference is what a sequence adds to its length (the yarn passkey's reply)
+            extra_tokens=max(0, self.longest() - max(self.lengths or [1])),
+            max_model_len=self.engine.max_model_len,
+            fixed_lengths=self.fixed_lengths,
+            trust_remote_code=self.load.trust_remote_code,
+        )
 
     # -- the command's own steps ------------------------------------------------------------------------------------
     def settle(self) -> None:

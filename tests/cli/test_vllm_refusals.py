@@ -3,8 +3,8 @@ from ctxeval's math and the model's config.json in the time the config takes to 
 import with vLLM's log line above it. Every test here blocks `import vllm` (installed or not): a refusal that still
 needed vLLM would read "needs vLLM" instead.
 
-The tests marked NEEDS_WIRING go through cli/run.py's Measurement.run, which calls models.vllm_engine.preflight
-before the model loads; the others hold with or without that call."""
+The CLI tests go through cli/run.py's Measurement.run, whose check_vllm calls models.vllm_engine.preflight before the
+model loads."""
 
 import builtins
 from pathlib import Path
@@ -82,7 +82,7 @@ FIVE = {  # issue 39: the five refusals that came only after vLLM's import (10-1
 
 
 @pytest.mark.parametrize("case", list(FIVE))
-def test_NEEDS_WIRING_a_method_vllm_cannot_apply_is_refused_without_vllm(case, tmp_path, no_vllm):
+def test_a_method_vllm_cannot_apply_is_refused_without_vllm(case, tmp_path, no_vllm):
     args, message = FIVE[case]
     result = invoke(args, tmp_path)
     assert result.exit_code == 2, result.output
@@ -91,7 +91,7 @@ def test_NEEDS_WIRING_a_method_vllm_cannot_apply_is_refused_without_vllm(case, t
     assert not (tmp_path / "run").exists()
 
 
-def test_NEEDS_WIRING_lm_eval_refuses_the_papers_yarn_without_vllm(tmp_path, no_vllm):
+def test_lm_eval_refuses_the_papers_yarn_without_vllm(tmp_path, no_vllm):
     pytest.importorskip("lm_eval")
     tasks = Path(__file__).resolve().parents[2] / "examples" / "lm-eval-tasks"
     args = ["lm-eval", "--tasks", "ctxeval_first_word", "--include-path", str(tasks), "--backend", "vllm"]
