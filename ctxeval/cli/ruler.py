@@ -17,7 +17,7 @@ from ..models.load import DEFAULT_MODEL, model_title
 from ..runs.rows import RULER_THRESHOLD
 from ..runs.store import RunStore
 from ..specs import MethodSpec
-from ..util.paths import cache_dir
+from ..util.paths import cache_dir, shown_path
 from ..util.textfiles import MAX_TEXT_BYTES, read_bytes, read_json, read_text
 from .console import err, print_outputs, user_errors
 from .options import (
@@ -191,8 +191,8 @@ class Ruler(Measurement):
             []
             if opt.tasks or qa_ready
             else [
-                f"qa_1, qa_2 left out: RULER's SQuAD / HotpotQA files are not in {self.qa_cache} (--tasks qa_1,qa_2 "
-                "downloads them from RULER's URLs; --qa-data DIR reads them from a folder)"
+                f"qa_1, qa_2 left out: RULER's SQuAD / HotpotQA files are not in {shown_path(self.qa_cache)} (--tasks "
+                "qa_1,qa_2 downloads them from RULER's URLs; --qa-data DIR reads them from a folder)"
             ]
         )
 

@@ -16,6 +16,13 @@ def cache_dir() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "ctxeval"
 
 
+def shown_path(path: Path | str) -> str:
+    """A path as tables and notes print it: under the home directory as ~/..., so a committed table names no
+    machine's user."""
+    text, home = str(path), str(Path.home())
+    return "~" + text[len(home) :] if home not in ("/", "") and (text == home or text.startswith(home + "/")) else text
+
+
 # the bundled tiny model (ctxeval/tiny/model/, trained by `python -m ctxeval.tiny train`)
 TINY_MODEL_DIR: Path = Path(__file__).resolve().parent.parent / "tiny" / "model"
 
