@@ -36,13 +36,15 @@ FIGURES = {".png", ".svg", ".pdf"}
 
 
 def readme_commands() -> dict[str, str]:
-    """Run directory name -> the command results/README.md gives for it (first backticked `ctxeval`/`torchrun`)."""
+    """Run directory name -> the command results/README.md gives for it: the backticked `ctxeval`/`torchrun` command
+    that writes into results/<name> (a description may name a plain `ctxeval ppl` first), else the first one."""
     commands = {}
     for line in (RESULTS / "README.md").read_text().splitlines():
         name = re.match(r"\| \[`([^`/]+)/`\]", line)
-        command = re.search(r"`((?:ctxeval|torchrun) [^`]+)`", line)
-        if name and command:
-            commands[name.group(1)] = command.group(1)
+        found = re.findall(r"`((?:ctxeval|torchrun) [^`]+)`", line)
+        if name and found:
+            own = [c for c in found if f"results/{name.group(1)}" in c]
+            commands[name.group(1)] = (own or found)[0]
     return commands
 
 
