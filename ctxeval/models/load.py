@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from ..errors import CtxevalError
 from ..rope.geometry import RopeInfo, rope_info_from_config, trained_length
 from ..util.hub import hub_reachable, offline_unless_reachable
-from ..util.paths import TINY_MODEL_DIR, cache_dir
+from ..util.paths import TINY_MODEL_DIR, cache_dir, shown_path
 from ..util.textfiles import read_json
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -229,10 +229,10 @@ def _resolve(name: str, revision: str | None) -> tuple[dict[str, Any], str, dict
     path = Path(name).expanduser()
     if name == "tiny":
         src = _tiny_dir()
-        return {"kind": "bundled", "path": str(src)}, str(src), {}
+        return {"kind": "bundled", "path": shown_path(src)}, str(src), {}
     if name in BUNDLED:
         src = _smollm2_dir()
-        return {"kind": "bundled", "path": str(src), "gguf": str(smollm2_gguf())}, str(src), {}
+        return {"kind": "bundled", "path": shown_path(src), "gguf": shown_path(smollm2_gguf())}, str(src), {}
     if name.endswith(".gguf"):
         if not path.is_file():
             raise CtxevalError(f"GGUF file not found: {name}")

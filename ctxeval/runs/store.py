@@ -100,7 +100,7 @@ def environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "gpu": gpu,
         "git_commit": commit,
-        "argv": sys.argv,
+        "argv": [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv else [],  # the program by name, not its path
     }
 
 

@@ -17,14 +17,21 @@ def cache_dir() -> Path:
 
 
 def shown_path(path: Path | str) -> str:
-    """A path as tables and notes print it: under the home directory as ~/..., so a committed table names no
-    machine's user."""
-    text, home = str(path), str(Path.home())
-    return "~" + text[len(home) :] if home not in ("/", "") and (text == home or text.startswith(home + "/")) else text
+    """A path as tables, notes and run records print it: inside the installed package as ctxeval/..., under the home
+    directory as ~/..., an installed package's file from site-packages/..., so a committed run names no machine's
+    checkout, environment or user."""
+    text = str(path)
+    if "/site-packages/" in text:  # an installed package's file (the SmolLM2 GGUF): where it sits in any environment
+        return "site-packages/" + text.split("/site-packages/", 1)[1]
+    for root, shown in ((str(PACKAGE_DIR), "ctxeval"), (str(Path.home()), "~")):
+        if root not in ("/", "") and (text == root or text.startswith(root + "/")):
+            return shown + text[len(root) :]
+    return text
 
 
+PACKAGE_DIR: Path = Path(__file__).resolve().parent.parent  # the installed ctxeval package
 # the bundled tiny model (ctxeval/tiny/model/, trained by `python -m ctxeval.tiny train`)
-TINY_MODEL_DIR: Path = Path(__file__).resolve().parent.parent / "tiny" / "model"
+TINY_MODEL_DIR: Path = PACKAGE_DIR / "tiny" / "model"
 
 
 def safe_name(text: str) -> str:

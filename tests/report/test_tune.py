@@ -378,3 +378,20 @@ def test_a_tune_run_without_a_winner(runs, tmp_path):
     _, table = md_table(result.stdout, "## Tuned methods")
     assert table[0][1] == "yarn (no trial kept the guard)" and table[0][5:] == ["—"] * 6
     assert "## Perplexity" not in result.stdout
+
+
+def test_no_committed_result_names_a_path_of_the_machine_that_made_it():
+    """Issue 39: committed results named this machine's checkout, virtual environment and home (the model cache,
+    the SmolLM2 GGUF, argv[0]); records now keep the program by name and bundled paths from ctxeval/, ~ or
+    site-packages/. A command's own arguments (tune's --export /tmp/...) are the command as run."""
+    import re
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "results"
+    machine = re.compile(r"/(?:root|home/[^/\"]+|work)/")
+    found = [
+        str(path.relative_to(results))
+        for path in results.rglob("*")
+        if path.is_file() and path.suffix in {".json", ".md", ".csv", ".html"} and machine.search(path.read_text())
+    ]
+    assert not found, found
