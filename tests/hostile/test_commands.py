@@ -79,8 +79,14 @@ GOOD_SAMPLE = b'{"input": "The code is 42. What is the code?", "outputs": ["42"]
 
 
 RULER = [  # (extra args, the fragment of the one error line); {name} is a hostile file
-    (["--tasks", "fwe", "--lengths", "128"], "shorter than the task's smallest prompt"),  # it hung
-    (["--tasks", "fwe", "--lengths", "64"], "shorter than the task's smallest prompt"),  # IndexError
+    (
+        ["--tasks", "fwe", "--lengths", "128"],
+        "--lengths 128 is shorter than the smallest prompt of fwe (250)",
+    ),  # it hung
+    (
+        ["--tasks", "fwe", "--lengths", "64"],
+        "--lengths 64 is shorter than the smallest prompt of fwe (250)",
+    ),  # IndexError
     (["--tasks", "niah_single_2", "--lengths", "2k", "--essays", "{empty.txt}"], "holds no text"),  # measured 93 tokens
     (["--tasks", "niah_single_2", "--lengths", "2k", "--essays", "{blank.txt}"], "holds no text"),
     (["--tasks", "niah_single_2", "--lengths", "2k", "--essays", "{emptyessay.json}"], "holds no text"),
