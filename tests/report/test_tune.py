@@ -382,13 +382,13 @@ def test_a_tune_run_without_a_winner(runs, tmp_path):
 
 def test_no_committed_result_names_a_path_of_the_machine_that_made_it():
     """Issue 39: committed results named this machine's checkout, virtual environment and home (the model cache,
-    the SmolLM2 GGUF, argv[0]); records now keep the program by name and bundled paths from ctxeval/, ~ or
-    site-packages/. A command's own arguments (tune's --export /tmp/...) are the command as run."""
+    the SmolLM2 GGUF, argv[0], tune's scratch export directory); records now keep the program by name and bundled
+    paths from ctxeval/, ~ or site-packages/."""
     import re
     from pathlib import Path
 
     results = Path(__file__).resolve().parents[2] / "results"
-    machine = re.compile(r"/(?:root|home/[^/\"]+|work)/")
+    machine = re.compile(r"/(?:root|home/[^/\"]+|work|tmp)/")
     found = [
         str(path.relative_to(results))
         for path in results.rglob("*")
