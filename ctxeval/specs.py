@@ -220,21 +220,32 @@ def with_default_factors(
     return out, notes
 
 
+def frequency_tables(spec: MethodSpec, lengths: list[int], geometry: Geometry) -> list[Any] | None:
+    """The spec's RoPE (frequencies and attention factor) at each of `lengths` (one static table repeated for a
+    method that does not depend on the length); None when only its frequencies cannot say what it measures (an
+    attention temperature or method, `native`: the checkpoint's own RoPE is the loaded model's to say) or when it
+    cannot be computed here (it fails with its own error when applied)."""
+    if spec.name == "native" or spec.attention or spec.temperature != 1.0:
+        return None
+    try:
+        if not spec.length_dependent:
+            return [compute(spec.method, geometry, spec.params, None)] * len(lengths)
+        return [compute(spec.method, geometry, spec.params, n) for n in lengths]
+    except CtxevalError:
+        return None
+
+
 def plain_rope_notes(specs: list[MethodSpec], lengths: list[int], geometry: Geometry | None) -> list[str]:
     """One note per method that is plain RoPE at every length asked (its frequencies and attention factor equal
     method none's, no attention temperature, no attention method): measuring it only repeats `none`."""
     if geometry is None or not lengths:
         return []
-    plain = compute("none", geometry)
+    at = sorted(set(lengths))
+    plain = frequency_tables(MethodSpec("none", {}), at, geometry)
     notes = []
     for spec in specs:
-        if spec.name in ("none", "native") or spec.attention or spec.temperature != 1.0:
-            continue
-        at = sorted(set(lengths)) if spec.length_dependent else [None]
-        try:
-            same = all(_same_freqs(compute(spec.method, geometry, spec.params, length), plain) for length in at)
-        except CtxevalError:
-            continue  # a method that cannot be computed here fails with its own error when applied
+        tables = None if spec.name == "none" else frequency_tables(spec, at, geometry)
+        same = tables is not None and all(_same_freqs(a, b) for a, b in zip(tables, plain))
         if same and spec.length_dependent:
             notes.append(
                 f"{spec.label} is plain RoPE at every length asked (up to {max(lengths):,}; trained "
@@ -256,16 +267,7 @@ def identical_methods(specs: list[MethodSpec], lengths: list[int], geometry: Geo
     if geometry is None or not lengths:
         return {}
     at = sorted(set(lengths))
-
-    def tables(spec: MethodSpec) -> list[Any] | None:
-        if spec.name == "native" or spec.attention or spec.temperature != 1.0:
-            return None
-        try:
-            return [compute(spec.method, geometry, spec.params, n if spec.length_dependent else None) for n in at]
-        except CtxevalError:
-            return None  # fails with its own error when applied
-
-    computed = [(spec, tables(spec)) for spec in specs]
+    computed = [(spec, frequency_tables(spec, at, geometry)) for spec in specs]
     twins: dict[str, str] = {}
     for index, (spec, mine) in enumerate(computed):
         if mine is None:

@@ -23,7 +23,7 @@ from ..rope.geometry import require_trained_length
 from ..runs.distributed import conclude, current, init_from_env, open_store
 from ..runs.points import copy_twin_rows, remove_run_dir, tally
 from ..runs.rows import OK, RESUME_FIELDS, point_key
-from ..runs.store import RunStore, check_run_dir, run_status
+from ..runs.store import RUN_FILE, RunStore, check_run_dir, run_status
 from ..specs import MethodSpec, expand_specs, identical_methods, plain_rope_notes, with_default_factors
 from ..tiny import QUICKSTART
 from ..util.paths import safe_name
@@ -214,7 +214,7 @@ def measure(
     end (or by the kernel, if the process dies)."""
     dist = current()
     run_dir = dist.agree(run_dir)  # a default name outside a command line comes from rank 0's clock
-    fresh = not (run_dir / "run.json").exists() and not (run_dir.is_dir() and any(run_dir.iterdir()))
+    fresh = not (run_dir / RUN_FILE).exists() and not (run_dir.is_dir() and any(run_dir.iterdir()))
     store = open_store(RunStore, run_dir, spec_record, overwrite, provenance)
     kind = str(spec_record.get("task"))
     removed = False

@@ -9,8 +9,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .lock import LOCK_NAME
 from .rows import OK, RESUME_FIELDS, point_key
-from .store import RunStore
+from .store import ROWS_FILE, RUN_FILE, RunStore
 
 
 def remove_run_dir(store: RunStore) -> bool:
@@ -18,14 +19,14 @@ def remove_run_dir(store: RunStore) -> bool:
     release its lock; False, and the directory kept, if anything else is in it or it cannot be removed."""
     try:
         if any(
-            p.name not in ("run.json", ".lock") and not (p.name == "rows.jsonl" and p.stat().st_size == 0)
+            p.name not in (RUN_FILE, LOCK_NAME) and not (p.name == ROWS_FILE and p.stat().st_size == 0)
             for p in store.dir.iterdir()
         ):
             return False
         for path in store.dir.iterdir():
-            if path.name != ".lock":
+            if path.name != LOCK_NAME:
                 path.unlink()
-        (store.dir / ".lock").unlink(missing_ok=True)
+        (store.dir / LOCK_NAME).unlink(missing_ok=True)
         store.dir.rmdir()  # while the lock is held: no other process can have started measuring into it
     except OSError:
         store.close()
