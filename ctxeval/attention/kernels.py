@@ -282,24 +282,28 @@ def fused_rows(
     value: torch.Tensor,
     window: int,
     scaling: float,
+    near: int | None = None,
 ) -> torch.Tensor:
-    """The method's attention for queries that are the last Tq of Tk keys, with no padding. q, q_far (B, H, Tq, D),
-    key, far_keys, value (B, Hk, Tk, D). Returns (B, H, Tq, D) float32."""
+    """The method's attention for queries that are the last Tq of Tk keys, with no padding: keys at distance d <
+    `near` (default: window) at true positions, keys at d >= window at far positions (STRING's near part is one key
+    wider than its window). q, q_far (B, H, Tq, D), key, far_keys, value (B, Hk, Tk, D). Returns (B, H, Tq, D)
+    float32."""
     import torch
 
+    near = window if near is None else near
     batch, heads, tq, dim = q.shape
     offset = key.shape[2] - tq
     out = torch.empty(batch, heads, tq, dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(batch, heads, tq, dtype=torch.float32, device=q.device)
     for start in range(0, tq, NEAR_BLOCK):
         stop = min(tq, start + NEAR_BLOCK)
-        first_key = max(0, offset + start - window + 1)
+        first_key = max(0, offset + start - near + 1)
         band = slice(first_key, offset + stop)
         # a single query (a decoding step) sees its whole band; a block needs the band's mask
         mask = (
             None
             if stop - start == 1
-            else band_mask(stop - start, first_key, band.stop - first_key, offset + start, window, q.device)
+            else band_mask(stop - start, first_key, band.stop - first_key, offset + start, near, q.device)
         )
         out[:, :, start:stop], lse[:, :, start:stop] = attention_with_lse(
             q[:, :, start:stop], key[:, :, band], value[:, :, band], scaling, mask=mask

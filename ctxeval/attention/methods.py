@@ -48,6 +48,9 @@ class AttentionMethod:
         return next((p for p in self.params if p.name == name), None)
 
 
+DCA_SCALES = ("chunkllama", "vllm", "none")
+STRING_ATTENTION_FACTOR = 0.1 * math.log(2) + 1  # STRING's string_for_llama.py: attention_factor
+
 _LOGN_LENGTH = Param(
     "length", int, None, "logn's L: log(i+1)/log L (default: the model's trained length)", positive=True
 )
@@ -86,6 +89,44 @@ ATTENTION_METHODS: dict[str, AttentionMethod] = {
             remaps=True,
         ),
         AttentionMethod("logn", "log-n scaling: queries x max(1, log(i+1)/log L)", (_LOGN_LENGTH,), remaps=False),
+        AttentionMethod(
+            "dca",
+            "Dual Chunk Attention: positions within chunks; intra / successive / inter-chunk rules",
+            (
+                Param(
+                    "chunk_size", int, None, "ChunkLlama's chunk_size (default: 3L/4, L the trained length)", minimum=2
+                ),
+                Param("local_size", int, None, "local window kept at true distance (default: L/8)", minimum=1),
+                Param(
+                    "scale",
+                    str,
+                    "chunkllama",
+                    "temperature past the trained length: chunkllama (q and k rotary parts x 0.05 ln(n/L)+1), "
+                    "vllm (q and k x 0.1 ln(n/original)+1, as vLLM and Qwen's 1M configs), none",
+                    choices=DCA_SCALES,
+                ),
+                Param("original", int, None, "vllm scale's original length (default: the trained length)", minimum=1),
+            ),
+            remaps=True,
+        ),
+        AttentionMethod(
+            "string",
+            "STRING: true positions up to the shift S, farther keys scored S - W closer",
+            (
+                Param(
+                    "shift", int, None, "S: the shifted offset (default: int(0.33 L), L the trained length)", minimum=1
+                ),
+                Param("local", int, 128, "W: the shifted part starts at distance W", minimum=0),
+                Param(
+                    "attention_factor",
+                    float,
+                    STRING_ATTENTION_FACTOR,
+                    "cos and sin x this factor (the reference's 0.1 ln 2 + 1)",
+                    positive=True,
+                ),
+            ),
+            remaps=True,
+        ),
     )
 }
 
@@ -123,7 +164,41 @@ def resolve_attention(name: str, given: dict[str, Any]) -> AttentionSpec:
             f"self-extend: neighbor_window ({params['neighbor_window']}) must be >= group_size "
             f"({params['group_size']}): the grouped query position i//G + W - W//G assumes W >= G"
         )
+    if name == "dca" and params["chunk_size"] and params["local_size"]:
+        dca_sizes(AttentionSpec(name, params), params["chunk_size"])
+    if name == "string" and params["shift"] is not None and params["local"] > params["shift"]:
+        raise CtxevalError(
+            f"string: local ({params['local']}) must be <= shift ({params['shift']}): the shifted part scores a key "
+            "at distance d as d - shift + local, which would move it farther than its true distance"
+        )
     return AttentionSpec(name, params, given_typed)
+
+
+def dca_sizes(spec: AttentionSpec, original_length: int) -> tuple[int, int]:
+    """DCA's (chunk_size, local_size): the given ones, else ChunkLlama's replace_with_chunkllama defaults 3L/4 and L/8
+    (L the trained length). The chunk length c = chunk_size - local_size is what positions are taken modulo."""
+    chunk = spec.params.get("chunk_size") or original_length * 3 // 4
+    local = spec.params.get("local_size") or original_length // 8
+    if local < 1 or chunk <= local:
+        raise CtxevalError(
+            f"dca: chunk_size ({chunk}) must be larger than local_size ({local}): positions are taken modulo "
+            "chunk_size - local_size; give a larger chunk_size or a smaller local_size"
+        )
+    return chunk, local
+
+
+def string_sizes(spec: AttentionSpec, original_length: int) -> tuple[int, int]:
+    """STRING's (shift S, local W): the given ones, else the reference's int(0.33 L) and 128."""
+    shift = spec.params.get("shift") or int(0.33 * original_length)
+    local = spec.params.get("local", 128)
+    if shift < 1 or shift > original_length:
+        raise CtxevalError(
+            f"string: shift {shift} must be between 1 and the trained length {original_length}: STRING reuses "
+            "positions the model was trained on (the authors suggest 0.25-0.4 of it)"
+        )
+    if local > shift:
+        raise CtxevalError(f"string: local ({local}) must be <= shift ({shift}); lower local or raise shift")
+    return shift, local
 
 
 def check_combination(specs: tuple[AttentionSpec, ...]) -> None:
@@ -153,11 +228,30 @@ def logn_length(spec: AttentionSpec, original_length: int) -> int | None:
     return None
 
 
+def dca_scale_length(spec: AttentionSpec, original_length: int) -> int | None:
+    """The length n past which DCA's temperature is above 1 (None: scale=none)."""
+    scale = spec.params.get("scale", "chunkllama")
+    if scale == "none":
+        return None
+    return (spec.params.get("original") or original_length) if scale == "vllm" else original_length
+
+
 def noop_reason(specs: tuple[AttentionSpec, ...], lengths: list[int], original_length: int) -> str | None:
     """Why these methods change nothing at any of `lengths` (then running them only costs time), else None."""
     longest = max(lengths)
     parts = []
     for spec in specs:
+        if spec.name == "string":
+            return None  # below its shift it is RoPE with cos and sin x attention_factor, not RoPE itself
+        if spec.name == "dca":
+            chunk, local = dca_sizes(spec, original_length)
+            scale_from = dca_scale_length(spec, original_length)
+            if longest > chunk - local or (scale_from is not None and longest > scale_from):
+                return None
+            parts.append(
+                f"dca's chunk {chunk:,} - local {local:,} = {chunk - local:,} >= the longest length {longest:,}"
+            )
+            continue
         window, logn = window_of(spec), logn_length(spec, original_length)
         if (window is not None and window < longest) or (logn is not None and longest > logn):
             return None
@@ -187,10 +281,30 @@ def far_positions(spec: AttentionSpec, q_pos: Any, k_pos: Any) -> tuple[Any, Any
 # relative positions (what `ctxeval plan --plot` draws)
 
 
-def relative_position(spec: AttentionSpec, distance: np.ndarray) -> np.ndarray:
+def change_points(spec: AttentionSpec, original_length: int) -> list[int]:
+    """The distances (key at 0) at which a remapping method's rule changes: its window, DCA's chunk bounds, STRING's
+    shift."""
+    if spec.name == "dca":
+        chunk, local = dca_sizes(spec, original_length)
+        return [chunk - local, chunk, 2 * (chunk - local)]
+    if spec.name == "string":
+        return [string_sizes(spec, original_length)[0]]
+    window = window_of(spec)
+    return [] if window is None else [window]
+
+
+def relative_position(spec: AttentionSpec, distance: np.ndarray, original_length: int = 0) -> np.ndarray:
     """The relative position a query at `distance` tokens after a key is scored at (query at distance, key at 0 for
-    self-extend's grouping: its grouped distance depends on both positions, shown here for j = 0)."""
+    self-extend's grouping and DCA's chunks: they depend on both positions, shown here for j = 0; STRING's key at
+    exactly S, seen by both of its parts, is shown at its shifted position)."""
     d = np.asarray(distance, dtype=np.float64)
+    if spec.name == "dca":
+        chunk, local = dca_sizes(spec, original_length)
+        c = chunk - local
+        return np.where(d < c, d, np.where(d < 2 * c, np.minimum(d, chunk), min(2 * c - 1, chunk)))
+    if spec.name == "string":
+        shift, local = string_sizes(spec, original_length)
+        return np.where(d < shift, d, d - shift + local)
     if window_of(spec) is None:
         return d
     q_far, k_far = far_positions(spec, d, np.zeros_like(d))

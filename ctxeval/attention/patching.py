@@ -188,6 +188,7 @@ def attention_methods(
 
     from .kernels import FarKeyCache, MaskVerdicts, fused_attend, scale_queries
     from .methods import attend, logn_length
+    from .shifted import attend_shifted, fused_shifted, shifted_spec
 
     name = "+".join(s.name for s in specs)
     kernel = kernel_of(model, specs)
@@ -196,6 +197,8 @@ def attention_methods(
     had, saved = impl in mapping, mapping.get(impl)
     far_keys, verdicts = FarKeyCache(), MaskVerdicts()
     logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
+    shifted = shifted_spec(specs) is not None
+    fused_fn, chunked_fn = (fused_shifted, attend_shifted) if shifted else (fused_attend, attend)
 
     def method_attention(
         module: Any,
@@ -228,7 +231,7 @@ def attention_methods(
             )
         freqs = inv_freq().to(query.device)
         if kernel == "fused":
-            out = fused_attend(
+            out = fused_fn(
                 query,
                 key,
                 value,
@@ -244,7 +247,7 @@ def attention_methods(
                 verdicts=verdicts,
             )
         else:
-            out = attend(
+            out = chunked_fn(
                 query, key, value, positions, key_positions, attention_mask, scale, freqs, specs, original_length
             )
         return out, None
@@ -261,6 +264,7 @@ def attention_methods(
 
 
 VERIFY_ATOL = 1e-4
+PROBE_CAP = 16_384  # keys of the probe at most (DCA with Qwen's 262,144-token chunks probes its first chunk alone)
 
 
 def verify_attention_methods(
@@ -274,6 +278,7 @@ def verify_attention_methods(
     from transformers.modeling_utils import AttentionInterface
 
     from .methods import reference_attention, rotate, window_of
+    from .shifted import probe_length, reference_shifted, rules_probed, shifted_spec
 
     config = model.config.get_text_config()
     impl = config._attn_implementation
@@ -303,6 +308,9 @@ def verify_attention_methods(
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     window = max([window_of(s) or 0 for s in specs] + [0])
     total = max(window, 1) + 48  # keys cross the window; the last 16 queries see near and far pairs
+    shifted = shifted_spec(specs)
+    if shifted is not None:  # into DCA's third chunk or past STRING's shift, within PROBE_CAP keys
+        total = probe_length(shifted, original_length, PROBE_CAP)
     gen = torch.Generator().manual_seed(0)
     q_raw = torch.randn(heads, 16, dim, generator=gen, dtype=torch.float64)
     k_raw = torch.randn(kv_heads, total, dim, generator=gen, dtype=torch.float64)
@@ -325,7 +333,7 @@ def verify_attention_methods(
         scaling=dim**-0.5,
         position_ids=q_pos[None].to(device),
     )
-    want = reference_attention(
+    want = (reference_shifted if shifted is not None else reference_attention)(
         q_raw,
         k_raw.repeat_interleave(heads // kv_heads, 0),
         value.repeat_interleave(heads // kv_heads, 0),
@@ -342,9 +350,12 @@ def verify_attention_methods(
             f"{'+'.join(s.name for s in specs)}: the attention computed differs from the papers' formula "
             f"by {diff:.2e} (> {VERIFY_ATOL:g}); this model's attention is not what ctxeval assumes"
         )
-    return {
+    record = {
         "layers_running_it": len(calls),
         "probe_tokens": total,
         "max_abs_diff_vs_reference": diff,
         "attention_kernel": kernel_of(model, specs),
     }
+    if shifted is not None:
+        record["rules_probed"] = rules_probed(shifted, original_length, total)
+    return record

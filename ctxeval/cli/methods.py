@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from ..attention.methods import ATTENTION_METHODS, logn_length, relative_position, window_of
+from ..attention.methods import ATTENTION_METHODS, change_points, logn_length, relative_position
 from ..errors import CtxevalError
 from ..models.load import load_config
 from ..rope import bound as BD
@@ -251,14 +251,14 @@ def print_relative_positions(spec: MethodSpec, original_length: int) -> None:
     remapping = [a for a in spec.attention if a.name != "logn"]
     distances = sorted(
         {0, L // 4, L // 2, L - 1, L, 2 * L, 4 * L, 8 * L}
-        | {window_of(a) + extra for a in remapping for extra in (-1, 0)}
+        | {point + extra for a in remapping for point in change_points(a, L) for extra in (-1, 0)}
     )
     table = Table(title=f"relative position scored for a pair at distance d (j = 0) under {spec.label}")
     table.add_column("distance d", justify="right")
     for a in remapping:
         table.add_column(a.name, justify="right")
     for d in distances:
-        table.add_row(f"{d:,}", *[f"{float(relative_position(a, [d])[0]):,.2f}" for a in remapping])
+        table.add_row(f"{d:,}", *[f"{float(relative_position(a, [d], L)[0]):,.2f}" for a in remapping])
     out.print(table)
     for length in filter(None, (logn_length(a, L) for a in spec.attention)):
         out.print(f"logn: queries at position i scaled by max(1, log(i+1)/log {length})")
@@ -275,7 +275,7 @@ def write_plan_plot(spec: MethodSpec, rows: list[Any], geom: Geometry, plot: Pat
         distance = np.linspace(0, 4 * geom.original_length, 801)
         plot_relative_positions(
             distance,
-            {a.name: relative_position(a, distance) for a in remapping},
+            {a.name: relative_position(a, distance, geom.original_length) for a in remapping},
             f"{spec.label}: relative position vs true distance",
             geom.original_length,
             plot,

@@ -237,6 +237,9 @@ def run_model(model, text, ids, kernel, monkeypatch, **generate):
         "leaky-rerope:window=20,k=4,logn=false",
         "logn:length=32",
         "self-extend:group_size=2,neighbor_window=10+logn:length=32",
+        "dca:chunk_size=30,local_size=7",
+        "dca:chunk_size=26,local_size=4,scale=vllm,original=40",
+        "string:shift=23,local=5",
     ],
 )
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
