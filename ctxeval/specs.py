@@ -15,7 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from .attention.methods import ATTENTION_METHODS, AttentionSpec, check_combination, resolve_attention
+from .attention.methods import (
+    ATTENTION_METHODS,
+    AttentionSpec,
+    attention_length_dependent,
+    check_combination,
+    resolve_attention,
+)
 from .errors import CtxevalError
 from .rope.methods import METHODS, Geometry, Method, compute, get_method, resolve_params
 
@@ -39,9 +45,10 @@ class MethodSpec:
 
     @property
     def length_dependent(self) -> bool:
-        """Whether the method's RoPE changes with the sequence length (dynamic-ntk, dynamic-yarn, longrope); `native`
-        says no here: whether the checkpoint's own RoPE does is the loaded model's to say (evals.sweep)."""
-        return self.method.length_dependent
+        """Whether the method changes with the sequence length (dynamic-ntk, dynamic-yarn, longrope; DCA's
+        temperature); `native` says no here: whether the checkpoint's own RoPE does is the loaded model's to say
+        (evals.sweep)."""
+        return self.method.length_dependent or any(attention_length_dependent(a) for a in self.attention)
 
     @property
     def method_name(self) -> str:

@@ -23,6 +23,25 @@ def tiny_llama(rope_parameters=None, seed=0, **overrides):
     return LlamaForCausalLM(cfg).eval()
 
 
+def tiny_neox():
+    """Partial rotary: 8 of 16 dims per head rotate (rotary_pct 0.5). (The tiny Llama has 4 heads on 2 key heads.)"""
+    import torch
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    return GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            vocab_size=128,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            max_position_embeddings=64,
+            rotary_pct=0.5,
+        )
+    ).eval()
+
+
 def build_tokenizer(vocab_size=300):
     """A small byte-level BPE tokenizer trained offline on CPython's bundled docs (no download)."""
     from pydoc_data.topics import topics

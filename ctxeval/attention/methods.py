@@ -228,6 +228,40 @@ def logn_length(spec: AttentionSpec, original_length: int) -> int | None:
     return None
 
 
+def check_sizes(specs: tuple[AttentionSpec, ...], original_length: int) -> None:
+    """DCA's and STRING's sizes on a model of trained length `original_length` (defaults filled): one-line errors."""
+    for spec in specs:
+        if spec.name == "dca":
+            dca_sizes(spec, original_length)
+        elif spec.name == "string":
+            string_sizes(spec, original_length)
+
+
+def in_effect(spec: AttentionSpec, original_length: int) -> dict[str, Any]:
+    """What DCA and STRING apply on a model of trained length `original_length` (their defaults filled), for
+    run.json; {} for the other methods, whose parameters say it all."""
+    if spec.name == "dca":
+        chunk, local = dca_sizes(spec, original_length)
+        scale, scale_from = spec.params.get("scale", "chunkllama"), dca_scale_length(spec, original_length)
+        formula = {
+            "chunkllama": f"q and k rotary dims x (0.05 ln(n / {scale_from}) + 1) for n > {scale_from}",
+            "vllm": f"logits x max(1, 0.1 ln(n / {scale_from}) + 1)^2",
+            "none": "none",
+        }[scale]
+        return {"chunk_size": chunk, "local_size": local, "chunk_len": chunk - local, "temperature": formula}
+    if spec.name == "string":
+        shift, local = string_sizes(spec, original_length)
+        factor = spec.params["attention_factor"]
+        return {"shift": shift, "local": local, "rotary_logit_factor": factor * factor}
+    return {}
+
+
+def attention_length_dependent(spec: AttentionSpec) -> bool:
+    """Whether the method scores a pair differently in a longer sequence (DCA's temperature is set by the
+    sequence's length): then a prefix of one forward does not measure a shorter length."""
+    return spec.name == "dca" and spec.params.get("scale", "chunkllama") != "none"
+
+
 def dca_scale_length(spec: AttentionSpec, original_length: int) -> int | None:
     """The length n past which DCA's temperature is above 1 (None: scale=none)."""
     scale = spec.params.get("scale", "chunkllama")

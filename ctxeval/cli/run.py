@@ -14,6 +14,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..attention.methods import check_sizes
 from ..attention.patching import supports_temperature, wrappable_attention
 from ..errors import CtxevalError
 from ..models.load import load_model, parse_max_memory
@@ -89,6 +90,22 @@ def load_for(
         )
     note_loaded(lm, model, specs, device_map)
     return lm
+
+
+def check_attention_sizes(specs: list[MethodSpec], model: str, trust_remote_code: bool) -> None:
+    """DCA's and STRING's sizes against the model's trained length, read from its config alone: refused before any
+    weights load (a model whose config cannot be read is left to the load, which says why)."""
+    from ..models.load import load_config
+
+    if not any(a.name in ("dca", "string") for spec in specs for a in spec.attention):
+        return
+    try:
+        geometry = load_config(model, trust_remote_code=trust_remote_code).geometry
+    except CtxevalError:
+        return
+    for spec in specs:
+        if geometry is not None and geometry.original_length:
+            check_sizes(spec.attention, geometry.original_length)
 
 
 def note_loaded(lm: LanguageModel, model: str, specs: list[MethodSpec], device_map: str | None) -> None:
@@ -392,6 +409,7 @@ class Measurement:
             return
         self.check_data()
         self.check_engine()
+        check_attention_sizes(self.specs, self.model, self.load.trust_remote_code)
         if self.engine.backend == "vllm":
             self.check_vllm()
         load = self.load
@@ -407,6 +425,9 @@ class Measurement:
             self.engine,
         )
         self.loaded()
+        if self.lm.trained_length:  # a config the early check could not read
+            for spec in self.specs:
+                check_sizes(spec.attention, self.lm.trained_length)
         if self.lengths is None:
             self.lengths = self.default_lengths()
         self.configure()

@@ -8,6 +8,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
+from ..attention.methods import in_effect
 from ..attention.patching import attention_methods, attention_temperature, kernel_of, verify_attention_methods
 from ..data.corpora import TokenDoc
 from ..errors import CtxevalError
@@ -73,7 +74,14 @@ def applying(
     ):
         record = {**handle.record(tuple(lengths)), "attention_temperature": spec.temperature}
         if spec.attention:
-            record["attention_methods"] = [{"name": a.name, "params": a.params} for a in spec.attention]
+            record["attention_methods"] = [
+                {
+                    "name": a.name,
+                    "params": a.params,
+                    **({"in_effect": in_effect(a, original)} if in_effect(a, original) else {}),
+                }
+                for a in spec.attention
+            ]
             record["attention_kernel"] = kernel_of(lm.model, spec.attention)
             record["attention_check"] = verify_attention_methods(
                 lm.model, spec.attention, inv_freq, original, lm.device

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers import tiny_llama
+from helpers import tiny_llama, tiny_neox
 
 import ctxeval.attention.kernels as kernels
 from ctxeval.attention.kernels import (
@@ -199,24 +199,6 @@ def test_far_key_cache_serves_decoding_steps_and_starts_afresh():
 
 # -------------------------------------------------------------------------------------------------------------------
 # in a model
-
-
-def tiny_neox():
-    """Partial rotary: 8 of 16 dims per head rotate (rotary_pct 0.5). (The tiny Llama has 4 heads on 2 key heads.)"""
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
-    torch.manual_seed(0)
-    return GPTNeoXForCausalLM(
-        GPTNeoXConfig(
-            vocab_size=128,
-            hidden_size=64,
-            num_attention_heads=4,
-            num_hidden_layers=2,
-            intermediate_size=128,
-            max_position_embeddings=64,
-            rotary_pct=0.5,
-        )
-    ).eval()
 
 
 def run_model(model, text, ids, kernel, monkeypatch, **generate):
