@@ -25,6 +25,18 @@ from .attention.methods import (
 from .errors import CtxevalError
 from .rope.methods import METHODS, Geometry, Method, compute, get_method, resolve_params
 
+# Method presets: a checkpoint family's documented RoPE setting under one name, expanded to its method and parameters
+# when a spec is parsed (a parameter given after the name replaces the preset's). name -> (method, params, source)
+METHOD_PRESETS: dict[str, tuple[str, dict[str, str], str]] = {
+    "qwen3-yarn": (
+        "yarn",
+        {"factor": "4", "original_max_position_embeddings": "32768"},
+        'Qwen3 model cards: rope_scaling {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": '
+        "32768} for 131,072 tokens; the cards warn that static YaRN may hurt short texts. The original length is part "
+        "of it: Qwen3's config.json says max_position_embeddings 40960",
+    ),
+}
+
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -119,6 +131,9 @@ def parse_spec(spec: str) -> MethodSpec:
     given and validated (expand_specs types them); 'ntk:factor=2+logn' adds attention methods; an attention method
     alone runs on plain RoPE."""
     pieces = [_parts(text, spec) for text in re.split(r"\+(?=[A-Za-z])", spec.strip())]  # not 1e+5
+    pieces = [
+        (METHOD_PRESETS[n][0], {**METHOD_PRESETS[n][1], **p}) if n in METHOD_PRESETS else (n, p) for n, p in pieces
+    ]
     first, first_params = pieces[0]
     frequency, _ = method_names()
     for name, _params in pieces:

@@ -216,3 +216,30 @@ def test_identical_methods_pair_each_method_with_the_first_that_measures_the_sam
         "yarn(beta_fast=32,factor=2)": "yarn(factor=2)"
     }
     assert identical_methods(specs, [64], None) == {}
+
+
+def test_the_qwen3_yarn_preset_is_the_model_cards_rope_scaling_as_transformers_computes_it():
+    """`-m qwen3-yarn` on a Qwen3 config (max_position_embeddings 40960, as Qwen3's config.json) equals transformers'
+    yarn from the cards' rope_scaling {factor 4, original 32768}; a parameter after the name replaces the preset's.
+    Bug caught: the preset's original length dropped (ctxeval would ramp over Qwen3's 40960: other frequencies), or
+    the user's factor overridden by the preset's."""
+    import numpy as np
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from ctxeval.rope.geometry import rope_info_from_config
+    from ctxeval.rope.methods import compute
+    from ctxeval.specs import expand_specs
+
+    shipped = Qwen3Config(head_dim=128, max_position_embeddings=40960, rope_parameters={"rope_theta": 1e6})
+    card = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6}
+    with_card = Qwen3Config(head_dim=128, max_position_embeddings=131072, rope_parameters=card)
+    want, want_factor = ROPE_INIT_FUNCTIONS["yarn"](with_card, "cpu")
+    geometry = rope_info_from_config(shipped).geometry
+    assert geometry.original_length == 40960  # what ctxeval would take without the preset's original length
+    preset, overridden = expand_specs(["qwen3-yarn", "qwen3-yarn:factor=2"])
+    got = compute(preset.method, geometry, preset.params)
+    assert preset.label == "yarn(factor=4,original_max_position_embeddings=32768)"
+    np.testing.assert_allclose(got.inv_freq, want.double().numpy(), rtol=1e-6)
+    assert got.attention_factor == pytest.approx(want_factor, rel=1e-12)
+    assert overridden.resolved["factor"] == 2.0 and overridden.resolved["original_max_position_embeddings"] == 32768

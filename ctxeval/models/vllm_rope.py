@@ -7,6 +7,11 @@ What vLLM 0.32 does with each rope_type (vllm/model_executor/layers/rotary_embed
   the new base (rope_config.rope_parameters). max_position_embeddings is raised to the longest length if needed.
 - yarn: a table of original_max_position_embeddings x factor rows, whatever max_position_embeddings says: lengths past
   L x s cannot run on vLLM (refused here; transformers extrapolates past it, vLLM has no rows).
+- ntk (factor, mixed_b): NTK-mixed (ntk_scaling_rope.py): pair j = 1 .. d/2 divided by exp(a j^b), a = ln s / (d/2)^b;
+  without mixed_b, base b*s and every pair / s^(2/d), which is mixed_b = 1. That is ctxeval's `ntk-mixed`, NOT ctxeval's
+  `ntk` (base b*s^(d/(d-2)), the YaRN repo's; 4.4% apart at d = 64, s = 4): ctxeval's `ntk` goes to vLLM as plain RoPE at
+  its new base, `ntk-mixed` as vLLM's ntk with mixed_b always given, and only once vllm_ntk_inv_freq (vLLM's rule from
+  the entry) equals ctxeval's table.
 - dynamic (factor): ONE base for the whole engine, b * (s * M / T - (s - 1))^(d/(d-2)) with M =
   max_position_embeddings and T = max_trained_positions; that is ctxeval's (transformers') per-length rule at exactly
   the length M. So dynamic-ntk runs when every measured sequence has one length M > L (M is then set to it).
@@ -46,7 +51,7 @@ READBACK_RTOL = 1e-5  # as patching.READBACK_RTOL: the hf path's tolerance on in
 DTYPE_EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7, "float64": 2.0**-52}
 USE = "--backend vllm"
 # the methods vLLM has a rope_type for (rope_config.rope_parameters; dynamic-ntk: _dynamic_entry)
-VLLM_FORMS = ("none", "native", "ntk", "pi", "yarn", "llama3", "longrope", "dynamic-ntk")
+VLLM_FORMS = ("none", "native", "ntk", "ntk-mixed", "pi", "yarn", "llama3", "longrope", "dynamic-ntk")
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,13 @@ def plan(
     if spec.name == "dynamic-ntk":
         entry = _dynamic_entry(spec, geometry, params, lengths, max_model_len, original)
         positions = max_model_len
+    elif spec.name == "ntk-mixed":
+        entry = {
+            "rope_type": "ntk",
+            "factor": params["factor"],
+            "mixed_b": params["mixed_b"],
+            "rope_theta": geometry.base,
+        }
     else:
         entry = rope_parameters(spec, geometry, max(lengths), use=USE)
         entry = dict(entry)
@@ -116,6 +128,8 @@ def plan(
     if partial_rotary_factor is not None:
         entry["partial_rotary_factor"] = partial_rotary_factor
     expected = {L: compute(method, geometry, spec.params, L) for L in sorted(set(lengths))}
+    if entry["rope_type"] == "ntk":  # vLLM's ntk is NTK-mixed: sent only where its table is ctxeval's
+        check_ntk_entry(spec, entry, geometry, expected[max(expected)])
     return VllmRope(
         spec,
         {"rope_parameters": entry, "max_position_embeddings": int(positions)},
@@ -123,6 +137,29 @@ def plan(
         tuple(sorted(set(lengths))),
         expected,
     )
+
+
+def vllm_ntk_inv_freq(entry: dict[str, Any], rotary_dim: int) -> np.ndarray:
+    """The inverse frequencies vLLM 0.32's NTKScalingRotaryEmbedding computes from a `rope_type: ntk` entry (float64
+    here; vLLM's float32 differs by < 1e-6 relative)."""
+    base, s, b = float(entry["rope_theta"]), float(entry["factor"]), entry.get("mixed_b")
+    half = rotary_dim // 2
+    index = np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
+    if b is None:  # base b*s, then every pair / s^(2/d)
+        return 1.0 / (base * s) ** index / s ** (2 / rotary_dim)
+    a = math.log(s) / half ** float(b)
+    return 1.0 / base**index / np.exp(a * np.arange(1, half + 1, dtype=np.float64) ** float(b))
+
+
+def check_ntk_entry(spec: MethodSpec, entry: dict[str, Any], geometry: Geometry, expected: RopeFreqs) -> None:
+    """Refuse a `rope_type: ntk` entry whose vLLM table is not ctxeval's (CtxevalError naming both)."""
+    table = vllm_ntk_inv_freq(entry, geometry.rotary_dim)
+    diff = float(np.max(np.abs(table - expected.inv_freq) / expected.inv_freq))
+    if not diff <= READBACK_RTOL or expected.attention_factor != 1.0:
+        raise CtxevalError(
+            f"{spec.label}: vLLM's ntk (NTK-mixed) computes other frequencies than ctxeval's {spec.name} (up to "
+            f"{diff:.1%} apart); use --backend hf"
+        )
 
 
 def check_attention(spec: MethodSpec) -> None:
@@ -142,8 +179,8 @@ def check_method(spec: MethodSpec, fixed_lengths: bool = True) -> None:
     params = spec.resolved
     if spec.name not in VLLM_FORMS:
         raise CtxevalError(
-            f"{spec.label}: vLLM has no rope_type that computes {spec.name} as ctxeval does; use yarn, ntk, pi, "
-            "llama3, longrope or dynamic-ntk, or --backend hf"
+            f"{spec.label}: vLLM has no rope_type that computes {spec.name} as ctxeval does; use yarn, ntk, "
+            "ntk-mixed, pi, llama3, longrope or dynamic-ntk, or --backend hf"
         )
     if spec.name == "yarn" and params["ramp"] != "index":
         raise CtxevalError(

@@ -11,6 +11,7 @@ square (YaRN, Peng et al. 2023, section 3.4: sqrt(1/t) = 0.1 ln(s) + 1 multiplie
 References:
   PI      Chen et al. 2023, "Extending Context Window of LLMs via Positional Interpolation", eq. 4.
   NTK     bloc97, "NTK-Aware Scaled RoPE" (2023); YaRN paper section 3.1, eq. 14-16: b' = b * s^(d/(d-2)).
+  NTK-mixed Su, kexue.fm/archives/9706: theta_j / s^((j/(d/2))^b) for pair j = 1 .. d/2 (vLLM `ntk` + mixed_b).
   Dynamic emozilla, "Dynamically Scaled RoPE" (2023); YaRN paper section 3.3: s = max(1, l/L).
   YaRN    Peng, Quesnelle, Fan, Shippole 2023, "YaRN: Efficient Context Window Extension of LLMs",
           eq. 17-18 (ramp gamma(r) on r = L/lambda, blend h(theta) = (1-gamma) theta/s + gamma theta),
@@ -155,6 +156,15 @@ def _ntk(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeFreq
     # effective s whose NTK base this is, so the plan can classify the lowest frequency as interpolated
     s_eff = (new_base / geom.base) ** ((d - 2) / d)
     return RopeFreqs(geom.default_inv_freq(new_base), 1.0, s_eff)
+
+
+def _ntk_mixed(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeFreqs:
+    """NTK-mixed (Su, kexue.fm/archives/9706; vLLM NTKScalingRotaryEmbedding with mixed_b): pair j = 1 .. d/2 is
+    divided by lambda_j = exp(a j^b), a = ln s / (d/2)^b, i.e. s^((j/(d/2))^b): the last pair by s (interpolated),
+    the first by s^((2/d)^b). mixed_b = 1 is vLLM's plain `ntk` (base b*s, then / s^(2/d)), not ctxeval's `ntk`."""
+    s, b, half = params["factor"], params["mixed_b"], geom.rotary_dim // 2
+    exponents = (np.arange(1, half + 1, dtype=np.float64) / half) ** b
+    return RopeFreqs(geom.default_inv_freq() / s**exponents, 1.0, s)
 
 
 def _dynamic_ntk(geom: Geometry, params: dict[str, Any], length: int | None) -> RopeFreqs:
@@ -320,6 +330,15 @@ METHODS: dict[str, Method] = {
                 _FACTOR,
                 Param("alpha", float, None, "the NTK post's scale, same role as factor", minimum=1.0),
                 Param("base", float, None, "set the new base directly", positive=True),
+            ),
+        ),
+        Method(
+            "ntk-mixed",
+            "NTK-mixed (Su): pair j divided by s^((j/(d/2))^mixed_b); vLLM's ntk (mixed_b=1: its plain ntk)",
+            _ntk_mixed,
+            (
+                _FACTOR,
+                Param("mixed_b", float, 1.0, "exponent b of lambda_j = exp(a j^b) (vLLM's mixed_b)", minimum=0.0),
             ),
         ),
         Method(

@@ -20,6 +20,7 @@ import torch
 from ..errors import CtxevalError
 from .geometry import rope_info_from_config
 from .methods import Geometry, Method, RopeFreqs, compute, get_method, resolve_params
+from .softmax_scale import SoftmaxScale
 
 READBACK_RTOL = 1e-5  # cos/sin are float32; the angle at position 1 is read back to ~1e-7 relative
 
@@ -85,6 +86,7 @@ class RopeHandle:
         self._hooks: list[Any] = []
         self._frozen_length: int | None = None
         self._cache: dict[int | None, RopeFreqs] = {}
+        self.softmax: SoftmaxScale | None = None  # DeepSeek-style attention's softmax scale (softmax_scale.py)
         self.active = False
 
     # -- expected values (methods.py) ----------------------------------------------------------------------------
@@ -132,6 +134,7 @@ class RopeHandle:
         self._write(module, self.expected(length))
 
     def apply(self) -> "RopeHandle":
+        self.softmax = SoftmaxScale(self.model, self.method.name, self.params)  # refuses before anything changes
         with torch.no_grad():
             for _, module in self.modules:
                 self._saved.append(
@@ -153,6 +156,7 @@ class RopeHandle:
                     self._hooks.append(module.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
         self.active = True
         try:
+            self.softmax.apply()
             self.verify()
         except BaseException:  # a read-back that cannot even be decoded leaves the model as it was, too
             self.restore()
@@ -165,6 +169,8 @@ class RopeHandle:
             return
         for hook in self._hooks:
             hook.remove()
+        if self.softmax is not None:
+            self.softmax.restore()
         with torch.no_grad():
             for (_, module), saved in zip(self.modules, self._saved):
                 if module.inv_freq.dtype == saved.inv_freq.dtype:
@@ -270,6 +276,7 @@ class RopeHandle:
             },
             "rotary_modules": [name for name, _ in self.modules],
             "effective": effective,
+            **(self.softmax.record() if self.softmax is not None else {}),
         }
 
 

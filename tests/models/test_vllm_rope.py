@@ -59,7 +59,16 @@ def spec(text: str) -> MethodSpec:
 
 
 @pytest.mark.parametrize(
-    "method", ["none", "pi:factor=4", "ntk:factor=4", "yarn:factor=4", "llama3:factor=4", longrope(1.0, 2.0)]
+    "method",
+    [
+        "none",
+        "pi:factor=4",
+        "ntk:factor=4",
+        "ntk-mixed:factor=4,mixed_b=0.625",
+        "yarn:factor=4",
+        "llama3:factor=4",
+        longrope(1.0, 2.0),
+    ],
 )
 def test_the_table_vllm_builds_from_the_overrides_passes_and_a_wrong_one_fails(method):
     rope = plan(spec(method), GEOM, (4096, 8192), 8192, 2048)
@@ -85,6 +94,49 @@ def test_the_table_vllm_builds_from_the_overrides_passes_and_a_wrong_one_fails(m
     for table in bad:
         with pytest.raises(CtxevalError, match="vLLM's rotary table differs"):
             verify(rope, rotate(table, 64), 64, True, "float32")
+
+
+def inv_freq_vllm_builds(entry: dict, rotary_dim: int) -> np.ndarray:
+    """What vLLM 0.32 computes from a `default` or `ntk` rope_parameters entry (base.py, ntk_scaling_rope.py;
+    transcribed, float32)."""
+    base = float(entry["rope_theta"])
+    if entry["rope_type"] == "default":
+        return (1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim)).double().numpy()
+    assert entry["rope_type"] == "ntk"
+    factor, mixed_b = entry["factor"], entry.get("mixed_b")
+    base = base * (factor if mixed_b is None else 1)
+    inv = 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim)
+    if mixed_b is None:
+        return (inv / factor ** (2 / rotary_dim)).double().numpy()
+    a = torch.tensor(factor).log() / (rotary_dim / 2) ** mixed_b
+    return (inv / (a * torch.arange(1, rotary_dim // 2 + 1).float() ** mixed_b).exp()).double().numpy()
+
+
+@pytest.mark.parametrize("method", ["ntk:factor=4", "ntk-mixed:factor=4", "ntk-mixed:factor=8,mixed_b=1.5"])
+def test_the_table_vllm_builds_from_the_ntk_entries_is_ctxevals(method):
+    """vLLM's `ntk` is NTK-mixed (exponent 1 without mixed_b), not ctxeval's ntk (b*s^(d/(d-2)), 4.4% apart at d 64,
+    s 4). The table here is built from the entry sent, as vLLM builds it. Bug caught: ctxeval's ntk mapped to
+    {"rope_type": "ntk", "factor": s} (vLLM's plain ntk: the read-back of that table fails), or ntk-mixed's mixed_b
+    left out of the entry when it is not 1."""
+    rope = plan(spec(method), GEOM, (4096,), 4096, 2048)
+    entry = rope.hf_overrides["rope_parameters"]
+    assert entry["rope_type"] == ("default" if method.startswith("ntk:") else "ntk")
+    table = vllm_table(inv_freq_vllm_builds(entry, 64), 1.0, 4096)
+    assert verify(rope, rotate(table, 64), 64, True, "float32")[0]["passed"]
+
+
+def test_ctxevals_ntk_sent_as_vllms_ntk_would_be_caught_and_is_refused_before_sending():
+    """The mapping the vLLM backend must never make: its table is refused by the read-back and by the check
+    before the engine starts (vllm_rope.check_ntk_entry). Bug caught: check_ntk_entry's comparison dropped."""
+    from ctxeval.models.vllm_rope import check_ntk_entry
+
+    rope = plan(spec("ntk:factor=4"), GEOM, (4096,), 4096, 2048)
+    wrong = {"rope_type": "ntk", "factor": 4.0, "rope_theta": 10000.0}
+    with pytest.raises(CtxevalError, match="vLLM's rotary table differs"):
+        verify(rope, rotate(vllm_table(inv_freq_vllm_builds(wrong, 64), 1.0, 4096), 64), 64, True, "float32")
+    with pytest.raises(CtxevalError, match=r"vLLM's ntk \(NTK-mixed\) computes other frequencies than ctxeval's ntk"):
+        check_ntk_entry(rope.spec, wrong, GEOM, rope.expected[4096])
+    check_ntk_entry(rope.spec, {**wrong, "mixed_b": 1.0}, GEOM, compute("ntk-mixed", GEOM, {"factor": 4.0}))
 
 
 def test_a_yarn_table_with_another_beta_is_caught():

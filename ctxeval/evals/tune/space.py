@@ -49,6 +49,9 @@ RANGES: dict[str, dict[str, Range]] = {
     "dynamic-yarn": dict(_BETAS),
     # the NTK post's alpha is the scale whose base change is applied; the useful alpha is often above s
     "ntk": {"alpha": Range(0.5, 4.0, log=True, per="factor")},  # NTK scale, from s/2 to 4s
+    # NTK-mixed's exponent: pair j / s^((j/(d/2))^b); 1 is vLLM's plain ntk, b < 1 interpolates the middle pairs more,
+    # b > 1 keeps more of them near their own frequency (Su's post compares values either side of 1)
+    "ntk-mixed": {"mixed_b": Range(0.25, 4.0, log=True)},
     # LongRoPE's per-pair long factors are dims of their own (below); its attention factor sqrt(1 + ln s / ln L)
     # multiplies q and k at every length in transformers' longrope, so it alone decides the ppl up to L (short factors
     # 1): searched, or the guard could never be met where the default raises the short ppl

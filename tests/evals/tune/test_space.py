@@ -177,3 +177,13 @@ def test_factor_is_rounded_as_every_command_rounds_it_and_ntk_searches_no_second
     assert space.factor == default_factor(1000, 128) == 7.82 and space.base.params["factor"] == 7.82
     ntk = build_space(one_spec("ntk"), tiny_geometry(), 1024, search_factor=True)
     assert [d.key for d in ntk.dims] == ["alpha"]
+
+
+def test_ntk_mixed_searches_its_exponent_around_vllms_one():
+    """mixed_b in [0.25, 4] on a log scale (1 = vLLM's plain ntk in the middle). Bug caught: ntk-mixed missing from
+    RANGES (then only --search-factor would search anything) or the log flag dropped."""
+    from ctxeval.evals.tune.space import build_space
+
+    space = build_space(one_spec("ntk-mixed"), tiny_geometry(), 1024)
+    assert [(d.key, d.low, d.high, d.log) for d in space.dims] == [("mixed_b", 0.25, 4.0, True)]
+    assert space.spec({"mixed_b": 0.625}).resolved == {"factor": 8.0, "mixed_b": 0.625}
