@@ -37,6 +37,44 @@ METHOD_PRESETS: dict[str, tuple[str, dict[str, str], str]] = {
     ),
 }
 
+# Attention-method presets: the DCA settings long-context checkpoints ship in `dual_chunk_attention_config`, the
+# temperature as vLLM's DualChunkFlashAttention applies it (it scales by original_max_position_embeddings).
+METHOD_PRESETS.update(
+    {
+        "qwen2.5-1m-dca": (
+            "dca",
+            {"chunk_size": "262144", "local_size": "8192", "scale": "vllm", "original": "262144"},
+            'Qwen2.5-7B/14B-Instruct-1M config.json: dual_chunk_attention_config {"chunk_size": 262144, "local_size": '
+            '8192, "original_max_position_embeddings": 262144}; a no-op below 253,952 tokens',
+        ),
+        "qwen3-2507-dca": (
+            "dca",
+            {"chunk_size": "262144", "local_size": "8192", "scale": "vllm", "original": "262144"},
+            "Qwen3-2507 checkpoints' config_1m.json (1M tokens): the same dual_chunk_attention_config as Qwen2.5-1M "
+            "(their sparse attention, MInference, is not part of it here); a no-op below 253,952 tokens",
+        ),
+    }
+)
+
+
+def shipped_dca(config: Any) -> AttentionSpec | None:
+    """The DCA a checkpoint's config ships in `dual_chunk_attention_config` (vLLM's reading of it), else None."""
+    shipped = getattr(config.get_text_config(), "dual_chunk_attention_config", None)
+    if not isinstance(shipped, dict):
+        return None
+    original = shipped.get("original_max_position_embeddings") or None  # vLLM: 0 or absent, no temperature
+    given = {"chunk_size": shipped.get("chunk_size"), "local_size": shipped.get("local_size")}
+    return resolve_attention("dca", {**given, "scale": "vllm" if original else "none", "original": original})
+
+
+def with_shipped_attention(spec: MethodSpec, config: Any) -> MethodSpec:
+    """`native` with the DCA its checkpoint ships (transformers has no DCA and would run plain RoPE there); any other
+    spec, or native already given a DCA, as it is."""
+    dca = shipped_dca(config)
+    if spec.name != "native" or dca is None or any(a.name == "dca" for a in spec.attention):
+        return spec
+    return MethodSpec(spec.name, spec.params, spec.temperature, (*spec.attention, dca))
+
 
 @dataclass(frozen=True)
 class MethodSpec:

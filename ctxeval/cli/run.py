@@ -25,7 +25,15 @@ from ..runs.distributed import conclude, current, init_from_env, open_store
 from ..runs.points import copy_twin_rows, remove_run_dir, tally
 from ..runs.rows import OK, RESUME_FIELDS, point_key
 from ..runs.store import RUN_FILE, RunStore, check_run_dir, run_status
-from ..specs import MethodSpec, expand_specs, identical_methods, plain_rope_notes, with_default_factors
+from ..specs import (
+    MethodSpec,
+    expand_specs,
+    identical_methods,
+    plain_rope_notes,
+    shipped_dca,
+    with_default_factors,
+    with_shipped_attention,
+)
 from ..tiny import QUICKSTART
 from ..util.paths import safe_name
 from .console import QuietProgress, RichProgress, err, fmt_duration, state
@@ -106,6 +114,27 @@ def check_attention_sizes(specs: list[MethodSpec], model: str, trust_remote_code
     for spec in specs:
         if geometry is not None and geometry.original_length:
             check_sizes(spec.attention, geometry.original_length)
+
+
+def shipped_attention(specs: list[MethodSpec], lm: LanguageModel, backend: str) -> list[MethodSpec]:
+    """`native` on a checkpoint that ships dual_chunk_attention_config runs that DCA (specs.with_shipped_attention),
+    said once; vLLM's engine here runs no DCA, so it is refused there."""
+    config = lm.model.config if lm.model is not None else lm.config
+    dca = shipped_dca(config)
+    if dca is None or not any(s.name == "native" for s in specs):
+        return specs
+    if backend == "vllm":
+        raise CtxevalError(
+            "this checkpoint ships dual_chunk_attention_config, which vLLM's V1 engine does not run (its DCA "
+            "backend was V0 only); rerun with --backend hf, where ctxeval applies it"
+        )
+    specs = [with_shipped_attention(s, config) for s in specs]
+    shown = next(s.label for s in specs if s.name == "native")
+    err.print(
+        f"note: the checkpoint ships dual_chunk_attention_config, which transformers does not run: native is "
+        f"measured as {shown}"
+    )
+    return specs
 
 
 def note_loaded(lm: LanguageModel, model: str, specs: list[MethodSpec], device_map: str | None) -> None:
@@ -425,6 +454,7 @@ class Measurement:
             self.engine,
         )
         self.loaded()
+        self.specs = shipped_attention(self.specs, self.lm, self.engine.backend)
         if self.lm.trained_length:  # a config the early check could not read
             for spec in self.specs:
                 check_sizes(spec.attention, self.lm.trained_length)

@@ -217,3 +217,32 @@ def test_a_model_whose_attention_cannot_be_patched_is_refused_in_one_line():
     with pytest.raises(CtxevalError, match=r"^dca replaces the attention computation.*rerun with --attn sdpa$"):
         with attention_methods(model, spec.attention, lambda: None, 64):
             pass
+
+
+def test_native_applies_the_dca_a_checkpoint_ships_and_presets_name_qwens(tmp_path, tiny_model_dir, text_dir):
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from ctxeval.cli import app
+    from ctxeval.specs import expand_specs
+
+    model = tmp_path / "dca-model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    shipped = {"chunk_size": 40, "local_size": 8, "original_max_position_embeddings": 32}
+    (model / "config.json").write_text(json.dumps({**config, "dual_chunk_attention_config": shipped}))
+    args = ["ppl", "--model", str(model), "--data", str(text_dir), "--lengths", "100", "--device", "cpu"]
+    methods = ["-m", "native", "-m", "dca:chunk_size=40,local_size=8,scale=vllm,original=32", "-m", "none"]
+    result = CliRunner().invoke(app, [*args, *methods, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "native is measured as native+dca(chunk_size=40,local_size=8,original=32,scale=vllm)" in result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "run" / "rows.jsonl").read_text().splitlines()]
+    value = {r["label"].split("+")[0].split("(")[0]: r["value"] for r in rows}
+    assert value["native"] == pytest.approx(value["dca"], rel=1e-6) and value["native"] != value["none"]
+    qwen = expand_specs(["qwen2.5-1m-dca", "qwen3-2507-dca"])
+    assert all(
+        s.attention[0].params == {**s.attention[0].params, "chunk_size": 262144, "local_size": 8192} for s in qwen
+    )
+    assert noop_reason(qwen[0].attention, [253952], 262144) and not noop_reason(qwen[0].attention, [253953], 262144)
