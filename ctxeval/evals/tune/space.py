@@ -63,6 +63,17 @@ RANGES: dict[str, dict[str, Range]] = {
     },
     "rerope": {"window": Range(1 / 16, 1.0, log=True, per="length")},
     "leaky-rerope": {"window": Range(1 / 16, 1.0, log=True, per="length"), "k": Range(1.0, 64.0, log=True)},
+    # DCA: ChunkLlama's chunk 3L/4 and local L/8 are the middle of these; a chunk at most L keeps every relative
+    # position a trained one (a point with local >= chunk is refused by the method's own check)
+    "dca": {
+        "chunk_size": Range(0.5, 1.0, per="length"),
+        "local_size": Range(1 / 64, 1 / 4, log=True, per="length"),
+    },
+    # STRING: the authors suggest a shift of 0.25-0.4 L and a local W of 128-512 at L = 128k (1/1024-1/256 of L)
+    "string": {
+        "shift": Range(0.1, 0.6, per="length"),
+        "local": Range(1 / 1024, 1 / 16, log=True, per="length"),
+    },
 }
 FACTOR_RANGE = Range(0.5, 2.0, log=True, per="factor")  # --search-factor: from s/2 to 2s (at least 1)
 LONG_FACTOR = "long_factor"

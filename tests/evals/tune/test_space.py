@@ -187,3 +187,27 @@ def test_ntk_mixed_searches_its_exponent_around_vllms_one():
     space = build_space(one_spec("ntk-mixed"), tiny_geometry(), 1024)
     assert [(d.key, d.low, d.high, d.log) for d in space.dims] == [("mixed_b", 0.25, 4.0, True)]
     assert space.spec({"mixed_b": 0.625}).resolved == {"factor": 8.0, "mixed_b": 0.625}
+
+
+@pytest.mark.parametrize(
+    "text, bounds",
+    [
+        ("dca", {"dca.chunk_size": (4096, 8192), "dca.local_size": (128, 2048)}),
+        ("string", {"string.shift": (820, 4915), "string.local": (8, 512)}),
+        ("yarn+dca:local_size=512", {"dca.chunk_size": (4096, 8192)}),
+    ],
+)
+def test_dca_and_string_search_sizes_relative_to_the_trained_length(text, bounds):
+    """Bugs caught: a range taken in tokens instead of per length; a size the user fixed searched anyway; a point
+    where local >= chunk measured instead of refused."""
+    from ctxeval.errors import CtxevalError
+    from ctxeval.evals.tune.space import build_space
+    from ctxeval.rope.methods import Geometry
+
+    space = build_space(one_spec(text), Geometry(64, 10000.0, 8192), 32768)
+    found = {d.key: (d.low, d.high) for d in space.dims if d.owner}
+    assert found == bounds and all(d.kind is int for d in space.dims if d.owner)
+    if text == "dca":
+        with pytest.raises(CtxevalError, match="chunk_size .* must be larger than local_size"):
+            space.spec({"dca.chunk_size": 1000, "dca.local_size": 1000})
+        assert space.spec({"dca.chunk_size": 6144, "dca.local_size": 1024}).attention[0].params["chunk_size"] == 6144
