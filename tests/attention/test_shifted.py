@@ -246,3 +246,26 @@ def test_native_applies_the_dca_a_checkpoint_ships_and_presets_name_qwens(tmp_pa
         s.attention[0].params == {**s.attention[0].params, "chunk_size": 262144, "local_size": 8192} for s in qwen
     )
     assert noop_reason(qwen[0].attention, [253952], 262144) and not noop_reason(qwen[0].attention, [253953], 262144)
+
+
+def test_through_the_cli_run_json_records_the_sizes_and_a_no_op_is_said(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from ctxeval.cli import app
+
+    args = ["ppl", "--model", "tiny", "--docs", "1", "--device", "cpu", "-m", "none", "-m", "dca", "-m"]
+    result = CliRunner().invoke(app, [*args, "string:local=16", "--lengths", "64,160", "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    methods = json.loads((tmp_path / "a" / "run.json").read_text())["methods"]
+    dca, string = methods["dca"], methods["string(local=16)"]
+    assert dca["attention_methods"][0]["in_effect"]["chunk_len"] == 80  # 3L/4 - L/8 at L = 128
+    assert dca["attention_check"]["rules_probed"] == ["intra", "successive", "inter"]
+    assert string["attention_methods"][0]["in_effect"]["shift"] == 42  # int(0.33 x 128)
+    rows = [json.loads(line) for line in (tmp_path / "a" / "rows.jsonl").read_text().splitlines()]
+    value = {(r["label"], r["length"]): r["value"] for r in rows}
+    assert value[("dca", 64)] == pytest.approx(value[("none", 64)], rel=1e-6)  # one chunk: plain RoPE
+    assert value[("dca", 160)] != pytest.approx(value[("none", 160)], rel=1e-3)
+    quiet = CliRunner().invoke(app, [*args[:-1], "--lengths", "64", "--out", str(tmp_path / "b")])
+    assert quiet.exit_code == 0 and "dca's chunk 96 - local 16 = 80 >= the longest length 64" in quiet.stderr
