@@ -315,6 +315,8 @@ def test_without_lengths_only_what_no_length_changes_is_refused():
         ("ntk-by-parts", "no rope_type"),
         ("dynamic-yarn", "no rope_type"),
         ("rerope:window=512", "its own attention kernels"),
+        ("dca", "^dca changes the attention itself; vLLM runs its own attention kernels"),
+        ("yarn:factor=2+string", "^yarn\\(factor=2\\)\\+string changes the attention itself"),
     ]:
         with pytest.raises(CtxevalError, match=message):
             check_plans([spec("none"), spec(method)], None, None)
