@@ -228,22 +228,18 @@ def capture_sdpa(seen: list[tuple[Any, Any]]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def kept_state(module: Any) -> Iterator[None]:
-    """Restore a rotary module's buffers and number attributes on exit: a dynamic RoPE updates its frequencies
-    for the far positions probed, and the run must not inherit them."""
+    """Put back a rotary module's buffers and number attributes on exit: a dynamic RoPE assigns itself new
+    frequencies for the far positions probed (and records the length it saw), and the run must not inherit them."""
     if module is None:
         yield
         return
-    import torch
-
-    buffers = {name: (b, b.clone()) for name, b in module.named_buffers(recurse=False)}  # outside inference mode
+    buffers = dict(module.named_buffers(recurse=False))  # transformers' dynamic updates assign new tensors
     numbers = {k: v for k, v in vars(module).items() if isinstance(v, (int, float))}
     try:
         yield
     finally:
-        for name, (held, values) in buffers.items():
-            if not torch.equal(held, values):
-                held.copy_(values)
-            setattr(module, name, held)  # the very tensor it held (a dynamic RoPE assigns new ones)
+        for name, held in buffers.items():
+            setattr(module, name, held)
         for k, v in numbers.items():
             setattr(module, k, v)
 

@@ -208,6 +208,28 @@ def test_llama4_form_on_llama4_without_its_tuning_equals_llama4_with_it():
         bare, IDS, parse_spec("qscale-llama4:attn_scale=0.5,floor_scale=4,layers=all").attention
     )
     assert (every_layer - want).abs().max() > 1e-3  # layers=all is another model
+    inv_freq = find_rotary_modules(bare)[0][1].inv_freq
+    with attention_methods(bare, spec, lambda: inv_freq, 64):  # the probe runs on a layer the method scales (3)
+        check = verify_attention_methods(bare, spec, lambda: inv_freq, 64)
+    assert check["max_abs_diff_vs_reference"] < 1e-5 and check["layers_running_it"] == 4
+
+
+def test_the_probe_leaves_a_dynamic_rope_as_it_found_it():
+    model = tiny_llama(
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}, attn_implementation="sdpa"
+    )
+    rotary = find_rotary_modules(model)[0][1]
+    before = {"inv_freq": rotary.inv_freq.clone(), "numbers": dict(vars(rotary))}
+    with torch.inference_mode():
+        want = model(input_ids=IDS).logits
+    record = query_scale_record(model, (), 64, native=True)
+    assert max(record["positions"]) > 64  # probed past the trained length, where dynamic NTK changes frequencies
+    assert torch.equal(rotary.inv_freq, before["inv_freq"])
+    assert {k: v for k, v in vars(rotary).items() if isinstance(v, (int, float))} == {
+        k: v for k, v in before["numbers"].items() if isinstance(v, (int, float))
+    }
+    with torch.inference_mode():
+        torch.testing.assert_close(model(input_ids=IDS).logits, want, atol=0, rtol=0)
 
 
 def test_read_back_catches_a_model_that_does_not_apply_the_scale():
