@@ -338,3 +338,36 @@ def test_cli_records_the_measured_q_scale_in_run_json(tmp_path):
     at = ours["positions"].index(128)
     assert all(row["q_scale"][at] == pytest.approx(brute_mistral(128, 0.3, 64), rel=1e-6) for row in ours["layers"])
     assert ours["compared_to"] == [{"name": "qscale-mistral", "params": {"beta": 0.3, "original": 64, "layers": "all"}}]
+
+
+@pytest.mark.parametrize("family", ["llama4", "ministral3"])
+def test_cli_native_on_a_checkpoint_that_ships_a_temperature_records_the_measured_scale(tmp_path, family):
+    """-m native on a saved Llama 4 / Ministral 3: transformers applies the temperature, run.json records it measured,
+    with what the config ships, and (Llama 4's complex rotary output) the RoPE read back."""
+    import json
+
+    from helpers import build_tokenizer
+    from typer.testing import CliRunner
+
+    from ctxeval.cli import app
+
+    tok = build_tokenizer()
+    model = llama4(floor_scale=16) if family == "llama4" else ministral3(beta=0.5, original=16)
+    model.resize_token_embeddings(len(tok), mean_resizing=False)
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    out = tmp_path / "r"
+    args = ["ppl", "--model", str(tmp_path / "model"), "--device", "cpu", "--lengths", "48", "--docs", "1"]
+    result = CliRunner().invoke(app, [*args, "-m", "native", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    native = json.loads((out / "run.json").read_text())["methods"]["native"]
+    record = native["query_scale"]
+    assert record["config_ships"]["name"] == f"qscale-{'llama4' if family == 'llama4' else 'mistral'}"
+    assert record["matches"] and record["max_diff_in_tolerances"] <= 1
+    formula = (lambda p: brute_llama4(p, 0.5, 16)) if family == "llama4" else (lambda p: brute_mistral(p, 0.5, 16))
+    scaled = [row for row in record["layers"] if family == "ministral3" or row["layer"] == 3]
+    assert len(scaled) == (1 if family == "llama4" else 2)
+    for row in scaled:
+        assert row["q_scale"] == pytest.approx([formula(p) for p in record["positions"]], rel=1e-6)
+    inv_freq = find_rotary_modules(model)[0][1].inv_freq.double()
+    assert native["effective"][0]["inv_freq_readback"] == pytest.approx(inv_freq.tolist(), rel=1e-6)
