@@ -123,14 +123,27 @@ def first_scaled_position(spec: Any, original_length: int) -> int | None:
     return None
 
 
+def describe_query_scale(spec: Any, original_length: int) -> str | None:
+    """One line for `ctxeval plan`: the formula with its numbers, where it starts, which layers; None for others."""
+    first = first_scaled_position(spec, original_length)
+    if first is None:
+        return None
+    p = spec.params
+    formula = (
+        f"1 + {p['attn_scale']:g} ln(floor((i+1)/{p['floor_scale']}) + 1)"
+        if spec.name == "qscale-llama4"
+        else f"1 + {p['beta']:g} ln(1 + floor(i/{original_of(spec, original_length)}))"
+    )
+    where = "every layer" if p["layers"] == "all" else "the layers whose RoPE is off"
+    return f"{spec.name}: queries at position i scaled by {formula} on {where}; exactly 1 below i = {first:,}"
+
+
 def check_query_scales(specs: tuple[Any, ...]) -> None:
     """One query temperature per spec, on the query-scale kernel (not with logn, nor with a remapping method)."""
     names = [s.name for s in specs if is_query_scale(s)]
     if not names:
         return
-    others = [s.name for s in specs if s.name == "logn" or s.params.get("logn") or s.params.get("window")]
-    others += [s.name for s in specs if s.params.get("neighbor_window")]
-    if len(names) > 1 or others:
+    if len(names) > 1 or len(specs) > 1:
         raise CtxevalError(
             f"{'+'.join(s.name for s in specs)}: a query temperature ({names[0]}) scales q alone, on the model's own "
             "attention; combine it with a frequency method only (not with another q scale, logn or a remapping "

@@ -371,3 +371,20 @@ def test_cli_native_on_a_checkpoint_that_ships_a_temperature_records_the_measure
         assert row["q_scale"] == pytest.approx([formula(p) for p in record["positions"]], rel=1e-6)
     inv_freq = find_rotary_modules(model)[0][1].inv_freq.double()
     assert native["effective"][0]["inv_freq_readback"] == pytest.approx(inv_freq.tolist(), rel=1e-6)
+
+
+def test_plan_shows_the_temperature_and_where_it_starts():
+    from typer.testing import CliRunner
+
+    from ctxeval.cli import app
+
+    for text, line in [
+        ("qscale-mistral", "1 + 0.1 ln(1 + floor(i/128)) on every layer; exactly 1 below i = 128"),
+        (
+            "yarn:factor=2+qscale-llama4:floor_scale=64",
+            "ln(floor((i+1)/64) + 1) on the layers whose RoPE is off; exactly 1 below i = 63",
+        ),
+    ]:
+        result = CliRunner().invoke(app, ["plan", "--model", "tiny", "-m", text])
+        assert result.exit_code == 0, result.output
+        assert line in " ".join(result.stdout.split())

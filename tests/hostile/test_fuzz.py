@@ -110,6 +110,8 @@ def _spec(rng):
             "self-extend",
             "logn",
             "leaky-rerope",
+            "qscale-llama4",
+            "qscale-mistral",
             "warp",
             "",
         ]
@@ -127,6 +129,11 @@ def _spec(rng):
         "logn",
         "rule",
         "short_factor",
+        "attn_scale",
+        "floor_scale",
+        "beta",
+        "original",
+        "layers",
         "x",
         "",
     ]
