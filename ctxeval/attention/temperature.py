@@ -310,6 +310,38 @@ def measure_query_scale(model: Any, positions: list[int]) -> dict[str, Any]:
     return {"positions": positions, "relative_to_position": 0, "layers": layers, "softmax_scale": sorted(softmax)}
 
 
+def layer_ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 5] -> 'layers 0-2, 5'."""
+    runs: list[list[int]] = []
+    for layer in sorted(layers):
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+    return f"layer{'s' if len(layers) > 1 else ''} {text}"
+
+
+def summary(measured: dict[str, Any]) -> str:
+    """One line of a read-back: per group of layers with the same factors, where q's factor leaves 1 and what it
+    reaches at the last position probed; the softmax scales seen."""
+    positions = measured["positions"]
+    groups: dict[tuple[float, ...], list[int]] = {}
+    for row in measured["layers"]:
+        groups.setdefault(tuple(round(v, 5) for v in row["q_scale"]), []).append(row["layer"])
+    parts = []
+    for scales, layers in groups.items():
+        first = next((i for i, v in enumerate(scales) if abs(v - 1) > 1e-5), None)
+        parts.append(
+            f"{layer_ranges(layers)}: q x1 at every position probed (0-{positions[-1]:,})"
+            if first is None
+            else f"{layer_ranges(layers)}: q x{scales[first]:.4g} from position {positions[first]:,} "
+            f"(x1 at {positions[first - 1]:,}) to x{scales[-1]:.4g} at {positions[-1]:,}"
+        )
+    softmax = ", ".join(f"x{v:.6g}" for v in measured["softmax_scale"])
+    return "; ".join(parts) + f"; softmax scale {softmax} of 1/sqrt(head_dim)"
+
+
 def expected_scales(specs: tuple[Any, ...], module: Any, positions: list[int], original_length: int) -> list[float]:
     import torch
 
@@ -359,7 +391,8 @@ def query_scale_record(
             raise CtxevalError(f"{'+'.join(ours_name(ours))}: the q scale could not be read back: {exc}") from None
         return {"measured": False, "why": str(exc), "config_ships": shipped}
     worst = compare(measured, compared, model, original_length)
-    record = {**measured, "compared_to": [{"name": s.name, "params": dict(s.params)} for s in compared]}
+    record = {"summary": summary(measured), **measured}
+    record["compared_to"] = [{"name": s.name, "params": dict(s.params)} for s in compared]
     record["max_diff_in_tolerances"] = worst
     if native:
         record["config_ships"] = shipped

@@ -145,6 +145,14 @@ def test_native_llama4_read_back_equals_what_transformers_applies():
     ratio = (tuned[3][0].double().norm(dim=-1) / plain[3][0].double().norm(dim=-1)).mean(0)  # (T,)
     assert ratio.tolist() == pytest.approx([brute_llama4(p, 0.5, 4) for p in range(IDS.shape[1])], rel=1e-6)
     assert record["softmax_scale"] == [1.0]
+    assert record["summary"] == (
+        "layers 0-2: q x1 at every position probed (0-127); layer 3: q x1.347 from position 3 (x1 at 2) to x2.748 "
+        "at 127; softmax scale x1 of 1/sqrt(head_dim)"
+    )
+    from ctxeval.report.html import methods_html
+
+    page = methods_html({"native": {"method": "native", "query_scale": record}}, "m")
+    assert "layer 3: q x1.347 from position 3" in page and "relative_to_position" not in page
 
 
 def test_native_ministral3_read_back_equals_what_transformers_applies():
