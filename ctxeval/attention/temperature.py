@@ -175,11 +175,11 @@ def check_layers(model: Any, specs: tuple[Any, ...]) -> None:
 
 
 def attention_modules(model: Any) -> list[Any]:
-    """The decoder's attention modules in order: modules named *Attention* with a q projection and a layer index."""
+    """The decoder's attention modules in order: modules named *Attention* that know their layer index."""
     return [
         m
         for m in model.modules()
-        if "attention" in type(m).__name__.lower() and hasattr(m, "q_proj") and hasattr(m, "layer_idx")
+        if "attention" in type(m).__name__.lower() and isinstance(getattr(m, "layer_idx", None), int)
     ]
 
 
@@ -269,7 +269,7 @@ def measure_query_scale(model: Any, positions: list[int]) -> dict[str, Any]:
         raise CtxevalError(f"the q scale is read through sdpa; this model runs '{config._attn_implementation}'")
     modules = attention_modules(model)
     if not modules:
-        raise CtxevalError(f"no attention module of {type(model).__name__} has a q projection to probe")
+        raise CtxevalError(f"no attention module of {type(model).__name__} says which layer it is; none to probe")
     rotary = next(iter(find_rotary_modules(model)), (None, None))[1]
     weight = next(iter(model.parameters()))
     gen = torch.Generator().manual_seed(PROBE_SEED)
@@ -386,7 +386,7 @@ def query_scale_record(
     positions = probe_positions(boundaries + [original_length])
     try:
         measured = measure_query_scale(model, positions)
-    except (CtxevalError, TypeError, ValueError, RuntimeError, AttributeError) as exc:  # an attention it cannot call
+    except Exception as exc:  # noqa: BLE001 -- an attention module that cannot be called alone: recorded, or refused
         if not native:
             raise CtxevalError(f"{'+'.join(ours_name(ours))}: the q scale could not be read back: {exc}") from None
         return {"measured": False, "why": str(exc), "config_ships": shipped}

@@ -396,3 +396,28 @@ def test_plan_shows_the_temperature_and_where_it_starts():
         result = CliRunner().invoke(app, ["plan", "--model", "tiny", "-m", text])
         assert result.exit_code == 0, result.output
         assert line in " ".join(result.stdout.split())
+
+
+def test_native_reads_any_attention_that_knows_its_layer_and_says_why_not_otherwise():
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    config = GPTNeoXConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, rotary_pct=0.5
+    )
+    config._attn_implementation = "sdpa"
+    neox = GPTNeoXForCausalLM(config).eval()  # partial rotary, fused qkv projection
+    record = query_scale_record(neox, (), 64, native=True)
+    assert record["matches"] and len(record["layers"]) == 2
+    assert record["summary"].startswith("layers 0-1: q x1 at every position probed (0-511)")
+    with attention_methods(neox, parse_spec("qscale-mistral:beta=0.5,original=5").attention, lambda: None, 64):
+        scaled = query_scale_record(neox, (), 64, native=True)  # native: compared with no temperature
+    assert not scaled["matches"] and scaled["layers"][1]["q_scale"][-1] == pytest.approx(brute_mistral(511, 0.5, 5))
+    neox.config._attn_implementation = "eager"
+    assert query_scale_record(neox, (), 64, native=True) == {
+        "measured": False,
+        "why": "the q scale is read through sdpa; this model runs 'eager'",
+        "config_ships": None,
+    }
+    with pytest.raises(CtxevalError, match="could not be read back: the q scale is read through sdpa"):
+        query_scale_record(neox, parse_spec("qscale-mistral").attention, 64)
