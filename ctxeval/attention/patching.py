@@ -188,12 +188,12 @@ def attention_methods(
 
     from .kernels import FarKeyCache, MaskVerdicts, fused_attend, scale_queries
     from .methods import attend, logn_length
-    from .temperature import check_layers, scale_query
+    from .temperature import check_query_scale_model, scale_query
 
     name = "+".join(s.name for s in specs)
     kernel = kernel_of(model, specs)
     impl = wrappable_attention(model, name, kernel)
-    check_layers(model, specs)
+    check_query_scale_model(model, specs)
     mapping = AttentionInterface._global_mapping
     had, saved = impl in mapping, mapping.get(impl)
     far_keys, verdicts = FarKeyCache(), MaskVerdicts()

@@ -160,8 +160,15 @@ def nope_layers(model: Any) -> list[int]:
     ]
 
 
-def check_layers(model: Any, specs: tuple[Any, ...]) -> None:
-    """A layers=nope temperature on a model with no RoPE-free layer is refused in one line."""
+def check_query_scale_model(model: Any, specs: tuple[Any, ...]) -> None:
+    """Refused in one line: a query temperature on a model that does not run sdpa (its read-back reads q at the sdpa
+    call), and layers=nope on a model with no RoPE-free layer."""
+    ours = [s.name for s in specs if is_query_scale(s)]
+    impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
+    if ours and impl != "sdpa":
+        raise CtxevalError(
+            f"{ours[0]}: its q scale is read back at the sdpa call, and this model runs '{impl}'; rerun with --attn sdpa"
+        )
     asked = [s.name for s in specs if is_query_scale(s) and s.params.get("layers") == "nope"]
     if asked and not nope_layers(model):
         raise CtxevalError(
@@ -376,7 +383,7 @@ def query_scale_record(
     ours = tuple(s for s in specs if is_query_scale(s))
     if not ours and not native:
         return None
-    check_layers(model, ours)
+    check_query_scale_model(model, ours)
     shipped = shipped_query_scale(model.config) if native else None
     if native:
         compared = (SimpleNamespace(**shipped),) if shipped else ()

@@ -165,10 +165,17 @@ def test_native_ministral3_read_back_equals_what_transformers_applies():
     assert 5 in record["positions"] and 4 in record["positions"]  # the boundary is probed
 
 
-def test_native_plain_llama_reads_back_no_q_scale():
-    record = query_scale_record(tiny_llama(attn_implementation="sdpa"), (), 64, native=True)
+def test_native_plain_llama_reads_back_no_q_scale_and_the_softmax_scale_it_runs():
+    from ctxeval.attention.patching import attention_temperature
+
+    model = tiny_llama(attn_implementation="sdpa")
+    record = query_scale_record(model, (), 64, native=True)
     assert record["config_ships"] is None and record["matches"]
     assert all(v == pytest.approx(1, abs=1e-6) for row in record["layers"] for v in row["q_scale"])
+    assert record["softmax_scale"] == [1.0]
+    with attention_temperature(model, 1.5):  # logits x 1.5 through the modules' scaling: seen at the sdpa call
+        hot = query_scale_record(model, (), 64, native=True)
+    assert hot["softmax_scale"] == [1.5] and hot["summary"].endswith("softmax scale x1.5 of 1/sqrt(head_dim)")
 
 
 def test_mistral_form_on_a_plain_llama_equals_ministral3():
@@ -315,17 +322,24 @@ def test_tune_searches_the_temperatures_coefficient():
     assert not [d for d in build_space(fixed, geometry, 128).dims if d.owner]
 
 
-def test_cli_refuses_layers_nope_on_a_model_without_nope_layers_before_the_run_directory(tmp_path):
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["-m", "qscale-llama4:floor_scale=32"], "layers=nope scales the layers whose RoPE is off"),
+        (["-m", "qscale-mistral", "--attn", "eager"], "read back at the sdpa call, and this model runs 'eager'"),
+    ],
+)
+def test_cli_refuses_what_the_model_cannot_take_before_the_run_directory(tmp_path, extra, needle):
     from typer.testing import CliRunner
 
     from ctxeval.cli import app
 
     out = tmp_path / "r"
     args = ["ppl", "--model", "tiny", "--device", "cpu", "--lengths", "128", "--out", str(out)]
-    result = CliRunner().invoke(app, [*args, "-m", "none", "-m", "qscale-llama4:floor_scale=32"])
+    result = CliRunner().invoke(app, [*args, "-m", "none", *extra])
     assert result.exit_code == 2 and not out.exists(), result.output
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert "layers=nope" in line and "use layers=all" in line
+    assert needle in line
 
 
 def test_cli_records_the_measured_q_scale_in_run_json(tmp_path):
@@ -419,5 +433,5 @@ def test_native_reads_any_attention_that_knows_its_layer_and_says_why_not_otherw
         "why": "the q scale is read through sdpa; this model runs 'eager'",
         "config_ships": None,
     }
-    with pytest.raises(CtxevalError, match="could not be read back: the q scale is read through sdpa"):
+    with pytest.raises(CtxevalError, match="read back at the sdpa call, and this model runs 'eager'"):
         query_scale_record(neox, parse_spec("qscale-mistral").attention, 64)
