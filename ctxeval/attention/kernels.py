@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CtxevalError
 from .methods import attend, far_positions, get_attention_method, logn_length, logn_scale, rotate, window_of
+from .temperature import is_query_scale
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +56,7 @@ def choose_kernel(specs: tuple[Any, ...], device_type: str) -> str:
             f"{KERNEL_ENV}={forced!r} is not a kernel choice: set it to 'chunked' (the exact reference) "
             "or 'auto', or unset it"
         )
-    if forced == "chunked":
+    if forced == "chunked" and not any(is_query_scale(s) for s in specs):  # a query temperature has no other path
         return "chunked"
     if remapping_spec(specs) is None:
         return "query-scale"

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import CtxevalError
 from ..rope.params import Param, coerce_param
+from .temperature import LAYERS, check_query_scales, first_scaled_position, query_temperature
 
 if TYPE_CHECKING:
     import torch
@@ -127,6 +128,26 @@ ATTENTION_METHODS: dict[str, AttentionMethod] = {
             ),
             remaps=True,
         ),
+        AttentionMethod(  # query temperatures: attention/temperature.py
+            "qscale-llama4",
+            "Llama 4's attn_temperature_tuning: q x 1 + attn_scale ln(floor((i+1)/floor_scale) + 1)",
+            (
+                Param("attn_scale", float, 0.1, "the coefficient of the log", positive=True),
+                Param("floor_scale", int, 8192, "positions per step of the floor", minimum=2),
+                Param("layers", str, "nope", "nope: the layers whose RoPE is off (Llama 4's); all", choices=LAYERS),
+            ),
+            remaps=False,
+        ),
+        AttentionMethod(
+            "qscale-mistral",
+            "Mistral's llama_4_scaling_beta: q x 1 + beta ln(1 + floor(i/original))",
+            (
+                Param("beta", float, 0.1, "the coefficient of the log", positive=True),
+                Param("original", int, None, "positions per step (default: the trained length)", positive=True),
+                Param("layers", str, "all", "all, or nope: the layers whose RoPE is off", choices=LAYERS),
+            ),
+            remaps=False,
+        ),
     )
 }
 
@@ -214,6 +235,7 @@ def check_combination(specs: tuple[AttentionSpec, ...]) -> None:
     logn_inside = [s.name for s in specs if s.params.get("logn")]
     if logn_inside and "logn" in names:
         raise CtxevalError(f"{logn_inside[0]} already applies logn (its logn=true); drop +logn or set logn=false")
+    check_query_scales(specs)
 
 
 def window_of(spec: AttentionSpec) -> int | None:
@@ -287,8 +309,13 @@ def noop_reason(specs: tuple[AttentionSpec, ...], lengths: list[int], original_l
             )
             continue
         window, logn = window_of(spec), logn_length(spec, original_length)
+        first = first_scaled_position(spec, original_length)
         if (window is not None and window < longest) or (logn is not None and longest > logn):
             return None
+        if first is not None and longest > first:
+            return None
+        if first is not None:
+            parts.append(f"{spec.name}'s q scale is 1 below position {first:,}")
         if window is not None:
             parts.append(f"{spec.name}'s window {window} >= the longest length {longest}")
         if logn is not None:
@@ -480,6 +507,8 @@ def reference_attention(
         q = q_raw[:, i].double()[:, None].expand(heads, k_pos.numel(), -1)
         if logn is not None:
             q = q * float(logn_scale(q_pos[i : i + 1], logn)[0])
+        temperature = query_temperature(specs, q_pos[i : i + 1], original_length)
+        q = q if temperature is None else q * float(temperature[0])
         scores = (rotate(q[None], qi[None], inv_freq)[0] * rotate(k_raw.double()[None], kj[None], inv_freq)[0]).sum(-1)
         scores = (scores * scaling).masked_fill((k_pos > q_pos[i])[None], float("-inf"))  # (H, Tk)
         rows.append((torch.softmax(scores, dim=-1)[:, None] @ value.double())[:, 0])  # (H, D)

@@ -189,10 +189,12 @@ def attention_methods(
     from .kernels import FarKeyCache, MaskVerdicts, fused_attend, scale_queries
     from .methods import attend, logn_length
     from .shifted import attend_shifted, fused_shifted, shifted_spec
+    from .temperature import check_query_scale_model, scale_query
 
     name = "+".join(s.name for s in specs)
     kernel = kernel_of(model, specs)
     impl = wrappable_attention(model, name, kernel)
+    check_query_scale_model(model, specs)
     mapping = AttentionInterface._global_mapping
     had, saved = impl in mapping, mapping.get(impl)
     far_keys, verdicts = FarKeyCache(), MaskVerdicts()
@@ -219,9 +221,10 @@ def attention_methods(
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         own = saved if had else eager_function(module)
         if kernel == "query-scale" and own is not None:
+            scaled = scale_queries(query, positions, logn) if logn is not None else None
             return own(
                 module,
-                scale_queries(query, positions, logn),
+                scale_query(module, query, positions, specs, original_length) if scaled is None else scaled,
                 key,
                 value,
                 attention_mask,
@@ -279,6 +282,7 @@ def verify_attention_methods(
 
     from .methods import reference_attention, rotate, window_of
     from .shifted import probe_length, reference_shifted, rules_probed, shifted_spec
+    from .temperature import first_scaled
 
     config = model.config.get_text_config()
     impl = config._attn_implementation
@@ -320,7 +324,7 @@ def verify_attention_methods(
     freqs = inv_freq().detach().to("cpu", torch.float64)
     query = rotate(q_raw[None], q_pos[None], freqs).float()  # what RoPE hands the attention function
     key = rotate(k_raw[None], k_pos[None], freqs).float()
-    module = calls[0]  # layer 0's own attention module: the probe runs as its forward would
+    module = first_scaled(calls, specs)  # layer 0's own attention module (or the first a layers=nope q scale takes)
     # the mask transformers passes for 16 queries after earlier keys: (1, 1, 16, total) under sdpa and eager; none
     # under flash-attention 2, whose causal masking is bottom-right aligned
     causal = None if impl == "flash_attention_2" else (k_pos[None, :] <= q_pos[:, None])[None, None].to(device)

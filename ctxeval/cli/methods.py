@@ -15,7 +15,8 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from ..attention.methods import ATTENTION_METHODS, change_points, logn_length, relative_position
+from ..attention.methods import ATTENTION_METHODS, change_points, get_attention_method, logn_length, relative_position
+from ..attention.temperature import describe_query_scale
 from ..errors import CtxevalError
 from ..models.load import load_config
 from ..rope import bound as BD
@@ -248,7 +249,7 @@ def print_plan_table(title: str, rows: list[Any], attention_factor: float) -> No
 def print_relative_positions(spec: MethodSpec, original_length: int) -> None:
     """The attention methods of `spec`: the relative position each scores at a distance, and logn's scaling."""
     L = original_length
-    remapping = [a for a in spec.attention if a.name != "logn"]
+    remapping = [a for a in spec.attention if get_attention_method(a.name).remaps]
     distances = sorted(
         {0, L // 4, L // 2, L - 1, L, 2 * L, 4 * L, 8 * L}
         | {point + extra for a in remapping for point in change_points(a, L) for extra in (-1, 0)}
@@ -262,13 +263,15 @@ def print_relative_positions(spec: MethodSpec, original_length: int) -> None:
     out.print(table)
     for length in filter(None, (logn_length(a, L) for a in spec.attention)):
         out.print(f"logn: queries at position i scaled by max(1, log(i+1)/log {length})")
+    for line in filter(None, (describe_query_scale(a, L) for a in spec.attention)):
+        out.print(line)
 
 
 def write_plan_plot(spec: MethodSpec, rows: list[Any], geom: Geometry, plot: Path) -> None:
     """--plot: the relative positions of a remapping attention method, else the per-pair scale."""
     from ..report.plots import plot_plan, plot_relative_positions  # matplotlib only when a plot is asked for
 
-    remapping = [a for a in spec.attention if a.name != "logn"]
+    remapping = [a for a in spec.attention if get_attention_method(a.name).remaps]
     if remapping:
         import numpy as np
 

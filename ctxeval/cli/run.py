@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..attention.methods import check_sizes
 from ..attention.patching import supports_temperature, wrappable_attention
+from ..attention.temperature import check_query_scale_model
 from ..errors import CtxevalError
 from ..models.load import load_model, parse_max_memory
 from ..models.memory import sliding_window_of
@@ -90,6 +91,8 @@ def load_for(
     with_attention = [s.label for s in specs if s.attention]
     if with_attention:
         wrappable_attention(lm.model, with_attention[0])  # before any run directory exists
+        for spec in specs:
+            check_query_scale_model(lm.model, spec.attention)  # sdpa, and RoPE-free layers for layers=nope
     if any(s.temperature != 1.0 for s in specs) and not supports_temperature(lm.model, lm.device):
         raise CtxevalError(
             f"--attention-temperature: the attention of '{model}' exposes no logit scale that "

@@ -159,6 +159,8 @@ def head_parts(
 ) -> tuple[torch.nn.Module, torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """(body, LM head, logit post-processing) so that logits can be computed a chunk of positions at a time."""
     body = getattr(model, model.base_model_prefix, None)
+    if body is None:  # Llama4ForCausalLM: base_model_prefix 'language_model', its body at .model
+        body = getattr(model, "model", None)
     head = model.get_output_embeddings()
     if body is None or head is None or body is model:
         raise CtxevalError(f"{type(model).__name__} has no separate body and LM head; ctxeval cannot score it")

@@ -10,6 +10,7 @@ from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 from ..attention.methods import in_effect
 from ..attention.patching import attention_methods, attention_temperature, kernel_of, verify_attention_methods
+from ..attention.temperature import query_scale_record
 from ..data.corpora import TokenDoc
 from ..errors import CtxevalError
 from ..models.protocol import LanguageModel
@@ -73,6 +74,9 @@ def applying(
         attention_methods(lm.model, spec.attention, inv_freq, original),
     ):
         record = {**handle.record(tuple(lengths)), "attention_temperature": spec.temperature}
+        query_scale = query_scale_record(lm.model, spec.attention, original, native=spec.name == "native")
+        if query_scale is not None:
+            record["query_scale"] = query_scale
         if spec.attention:
             record["attention_methods"] = [
                 {

@@ -200,6 +200,10 @@ def methods_html(methods: dict[str, Any], table_id: str) -> str:
     methods (methods[label].attention_check). Fields every method shares (geometry, rotary modules, ...) are
     listed once under the table."""
     records = {label: m if isinstance(m, dict) else {"value": m} for label, m in methods.items()}
+    records = {  # the measured q scale by its one-line summary, not its per-layer lists
+        label: {**m, "query_scale": m["query_scale"].get("summary")} if isinstance(m.get("query_scale"), dict) else m
+        for label, m in records.items()
+    }
     own = {"method", "params", "length_dependent", "effective", "attention_methods", "attention_check"}
     others = list(dict.fromkeys(k for m in records.values() for k in m if k not in own))
     common = [

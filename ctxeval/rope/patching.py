@@ -206,7 +206,10 @@ class RopeHandle:
                 device = module.inv_freq.device
                 position_ids = torch.tensor([[0, 1, max(n - 1, 1)]], device=device)
                 x = torch.zeros(1, 3, self.geometry.rotary_dim, device=device, dtype=torch.float32)
-                cos, sin = module(x, position_ids)  # (1, 3, rotary_dim) each
+                result = module(x, position_ids)
+                if torch.is_tensor(result) and result.is_complex():  # Llama 4: one complex factor per pair
+                    result = (result.real.repeat(1, 1, 2), result.imag.repeat(1, 1, 2))  # as rotate-half cos, sin
+                cos, sin = result  # (1, 3, rotary_dim) each
                 cos, sin = cos[0].double().cpu().numpy(), sin[0].double().cpu().numpy()
                 attention = float(cos[0, 0])
                 angles = np.arctan2(sin[1], cos[1])  # (rotary_dim,) = inv_freq per channel, since inv_freq <= 1 < pi

@@ -296,11 +296,11 @@ def test_an_unknown_attention_method_names_the_known_ones():
     with pytest.raises(
         CtxevalError,
         match=r"^unknown attention method 'yarn'; choose one of: self-extend, rerope, "
-        r"leaky-rerope, logn, dca, string$",
+        r"leaky-rerope, logn, dca, string, qscale-llama4, qscale-mistral$",
     ):
         get_attention_method("yarn")
     assert get_attention_method("rerope") is ATTENTION_METHODS["rerope"]
-    assert [m.remaps for m in ATTENTION_METHODS.values()] == [True, True, True, False, True, True]
+    assert [m.remaps for m in ATTENTION_METHODS.values()] == [True, True, True, False, True, True, False, False]
 
 
 def test_attention_parameters_are_typed_and_defaults_filled():

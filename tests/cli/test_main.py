@@ -50,6 +50,10 @@ def test_methods_lists_every_method():
         "rerope",
         "leaky-rerope",
         "logn",
+        "dca",
+        "string",
+        "qscale-llama4",
+        "qscale-mistral",
     ]
     table = run("methods")
     assert "beta_fast=32" in table.stdout and "alpha=beta_slow" in table.stdout

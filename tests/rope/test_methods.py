@@ -384,20 +384,20 @@ def test_compute_refuses_a_length_below_one_and_frequencies_that_are_not_positiv
             "warp",
             "unknown method 'warp' in 'warp'; frequency methods: none, native, pi, linear, ntk, ntk-mixed, dynamic-ntk, "
             "ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after '+'): self-extend, "
-            "rerope, leaky-rerope, logn (see 'ctxeval methods')",
+            "rerope, leaky-rerope, logn, dca, string, qscale-llama4, qscale-mistral (see 'ctxeval methods')",
         ),
         (
             "yarm",
             "unknown method 'yarm' in 'yarm'; did you mean 'yarn'? frequency methods: none, native, pi, linear, ntk, "
             "ntk-mixed, dynamic-ntk, ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after "
-            "'+'): self-extend, rerope, leaky-rerope, logn (see 'ctxeval methods')",
+            "'+'): self-extend, rerope, leaky-rerope, logn, dca, string, qscale-llama4, qscale-mistral (see 'ctxeval methods')",
         ),
         (
             "ntk:factor=2+self_extend",
             "unknown method 'self_extend' in 'ntk:factor=2+self_extend'; did you mean "
             "'self-extend'? frequency methods: none, native, pi, linear, ntk, ntk-mixed, dynamic-ntk, "
             "ntk-by-parts, yarn, dynamic-yarn, llama3, longrope; attention methods (alone or after "
-            "'+'): self-extend, rerope, leaky-rerope, logn (see 'ctxeval methods')",
+            "'+'): self-extend, rerope, leaky-rerope, logn, dca, string, qscale-llama4, qscale-mistral (see 'ctxeval methods')",
         ),
         (
             "native",

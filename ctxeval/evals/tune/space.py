@@ -74,6 +74,9 @@ RANGES: dict[str, dict[str, Range]] = {
         "shift": Range(0.1, 0.6, per="length"),
         "local": Range(1 / 1024, 1 / 16, log=True, per="length"),
     },
+    # query temperatures: Llama 4 and Mistral ship 0.1 for both coefficients; from a tenth of it to ten times
+    "qscale-llama4": {"attn_scale": Range(0.01, 1.0, log=True)},
+    "qscale-mistral": {"beta": Range(0.01, 1.0, log=True)},
 }
 FACTOR_RANGE = Range(0.5, 2.0, log=True, per="factor")  # --search-factor: from s/2 to 2s (at least 1)
 LONG_FACTOR = "long_factor"
