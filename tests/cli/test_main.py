@@ -40,6 +40,7 @@ def test_methods_lists_every_method():
         "native",
         "pi",
         "ntk",
+        "ntk-mixed",
         "dynamic-ntk",
         "ntk-by-parts",
         "yarn",
