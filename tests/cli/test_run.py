@@ -188,7 +188,7 @@ def test_methods_lists_which_factors_default_to_the_longest_length(tmp_path):
     result = run_cli(tmp_path, "methods", "--format", "json")
     factors = {m["name"]: p for m in json.loads(result.stdout) for p in m["params"] if p["name"] == "factor"}
     with_rule = sorted(name for name, p in factors.items() if "measuring_default" in p)
-    assert with_rule == ["ntk", "ntk-by-parts", "pi", "yarn"]
+    assert with_rule == ["ntk", "ntk-by-parts", "ntk-mixed", "pi", "yarn"]
 
 
 def test_plan_takes_the_default_factor_from_length(tmp_path):
