@@ -227,6 +227,8 @@ def test_the_recipe_takes_its_steps_in_one_order(monkeypatch):
     monkeypatch.setattr(run, "prepare_backend", step("backend", {}))
     monkeypatch.setattr(run, "measure", step("measure"))
     monkeypatch.setattr(run, "check_run_dir", step("run directory"))
+    monkeypatch.setattr(run, "check_attention_sizes", step("attention sizes"))
+    monkeypatch.setattr(run, "shipped_attention", step("shipped attention", []))
 
     class Recorded(run.Measurement):
         task = "toy"
@@ -259,8 +261,10 @@ def test_the_recipe_takes_its_steps_in_one_order(monkeypatch):
         "dry_run",
         "check_data",
         "check_engine",
+        "attention sizes",
         "load",
         "loaded",
+        "shipped attention",
         "default_lengths",
         "configure",
         "factors",
