@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CtxevalError
-from .methods import attend, far_positions, get_attention_method, logn_length, logn_scale, rotate, window_of
+from .methods import attend, far_positions, get_attention_method, logn_scale, rotate, specs_logn_length, window_of
 from .temperature import is_query_scale
 
 if TYPE_CHECKING:
@@ -352,7 +352,7 @@ def fused_attend(
     if starts is None:
         return attend(query, key, value, q_pos, k_pos, mask, scaling, inv_freq, specs, original_length)
     remap = remapping_spec(specs)
-    logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
+    logn = specs_logn_length(specs, original_length)
     window = window_of(remap)
     q = scale_queries(query, q_pos, logn) if logn is not None else query
     q_far_pos, k_far_pos = far_positions(remap, q_pos, k_pos)

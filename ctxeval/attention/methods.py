@@ -292,6 +292,11 @@ def dca_scale_length(spec: AttentionSpec, original_length: int) -> int | None:
     return (spec.params.get("original") or original_length) if scale == "vllm" else original_length
 
 
+def specs_logn_length(specs: tuple[AttentionSpec, ...], original_length: int) -> int | None:
+    """The L of log-n scaling when any of `specs` scales queries by it (logn_length), else None."""
+    return next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
+
+
 def noop_reason(specs: tuple[AttentionSpec, ...], lengths: list[int], original_length: int) -> str | None:
     """Why these methods change nothing at any of `lengths` (then running them only costs time), else None."""
     longest = max(lengths)
@@ -422,7 +427,7 @@ def attend(
     kv_heads, tk = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     remap = next((s for s in specs if get_attention_method(s.name).remaps), None)
-    logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
+    logn = specs_logn_length(specs, original_length)
     kf = key.float()  # (B, Hk, Tk, D)
     vf = value.float()
     far_keys, window = None, 0
@@ -499,7 +504,7 @@ def reference_attention(
     import torch
 
     remap = next((s for s in specs if get_attention_method(s.name).remaps), AttentionSpec("none"))
-    logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
+    logn = specs_logn_length(specs, original_length)
     heads, tq, _ = q_raw.shape
     rows = []
     for i in range(tq):

@@ -187,7 +187,7 @@ def attention_methods(
     from transformers.modeling_utils import AttentionInterface
 
     from .kernels import FarKeyCache, MaskVerdicts, fused_attend, scale_queries
-    from .methods import attend, logn_length
+    from .methods import attend, specs_logn_length
     from .shifted import attend_shifted, fused_shifted, shifted_spec
     from .temperature import check_query_scale_model, scale_query
 
@@ -198,7 +198,7 @@ def attention_methods(
     mapping = AttentionInterface._global_mapping
     had, saved = impl in mapping, mapping.get(impl)
     far_keys, verdicts = FarKeyCache(), MaskVerdicts()
-    logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
+    logn = specs_logn_length(specs, original_length)
     shifted = shifted_spec(specs) is not None
     fused_fn, chunked_fn = (fused_shifted, attend_shifted) if shifted else (fused_attend, attend)
 

@@ -38,9 +38,9 @@ from .methods import (
     AttentionSpec,
     dca_scale_length,
     dca_sizes,
-    logn_length,
     logn_scale,
     rotate,
+    specs_logn_length,
     string_sizes,
 )
 
@@ -127,7 +127,7 @@ def attend_shifted(
     kv_heads, tk = key.shape[1], key.shape[2]
     q_pos, k_pos = q_pos.expand(batch, tq), k_pos.expand(batch, tk)
     groups, rotary_dim = heads // kv_heads, 2 * inv_freq.numel()
-    logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
+    logn = specs_logn_length(specs, original_length)
     rotary, logit = gains(spec, k_pos[:, -1] + 1, original_length)
     parts = rules(spec, sizes_of(spec, original_length), q_pos, k_pos, prefill=tq == tk)
     kf = scale_rotary(key.float(), rotary, rotary_dim)  # (B, Hk, Tk, D)
@@ -187,7 +187,7 @@ def reference_shifted(
     import torch
 
     spec = shifted_spec(specs)
-    logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
+    logn = specs_logn_length(specs, original_length)
     rotary, logit = gains(spec, k_pos[-1:] + 1, original_length)
     rotary_dim = 2 * inv_freq.numel()
     k_scaled = scale_rotary(k_raw.double()[None], rotary, rotary_dim)[0]
@@ -300,7 +300,7 @@ def fused_shifted(
         return attend_shifted(query, key, value, q_pos, k_pos, mask, scaling, inv_freq, specs, original_length)
     spec = shifted_spec(specs)
     sizes = sizes_of(spec, original_length)
-    logn = next((length for length in (logn_length(s, original_length) for s in specs) if length), None)
+    logn = specs_logn_length(specs, original_length)
     q = scale_queries(query, q_pos, logn) if logn is not None else query
     rotary, logit = gains(spec, k_pos[:, -1] + 1, original_length)
     q = scale_rotary(q, rotary * rotary, 2 * inv_freq.numel())  # q.k's rotary part x rotary^2: keys stay as cached
