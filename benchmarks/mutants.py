@@ -1,7 +1,7 @@
 """A small mutation check: apply one plausible one-line bug at a time to a scratch copy of the checkout, run the tests
 that should catch it, and report which were killed (a test failed) and which survived.
 
-    python benchmarks/mutants.py [--only NAME] [--keep-going]
+    python benchmarks/mutants.py [--only NAME] [--start K]
 
 Each mutant is (name, file, the exact text, its replacement, the test files to run). The copy lives in a temporary
 folder (the working tree is never touched); the tests run there with `python -m pytest -x -q`. A mutant whose text
@@ -20,6 +20,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESUME = "tests/test_resume_and_rollback.py"
+JOB = "tests/evals/tune/test_job.py"
+SPACE = "tests/evals/tune/test_space.py"
+ROPE_CONFIG = "tests/models/test_rope_config.py"
+VLLM_ROPE = "tests/models/test_vllm_rope.py"
+ENGINE = "tests/models/test_vllm_engine.py"
+KERNELS = "tests/attention/test_kernels.py"
+SHIFTED = ["tests/attention/test_shifted.py", "tests/conformance/test_dca_string.py"]
+TEMPERATURE = ["tests/attention/test_temperature.py"]
 MUTANTS = [
     (
         "needle resume key without depth",
@@ -67,8 +75,8 @@ MUTANTS = [
     (
         "dynamic-yarn ignores original_max_position_embeddings",
         "ctxeval/rope/methods.py",
-        "    L = _length(geom, params)\n    s = max(1.0, (L if length is None else length) / L)",
-        "    L = geom.original_length\n    s = max(1.0, (L if length is None else length) / L)",
+        '    L = _length(geom, params)\n    s = max(params["finetuned_factor"], (L if length is None else length) / L)',
+        '    L = geom.original_length\n    s = max(params["finetuned_factor"], (L if length is None else length) / L)',
         [RESUME],
     ),
     (
@@ -109,8 +117,8 @@ MUTANTS = [
     (
         "truncate window aggregate: the sum, not the mean",
         "ctxeval/evals/perplexity.py",
-        "rows.append(self._ok(spec, length, doc.doc_id, total, n, total / n, 1,",
-        "rows.append(self._ok(spec, length, doc.doc_id, total, n, total, 1,",
+        "                    total,\n                    n,\n                    total / n,\n                    1,\n",
+        "                    total,\n                    n,\n                    total,\n                    1,\n",
         [RESUME],
     ),
     (
@@ -148,19 +156,417 @@ MUTANTS = [
         'return min(found) if metric == "string_match_all" else max(found)',
         ["tests/evals/ruler/test_generate.py"],
     ),
+    # issue 43: tune, export, rope_config, the vLLM read-back and engine, file limits, fused-kernel masks
+    (
+        "longrope short key without the attention factor",
+        "ctxeval/evals/tune/search.py",
+        "            freqs.attention_factor,\n            spec.temperature,\n",
+        "            spec.temperature,\n",
+        [f"{JOB}::test_every_longrope_trial_measures_the_trained_length_at_its_own_attention_factor"],
+    ),
+    (
+        "held-out sweep on the tuning documents",
+        "ctxeval/evals/tune/job.py",
+        "lm, specs, job.heldout, PplConfig",
+        "lm, specs, job.tuning, PplConfig",
+        [f"{JOB}::test_the_heldout_rows_are_measured_on_the_heldout_documents_alone"],
+    ),
+    (
+        "held-out split overlaps the tuning documents by one",
+        "ctxeval/evals/tune/search.py",
+        "return docs[:n_tune], docs[n_tune : n_tune + n_heldout]",
+        "return docs[:n_tune], docs[n_tune - 1 : n_tune - 1 + n_heldout]",
+        [f"{JOB}::test_the_heldout_rows_are_measured_on_the_heldout_documents_alone"],
+    ),
+    (
+        "an attention method's fixed parameter searched",
+        "ctxeval/evals/tune/space.py",
+        "            if name not in a.given:\n",
+        "            if True:\n",
+        [SPACE],
+    ),
+    (
+        "a trial's attention method starts from no parameters",
+        "ctxeval/evals/tune/space.py",
+        "attention = {a.name: dict(a.given) for a in self.base.attention}",
+        "attention = {a.name: {} for a in self.base.attention}",
+        [SPACE],
+    ),
+    (
+        "export tolerance 1e-6 -> 1e-2",
+        "ctxeval/evals/tune/export.py",
+        "EXPORT_RTOL = 1e-6",
+        "EXPORT_RTOL = 1e-2",
+        ["tests/evals/tune/test_export.py"],
+    ),
+    (
+        "vLLM read-back tolerance 1e-5 -> 1e-4",
+        "ctxeval/models/vllm_rope.py",
+        "READBACK_RTOL = 1e-5",
+        "READBACK_RTOL = 1e-4",
+        [VLLM_ROPE],
+    ),
+    (
+        "the winner taken without the guard",
+        "ctxeval/evals/tune/search.py",
+        'ok = [r for r in rows if r.get("status") == "ok" and r.get("feasible")]',
+        'ok = [r for r in rows if r.get("status") == "ok"]',
+        [f"{JOB}::test_an_infeasible_trial_that_beats_every_feasible_one_does_not_win"],
+    ),
+    (
+        "llama3 entry: frequency factors swapped",
+        "ctxeval/models/rope_config.py",
+        '"low_freq_factor": p["low_freq_factor"],\n            "high_freq_factor": p["high_freq_factor"],',
+        '"low_freq_factor": p["high_freq_factor"],\n            "high_freq_factor": p["low_freq_factor"],',
+        [ROPE_CONFIG],
+    ),
+    (
+        "yarn entry: truncate forced true",
+        "ctxeval/models/rope_config.py",
+        '"truncate": p["truncate"],',
+        '"truncate": True,',
+        [ROPE_CONFIG],
+    ),
+    (
+        "pi entry: 1/factor",
+        "ctxeval/models/rope_config.py",
+        '{"rope_type": "linear", "factor": p["factor"], **base}',
+        '{"rope_type": "linear", "factor": 1 / p["factor"], **base}',
+        [ROPE_CONFIG],
+    ),
+    (
+        "longrope entry: short and long lists swapped",
+        "ctxeval/models/rope_config.py",
+        '"short_factor": list(p["short_factor"]),\n            "long_factor": list(p["long_factor"]),',
+        '"short_factor": list(p["long_factor"]),\n            "long_factor": list(p["short_factor"]),',
+        [ROPE_CONFIG],
+    ),
+    (
+        "Phi-3 LongRoPE probe rows swapped",
+        "ctxeval/models/vllm_engine.py",
+        "rows = table.shape[0] - original if module.use_long_rope else original",
+        "rows = original if module.use_long_rope else table.shape[0] - original",
+        [ENGINE],
+    ),
+    (
+        "vLLM memory fraction: CPU and GPU swapped",
+        "ctxeval/models/vllm_engine.py",
+        '0.9 if self.device != "cpu" else CPU_MEMORY_FRACTION',
+        'CPU_MEMORY_FRACTION if self.device != "cpu" else 0.9',
+        [ENGINE],
+    ),
+    (
+        "vLLM enforce_eager on a GPU",
+        "ctxeval/models/vllm_engine.py",
+        '"enforce_eager": self.device == "cpu",',
+        '"enforce_eager": True,',
+        [ENGINE],
+    ),
+    (
+        "an oversize file cut silently",
+        "ctxeval/util/textfiles.py",
+        "raw = fh.read(max_bytes + 1)",
+        "raw = fh.read(max_bytes)",
+        ["tests/util/test_textfiles.py"],
+    ),
+    (
+        "a file at its limit refused",
+        "ctxeval/util/textfiles.py",
+        "if len(raw) > max_bytes:",
+        "if len(raw) >= max_bytes:",
+        ["tests/util/test_textfiles.py"],
+    ),
+    (
+        "fused kernels: a finite bias on a masked key taken as a mask",
+        "ctxeval/attention/kernels.py",
+        "if mask.dtype != torch.bool and not bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all()):",
+        "if False:",
+        [KERNELS],
+    ),
+    (
+        "fused kernels: a mask changed in place keeps its old verdict",
+        "ctxeval/attention/kernels.py",
+        "if mask is not self.mask or version != self.version:",
+        "if mask is not self.mask:",
+        [KERNELS],
+    ),
+    # issue 43's own check over the code issue 40 added (DCA, STRING, query temperatures, DeepSeek's softmax scale,
+    # NTK-mixed, their search spaces and presets)
+    (
+        "dca: successive query clamped one short",
+        "ctxeval/attention/shifted.py",
+        "(q_pos % c + c).clamp(max=chunk)",
+        "(q_pos % c + c).clamp(max=chunk - 1)",
+        SHIFTED,
+    ),
+    (
+        "dca: inter query at chunk_size",
+        "ctxeval/attention/shifted.py",
+        "torch.full_like(q_pos, min(2 * c - 1, chunk))",
+        "torch.full_like(q_pos, chunk)",
+        SHIFTED,
+    ),
+    (
+        "dca: inter rule drops the chunk two back",
+        "ctxeval/attention/shifted.py",
+        "lambda qi, kj: kj // c <= qi // c - 2",
+        "lambda qi, kj: kj // c < qi // c - 2",
+        SHIFTED,
+    ),
+    (
+        "dca: intra rule takes earlier chunks too",
+        "ctxeval/attention/shifted.py",
+        "lambda qi, kj: qi // c == kj // c",
+        "lambda qi, kj: qi // c >= kj // c",
+        SHIFTED,
+    ),
+    (
+        "dca: keys modulo chunk_size, not chunk_size - local",
+        "ctxeval/attention/shifted.py",
+        "k_new = k_pos % c\n",
+        "k_new = k_pos % chunk\n",
+        SHIFTED,
+    ),
+    (
+        "string: prefill's key at S in the near part dropped",
+        "ctxeval/attention/shifted.py",
+        "(lambda qi, kj: qi - kj <= shift) if prefill",
+        "(lambda qi, kj: qi - kj < shift) if prefill",
+        SHIFTED,
+    ),
+    (
+        "string: decoding's key at S counted twice",
+        "ctxeval/attention/shifted.py",
+        "else (lambda qi, kj: qi - kj < shift)",
+        "else (lambda qi, kj: qi - kj <= shift)",
+        SHIFTED,
+    ),
+    (
+        "string: shifted query without + local",
+        "ctxeval/attention/shifted.py",
+        "(q_pos - shift + local, k_pos,",
+        "(q_pos - shift, k_pos,",
+        SHIFTED,
+    ),
+    (
+        "dca chunkllama temperature 0.05 -> 0.1",
+        "ctxeval/attention/shifted.py",
+        "0.05 * torch.log(n / scale_from) + 1",
+        "0.1 * torch.log(n / scale_from) + 1",
+        SHIFTED,
+    ),
+    (
+        "dca vllm temperature not squared",
+        "ctxeval/attention/shifted.py",
+        "return one, factor * factor",
+        "return one, factor",
+        SHIFTED,
+    ),
+    (
+        "dca vllm temperature allowed below 1",
+        "ctxeval/attention/shifted.py",
+        "(0.1 * torch.log(n / scale_from) + 1).clamp(min=1.0)",
+        "(0.1 * torch.log(n / scale_from) + 1)",
+        SHIFTED,
+    ),
+    (
+        "string: attention factor dropped",
+        "ctxeval/attention/shifted.py",
+        'return one * spec.params["attention_factor"], one',
+        "return one, one",
+        SHIFTED,
+    ),
+    (
+        "fused: sequence length off by one",
+        "ctxeval/attention/shifted.py",
+        "rotary, logit = gains(spec, k_pos[:, -1] + 1, original_length)\n    q = scale_rotary",
+        "rotary, logit = gains(spec, k_pos[:, -1], original_length)\n    q = scale_rotary",
+        SHIFTED,
+    ),
+    (
+        "fused: q's rotary gain not squared",
+        "ctxeval/attention/shifted.py",
+        "q = scale_rotary(q, rotary * rotary, 2 * inv_freq.numel())",
+        "q = scale_rotary(q, rotary, 2 * inv_freq.numel())",
+        SHIFTED,
+    ),
+    (
+        "fused dca: previous chunk's query clamp one short",
+        "ctxeval/attention/shifted.py",
+        "positions.clamp(max=n * c + local)",
+        "positions.clamp(max=n * c + local - 1)",
+        SHIFTED,
+    ),
+    (
+        "fused dca: earliest chunks stop one chunk early",
+        "ctxeval/attention/shifted.py",
+        "early = slice(0, (n - 1) * c)",
+        "early = slice(0, (n - 2) * c)",
+        SHIFTED,
+    ),
+    (
+        "fused string: band not one key wider in a prefill",
+        "ctxeval/attention/shifted.py",
+        "near = shift + 1 if tq == tk else shift",
+        "near = shift",
+        SHIFTED,
+    ),
+    (
+        "fused string: far query moved the wrong way",
+        "ctxeval/attention/shifted.py",
+        "torch.full_like(q_pos[b, first:], local - shift)",
+        "torch.full_like(q_pos[b, first:], shift - local)",
+        SHIFTED,
+    ),
+    (
+        "fused dca: far keys modulo chunk_size",
+        "ctxeval/attention/shifted.py",
+        "delta = k_pos % c - k_pos",
+        "delta = k_pos % sizes[0] - k_pos",
+        SHIFTED,
+    ),
+    (
+        "dca probe stops before the inter rule",
+        "ctxeval/attention/shifted.py",
+        "needed = 2 * (chunk - local) + 48 if",
+        "needed = (chunk - local) + 48 if",
+        SHIFTED,
+    ),
+    (
+        "dca default chunk L/2",
+        "ctxeval/attention/methods.py",
+        "original_length * 3 // 4",
+        "original_length // 2",
+        SHIFTED,
+    ),
+    (
+        "dca default local L/16",
+        "ctxeval/attention/methods.py",
+        'local = spec.params.get("local_size") or original_length // 8',
+        'local = spec.params.get("local_size") or original_length // 16',
+        SHIFTED,
+    ),
+    (
+        "dca: chunk equal to local accepted",
+        "ctxeval/attention/methods.py",
+        "if local < 1 or chunk <= local:",
+        "if local < 1 or chunk < local:",
+        SHIFTED,
+    ),
+    (
+        "string default shift 0.25 L",
+        "ctxeval/attention/methods.py",
+        "int(0.33 * original_length)",
+        "int(0.25 * original_length)",
+        SHIFTED,
+    ),
+    (
+        "string: shift past the trained length accepted",
+        "ctxeval/attention/methods.py",
+        "if shift < 1 or shift > original_length:",
+        "if shift < 1 or shift > 2 * original_length:",
+        SHIFTED,
+    ),
+    (
+        "dca no-op claimed up to chunk_size",
+        "ctxeval/attention/methods.py",
+        "if longest > chunk - local or",
+        "if longest > chunk or",
+        SHIFTED,
+    ),
+    (
+        "dca vllm temperature from the trained length, not original",
+        "ctxeval/attention/methods.py",
+        '(spec.params.get("original") or original_length) if scale == "vllm" else original_length',
+        "original_length",
+        SHIFTED,
+    ),
+    (
+        "llama4 q scale: p instead of p + 1",
+        "ctxeval/attention/temperature.py",
+        "torch.floor((p + 1.0) / floor_scale) + 1.0",
+        "torch.floor(p / floor_scale) + 1.0",
+        TEMPERATURE,
+    ),
+    (
+        "mistral q scale: p + 1 instead of p",
+        "ctxeval/attention/temperature.py",
+        "torch.log(1.0 + torch.floor(p / original))",
+        "torch.log(1.0 + torch.floor((p + 1.0) / original))",
+        TEMPERATURE,
+    ),
+    (
+        "layers=nope scales every layer",
+        "ctxeval/attention/temperature.py",
+        'return spec.params.get("layers", "all") == "all" or module is None or not uses_rope(module)',
+        "return True",
+        TEMPERATURE,
+    ),
+    (
+        "llama4 first scaled position one late",
+        "ctxeval/attention/temperature.py",
+        'return int(spec.params["floor_scale"]) - 1',
+        'return int(spec.params["floor_scale"])',
+        TEMPERATURE,
+    ),
+    (
+        "shipped llama4 temperature on every layer",
+        "ctxeval/attention/temperature.py",
+        '"floor_scale": int(text.floor_scale), "layers": "nope"}',
+        '"floor_scale": int(text.floor_scale), "layers": "all"}',
+        TEMPERATURE,
+    ),
+    (
+        "deepseek softmax factor not squared",
+        "ctxeval/rope/softmax_scale.py",
+        'return _m(float(params["factor"]), float(params["mscale_all_dim"])) ** 2',
+        'return _m(float(params["factor"]), float(params["mscale_all_dim"]))',
+        ["tests/rope/test_softmax_scale.py"],
+    ),
+    (
+        "deepseek m(s, x) without x",
+        "ctxeval/rope/softmax_scale.py",
+        "0.1 * x * math.log(scale) + 1.0",
+        "0.1 * math.log(scale) + 1.0",
+        ["tests/rope/test_softmax_scale.py"],
+    ),
+    (
+        "ntk-mixed exponents from pair 0",
+        "ctxeval/rope/methods.py",
+        "exponents = (np.arange(1, half + 1, dtype=np.float64) / half) ** b",
+        "exponents = (np.arange(0, half, dtype=np.float64) / half) ** b",
+        ["tests/rope/test_ntk_mixed.py"],
+    ),
+    (
+        "tune: dca chunk range per factor",
+        "ctxeval/evals/tune/space.py",
+        '"chunk_size": Range(0.5, 1.0, per="length")',
+        '"chunk_size": Range(0.5, 1.0, per="factor")',
+        ["tests/evals/tune/test_space.py"],
+    ),
+    (
+        "qwen2.5-1m-dca preset local 4096",
+        "ctxeval/specs.py",
+        '{"chunk_size": "262144", "local_size": "8192", "scale": "vllm", "original": "262144"},\n            \'Qwen2.5-7B',
+        '{"chunk_size": "262144", "local_size": "4096", "scale": "vllm", "original": "262144"},\n            \'Qwen2.5-7B',
+        SHIFTED,
+    ),
 ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=None, help="run the mutants whose name contains this")
+    parser.add_argument("--start", type=int, default=1, help="run the mutants from this one on (1-based)")
     args = parser.parse_args()
-    chosen = [m for m in MUTANTS if args.only is None or args.only in m[0]]
+    chosen = [m for m in MUTANTS[args.start - 1 :] if args.only is None or args.only in m[0]]
     survived = 0
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp) / "tree"
         shutil.copytree(
-            ROOT, scratch, ignore=shutil.ignore_patterns(".git", ".venv", "results", "__pycache__", "*.egg-info")
+            ROOT,
+            scratch,
+            ignore=shutil.ignore_patterns(".git", ".venv*", "results", "runs", "__pycache__", "*.egg-info"),
         )
         for name, rel, old, new, tests in chosen:
             path = scratch / rel

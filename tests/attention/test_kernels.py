@@ -118,16 +118,37 @@ def test_left_padding_is_recognised_and_other_masks_go_to_the_reference():
 
 
 def test_mask_verdicts_are_computed_once_per_mask_object(monkeypatch):
+    """Bugs caught: a verdict computed per layer (calls > 1 for one mask), a mask changed in place between calls
+    served the old verdict (the version check dropped: the same object is passed again, with no other mask
+    between), or another mask object served the last one's verdict."""
     calls = []
-    monkeypatch.setattr(kernels, "key_starts", lambda m, tq, tk: calls.append(1) or [0])
+    real = kernels.key_starts
+    monkeypatch.setattr(kernels, "key_starts", lambda m, tq, tk: calls.append(1) or real(m, tq, tk))
     verdicts, mask = MaskVerdicts(), padded_mask([0], 8, 8)
     for _ in range(4):
-        verdicts.starts(mask, 8, 8)
+        assert verdicts.starts(mask, 8, 8) == [0]
     assert len(calls) == 1
-    verdicts.starts(mask.clone(), 8, 8)
-    mask[0, 0, 3, 1] = False  # changed in place: its version moves on
-    verdicts.starts(mask, 8, 8)
-    assert len(calls) == 3
+    mask[0, 0, :, :3] = False  # changed in place into 3 tokens of left padding: its version moves on
+    assert verdicts.starts(mask, 8, 8) == [3] and len(calls) == 2
+    assert verdicts.starts(padded_mask([5], 8, 8), 8, 8) == [5] and len(calls) == 3
+
+
+def test_a_bias_on_a_masked_key_that_is_not_minus_infinity_goes_to_the_reference():
+    """An additive mask whose masked keys are large negative numbers is a mask, but one masked key at -5 is a bias:
+    that key still gets exp(-5) of the weight, so the fused path (which drops masked keys) must not take it. Bug
+    caught: the bias check in key_starts dropped (the structure of the zeros alone looks like left padding)."""
+    starts = [0, 17]
+    mask = padded_mask(starts, 64, 64)
+    bias = torch.zeros(2, 1, 64, 64).masked_fill(~mask, torch.finfo(torch.float32).min)
+    assert key_starts(bias, 64, 64) == starts
+    bias[1, 0, 40, 3] = -5.0  # a masked key (before the real tokens) with a finite bias
+    assert key_starts(bias, 64, 64) is None
+    q, k, v, _, _, inv_freq = inputs(batch=2, keys=64)
+    pos = torch.arange(64)[None] - torch.tensor(starts)[:, None]
+    specs = expand_specs(["self-extend:group_size=4,neighbor_window=16"])[0].attention
+    want = attend(q, k, v, pos, pos, bias, 0.25, inv_freq, specs, 16)
+    got = fused_attend(q, k, v, pos, pos, bias, 0.25, inv_freq, specs, 16)
+    assert (got[1, 17:] - want[1, 17:]).abs().max() < 1e-5
 
 
 def test_far_key_cache_serves_decoding_steps_and_starts_afresh():

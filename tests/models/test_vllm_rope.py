@@ -598,3 +598,24 @@ def test_vllm_stays_out_of_every_other_import_path():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("what", ["angle", "magnitude"])
+@pytest.mark.parametrize("off, passes", [(0.5e-5, True), (2e-5, False)])
+def test_the_read_back_holds_at_half_its_tolerance_and_fails_at_twice_it(what, off, passes):
+    """A rotated probe whose angles (or magnitudes) are `off` relative from ctxeval's: half of READBACK_RTOL (1e-5)
+    passes, twice it fails. The table is float64 and reaches position 4,095, so the 2-eps term is negligible beside
+    the relative one. Bug caught: the tolerance loosened (1e-5 -> 1e-4 passes every wrong table the other tests
+    build, all about 1e-3 off), or the angle's tolerance taken as absolute instead of relative to p x inv_freq."""
+    from ctxeval.models.vllm_rope import READBACK_RTOL
+
+    expected = compute("yarn", GEOM, {"factor": 4.0}, 8192)
+    want = np.arange(4096, dtype=np.float64)[:, None] * expected.inv_freq[None, :]  # (positions, pairs)
+    angle = want * (1 + off) if what == "angle" else want
+    magnitude = expected.attention_factor * ((1 + off) if what == "magnitude" else 1.0)
+    rotated = np.concatenate([magnitude * np.cos(angle), magnitude * np.sin(angle)], axis=1)  # neox: cos | sin
+    check = compare_rotation(rotated, expected, 4096, GEOM.rotary_dim, True, "float32")
+    assert check["passed"] is passes
+    worst = check["max_angle_diff"] / want.max() if what == "angle" else check["max_magnitude_rel_diff"]
+    assert worst == pytest.approx(off, rel=1e-3)
+    assert bool(worst <= READBACK_RTOL) is passes

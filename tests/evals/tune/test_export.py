@@ -68,3 +68,37 @@ def test_run_json_names_the_export_relative_to_the_run_directory_or_by_its_name(
         "passed": True,
     }
     assert export_record({**written, "model": "tiny"}, check, run)["weights_linked_from"] == "tiny"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from ctxeval.models.load import load_model
+
+    return load_model("tiny", dtype="float32", device="cpu")
+
+
+@pytest.mark.parametrize("off, passes", [(5e-7, True), (2e-6, False)])
+def test_export_verification_holds_at_half_its_tolerance_and_refuses_twice_it(tiny, tmp_path, off, passes):
+    """An exported config whose attention factor is `off` (relative) from the tuned one: half of EXPORT_RTOL (1e-6)
+    passes, twice it is refused in one line. Bug caught: the tolerance loosened (1e-6 -> 1e-2 passes every wrong
+    export the other tests make, all about 1e-3 off) or tightened below float32's read-back noise (2e-7 here)."""
+    import json
+
+    from ctxeval.data import corpora
+    from ctxeval.errors import CtxevalError
+    from ctxeval.evals.tune.export import EXPORT_RTOL, verify_export, write_export
+
+    spec = one_spec("yarn:factor=2,beta_fast=4,beta_slow=0.25")
+    doc = corpora.select_long_documents("pydoc", tiny.tokenizer, 1, TARGET - 1)[0]
+    out = tmp_path / "export"
+    write_export("tiny", spec, tiny.rope.geometry, TARGET, out)
+    config = json.loads((out / "config.json").read_text())
+    config["rope_parameters"]["attention_factor"] *= 1 + off
+    (out / "config.json").write_text(json.dumps(config))
+    if passes:
+        check = verify_export(tiny, spec, out, doc, (TRAINED, TARGET), True, 1024)
+        assert check["passed"] and check["max_rel_diff_rope"] <= EXPORT_RTOL
+        assert check["max_rel_diff_rope"] == pytest.approx(off, abs=3e-7)
+    else:
+        with pytest.raises(CtxevalError, match=r"RoPE by 2\.0e-06, .*allowed 1e-06"):
+            verify_export(tiny, spec, out, doc, (TRAINED, TARGET), True, 1024)

@@ -216,6 +216,64 @@ def test_rows_are_the_finished_trials_and_the_winner_is_the_best_feasible(yarn_r
     assert record["trials"] == 15 and record["refused"] == len(rows) - 15
 
 
+def test_an_infeasible_trial_that_beats_every_feasible_one_does_not_win(tmp_path):
+    """A random search (its points do not depend on the guard) whose lowest target perplexity broke the guard
+    (trial 5: rise 0.237 > 0.2) while trial 0 kept it (0.195): the winner, its held-out run and run.json name the
+    best trial that kept it. Bug caught: the winner taken over every trial (test_rows_are_the_finished_trials_and_
+    the_winner_is_the_best_feasible's TPE search happens to put a feasible trial first, so it cannot see this)."""
+    result = tune(*SMALL, "--trials", "6", "--sampler", "random", "--short-tolerance", "0.2", "--out", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    ok = [r for r in rows_of(tmp_path / "run") if r["status"] == "ok"]
+    best = min((r for r in ok if r["feasible"]), key=lambda r: (r["value"], r["trial"]))
+    assert any(not r["feasible"] and r["value"] < best["value"] for r in ok), "no infeasible trial beats the winner"
+    winner = record_of(tmp_path / "run")["tune"]["winner"]
+    assert winner["trial"] == best["trial"] and winner["ppl_target"] == best["value"]
+    assert [p.name for p in (tmp_path / "run").glob("heldout-trial-*")] == [f"heldout-trial-{best['trial']}"]
+
+
+def test_the_winner_is_never_a_trial_that_broke_the_guard():
+    """best_trial_row on rows where the lowest target perplexity broke the guard, a tie, a failed trial and an
+    invalid point. Bug caught: `feasible` ignored (the infeasible trial 1 wins), a tie won by the later trial, or a
+    failed trial's row taken as measured."""
+    from ctxeval.evals.tune.search import best_trial_row
+
+    rows = [
+        {"trial": 0, "status": "ok", "value": 30.0, "feasible": True},
+        {"trial": 1, "status": "ok", "value": 20.0, "feasible": False},
+        {"trial": 2, "status": "error", "value": 10.0, "feasible": True},
+        {"trial": 3, "status": "invalid", "value": None, "feasible": None},
+        {"trial": 4, "status": "ok", "value": 25.0, "feasible": True},
+        {"trial": 5, "status": "ok", "value": 25.0, "feasible": True},
+    ]
+    assert best_trial_row(rows)["trial"] == 4
+    assert best_trial_row([rows[1], rows[3]]) is None
+
+
+def test_the_heldout_rows_are_measured_on_the_heldout_documents_alone(yarn_run, tiny):
+    """The held-out documents are the corpus's next ones after the tuning ones, disjoint from them, and the held-out
+    run's rows were measured on them: its winner row equals the perplexity recomputed on the held-out document. Bugs
+    caught: the held-out sweep given the tuning documents (run.json still naming the held-out ids), or a split that
+    overlaps the tuning documents by one."""
+    from ctxeval.data import corpora
+
+    record = record_of(yarn_run.dir)
+    roles = [(d["doc"], d["role"]) for d in record["data"]["documents"]]
+    tuning = [doc for doc, role in roles if role == "tuning"]
+    heldout = [doc for doc, role in roles if role == "heldout"]
+    docs = corpora.select_long_documents("pydoc", tiny.tokenizer, 3, TARGET - 1)
+    assert tuning == [d.doc_id for d in docs[:2]] and heldout == [docs[2].doc_id]
+    assert not set(tuning) & set(heldout)
+    held_dir = yarn_run.dir / record["tune"]["heldout_dir"]
+    held_rows = rows_of(held_dir)
+    assert held_rows and {r["doc"] for r in held_rows} == set(heldout)
+    assert record_of(held_dir)["data"]["documents"] == [{"doc": docs[2].doc_id, "tokens": len(docs[2].ids)}]
+    winner = record["tune"]["winner"]
+    (row,) = [r for r in held_rows if r["label"] == winner["label"] and r["length"] == TARGET]
+    params = {"factor": S, **{k: v for k, v in winner["params"].items() if k != "factor"}}
+    assert row["ppl"] == pytest.approx(_ppl(tiny, [docs[2]], TARGET, "yarn", params), rel=1e-5)
+    assert row["ppl"] != pytest.approx(_ppl(tiny, docs[:1], TARGET, "yarn", params), rel=1e-3)
+
+
 def test_invalid_rows_are_invalid_points(yarn_run):
     """Bug caught: a point refused for another reason (an exception in scoring) recorded as 'invalid'."""
     from ctxeval.errors import CtxevalError
@@ -622,6 +680,30 @@ def test_longrope_export_round_trip(longrope_run, tiny):
         with apply_method(tiny.model, "longrope", tiny.rope.geometry, **params):
             want = tiny.model(ids).logits
     assert float((got - want).abs().max() / want.abs().max()) <= 1e-5
+
+
+def test_every_longrope_trial_measures_the_trained_length_at_its_own_attention_factor(longrope_run, tiny):
+    """A LongRoPE search measures the trained length once per attention factor (the long factors change nothing up
+    to L) and reuses it across trials with the same factor; each trial's ppl_short must still be its own factor's,
+    recomputed here with a plain forward. Bug caught: the attention factor left out of TrialScorer.short_key (every
+    trial reuses the first trial's perplexity at 128: the guard, the winner and the export follow it)."""
+    from ctxeval.data import corpora
+    from ctxeval.evals.tune.space import build_space
+
+    record = record_of(longrope_run.dir)
+    (tuning_id,) = [d["doc"] for d in record["data"]["documents"] if d["role"] == "tuning"]
+    docs = {d.doc_id: d for d in corpora.select_long_documents("pydoc", tiny.tokenizer, 2, TARGET - 1)}
+    space = build_space(one_spec("longrope"), tiny_geometry(), TARGET)
+    by_factor = {}
+    for r in sorted(rows_of(longrope_run.dir), key=lambda r: r["trial"]):
+        by_factor.setdefault(round(r["params"]["attention_factor"], 9), r)
+    assert len(by_factor) >= 3, "the search tried too few attention factors to test the reuse"
+    shorts = set()
+    for r in by_factor.values():
+        params = space.spec(r["params"]).params
+        assert r["ppl_short"] == pytest.approx(_ppl(tiny, [docs[tuning_id]], TRAINED, "longrope", params), rel=1e-5)
+        shorts.add(round(r["ppl_short"], 6))
+    assert len(shorts) == len(by_factor)
 
 
 # 8. LongRoPE search

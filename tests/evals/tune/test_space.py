@@ -211,3 +211,29 @@ def test_dca_and_string_search_sizes_relative_to_the_trained_length(text, bounds
         with pytest.raises(CtxevalError, match="chunk_size .* must be larger than local_size"):
             space.spec({"dca.chunk_size": 1000, "dca.local_size": 1000})
         assert space.spec({"dca.chunk_size": 6144, "dca.local_size": 1024}).attention[0].params["chunk_size"] == 6144
+
+
+@pytest.mark.parametrize(
+    "text, fixed, searched",
+    [
+        ("yarn+self-extend:group_size=4", ("self-extend", "group_size", 4), {"self-extend.neighbor_window"}),
+        ("pi+self-extend:neighbor_window=64", ("self-extend", "neighbor_window", 64), {"self-extend.group_size"}),
+        ("leaky-rerope:k=8", ("leaky-rerope", "k", 8.0), {"leaky-rerope.window"}),
+        ("string:local=8", ("string", "local", 8), {"string.shift"}),
+    ],
+)
+def test_a_parameter_fixed_on_an_attention_method_is_not_searched_and_every_trial_keeps_it(text, fixed, searched):
+    """self-extend:group_size=4 searched is measured at the sampler's group size, not the user's 4. Bugs caught:
+    `if name not in a.given` dropped in build_space (the fixed value becomes a dim, its trials overwrite it), or
+    SearchSpace.spec starting an attention method from no parameters instead of the given ones."""
+    from ctxeval.evals.tune.space import build_space
+
+    owner, name, value = fixed
+    space = build_space(one_spec(text), tiny_geometry(), 1024)
+    assert {d.key for d in space.dims if d.owner} == searched
+    for fraction in (0.0, 0.5, 1.0):  # the searched dims' low end, middle and high end
+        point = {d.key: d.low + fraction * (d.high - d.low) for d in space.dims}
+        spec = space.spec(space.snap(point))
+        (attention,) = [a for a in spec.attention if a.name == owner]
+        assert attention.params[name] == value
+        assert f"{name}={value:g}" in spec.label
