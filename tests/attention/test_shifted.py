@@ -45,6 +45,7 @@ def brute_force(q_raw, k_raw, v, inv_freq, name, params, trained, prefill):
             terms = []
             for j in range(i + 1):
                 q, k = q_raw[h, a].double().clone(), k_raw[h, j].double().clone()
+                logit = 1.0
                 if name == "dca":
                     chunk, local = params["chunk_size"], params["local_size"]
                     c = chunk - local
@@ -54,7 +55,12 @@ def brute_force(q_raw, k_raw, v, inv_freq, name, params, trained, prefill):
                         pairs = [(min(i % c + c, chunk), j % c)]
                     else:
                         pairs = [(min(2 * c - 1, chunk), j % c)]
-                    m = 0.05 * math.log(n / trained) + 1 if n > trained else 1.0
+                    scale = params.get("scale", "chunkllama")
+                    # ChunkLlama: q and k's rotary dims x 0.05 ln(n/L) + 1 past L; vLLM's DualChunkFlashAttention:
+                    # the key and the softmax scale x max(1, 0.1 ln(n / original) + 1), so every logit x its square
+                    m = 0.05 * math.log(n / trained) + 1 if scale == "chunkllama" and n > trained else 1.0
+                    if scale == "vllm":
+                        logit = max(1.0, 0.1 * math.log(n / params["original"]) + 1) ** 2
                 else:
                     shift, local, d = params["shift"], params["local"], i - j
                     pairs = ([(i, j)] if (d <= shift if prefill else d < shift) else []) + (
@@ -62,7 +68,7 @@ def brute_force(q_raw, k_raw, v, inv_freq, name, params, trained, prefill):
                     )
                     m = 0.1 * math.log(2) + 1
                 q[:rd], k[:rd] = q[:rd] * m, k[:rd] * m
-                terms += [((rope_at(q, pi) * rope_at(k, pj)).sum() / math.sqrt(dim), j) for pi, pj in pairs]
+                terms += [((rope_at(q, pi) * rope_at(k, pj)).sum() * logit / math.sqrt(dim), j) for pi, pj in pairs]
             weights = torch.softmax(torch.stack([t for t, _ in terms]), 0)
             out[a, h] = sum(w * v[h, j].double() for w, (_, j) in zip(weights, terms))
     return out
@@ -71,12 +77,14 @@ def brute_force(q_raw, k_raw, v, inv_freq, name, params, trained, prefill):
 CASES = [
     ("dca", {"chunk_size": 17, "local_size": 4}, 20),  # c = 13; 47 keys: four chunks, temperature past 20
     ("dca", {"chunk_size": 19, "local_size": 11}, 80),  # c = 8: 2c - 1 = 15 < chunk_size; no temperature
+    ("dca", {"chunk_size": 17, "local_size": 4, "scale": "vllm", "original": 30}, 20),  # vLLM's, past original
+    ("dca", {"chunk_size": 17, "local_size": 4, "scale": "vllm", "original": 60}, 20),  # below it: clamped to 1
     ("string", {"shift": 13, "local": 3}, 40),
     ("string", {"shift": 20, "local": 20}, 40),  # W = S: the shifted part at true distance (max shift allowed)
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}-{c[1].get('original', 0)}")
 @pytest.mark.parametrize("rotary_dim", [16, 8], ids=["full-rotary", "partial-rotary"])
 @pytest.mark.parametrize("queries", [47, 1, 9], ids=["prefill", "decode", "continuation"])
 def test_both_paths_equal_the_brute_force(case, rotary_dim, queries):
