@@ -26,7 +26,7 @@ from ...models.vllm_engine import VllmModel
 from ...runs.rows import RESUME_FIELDS, point_key
 from ...runs.store import RunStore
 from ...specs import MethodSpec
-from ...util.numbers import MAX_TOKENS, whole_number
+from ...util.numbers import MAX_TOKENS, finite_number, whole_number
 from ...util.textfiles import make_dirs, read_jsonl, write_text
 from ..common import OomLadder, PointOOM, Progress, SilentProgress, numbered, oom_guard, point_row
 from ..sweep import WorkItem, forward_cost, run_items
@@ -85,6 +85,7 @@ def read_samples(path: Path, task: str, length: int) -> list[RulerSample]:
                 f"{path} line {number} is not a RULER sample ({problem}); it needs input, outputs and answer_prefix"
             )
         position = record.get("token_position_answer")  # niah's; kept in the run's copy of the samples
+        depth, size = record.get("depth"), record.get("size")  # the retrieval tasks'
         samples.append(
             RulerSample(
                 len(samples),
@@ -93,6 +94,8 @@ def read_samples(path: Path, task: str, length: int) -> list[RulerSample]:
                 whole_number(record.get("length", -1), minimum=-1, maximum=MAX_TOKENS),
                 str(record.get("answer_prefix", "")),
                 None if position is None else whole_number(position),
+                None if depth is None else finite_number(depth),
+                None if size is None else whole_number(size),
             )
         )
     if not samples:
@@ -122,6 +125,11 @@ def sample_problem(record: Any) -> str | None:
     position = record.get("token_position_answer")
     if position is not None and whole_number(position) is None:
         return "token_position_answer is not a whole number"
+    depth = record.get("depth")
+    if depth is not None and not (finite_number(depth) is not None and 0 <= depth <= 100):
+        return "depth is not a number from 0 to 100"
+    if record.get("size") is not None and whole_number(record["size"]) is None:
+        return "size is not a whole number"
     return None
 
 

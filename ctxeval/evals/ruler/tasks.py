@@ -142,6 +142,8 @@ class RulerSample:
     length: int  # prompt tokens (answer prefix included, no special tokens) + tokens_to_generate
     answer_prefix: str
     token_position_answer: int | None = None  # niah only: see answer_token_position
+    depth: float | None = None  # where the answer sits, 0 (first) to 100 (last), for tasks with a depth axis
+    size: int | None = None  # the generator's size: key-value pairs, noise lines, list items or background tokens
 
     @property
     def prompt(self) -> str:
@@ -159,6 +161,10 @@ class RulerSample:
         }
         if self.token_position_answer is not None:
             out["token_position_answer"] = self.token_position_answer
+        if self.depth is not None:
+            out["depth"] = self.depth
+        if self.size is not None:
+            out["size"] = self.size
         return out
 
 
