@@ -36,6 +36,7 @@ from .options import (
     TasksOpt,
     TemperatureOpt,
     ThresholdOpt,
+    parse_depths,
     parse_lengths,
     reworded,
     with_blocks,
@@ -59,6 +60,14 @@ OFFLINE = (
     "vt",
     "cwe",
     "fwe",
+)
+SUITE = (  # evals.retrieval.suite's, named here so that --help does not import it
+    "litm:kv",
+    "helmet:json_kv",
+    "infbench:kv_retrieval",
+    "infbench:passkey",
+    "infbench:number_string",
+    "infbench:math_find",
 )
 
 
@@ -102,7 +111,9 @@ class RulerOptions:
     tasks: reworded(
         TasksOpt,
         "Comma-separated RULER tasks (default: all 13 once the QA files "
-        "are there, else the 11 that run offline: " + ", ".join(OFFLINE) + ").",
+        "are there, else the 11 that run offline: " + ", ".join(OFFLINE) + ") and retrieval tasks: "
+        + ", ".join(SUITE)
+        + ".",
         Optional[str],
     ) = None
     lengths: reworded(
@@ -144,6 +155,22 @@ class RulerOptions:
             help="cwe's word list past wonderwords' 8,169 words (lengths "
             "over ~64k): RULER's english_words.json or a word-per-line file "
             "(default /usr/share/dict/american-english, Debian wamerican)."
+        ),
+    ] = None
+    depths: Annotated[
+        str,
+        typer.Option(
+            help="Answer depths in percent for the retrieval tasks that have one (litm:kv, helmet:json_kv, "
+            "infbench:kv_retrieval, infbench:passkey, infbench:number_string): 0,50,100 | 0:100:5; --samples "
+            "prompts at each."
+        ),
+    ] = "0,25,50,75,100"
+    kv_pairs: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Key-value pairs in every litm:kv, helmet:json_kv and infbench:kv_retrieval prompt (default: "
+            "as many as fill each length; helmet:json_kv at 4k-128k: HELMET's 50-1,800). Refused where they "
+            "cannot fit."
         ),
     ] = None
     threshold: reworded(
@@ -200,12 +227,19 @@ class Ruler(Measurement):
         return method_specs(self.opt.method, self.opt.factor, self.opt.attention_temperature)
 
     def check(self) -> None:
+        opt = self.opt
+        self.lengths = parse_lengths(opt.lengths) if opt.lengths is not None else None
+        self.depths = tuple(parse_depths(opt.depths, "linear"))
+        if opt.kv_pairs is not None and opt.kv_pairs < 1:
+            raise CtxevalError(f"--kv-pairs must be at least 1, got {opt.kv_pairs}")
+        # checks tasks, template, depths and --kv-pairs before the model loads
+        self.cfg = self.config(tuple(self.lengths or (1,)))
+
+    def config(self, lengths: tuple[int, ...]) -> Any:
         from ..evals.ruler.run import RulerConfig
 
         opt = self.opt
-        self.lengths = parse_lengths(opt.lengths) if opt.lengths is not None else None
-        # checks tasks and template before the model loads
-        self.cfg = RulerConfig(self.chosen, tuple(self.lengths or (1,)), opt.samples, opt.seed, opt.template)
+        return RulerConfig(self.chosen, lengths, opt.samples, opt.seed, opt.template, self.depths, opt.kv_pairs)
 
     def check_data(self) -> None:
         """The word list, the prompts' folder, the QA files and the essays, read before the model loads: a missing
@@ -215,18 +249,19 @@ class Ruler(Measurement):
         from ..evals.ruler.tasks import TASKS
 
         opt, cfg = self.opt, self.cfg
+        ruler_tasks = [t for t in cfg.tasks if t in TASKS]
         word_list = english_words(opt.cwe_words) if "cwe" in self.chosen and opt.samples_from is None else None
         if opt.samples_from is not None and not Path(opt.samples_from).is_dir():
             raise CtxevalError(
                 f"--samples-from {opt.samples_from}: not a directory of RULER's <length>/<task>/validation.jsonl"
             )
-        qa_tasks = [t for t in cfg.tasks if TASKS[t].family == "qa"]
+        qa_tasks = [t for t in ruler_tasks if TASKS[t].family == "qa"]
         self.qa_dir = qa_folder(qa_tasks, opt.qa_data, self.qa_cache) if qa_tasks and opt.samples_from is None else None
         self.sources = Sources(qa_dir=self.qa_dir)
         if word_list is not None:
             self.sources.extra_words, self.sources.extra_words_source = word_list
         self.essay_digest = None
-        if opt.samples_from is None and any(TASKS[t].args.get("type_haystack") == "essay" for t in cfg.tasks):
+        if opt.samples_from is None and any(TASKS[t].args.get("type_haystack") == "essay" for t in ruler_tasks):
             text, self.sources.essay_source = essay_text(opt.essays, opt.essay_substitute)
             self.sources.essay_words = re.sub(r"\s+", " ", text).split(" ")
             self.essay_digest = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -244,7 +279,9 @@ class Ruler(Measurement):
         from ..evals.ruler.fit import Prompts
 
         opt = self.opt
-        return Prompts(self.lm.tokenizer, self.sources, opt.samples, opt.seed, opt.template)
+        return Prompts(
+            self.lm.tokenizer, self.sources, opt.samples, opt.seed, opt.template, self.depths, opt.kv_pairs
+        )
 
     def default_lengths(self) -> list[int]:
         """Multiples of the trained length that every task's prompts fit (from RULER's files: all of them); none
@@ -267,13 +304,18 @@ class Ruler(Measurement):
         return fitting
 
     def configure(self) -> None:
+        from ..evals.retrieval.suite import SUITE_TASKS, fixed_size
         from ..evals.ruler.fit import check_lengths
-        from ..evals.ruler.run import RulerConfig
 
         opt = self.opt
-        self.cfg = RulerConfig(self.chosen, tuple(self.lengths), opt.samples, opt.seed, opt.template)
-        if opt.samples_from is None:
-            check_lengths(self.chosen, self.lengths, self.prompts())  # before the run directory exists
+        self.cfg = self.config(tuple(self.lengths))
+        if opt.samples_from is None:  # before the run directory exists
+            prompts = self.prompts()
+            check_lengths(self.chosen, self.lengths, prompts)
+            for task in (t for t in self.chosen if t in SUITE_TASKS):  # a fixed key count too long for a length
+                for length in self.lengths:
+                    if fixed_size(SUITE_TASKS[task], length, opt.kv_pairs) is not None:
+                        prompts.generate(task, length)
 
     def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         from ..evals.ruler.qa import QA
@@ -291,6 +333,7 @@ class Ruler(Measurement):
             "essay_sha256": self.essay_digest,
             "samples_from": str(opt.samples_from) if opt.samples_from else None,
             "template": opt.template,
+            **self.suite_record(),
             **(
                 {
                     "qa_data": str(qa_dir),
@@ -322,6 +365,16 @@ class Ruler(Measurement):
             },
         }
         return spec_record, provenance
+
+    def suite_record(self) -> dict[str, Any]:
+        """The retrieval tasks' settings, where a task uses them."""
+        from ..evals.retrieval.suite import SUITE_TASKS
+
+        suite = [SUITE_TASKS[t] for t in self.cfg.tasks if t in SUITE_TASKS]
+        return {
+            **({"depths": list(self.cfg.depths)} if any(t.has_depth for t in suite) else {}),
+            **({"kv_pairs": self.cfg.kv_pairs} if any(t.is_kv for t in suite) else {}),
+        }
 
     def before_measure(self, run_dir: Path) -> None:
         opt = self.opt

@@ -217,16 +217,21 @@ def generate_kv_retrieval_row(
     rng: random.Random,
     num_samples: int = KV_SAMPLES,
     num_pairs: int = KV_KEPT_PAIRS,
+    gold_index: int | None = None,
 ) -> KvRetrievalRow:
     """build_kv_retrieval for one LITM line: shuffle all its pairs, keep the first `num_pairs` as one-line JSON, ask
-    for the key at kv_gold_index. `source_records` is not changed."""
+    for the key at kv_gold_index (or at `gold_index`, a depth chosen by the caller). `source_records` is not
+    changed."""
     if not 0 <= sample_index < num_samples:
         raise CtxevalError(f"kv_retrieval sample index {sample_index} is outside 0..{num_samples - 1}")
     if len(source_records) < num_pairs:
         raise CtxevalError(f"kv_retrieval keeps {num_pairs} pairs of a line that has {len(source_records)}")
     records = list(source_records)
     rng.shuffle(records)
-    gold_index = kv_gold_index(sample_index, num_samples, num_pairs)
+    if gold_index is None:
+        gold_index = kv_gold_index(sample_index, num_samples, num_pairs)
+    elif not 0 <= gold_index < num_pairs:
+        raise CtxevalError(f"kv_retrieval gold index {gold_index} is outside 0..{num_pairs - 1}")
     key, value = records[gold_index]
     context = "JSON data:\n{" + ", ".join(f'"{k}": "{v}"' for k, v in records[:num_pairs]) + "}"
     question = '\nKey: "' + key + '"\nThe value associated with the specified key is: '

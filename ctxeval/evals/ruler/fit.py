@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from ...errors import CtxevalError
+from ..retrieval.suite import DEFAULT_DEPTHS
 from .generate import generate, smallest_prompt
 from .sources import Sources
 
@@ -19,13 +20,36 @@ SURE_MARGIN = 1.25  # a length this far above the estimate fits whatever the dra
 class Prompts:
     """The prompt settings of a run: its tokenizer, sources, sample count, seed and model template."""
 
-    def __init__(self, tokenizer: Any, sources: Sources, samples: int, seed: int, template: str) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        sources: Sources,
+        samples: int,
+        seed: int,
+        template: str,
+        depths: tuple[float, ...] = DEFAULT_DEPTHS,
+        kv_pairs: int | None = None,
+    ) -> None:
         self.tokenizer, self.sources, self.samples, self.seed, self.template = (
             tokenizer,
             sources,
             samples,
             seed,
             template,
+        )
+        self.depths, self.kv_pairs = depths, kv_pairs  # the retrieval tasks'
+
+    def generate(self, task: str, length: int) -> None:
+        generate(
+            task,
+            length,
+            self.samples,
+            self.tokenizer,
+            self.sources,
+            self.seed,
+            self.template,
+            depths=self.depths,
+            kv_pairs=self.kv_pairs,
         )
 
     def estimate(self, task: str, length: int) -> int:
@@ -37,7 +61,7 @@ class Prompts:
         if length >= SURE_MARGIN * self.estimate(task, length):
             return True
         try:
-            generate(task, length, self.samples, self.tokenizer, self.sources, self.seed, self.template)
+            self.generate(task, length)
         except CtxevalError as error:
             if TOO_SHORT in str(error):
                 return False

@@ -28,6 +28,7 @@ import re
 from typing import Any, Callable
 
 from ...errors import CtxevalError
+from ..retrieval.suite import DEFAULT_DEPTHS, SUITE_TASKS, generate_suite, smallest_suite_prompt
 from .niah import Niah, answer_token_position
 from .qa import QA, QA_URLS
 from .sources import Sources, Stream, english_words
@@ -116,9 +117,14 @@ def generate(
     sources: Sources,
     seed: int = RULER_SEED,
     model_template: str = "base",
+    depths: tuple[float, ...] = DEFAULT_DEPTHS,
+    kv_pairs: int | None = None,
 ) -> list[RulerSample]:
     """`num_samples` prompts of one task at one length, as RULER's prepare.py + generator script write them
-    (`model_template`: prepare.py's --model_template_type)."""
+    (`model_template`: prepare.py's --model_template_type); a retrieval task's (`depths`, `kv_pairs`) from
+    evals.retrieval.suite."""
+    if task_name in SUITE_TASKS:
+        return generate_suite(task_name, length, num_samples, tokenizer, seed, depths, kv_pairs)
     if task_name not in TASKS:
         raise CtxevalError(f"unknown RULER task '{task_name}'; tasks: {', '.join(TASKS)}")
     task = TASKS[task_name]
@@ -207,6 +213,8 @@ def smallest_prompt(
     haystack at one increment, the size below which `generate` refuses the length. For fwe, the larger of the
     template alone and the 4 coded words of 50 tokens each RULER's vocabulary needs. One draw of the task's random
     stream: a sample of another draw may differ by a few tokens (generate still refuses exactly)."""
+    if task_name in SUITE_TASKS:
+        return smallest_suite_prompt(task_name, tokenizer, seed)
     task = TASKS[task_name]
     family = FAMILIES[task.family]
     ttg = family.tokens_to_generate

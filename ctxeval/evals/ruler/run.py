@@ -32,6 +32,7 @@ from ..common import OomLadder, PointOOM, Progress, SilentProgress, numbered, oo
 from ..sweep import WorkItem, forward_cost, run_items
 from .generate import generate, postprocess, score
 from .sources import Sources
+from ..retrieval.suite import DEFAULT_DEPTHS, SUITE_TASKS, check_depths, score_reply
 from .tasks import FAMILIES, TASKS, RulerSample, check_template
 
 SAMPLES_DIR = "samples"
@@ -44,18 +45,33 @@ class RulerConfig:
     samples: int
     seed: int = 42
     template: str = "base"  # RULER's --model_template_type
+    depths: tuple[float, ...] = DEFAULT_DEPTHS  # the retrieval tasks' answer depths, percent
+    kv_pairs: int | None = None  # a fixed count for the key-value tasks; None fills each length
 
     def __post_init__(self) -> None:
         check_template(self.template)
+        known = ", ".join([*TASKS, *SUITE_TASKS])
         if not self.tasks:
-            raise CtxevalError(f"--tasks names no RULER task; tasks: {', '.join(TASKS)}")
-        unknown = [t for t in self.tasks if t not in TASKS]
+            raise CtxevalError(f"--tasks names no task; tasks: {known}")
+        unknown = [t for t in self.tasks if t not in TASKS and t not in SUITE_TASKS]
         if unknown:
-            raise CtxevalError(f"unknown RULER task '{unknown[0]}'; tasks: {', '.join(TASKS)}")
+            raise CtxevalError(f"unknown task '{unknown[0]}'; tasks: {known}")
+        if any(SUITE_TASKS[t].has_depth for t in self.tasks if t in SUITE_TASKS):
+            check_depths(self.depths)
+        if self.kv_pairs is not None and not any(t in SUITE_TASKS and SUITE_TASKS[t].is_kv for t in self.tasks):
+            raise CtxevalError(
+                "--kv-pairs applies to the key-value tasks (litm:kv, helmet:json_kv, infbench:kv_retrieval); "
+                "add one to --tasks or drop it"
+            )
         if self.samples < 1:
             raise CtxevalError(f"--samples must be >= 1, got {self.samples}")
         if not self.lengths:
             raise CtxevalError("give at least one --lengths value")
+
+
+def tokens_to_generate(task: str) -> int:
+    """The most new tokens a reply of `task` may have (RULER's tokens_to_generate, or the original's budget)."""
+    return SUITE_TASKS[task].tokens_to_generate if task in SUITE_TASKS else FAMILIES[TASKS[task].family].tokens_to_generate
 
 
 def samples_path(root: Path, task: str, length: int) -> Path:
@@ -161,7 +177,15 @@ def prepare(
                 if progress:
                     progress(f"generating {cfg.samples} {task} prompts at {length} tokens")
                 samples = generate(
-                    task, length, cfg.samples, tokenizer, sources, seed=cfg.seed, model_template=cfg.template
+                    task,
+                    length,
+                    cfg.samples,
+                    tokenizer,
+                    sources,
+                    seed=cfg.seed,
+                    model_template=cfg.template,
+                    depths=cfg.depths,
+                    kv_pairs=cfg.kv_pairs,
                 )
             if not mine.is_file():
                 write_samples(mine, samples)
@@ -222,7 +246,7 @@ class RulerRunner:
         """Score `samples` (some of the `of` samples of this task and length), emitting their rows batch by batch.
         Out of memory follows `ladder` (one per sweep, so that it carries across calls; a fresh one by default)."""
         ladder = OomLadder() if ladder is None else ladder
-        family = FAMILIES[TASKS[task].family]
+        budget = tokens_to_generate(task)
         of = of or max((s.index + 1 for s in samples), default=0)
         if ladder.skipped_at(spec.label, length) is not None:
             note = ladder.skip_note(spec.label)
@@ -235,9 +259,7 @@ class RulerRunner:
         def timed(chunk: list[RulerSample]) -> tuple[list[str], list[int], float]:
             t0 = time.perf_counter()
             with oom_guard(self.device):
-                predictions, prompt_tokens = self.predict(
-                    [s.prompt for s in chunk], family.tokens_to_generate, handle, length
-                )
+                predictions, prompt_tokens = self.predict([s.prompt for s in chunk], budget, handle, length)
             return predictions, prompt_tokens, (time.perf_counter() - t0) / len(chunk)
 
         measured = 0
@@ -273,9 +295,8 @@ class RulerRunner:
     ) -> None:
         """vLLM: every prompt submitted at once (tokenized one by one, as the hf path's batch of one), each row written as
         its reply finishes (`seconds`: the wall time since the previous reply)."""
-        family = FAMILIES[TASKS[task].family]
         prompts = [self.tok(s.prompt)["input_ids"] for s in samples]
-        for index, new, seconds in timed_replies(handle, prompts, [family.tokens_to_generate] * len(prompts)):
+        for index, new, seconds in timed_replies(handle, prompts, [tokens_to_generate(task)] * len(prompts)):
             sample = samples[index]
             row = self._row(
                 spec, task, length, sample, self.tok.decode(new, skip_special_tokens=True), len(prompts[index]), seconds
@@ -299,6 +320,7 @@ class RulerRunner:
             sample=sample.index,
             status=status,
             note=note,
+            **({"depth": sample.depth} if sample.depth is not None else {}),
         )
 
     def _row(
@@ -311,10 +333,17 @@ class RulerRunner:
         prompt_tokens: int,
         seconds: float,
     ) -> dict[str, Any]:
-        """A scored sample's row: RULER's post-processing of the raw reply, then its metric."""
-        metric = FAMILIES[TASKS[task].family].metric
-        prediction = postprocess(raw)
-        value = score(metric, prediction, sample.outputs)
+        """A scored sample's row: RULER's post-processing of the raw reply, then its metric; a retrieval task's reply
+        as its original scores it (no post-processing), with the sample's depth and size."""
+        if task in SUITE_TASKS:
+            metric, prediction = task.split(":")[0], raw
+            value = score_reply(task, raw, sample.outputs)
+            extra = {"size": sample.size, **({"depth": sample.depth} if sample.depth is not None else {})}
+        else:
+            metric = FAMILIES[TASKS[task].family].metric
+            prediction = postprocess(raw)
+            value = score(metric, prediction, sample.outputs)
+            extra = {}
         return point_row(
             self.model_name,
             spec,
@@ -330,6 +359,7 @@ class RulerRunner:
             prompt_tokens=prompt_tokens,
             seconds=round(seconds, 3),
             status="ok",
+            **extra,
         )
 
 
