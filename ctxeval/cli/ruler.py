@@ -68,6 +68,8 @@ SUITE = (  # evals.retrieval.suite's, named here so that --help does not import 
     "infbench:passkey",
     "infbench:number_string",
     "infbench:math_find",
+    "facts:qa1",
+    "facts:qa2",
 )
 
 
@@ -244,12 +246,14 @@ class Ruler(Measurement):
     def check_data(self) -> None:
         """The word list, the prompts' folder, the QA files and the essays, read before the model loads: a missing
         file or corpus fails in a second, not after the load."""
+        from ..evals.retrieval.suite import SUITE_TASKS
         from ..evals.ruler.qa import qa_folder
         from ..evals.ruler.sources import Sources, english_words
         from ..evals.ruler.tasks import TASKS
 
         opt, cfg = self.opt, self.cfg
         ruler_tasks = [t for t in cfg.tasks if t in TASKS]
+        suite_tasks = [t for t in cfg.tasks if t in SUITE_TASKS]
         word_list = english_words(opt.cwe_words) if "cwe" in self.chosen and opt.samples_from is None else None
         if opt.samples_from is not None and not Path(opt.samples_from).is_dir():
             raise CtxevalError(
@@ -261,7 +265,8 @@ class Ruler(Measurement):
         if word_list is not None:
             self.sources.extra_words, self.sources.extra_words_source = word_list
         self.essay_digest = None
-        if opt.samples_from is None and any(TASKS[t].args.get("type_haystack") == "essay" for t in ruler_tasks):
+        essay_haystack = any(TASKS[t].args.get("type_haystack") == "essay" for t in ruler_tasks)
+        if opt.samples_from is None and (essay_haystack or any(SUITE_TASKS[t].needs_background for t in suite_tasks)):
             text, self.sources.essay_source = essay_text(opt.essays, opt.essay_substitute)
             self.sources.essay_words = re.sub(r"\s+", " ", text).split(" ")
             self.essay_digest = hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -14,13 +14,14 @@ moved, as lost-in-the-middle moves one example's gold pair through the context.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...errors import CtxevalError
 from ..ruler.tasks import RulerSample
-from . import helmet_json_kv, infinitebench, litm_kv
+from . import babilong, helmet_json_kv, infinitebench, litm_kv
 from .infinitebench_scoring import score_row
 
 TOO_SHORT = "shorter than the task's smallest prompt"  # ruler.fit looks for this phrase
@@ -37,16 +38,30 @@ class Built:
 
 
 @dataclass(frozen=True)
+class Background:
+    """The prose the facts tasks hide their facts in: its sentences (babilong.background_sentences) and the token
+    count they were measured with."""
+
+    sentences: list[str]
+    count: Callable[[str], int]
+    source: str
+
+
+Build = Callable[[random.Random, int, float, "Background | None"], Built]  # (draws, size, depth 0..100, prose)
+
+
+@dataclass(frozen=True)
 class SuiteTask:
     name: str
     original: str  # the code it reproduces
     tokens_to_generate: int
     unit: str  # what the size counts
     min_size: int
-    build: Callable[[random.Random, int, float], Built]  # (draws, size, depth in 0..100)
-    score: Callable[[str, list[str]], float]  # (raw reply, outputs) -> 0..1
+    build: Build
+    score: Callable[[str, RulerSample], float]  # (raw reply, sample) -> 0..1
     has_depth: bool = True
     is_kv: bool = False
+    needs_background: bool = False
 
 
 def _index(depth: float, count: int) -> int:
@@ -54,27 +69,27 @@ def _index(depth: float, count: int) -> int:
     return round(depth / 100 * (count - 1))
 
 
-def _litm(rng: random.Random, size: int, depth: float) -> Built:
+def _litm(rng: random.Random, size: int, depth: float, background: Background | None) -> Built:
     example = litm_kv.generate_kv_example(size, rng)
     sample = litm_kv.kv_sample(example, _index(depth, size))
     return Built(sample.prompt, [sample.value])
 
 
-def _helmet(rng: random.Random, size: int, depth: float) -> Built:
+def _helmet(rng: random.Random, size: int, depth: float, background: Background | None) -> Built:
     sample = helmet_json_kv.generate_json_kv_sample(size, depth / 100, rng)
     return Built(helmet_json_kv.json_kv_prompt(sample.context, sample.demos, sample.question), list(sample.answer))
 
 
-def _infbench_kv(rng: random.Random, size: int, depth: float) -> Built:
+def _infbench_kv(rng: random.Random, size: int, depth: float, background: Background | None) -> Built:
     records = litm_kv.generate_kv_example(size, rng).ordered_kv_records
     row = infinitebench.generate_kv_retrieval_row(0, records, rng, 1, size, gold_index=_index(depth, size))
     return Built(infinitebench.infinitebench_prompt("kv_retrieval", row, INFBENCH_TEMPLATE), [row.answer])
 
 
-def _needle(task: str) -> Callable[[random.Random, int, float], Built]:
+def _needle(task: str) -> Build:
     number = task == "number_string"
 
-    def build(rng: random.Random, size: int, depth: float) -> Built:
+    def build(rng: random.Random, size: int, depth: float, background: Background | None) -> Built:
         key = infinitebench.number_string_key(rng) if number else infinitebench.passkey_key(rng)
         needle = infinitebench.NUMBER_NEEDLE if number else infinitebench.PASSKEY_NEEDLE
         line = round(depth / 100 * size)  # the needle goes before noise line `line` of `size` (0..size inclusive)
@@ -86,8 +101,7 @@ def _needle(task: str) -> Callable[[random.Random, int, float], Built]:
     return build
 
 
-def _math_find(rng: random.Random, size: int, depth: float) -> Built:
-    del depth
+def _math_find(rng: random.Random, size: int, depth: float, background: Background | None) -> Built:
     task = infinitebench.MATH_FIND_TASKS[rng.randrange(len(infinitebench.MATH_FIND_TASKS))]
     row = infinitebench.generate_math_find_row(task, rng, size)
     return Built(infinitebench.infinitebench_prompt("math_find", row, INFBENCH_TEMPLATE), [repr(row.answer)])
@@ -98,9 +112,33 @@ def _label(text: str) -> int | float:
     return int(text) if text.lstrip("-").isdigit() else float(text)
 
 
-def _infbench_score(task: str) -> Callable[[str, list[str]], float]:
-    def score(reply: str, outputs: list[str]) -> float:
-        return score_row(task, reply, _label(outputs[0]) if task == "math_find" else outputs[0])
+def _infbench_score(task: str) -> Callable[[str, RulerSample], float]:
+    def score(reply: str, sample: RulerSample) -> float:
+        answer = sample.outputs[0]
+        return score_row(task, reply, _label(answer) if task == "math_find" else answer)
+
+    return score
+
+
+def _facts(task: str) -> Build:
+    def build(rng: random.Random, size: int, depth: float, background: Background | None) -> Built:
+        if background is None:
+            raise CtxevalError(f"facts:{task} needs a background text")
+        story = babilong.babi_story(task, rng)
+        facts_tokens = sum(background.count(" " + fact) for fact in story.facts)
+        start = rng.randrange(len(background.sentences))
+        context, _ = babilong.interleave(
+            story.facts, background.sentences, max(size, facts_tokens), background.count, rng, start
+        )
+        return Built(babilong.babilong_prompt(task, context, story.question), [story.answer])
+
+    return build
+
+
+def _facts_score(task: str) -> Callable[[str, RulerSample], float]:
+    def score(reply: str, sample: RulerSample) -> float:
+        question = sample.input.rpartition("Question: ")[2]  # babilong_prompt ends with the question
+        return float(babilong.compare_answers(sample.outputs[0], reply, question, babilong.TASK_LABELS[task]))
 
     return score
 
@@ -116,7 +154,7 @@ SUITE_TASKS: dict[str, SuiteTask] = {
             "key-value pairs",
             2,
             _litm,
-            lambda reply, outputs: litm_kv.score_kv_answer(outputs[0], reply),
+            lambda reply, sample: litm_kv.score_kv_answer(sample.outputs[0], reply),
             is_kv=True,
         ),
         SuiteTask(
@@ -126,7 +164,7 @@ SUITE_TASKS: dict[str, SuiteTask] = {
             "key-value pairs",
             helmet_json_kv.SHOTS + 1,
             _helmet,
-            lambda reply, outputs: float(helmet_json_kv.json_kv_score(reply, outputs)),
+            lambda reply, sample: float(helmet_json_kv.json_kv_score(reply, sample.outputs)),
             is_kv=True,
         ),
         SuiteTask(
@@ -167,6 +205,21 @@ SUITE_TASKS: dict[str, SuiteTask] = {
             _infbench_score("math_find"),
             has_depth=False,
         ),
+        *(
+            SuiteTask(
+                f"facts:{task}",
+                f"bAbI-style {task} facts in prose (generated stories; BABILong's prompt, interleaving and "
+                "compare_answers): not BABILong",
+                babilong.MAX_NEW_TOKENS,
+                "tokens of facts and background",
+                1,
+                _facts(task),
+                _facts_score(task),
+                has_depth=False,
+                needs_background=True,
+            )
+            for task in babilong.GENERATED_TASKS
+        ),
     ]
 }
 
@@ -194,12 +247,17 @@ def fixed_size(task: SuiteTask, length: int, kv_pairs: int | None) -> int | None
 class Sizer:
     """The largest size of `task` whose prompt plus its generation budget fits `length` tokens."""
 
-    def __init__(self, task: SuiteTask, length: int, count: Callable[[str], int]) -> None:
-        self.task, self.length, self.count = task, length, count
+    def __init__(
+        self, task: SuiteTask, length: int, count: Callable[[str], int], background: Background | None = None
+    ) -> None:
+        self.task, self.length, self.count, self.background = task, length, count, background
+
+    def build(self, seed: str, size: int, depth: float) -> Built:
+        return self.task.build(random.Random(seed), size, depth, self.background)
 
     def total(self, seed: str, size: int, depths: tuple[float, ...]) -> int:
         """The longest prompt over `depths` at `size`, in tokens, plus the generation budget."""
-        longest = max(self.count(self.task.build(random.Random(seed), size, d).text) for d in depths)
+        longest = max(self.count(self.build(seed, size, d).text) for d in depths)
         return longest + self.task.tokens_to_generate
 
     def refuse(self, total: int, why: str = "") -> CtxevalError:
@@ -213,7 +271,10 @@ class Sizer:
         total = self.total(seed, low, depths)
         if total > self.length:
             raise self.refuse(total, f", {low} {self.task.unit}")
-        per_unit = max((self.total(seed, low * 4, depths) - total) / (3 * low), 1e-3)
+        probe = low * 4  # a size past which the prompt grows (a facts prompt grows once the budget passes its facts)
+        while (grown := self.total(seed, probe, depths)) == total and probe < self.length:
+            probe *= 2
+        per_unit = max((grown - total) / (probe - low), 1e-3)
         high = max(low + 1, int(low + (self.length - total) / per_unit * 1.2) + 1)
         while self.total(seed, high, depths) <= self.length:  # low fits, high does not
             low, high = high, high * 2
@@ -224,15 +285,32 @@ class Sizer:
 
 
     def adjusted(self, seed: str, depths: tuple[float, ...], start: int) -> int:
-        """The largest fitting size near `start` (another sample's largest: draws differ by a few tokens)."""
-        size = start
-        while self.total(seed, size, depths) > self.length:
-            if size <= self.task.min_size:
-                raise self.refuse(self.total(seed, size, depths))
-            size -= 1
-        while self.total(seed, size + 1, depths) <= self.length:
-            size += 1
-        return size
+        """The largest fitting size near `start` (another sample's largest: draws differ by a few tokens), by steps
+        that double away from `start`, then halve."""
+
+        def fits(size: int) -> bool:
+            return self.total(seed, size, depths) <= self.length
+
+        step = 1
+        if fits(start):
+            low = start
+            while fits(low + step):
+                low, step = low + step, step * 2
+            high = low + step
+        else:
+            high = start
+            while True:
+                candidate = max(high - step, self.task.min_size)
+                if fits(candidate):
+                    low = candidate
+                    break
+                if candidate == self.task.min_size:
+                    raise self.refuse(self.total(seed, candidate, depths))
+                high, step = candidate, step * 2
+        while high - low > 1:  # low fits, high does not
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        return low
 
 
 def sample_seed(seed: int, task: str, length: int, number: int) -> str:
@@ -248,6 +326,7 @@ def generate_suite(
     seed: int,
     depths: tuple[float, ...] = DEFAULT_DEPTHS,
     kv_pairs: int | None = None,
+    background: tuple[str, str] | None = None,
 ) -> list[RulerSample]:
     """`num_samples` prompts per depth (one set for a task without depth), sample index = depth's position x
     num_samples + j, each filling `length` tokens (or at the count `fixed_size` gives)."""
@@ -257,7 +336,7 @@ def generate_suite(
     def count(text: str) -> int:
         return len(tokenizer.tokenize(text))
 
-    sizer = Sizer(task, length, count)
+    sizer = Sizer(task, length, count, prose(task, background, tokenizer))
     fixed = fixed_size(task, length, kv_pairs)
     if fixed is not None and fixed < task.min_size:
         raise CtxevalError(f"--kv-pairs {fixed}: {task.name} needs at least {task.min_size} pairs")
@@ -279,7 +358,7 @@ def generate_suite(
     samples = []
     for k, depth in enumerate(depths):
         for number, size in enumerate(sizes):
-            built = task.build(random.Random(sample_seed(seed, task_name, length, number)), size, depth)
+            built = sizer.build(sample_seed(seed, task_name, length, number), size, depth)
             total = count(built.text) + task.tokens_to_generate
             samples.append(
                 RulerSample(
@@ -295,13 +374,48 @@ def generate_suite(
     return samples
 
 
-def smallest_suite_prompt(task_name: str, tokenizer: Any, seed: int) -> int:
+def smallest_suite_prompt(
+    task_name: str, tokenizer: Any, seed: int, background: tuple[str, str] | None = None
+) -> int:
     """Tokens of the task's smallest prompt (its minimum size, sample 0, depth 50) plus its generation budget."""
     task = SUITE_TASKS[task_name]
-    built = task.build(random.Random(sample_seed(seed, task_name, 0, 0)), task.min_size, 50.0)
-    return len(tokenizer.tokenize(built.text)) + task.tokens_to_generate
+
+    def count(text: str) -> int:
+        return len(tokenizer.tokenize(text))
+
+    sizer = Sizer(task, 0, count, prose(task, background, tokenizer))
+    return count(sizer.build(sample_seed(seed, task_name, 0, 0), task.min_size, 50.0).text) + task.tokens_to_generate
 
 
-def score_reply(task_name: str, reply: str, outputs: list[str]) -> float:
+def prose(task: SuiteTask, background: tuple[str, str] | None, tokenizer: Any) -> Background | None:
+    """The background of a facts task from (text, where it comes from): its sentences of at least 10 tokens."""
+    if not task.needs_background:
+        return None
+    if background is None or not background[0].strip():
+        raise CtxevalError(f"{task.name} needs a background text: give --essay-substitute a corpus")
+    text, source = background
+    sentences, count = cached_sentences(text, tokenizer)
+    if len(sentences) < 3:
+        raise CtxevalError(f"{task.name}: the background {source} holds fewer than 3 sentences of 10 tokens")
+    return Background(sentences, count, source)
+
+
+_SENTENCES: list[tuple[str, Any, list[str], Callable[[str], int]]] = []  # the last text, tokenizer and their counts
+
+
+def cached_sentences(text: str, tokenizer: Any) -> tuple[list[str], Callable[[str], int]]:
+    """babilong.background_sentences and a remembered token count, once per text and tokenizer: the sizing search
+    builds a prompt a dozen times over the same sentences, and a run asks per task and length."""
+    if not (_SENTENCES and _SENTENCES[0][0] == text and _SENTENCES[0][1] is tokenizer):
+
+        @functools.lru_cache(maxsize=1 << 18)
+        def count(piece: str) -> int:
+            return len(tokenizer.tokenize(piece))
+
+        _SENTENCES[:] = [(text, tokenizer, babilong.background_sentences(text, count), count)]
+    return _SENTENCES[0][2], _SENTENCES[0][3]
+
+
+def score_reply(task_name: str, reply: str, sample: RulerSample) -> float:
     """The original's score of one raw reply (the continuation decoded without special tokens)."""
-    return SUITE_TASKS[task_name].score(reply, outputs)
+    return SUITE_TASKS[task_name].score(reply, sample)

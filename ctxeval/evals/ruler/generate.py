@@ -124,7 +124,8 @@ def generate(
     (`model_template`: prepare.py's --model_template_type); a retrieval task's (`depths`, `kv_pairs`) from
     evals.retrieval.suite."""
     if task_name in SUITE_TASKS:
-        return generate_suite(task_name, length, num_samples, tokenizer, seed, depths, kv_pairs)
+        background = (" ".join(sources.essay_words), sources.essay_source) if sources.essay_words else None
+        return generate_suite(task_name, length, num_samples, tokenizer, seed, depths, kv_pairs, background)
     if task_name not in TASKS:
         raise CtxevalError(f"unknown RULER task '{task_name}'; tasks: {', '.join(TASKS)}")
     task = TASKS[task_name]
@@ -214,7 +215,8 @@ def smallest_prompt(
     template alone and the 4 coded words of 50 tokens each RULER's vocabulary needs. One draw of the task's random
     stream: a sample of another draw may differ by a few tokens (generate still refuses exactly)."""
     if task_name in SUITE_TASKS:
-        return smallest_suite_prompt(task_name, tokenizer, seed)
+        background = (" ".join(sources.essay_words), sources.essay_source) if sources.essay_words else None
+        return smallest_suite_prompt(task_name, tokenizer, seed, background)
     task = TASKS[task_name]
     family = FAMILIES[task.family]
     ttg = family.tokens_to_generate

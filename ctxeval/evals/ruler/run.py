@@ -337,7 +337,7 @@ class RulerRunner:
         as its original scores it (no post-processing), with the sample's depth and size."""
         if task in SUITE_TASKS:
             metric, prediction = task.split(":")[0], raw
-            value = score_reply(task, raw, sample.outputs)
+            value = score_reply(task, raw, sample)
             extra = {"size": sample.size, **({"depth": sample.depth} if sample.depth is not None else {})}
         else:
             metric = FAMILIES[TASKS[task].family].metric
