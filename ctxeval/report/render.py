@@ -93,10 +93,10 @@ def figure_caption(group: Group, key: str) -> str:
     part = key[len(group.id) + 1 :]
     if part == "positions":
         return f"{heading(group)}: loss by position"
-    depth = next((t for t in group.tables if t.kind == "ruler-depth" and key.startswith(f"{t.id}-")), None)
-    if depth is not None:
-        what = DEPTH_FIGURES[key[len(depth.id) + 1 :]]
-        return f"{heading(group)}: {depth.task}, {what}"
+    for table in (t for t in group.tables if t.kind == "ruler-depth"):
+        for suffix, what in DEPTH_FIGURES.items():
+            if key == f"{table.id}-{suffix}":
+                return f"{heading(group)}: {table.task}, {what}"
     runs = tune_runs(group) if group.kind == "tune" else []
     run_part, _, figure = part.rpartition("-")
     if figure in TUNE_FIGURES and runs:

@@ -14,7 +14,7 @@ from ctxeval.report import plots as PL
 from ctxeval.report import tables
 from ctxeval.report.html import to_html
 from ctxeval.report.merged import build_report
-from ctxeval.report.render import to_markdown, write_plots, write_report
+from ctxeval.report.render import group_figures, to_markdown, write_plots, write_report
 from ctxeval.report.single import render_ruler
 from ctxeval.runs.rows import MISSING
 
@@ -210,3 +210,13 @@ def test_the_lost_in_the_middle_figure_has_a_panel_per_length_a_line_per_method(
     assert [p.title for p in panels] == LABELS and list(panels[0].grid.columns) == list(LENGTHS)
     assert panels[1].grid.loc[50.0, 2048] == pytest.approx(0.9) and panels[0].row_labels == ["0%", "50%", "100%"]
     assert not any(math.isnan(v) for v in panels[0].grid.to_numpy().ravel())
+
+
+def test_a_task_whose_name_starts_another_gets_its_own_figure_captions(tmp_path):
+    rows = depth_rows() + [dict(r, ruler_task="litm") for r in depth_rows() if r["ruler_task"] == "litm:kv"]
+    rep = build_report([write_run(tmp_path / "r", rows)])
+    assert [t.id for t in rep.tables] == ["ruler-1", "ruler-1-depth-litm-kv", "ruler-1-depth-litm"]
+    images = write_plots(rep, tmp_path / "out")
+    captions = {key: caption for key, _, caption in group_figures(rep.groups[0], images)}
+    assert captions["ruler-1-depth-litm-by-depth"].startswith("RULER: litm, score by the answer's depth")
+    assert captions["ruler-1-depth-litm-kv-depth-heatmap"] == "RULER: litm:kv, score by depth and length"
