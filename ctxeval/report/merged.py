@@ -15,6 +15,7 @@ import pandas as pd
 
 from ..errors import CtxevalError
 from ..runs.rows import AGGREGATES, MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, status_label, uniform_entropy
+from ..util.paths import safe_name
 from .ppl_tables import ppl_tables
 from .runs import Group, Run, display_models, field_label, group_runs, load_runs, merge_rows, row_order
 from .tables import (
@@ -28,6 +29,7 @@ from .tables import (
     length_or,
     needle_long,
     number,
+    ruler_depth_scores,
     ruler_effective_length,
     ruler_means,
     ruler_task_scores,
@@ -217,6 +219,67 @@ def _ruler_table(group: Group, rows: list[dict[str, Any]]) -> Table:
     )
 
 
+DEPTH_CAPTION = (
+    "{task}: the score (%, as RULER's) by where the answer sits in the context (depth: 0% = at the start, "
+    "100% = at the end; {binned}), the mean over the samples at that depth, per method and length; a depth with a "
+    "failed sample shows the failure (as the RULER table: never a 0; the figures leave it out of its line), a depth "
+    "never measured {missing}."
+)
+
+
+def depth_table(table_id: str, task: str, scores: pd.DataFrame, pairs: Sequence[tuple[str, str]]) -> Table:
+    """One task's depth table: rows = (model, method, length), columns = the task's depths, the score (%) at each,
+    from ruler_depth_scores' rows for the task."""
+    axis = scores.drop_duplicates("depth").sort_values("depth")
+    depths, labels = [float(x) for x in axis["depth"]], [str(x) for x in axis["depth_label"]]
+    lengths = sorted({int(L) for L in scores["length"]})
+    cell = {
+        (str(m), str(lb), int(L), float(x)): (number(v), str(st))
+        for m, lb, L, x, v, st in zip(*(scores[c] for c in ("model", "label", "length", "depth", "score", "status")))
+    }
+    raw, status, shown = [], [], []
+    for model, label in pairs:
+        for length in lengths:
+            found = [cell.get((model, label, length, x), (None, "missing")) for x in depths]
+            if all(st == "missing" for _, st in found):
+                continue
+            sts = [None if v is not None else st for v, st in found]
+            raw.append([model, label, length, *(v for v, _ in found)])
+            status.append([None, None, None, *sts])
+            shown.append([model, label, fmt_length(length), *(fmt_score(v, st) for v, st in found)])
+    binned = any("-" in text for text in labels)
+    caption = DEPTH_CAPTION.format(
+        task=task,
+        binned="depths binned into equal ranges" if binned else "one column per depth",
+        missing=MISSING,
+    )
+    return Table(
+        table_id,
+        "ruler-depth",
+        f"{task}: score by depth",
+        ["model", "method", "length", *(text.rstrip("%") for text in labels)],
+        ["model", "method", "length", *labels],
+        raw,
+        status,
+        shown,
+        caption=caption,
+        task=task,
+        depths=depths,
+    )
+
+
+def ruler_depth_tables(
+    group_id: str, rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]], tasks: Sequence[str]
+) -> list[Table]:
+    """One depth table per task whose rows carry a depth (in the order of `tasks`); [] when none does."""
+    scores = ruler_depth_scores(rows)
+    present = [t for t in dict.fromkeys([*tasks, *map(str, scores["ruler_task"])]) if t in set(scores["ruler_task"])]
+    return [
+        depth_table(f"{group_id}-depth-{safe_name(task).lower()}", task, scores[scores["ruler_task"] == task], pairs)
+        for task in present
+    ]
+
+
 def _lm_eval_table(group: Group, rows: list[dict[str, Any]]) -> Table:
     """Rows = model x method, columns = lm-eval task x metric (x filter when not 'none'): value ± stderr."""
     latest = {}
@@ -383,7 +446,8 @@ def build_report(
         if group.kind == "ppl":
             group.tables = ppl_tables(group, rows, tolerance)
         elif group.kind == "ruler":
-            group.tables = [_ruler_table(group, rows)]
+            depths = ruler_depth_tables(group.id, rows, row_order(group, rows), group.key.get("tasks") or [])
+            group.tables = [_ruler_table(group, rows), *depths]
         elif group.kind == "lm-eval":
             group.tables = [_lm_eval_table(group, rows)]
         elif group.kind == "entropy":

@@ -18,19 +18,21 @@ import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
 from matplotlib import patheffects, ticker  # noqa: E402
 
 from ..errors import CtxevalError  # noqa: E402
 from ..runs.rows import fmt_length, status_label  # noqa: E402
 from ..util.textfiles import atomic_path  # noqa: E402
+from .tables import Table  # noqa: E402
 
 # one colour per method family, the same in every figure; unknown families take the remaining colours in order
 FAMILY_COLORS = {
@@ -87,7 +89,7 @@ class Curve:
 
     label: str  # legend text
     family: str  # method name: decides the colour
-    xs: list[int]
+    xs: list[float]  # context lengths (a depth figure: depths, %)
     ys: list[float]
     reference: bool = False  # a reference line (uniform attention): grey, dashed, no markers
 
@@ -406,6 +408,92 @@ def plot_heatmaps(
         bar = fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.046, pad=0.02, label=scale_label)
         bar.ax.yaxis.set_major_formatter(ticker.PercentFormatter(xmax=1.0))  # the cells are labelled in % too
     fig.suptitle(wrap_title(title, max(60, int(13 * fig.get_figwidth()))), fontsize=9)  # 9 pt: ~13 characters an inch
+    return save(fig, path, tight=False)
+
+
+def depth_curves(table: Table, name: Callable[[str, str], str]) -> list[tuple[int, list[Curve]]]:
+    """A RULER depth table (rows = model, method, length; columns = depths) as (length, curves): per length one
+    curve per (model, method), its score (%) at each depth it has; `name(model, method)` is the legend text."""
+    by_length: dict[int, list[Curve]] = {}
+    for row in table.rows:
+        points = [(x, float(v)) for x, v in zip(table.depths, row[3:]) if v is not None]
+        curve = Curve(name(row[0], row[1]), method_family(row[1]), [p[0] for p in points], [p[1] for p in points])
+        by_length.setdefault(int(row[2]), []).append(curve)
+    return sorted(by_length.items())
+
+
+def depth_panels(table: Table, name: Callable[[str, str], str], originals: dict[str, int]) -> list[HeatmapPanel]:
+    """A RULER depth table as one heatmap per (model, method): rows = depth, columns = length, the score in [0, 1]
+    (NaN where not measured, its status beside it); `originals`: model -> original length (the dashed line)."""
+    cells: dict[tuple[str, str], dict[int, tuple[list, list]]] = {}
+    for row, sts in zip(table.rows, table.status):
+        values = [np.nan if v is None else float(v) / 100 for v in row[3:]]
+        cells.setdefault((row[0], row[1]), {})[int(row[2])] = (values, [s or "ok" for s in sts[3:]])
+    lengths = sorted({int(row[2]) for row in table.rows})
+    labels = table.headers[3:]
+    panels = []
+    for (model, label), at in cells.items():
+        grid = pd.DataFrame({L: at[L][0] if L in at else [np.nan] * len(labels) for L in lengths}, index=table.depths)
+        status = pd.DataFrame(
+            {L: at[L][1] if L in at else ["missing"] * len(labels) for L in lengths}, index=table.depths
+        )
+        panels.append(HeatmapPanel(name(model, label), grid, status, originals.get(model), row_labels=labels))
+    return panels
+
+
+def depth_axes(ax: Any, depths: Sequence[float], labels: Sequence[str]) -> None:
+    """The x axis of depth 0-100% with a tick at each column's depth, and a 0-100% y axis of scores."""
+    ax.set_xlim(-4, 104)
+    ax.set_xticks(list(depths))
+    ax.set_xticklabels(list(labels), fontsize=8)
+    ax.set_ylim(-4, 104)
+    ax.yaxis.set_major_locator(ticker.MultipleLocator(20))
+    ax.yaxis.set_major_formatter(ticker.PercentFormatter(xmax=100, decimals=0))
+    ax.grid(True, alpha=0.3)
+
+
+def depth_panel(ax: Any, length: int, curves: Sequence[Curve], style: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One length's curves on `ax`; a curve identical to an earlier one is drawn once and the panel's title names
+    them (`same scores: none = dynamic-ntk`). Returns legend text -> line."""
+    measured = [c for c in curves if c.xs]
+    lines, same = {}, []
+    for i, text in merge_identical(measured):
+        (lines[measured[i].label],) = ax.plot(measured[i].xs, measured[i].ys, **style[measured[i].label])
+        if text != measured[i].label:
+            same.append(f"{measured[i].label} = {text[len(measured[i].label) + 4 : -1]}")
+    note = "\n" + wrap_title("same scores: " + "; ".join(same), 48) if same else ""
+    ax.set_title(f"context length {fmt_length(length)}{note}", fontsize=8)
+    ax.set_xlabel("depth of the answer (0% = at the start)", fontsize=8)
+    return lines
+
+
+def plot_depth_curves(
+    table: Table, name: Callable[[str, str], str], path: Path, title: str, ylabel: str = "score"
+) -> Path:
+    """Score against the answer's depth, as Liu et al. 2023's figure 1 (accuracy by the gold document's position):
+    one panel per length (three a row, within the HTML report's column), one line per method in plot_curves' styles
+    (the same in every panel), a depth that failed or was not measured left out of its line, the legend once, under
+    the panels."""
+    panels = depth_curves(table, name)
+    everyone = list({c.label: c for _, curves in panels for c in curves}.values())
+    style = dict(zip([c.label for c in everyone], curve_styles(everyone)))
+    ncols = min(len(panels), 3)
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(3.2 * ncols + 0.6, 2.9 * nrows + 1.2), squeeze=False, sharey=True, layout="constrained"
+    )
+    legend: dict[str, Any] = {}
+    for ax, (length, curves) in zip(axes.ravel(), panels):
+        for label, line in depth_panel(ax, length, curves, style).items():
+            legend.setdefault(label, line)
+        depth_axes(ax, table.depths, table.headers[3:])
+    for ax in axes[:, 0]:
+        ax.set_ylabel(f"{ylabel} (%)")
+    for ax in axes.ravel()[len(panels) :]:
+        ax.set_visible(False)
+    texts = [wrap_title(label, LEGEND_WIDTH) for label in legend]
+    fig.legend(list(legend.values()), texts, fontsize=7, loc="outside lower center", ncols=min(len(texts), 3))
+    fig.suptitle(wrap_title(title, max(60, int(13 * fig.get_figwidth()))), fontsize=9)
     return save(fig, path, tight=False)
 
 

@@ -21,7 +21,7 @@ from ..runs.store import RUN_FILE, environment, now_utc
 from ..util.paths import safe_name
 from ..util.textfiles import finite_json, read_json, write_text
 from .merged import Report
-from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
+from .plots import Curve, HeatmapPanel, depth_panels, method_family, plot_curves, plot_depth_curves, plot_heatmaps
 from .runs import Group, field_label, fmt_value, is_report_dir
 from .single import table_csv
 from .tables import Table, bucket_center, csv_value, markdown, number
@@ -67,6 +67,13 @@ def group_models(group: Group) -> list[str]:
     return list(dict.fromkeys(Path(m).name or m for run in group.runs for m in run.models))
 
 
+# a RULER depth table's figures: key suffix -> what each shows
+DEPTH_FIGURES = {
+    "by-depth": "score by the answer's depth (lost in the middle)",
+    "depth-heatmap": "score by depth and length",
+}
+
+
 def figure_title(group: Group, what: str) -> str:
     """A figure's title, one short line: the kind (and number), the models, what is plotted."""
     models = group_models(group)
@@ -86,6 +93,10 @@ def figure_caption(group: Group, key: str) -> str:
     part = key[len(group.id) + 1 :]
     if part == "positions":
         return f"{heading(group)}: loss by position"
+    for table in (t for t in group.tables if t.kind == "ruler-depth"):
+        for suffix, what in DEPTH_FIGURES.items():
+            if key == f"{table.id}-{suffix}":
+                return f"{heading(group)}: {table.task}, {what}"
     runs = tune_runs(group) if group.kind == "tune" else []
     run_part, _, figure = part.rpartition("-")
     if figure in TUNE_FIGURES and runs:
@@ -356,6 +367,38 @@ def tune_figures(group: Group, out_dir: Path, stem: str, taken: set[str]) -> dic
     return images
 
 
+def free_name(base: str, taken: set[str]) -> str:
+    """`base.png`, else the first of `base-2.png`, `base-3.png`, ... not in `taken` (which gets it)."""
+    name = next(
+        f"{n}.png" for n in (base, *(f"{base}-{i}" for i in range(2, len(taken) + 3))) if f"{n}.png" not in taken
+    )
+    taken.add(name)
+    return name
+
+
+def depth_figures(group: Group, out_dir: Path, stem: str, taken: set[str]) -> dict[str, str]:
+    """A RULER group's depth tables drawn: per task, the score against the answer's depth (a panel per length, a line
+    per method) and one depth x length heatmap per method, as `<stem>-<task>-by-depth.png` and
+    `-depth-heatmap.png`; returns key (`<table id>-by-depth`, `<table id>-depth-heatmap`) -> file name."""
+    images: dict[str, str] = {}
+    for table in (t for t in group.tables if t.kind == "ruler-depth" and t.rows):
+        base = f"{stem}-{safe_name(table.task).lower()}"
+        by_depth = free_name(f"{base}-by-depth", taken)
+        plot_depth_curves(
+            table,
+            lambda m, lb: _curve_label(group, m, lb),
+            out_dir / by_depth,
+            figure_title(group, f"{table.task}, score by the answer's depth"),
+        )
+        heat = free_name(f"{base}-depth-heatmap", taken)
+        panels = depth_panels(table, lambda m, lb: _curve_label(group, m, lb), group.original_lengths)
+        dashed = any(p.original_length and max(p.grid.columns) > p.original_length for p in panels)
+        what = "score by depth and length" + (" (dashed: past the original length)" if dashed else "")
+        plot_heatmaps(panels, out_dir / heat, figure_title(group, f"{table.task}, {what}"), "answer depth", "score")
+        images.update({f"{table.id}-by-depth": by_depth, f"{table.id}-depth-heatmap": heat})
+    return images
+
+
 def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
     """One PNG per group (ppl curves / needle heatmaps / passkey curves / entropy curves; a tune group: its runs'
     search figures), named by figure_stems; returns group id (and `<group id>-positions`, `<group id>-objective`,
@@ -404,6 +447,9 @@ def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
                 threshold_label=f"threshold {threshold:g}",
                 ylim=(-2, 102),
             )
+            images[group.id] = path.name
+            images.update(depth_figures(group, Path(out_dir), stems[group.id], taken))
+            continue
         elif group.kind == "passkey":
             curves = group_curves(group, value_columns=len(group.tables[0].columns) - 5)  # + 3 summary columns
             plot_curves(

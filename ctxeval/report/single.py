@@ -17,7 +17,8 @@ from ..runs.store import RunStore
 from ..specs import MethodSpec
 from ..util.paths import safe_name
 from ..util.textfiles import atomic_path, write_text
-from .plots import Curve, HeatmapPanel, method_family, plot_curves, plot_heatmaps
+from .merged import ruler_depth_tables
+from .plots import Curve, HeatmapPanel, depth_panels, method_family, plot_curves, plot_depth_curves, plot_heatmaps
 from .tables import (
     NOT_REACHED_NOTE,
     Table,
@@ -440,7 +441,8 @@ def render_ruler(
             trows.append([label, *[fmt_score(*cells.get(t, (float("nan"), "missing"))) for t in tasks]])
         md += [f"\n## {fmt_length(L)}: score by task\n\n", markdown(theaders, trows)]
         by_task.update({(row[0], t, L): text for row in trows for t, text in zip(tasks, row[1:])})
-    save_text(store.dir / "table.md", "".join(md))
+    depth_printed, depth_md = render_ruler_depths(store, order, tasks, original, title)
+    save_text(store.dir / "table.md", "".join(md) + depth_md)
     save_csv(scores, store.dir / "ruler.csv", index=False, float_format="%.6g")
     save_csv(pd.DataFrame(summary), store.dir / "summary.csv", index=False)
     for label in order:
@@ -471,9 +473,38 @@ def render_ruler(
             Printed(
                 "RULER score by task and length", None, ["method", "task", *[fmt_length(L) for L in lengths]], task_rows
             ),
+            *depth_printed,
         ],
-        f"wrote {store.dir}/table.md, ruler.csv, summary.csv, heatmap-*.png",
+        f"wrote {store.dir}/table.md, ruler.csv, summary.csv, heatmap-*.png"
+        + (", depth-*.png" if depth_printed else ""),
     )
+
+
+def render_ruler_depths(
+    store: RunStore, order: Sequence[str], tasks: Sequence[str], original: int | None, title: str
+) -> tuple[list[Printed], str]:
+    """Per task whose rows carry a depth: its table (rows = method and length, columns = depths), the score against
+    the depth (depth-<task>.png, Liu et al. 2023's figure 1) and a depth x length heatmap per method
+    (depth-heatmap-<task>.png), as a markdown section; nothing when no row has a depth."""
+    rows = store.rows()
+    models = list(dict.fromkeys(str(r["model"]) for r in rows))
+    printed, md = [], []
+    for table in ruler_depth_tables("depth", rows, [(m, label) for m in models for label in order], tasks):
+        if not table.rows:
+            continue
+        name = safe_name(table.task)
+        head = f"{title} · {table.task}: score by"
+        plot_depth_curves(table, lambda m, lb: lb, store.dir / f"depth-{name}.png", f"{head} the answer's depth")
+        panels = depth_panels(table, lambda m, lb: lb, {m: original for m in models} if original else {})
+        past = " (dashed: past the original length)" if original and max(panels[0].grid.columns) > original else ""
+        heat = f"{head} depth and length{past}"
+        plot_heatmaps(panels, store.dir / f"depth-heatmap-{name}.png", heat, "answer depth", "score")
+        headers, cells = table.headers[1:], [row[1:] for row in table.cells]
+        printed.append(Printed(table.title, table.caption, headers, cells))
+        md += [f"\n## {table.title}\n\n{table.caption}\n\n", markdown(headers, cells)]
+        md += [f"\n![{table.task}: score by depth](depth-{name}.png)\n"]
+        md += [f"\n![{table.task}: score by depth and length](depth-heatmap-{name}.png)\n"]
+    return printed, "".join(md)
 
 
 def render_lm_eval(store: RunStore, title: str) -> RunOutputs:

@@ -414,6 +414,8 @@ class Table:
     cells: list[list[str]]
     caption: str = ""
     footnotes: list[str] = field(default_factory=list)
+    task: str = ""  # a RULER depth table's task (kind ruler-depth)
+    depths: list[float] = field(default_factory=list)  # a depth table's columns on the 0-100 depth axis
 
     def records(self) -> list[dict[str, Any]]:
         return [dict(zip(self.columns, row)) for row in self.rows]
@@ -501,3 +503,60 @@ def fmt_score(value: Any, status: str | None = None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return status_label(status)
     return f"{value:.1f}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# RULER tasks with a depth axis (the retrieval tasks of issue 41: litm:kv, helmet:json_kv, infbench:kv_retrieval, ...)
+
+DEPTH_COLUMNS_MAX = 6  # distinct depths a task's table shows as they are (80 columns hold six); more are binned
+DEPTH_BINS = 5  # equal ranges of the 0-100 axis when they are binned
+DEPTH_SCORE_COLUMNS = ["model", "label", "ruler_task", "length", "depth", "depth_label", "score", "samples", "status"]
+
+
+def depth_columns(depths: Iterable[float]) -> dict[float, tuple[float, str]]:
+    """Each measured depth -> (its column's position on the 0-100 axis, its label): the depth itself (`25%`) when
+    a task has at most DEPTH_COLUMNS_MAX of them, else the centre of its range among DEPTH_BINS equal ones (`20-40%`;
+    the last range holds 100)."""
+    found = sorted({float(d) for d in depths})
+    if len(found) <= DEPTH_COLUMNS_MAX:
+        return {d: (d, f"{d:.3g}%") for d in found}
+    width = 100 / DEPTH_BINS
+    bins = {d: min(int(d // width), DEPTH_BINS - 1) for d in found}
+    return {d: (width * (k + 0.5), f"{width * k:g}-{width * (k + 1):g}%") for d, k in bins.items()}
+
+
+def depth_cell(cell: pd.DataFrame, broad: pd.DataFrame) -> tuple[float, int, str]:
+    """(score, samples, status) of one depth cell as ruler_task_scores scores a task: the mean sample score x 100
+    rounded to 2 decimals; a failed sample there, or one of its task and length without a depth (`broad`), makes
+    it that failure (NaN), never a 0."""
+    ok = cell[cell["status"] == "ok"]
+    failed = pd.concat([cell[cell["status"] != "ok"], broad])
+    if len(failed):
+        return float("nan"), len(ok), str(failed["status"].iloc[0])
+    return round(float(ok["score"].astype(float).mean()) * 100, 2), len(ok), "ok"
+
+
+def ruler_depth_scores(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (model, label, ruler_task, length, depth column) of the tasks whose rows carry a depth (0-100:
+    where the answer sits), scored by depth_cell; `depth` is the column's position, `depth_label` its header.
+    Empty (DEPTH_SCORE_COLUMNS) when no row has a depth."""
+    df = latest_rows(rows, ("model", "label", "ruler_task", "length", "sample"))
+    if df.empty or "depth" not in df:
+        return pd.DataFrame(columns=DEPTH_SCORE_COLUMNS)
+    df["depth"] = pd.to_numeric(df["depth"], errors="coerce")
+    out = []
+    for task, t in df.groupby("ruler_task", sort=False):
+        where = depth_columns(t["depth"].dropna())
+        if not where:
+            continue  # a task without a depth axis
+        t = t.assign(x=[where[d][0] if d in where else math.nan for d in t["depth"]])
+        labels = dict(where.values())
+        for (model, label, length), g in t.groupby(["model", "label", "length"], sort=False):
+            broad = g[g["x"].isna() & (g["status"] != "ok")]
+            for x in sorted(labels):
+                cell = g[g["x"] == x]
+                if cell.empty and broad.empty:
+                    continue
+                score, samples, status = depth_cell(cell, broad)
+                out.append([model, label, task, int(length), x, labels[x], score, samples, status])
+    return pd.DataFrame(out, columns=DEPTH_SCORE_COLUMNS)
