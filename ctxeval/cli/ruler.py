@@ -113,7 +113,9 @@ class RulerOptions:
     tasks: reworded(
         TasksOpt,
         "Comma-separated RULER tasks (default: all 13 once the QA files "
-        "are there, else the 11 that run offline: " + ", ".join(OFFLINE) + ") and retrieval tasks: "
+        "are there, else the 11 that run offline: "
+        + ", ".join(OFFLINE)
+        + ") and retrieval tasks: "
         + ", ".join(SUITE)
         + ".",
         Optional[str],
@@ -284,9 +286,7 @@ class Ruler(Measurement):
         from ..evals.ruler.fit import Prompts
 
         opt = self.opt
-        return Prompts(
-            self.lm.tokenizer, self.sources, opt.samples, opt.seed, opt.template, self.depths, opt.kv_pairs
-        )
+        return Prompts(self.lm.tokenizer, self.sources, opt.samples, opt.seed, opt.template, self.depths, opt.kv_pairs)
 
     def default_lengths(self) -> list[int]:
         """Multiples of the trained length that every task's prompts fit (from RULER's files: all of them); none
@@ -412,7 +412,9 @@ class Ruler(Measurement):
         from ..report.single import render_ruler
 
         opt, cfg = self.opt, self.cfg
-        title = f"{model_title(self.model)}: RULER" + (" on vLLM" if self.backend_spec else "")
+        from ..report.tables import suite_name
+
+        title = f"{model_title(self.model)}: {suite_name(list(cfg.tasks))}" + (" on vLLM" if self.backend_spec else "")
         print_outputs(
             render_ruler(
                 store,

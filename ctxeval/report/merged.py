@@ -33,6 +33,7 @@ from .tables import (
     ruler_effective_length,
     ruler_means,
     ruler_task_scores,
+    suite_name,
     yarn_passkey_figures,
 )
 from .tune_data import read_tune
@@ -203,7 +204,7 @@ def _ruler_table(group: Group, rows: list[dict[str, Any]]) -> Table:
             ]
         )
     caption = (
-        f"RULER mean score over {len(tasks)} task(s) ({', '.join(tasks)}), {group.key.get('samples')} sample(s) "
+        f"{suite_name(tasks)} mean score over {len(tasks)} task(s) ({', '.join(tasks)}), {group.key.get('samples')} sample(s) "
         f"each; effective length: every length up to it has a mean above {threshold:g}."
     )
     return Table(

@@ -43,6 +43,7 @@ from .tables import (
     ruler_means,
     ruler_task_scores,
     status_wide,
+    suite_name,
     valid_cells,
     valid_lengths,
 )
@@ -418,7 +419,7 @@ def render_ruler(
         )
         summary.append({"method": label, **{str(L): by_length.get(L) for L in lengths}, "effective length": eff})
     caption = (
-        f"RULER mean score over {len(tasks)} tasks ({', '.join(tasks)}), {samples} sample(s) per task and "
+        f"{suite_name(tasks)} mean score over {len(tasks)} tasks ({', '.join(tasks)}), {samples} sample(s) per task and "
         f"length; effective length: the longest length up to which every length's mean exceeds {threshold:g} "
         f"(RULER's Llama-2-7B reference at 4k is 85.6). Original length {original}."
     )

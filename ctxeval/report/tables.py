@@ -478,6 +478,14 @@ def ruler_task_scores(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=columns)
 
 
+def suite_name(tasks: list[str]) -> str:
+    """What a ruler run's tasks are: "RULER" for RULER's own, else the retrieval suites' prefixes named."""
+    suites = sorted({task.split(":")[0] for task in tasks if ":" in task})
+    if not suites:
+        return "RULER"
+    return " + ".join((["RULER"] if any(":" not in task for task in tasks) else []) + suites)
+
+
 def ruler_means(scores: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
     """(model, label, length) -> the mean task score over `tasks` (RULER's headline number); NaN unless every task
     was scored at that length."""

@@ -111,7 +111,16 @@ def test_prompts_from_ruler_files(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--tasks", "niah_single_9"], "unknown RULER task 'niah_single_9'"),
+        (["--tasks", "niah_single_9"], "unknown task 'niah_single_9'"),
+        (["--tasks", "litm:kvv"], "unknown task 'litm:kvv'"),
+        (["--tasks", "litm:kv", "--depths", "0,150"], "depths are percentages in 0..100, got 150"),
+        (["--tasks", "infbench:passkey", "--kv-pairs", "20"], "--kv-pairs applies to the key-value tasks"),
+        (["--tasks", "litm:kv", "--kv-pairs", "0"], "--kv-pairs must be at least 1, got 0"),
+        (["--tasks", "litm:kv", "--kv-pairs", "400", "--lengths", "1k"], "400 key-value pairs take"),
+        (
+            ["--tasks", "infbench:math_find", "--lengths", "32"],
+            "shorter than the smallest prompt of infbench:math_find",
+        ),
         (["--samples", "0"], "--samples must be >= 1, got 0"),
         (["--threshold", "120"], "--threshold must be in (0, 100], got 120.0"),
         (["--tasks", "niah_single_2", "--lengths", "256"], "--lengths 256 is shorter than the smallest prompt of"),
@@ -378,3 +387,23 @@ def test_default_lengths_on_tiny_fit_the_asked_tasks_and_say_what_tiny_cannot_do
     assert "note: default lengths 256, 512 (not 128, 256, 512, multiples of the trained length)" in result.stderr
     assert "cannot answer RULER's tasks" in result.stderr
     assert json.loads((out / "run.json").read_text())["spec"]["lengths"] == [256, 512]
+
+
+def test_retrieval_tasks_run_with_their_depths_and_draw_the_depth_figures(tmp_path):
+    """The retrieval tasks go through RULER's runner: rows carry the asked depth and the size, a task without depth
+    has none, the run records --depths, and the depth table and figures are written; a rerun measures nothing."""
+    out = tmp_path / "r"
+    args = ["ruler", "--model", "tiny", "--device", "cpu", "--out", str(out), "--lengths", "1k", "--samples", "1"]
+    args += ["--tasks", "infbench:passkey,infbench:math_find", "--depths", "0,100"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    passkey = sorted((r["sample"], r["depth"]) for r in rows if r["ruler_task"] == "infbench:passkey")
+    assert passkey == [(0, 0.0), (1, 100.0)]
+    (math,) = [r for r in rows if r["ruler_task"] == "infbench:math_find"]
+    assert "depth" not in math and math["size"] > 10 and math["metric_fn"] == "infbench"
+    assert json.loads((out / "run.json").read_text())["spec"]["depths"] == [0.0, 100.0]
+    assert (out / "depth-infbench-passkey.png").is_file() and (out / "depth-heatmap-infbench-passkey.png").is_file()
+    assert "infbench:passkey: score by depth" in (out / "table.md").read_text()
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "0 points measured" in again.output + again.stderr

@@ -283,7 +283,6 @@ class Sizer:
             low, high = (middle, high) if self.total(seed, middle, depths) <= self.length else (low, middle)
         return low
 
-
     def adjusted(self, seed: str, depths: tuple[float, ...], start: int) -> int:
         """The largest fitting size near `start` (another sample's largest: draws differ by a few tokens), by steps
         that double away from `start`, then halve."""
@@ -374,9 +373,7 @@ def generate_suite(
     return samples
 
 
-def smallest_suite_prompt(
-    task_name: str, tokenizer: Any, seed: int, background: tuple[str, str] | None = None
-) -> int:
+def smallest_suite_prompt(task_name: str, tokenizer: Any, seed: int, background: tuple[str, str] | None = None) -> int:
     """Tokens of the task's smallest prompt (its minimum size, sample 0, depth 50) plus its generation budget."""
     task = SUITE_TASKS[task_name]
 

@@ -29,10 +29,10 @@ from ...specs import MethodSpec
 from ...util.numbers import MAX_TOKENS, finite_number, whole_number
 from ...util.textfiles import make_dirs, read_jsonl, write_text
 from ..common import OomLadder, PointOOM, Progress, SilentProgress, numbered, oom_guard, point_row
+from ..retrieval.suite import DEFAULT_DEPTHS, SUITE_TASKS, check_depths, score_reply
 from ..sweep import WorkItem, forward_cost, run_items
 from .generate import generate, postprocess, score
 from .sources import Sources
-from ..retrieval.suite import DEFAULT_DEPTHS, SUITE_TASKS, check_depths, score_reply
 from .tasks import FAMILIES, TASKS, RulerSample, check_template
 
 SAMPLES_DIR = "samples"
@@ -71,7 +71,9 @@ class RulerConfig:
 
 def tokens_to_generate(task: str) -> int:
     """The most new tokens a reply of `task` may have (RULER's tokens_to_generate, or the original's budget)."""
-    return SUITE_TASKS[task].tokens_to_generate if task in SUITE_TASKS else FAMILIES[TASKS[task].family].tokens_to_generate
+    return (
+        SUITE_TASKS[task].tokens_to_generate if task in SUITE_TASKS else FAMILIES[TASKS[task].family].tokens_to_generate
+    )
 
 
 def samples_path(root: Path, task: str, length: int) -> Path:

@@ -382,7 +382,7 @@ def test_prepare_takes_samples_from_rulers_files_then_from_the_run_then_generate
 
     calls = []
 
-    def fake_generate(task, length, num_samples, tokenizer, sources, seed, model_template):
+    def fake_generate(task, length, num_samples, tokenizer, sources, seed, model_template, depths, kv_pairs):
         calls.append((task, length, num_samples, tokenizer, sources, seed, model_template))
         return [RulerSample(i, f"gen {task} {length} {i}", ["y"], length, "") for i in range(num_samples)]
 
