@@ -22,6 +22,7 @@ from .options import (
     BatchOpt,
     BosOpt,
     ChatTemplateOpt,
+    DepthsOpt,
     Engine,
     FactorOpt,
     HaystackOpt,
@@ -377,9 +378,7 @@ class RetrievalRun(Measurement):
 class NeedleOptions:
     model: ModelOpt = None
     lengths: LengthsOpt = None
-    depths: Annotated[str, typer.Option(help="Needle depths in percent: 0,50,100 | 0:100:11 (start:stop:count).")] = (
-        "0:100:5"
-    )
+    depths: DepthsOpt = "0:100:5"
     depth_spacing: Annotated[
         str, typer.Option(help="linear | sigmoid (packed towards the ends, as the original test).")
     ] = "linear"

@@ -322,6 +322,9 @@ LengthsOpt = Annotated[
         "(default: 0.25x, 0.5x, 1x, 2x the model's original length).",
     ),
 ]
+DepthsOpt = Annotated[
+    str, typer.Option("--depths", help="Needle depths in percent: 0,50,100 | 0:100:11 (start:stop:count).")
+]
 TasksOpt = Annotated[
     str,
     typer.Option(

@@ -23,6 +23,7 @@ from .console import err, print_outputs, user_errors
 from .options import (
     BatchOpt,
     Check,
+    DepthsOpt,
     Engine,
     FactorOpt,
     LengthsOpt,
@@ -161,14 +162,12 @@ class RulerOptions:
             "(default /usr/share/dict/american-english, Debian wamerican)."
         ),
     ] = None
-    depths: Annotated[
-        str,
-        typer.Option(
-            help="Answer depths in percent for the retrieval tasks that have one (litm:kv, helmet:json_kv, "
-            "infbench:kv_retrieval, infbench:passkey, infbench:number_string): 0,50,100 | 0:100:5; --samples "
-            "prompts at each."
-        ),
-    ] = "0,25,50,75,100"
+    depths: reworded(
+        DepthsOpt,
+        "Answer depths in percent for the retrieval tasks that have one (litm:kv, helmet:json_kv, "
+        "infbench:kv_retrieval, infbench:passkey, infbench:number_string): 0,50,100 | 0:100:5; --samples "
+        "prompts at each.",
+    ) = "0,25,50,75,100"
     kv_pairs: Annotated[
         Optional[int],
         typer.Option(
