@@ -110,7 +110,7 @@ RULER = [  # (extra args, the fragment of the one error line); {name} is a hosti
     (["--tasks", "vt", "--lengths", "1k:16k:x1.0000001"], "more than 10,000; use a larger step"),
     (["--tasks", "vt", "--lengths", "2:100000000:1"], "more than 10,000; use a larger step"),
     (["--tasks", "vt", "--threshold", "nan"], "--threshold must be a finite number in (0, 100], got nan"),
-    (["--tasks", ",,", "--lengths", "1k"], "--tasks names no RULER task"),
+    (["--tasks", ",,", "--lengths", "1k"], "--tasks names no task"),
     (["--tasks", "vt", "--factor", "inf"], "--factor takes finite numbers"),
     (["--tasks", "vt", "-m", "yarn:factor=nan"], "yarn: factor must be finite"),
 ]

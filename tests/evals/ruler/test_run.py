@@ -13,15 +13,16 @@ from ctxeval.errors import CtxevalError
 def test_ruler_config_refuses_each_bad_field_in_one_line_naming_it():
     from ctxeval.errors import CtxevalError
     from ctxeval.evals.ruler.run import RulerConfig
+    from ctxeval.evals.retrieval.suite import SUITE_TASKS
     from ctxeval.evals.ruler.tasks import TASKS
 
-    names = ", ".join(TASKS)
+    names = ", ".join([*TASKS, *SUITE_TASKS])
     with pytest.raises(CtxevalError) as exc:
         RulerConfig((), (1024,), 1)
-    assert str(exc.value) == f"--tasks names no RULER task; tasks: {names}"
+    assert str(exc.value) == f"--tasks names no task; tasks: {names}"
     with pytest.raises(CtxevalError) as exc:
         RulerConfig(("vt", "niah_x", "niah_y"), (1024,), 1)
-    assert str(exc.value) == f"unknown RULER task 'niah_x'; tasks: {names}"
+    assert str(exc.value) == f"unknown task 'niah_x'; tasks: {names}"
     with pytest.raises(CtxevalError) as exc:
         RulerConfig(("vt",), (1024,), 0)
     assert str(exc.value) == "--samples must be >= 1, got 0"
