@@ -172,3 +172,19 @@ def test_infbench_refusals(tmp_path: Path) -> None:
         original_samples("infbench:math_find", tmp_path, 131072, 5, (50.0,))
     with pytest.raises(CtxevalError, match=r"facts:qa1: no released original file"):
         original_samples("facts:qa1", tmp_path, 131072, 5, (50.0,))
+
+
+def test_prepare_reads_the_originals_file_and_keeps_a_copy(tmp_path: Path) -> None:
+    from ctxeval.evals.ruler import run as E
+
+    given = tmp_path / "litm"
+    given.mkdir()
+    write_jsonl(given / "kv-retrieval-5_keys.jsonl.gz", litm_rows(), gz=True)
+    cfg = E.RulerConfig(("litm:kv",), (4096,), samples=2, seed=0, depths=(0.0, 100.0))
+    out = E.prepare(cfg, "tok", "src", tmp_path / "run", samples_from=given)
+    samples = out[("litm:kv", 4096)]
+    assert samples == original_samples("litm:kv", given, 4096, 2, (0.0, 100.0))
+    copy = E.read_samples(E.samples_path(tmp_path / "run" / E.SAMPLES_DIR, "litm:kv", 4096), "litm:kv", 4096)
+    assert [(s.input, s.outputs, s.depth, s.size) for s in copy] == [
+        (s.input, s.outputs, s.depth, s.size) for s in samples
+    ]
