@@ -144,7 +144,11 @@ class RulerOptions:
     ] = None
     samples_from: Annotated[
         Optional[Path],
-        typer.Option(help="Run the prompts of RULER-generated files DIR/<length>/<task>/validation.jsonl instead."),
+        typer.Option(
+            help="Run the prompts of RULER-generated files DIR/<length>/<task>/validation.jsonl instead; for "
+            "litm:kv, helmet:json_kv and infbench:* the originals' released files in DIR: LITM's one "
+            "kv-retrieval-*_keys.jsonl.gz, HELMET's test_k<N>_dep6.jsonl, InfiniteBench's <task>.jsonl."
+        ),
     ] = None
     template: Annotated[
         str,

@@ -29,6 +29,7 @@ from ...specs import MethodSpec
 from ...util.numbers import MAX_TOKENS, finite_number, whole_number
 from ...util.textfiles import make_dirs, read_jsonl, write_text
 from ..common import OomLadder, PointOOM, Progress, SilentProgress, numbered, oom_guard, point_row
+from ..retrieval.originals import ORIGINAL_TASKS, original_samples
 from ..retrieval.suite import DEFAULT_DEPTHS, SUITE_TASKS, check_depths, score_reply
 from ..sweep import WorkItem, forward_cost, run_items
 from .generate import generate, postprocess, score
@@ -171,7 +172,9 @@ def prepare(
     for task in cfg.tasks:
         for length in cfg.lengths:
             mine = samples_path(Path(run_dir) / SAMPLES_DIR, task, length)
-            if samples_from is not None:
+            if samples_from is not None and task in ORIGINAL_TASKS:  # the original's own released file
+                samples = original_samples(task, samples_from, length, cfg.samples, cfg.depths)
+            elif samples_from is not None:
                 samples = read_samples(samples_path(samples_from, task, length), task, length)[: cfg.samples]
             elif mine.is_file():
                 samples = read_samples(mine, task, length)
