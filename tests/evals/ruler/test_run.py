@@ -12,8 +12,8 @@ from ctxeval.errors import CtxevalError
 
 def test_ruler_config_refuses_each_bad_field_in_one_line_naming_it():
     from ctxeval.errors import CtxevalError
-    from ctxeval.evals.ruler.run import RulerConfig
     from ctxeval.evals.retrieval.suite import SUITE_TASKS
+    from ctxeval.evals.ruler.run import RulerConfig
     from ctxeval.evals.ruler.tasks import TASKS
 
     names = ", ".join([*TASKS, *SUITE_TASKS])
