@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import CtxevalError
 from ..rope.geometry import RopeInfo, rope_info_from_config, trained_length
 from ..specs import MethodSpec
+from ..util.paths import shown_path
 from ..util.textfiles import read_json
 from .generation import stop_ids
 from .load import load_hf_config, model_directory, resolve_dtype
@@ -286,7 +287,10 @@ class VllmModel:
             "device": self.device,
             "max_position_embeddings": getattr(self.config, "max_position_embeddings", None),
             "rope": self.rope.to_json(),
-            "engine": self.engine_kwargs(None),
+            "engine": {
+                key: shown_path(value) if key in ("model", "tokenizer") else value
+                for key, value in self.engine_kwargs(None).items()
+            },
         }
 
     def plan(self, spec: MethodSpec, lengths: tuple[int, ...]) -> VllmRope:
@@ -524,7 +528,8 @@ def load_vllm_model(name: str, dtype: str, settings: VllmSettings, trust_remote_
     check_model_name(name)
     directory = model_directory(name)
     load_from = str(directory) if directory is not None else name
-    source = {"kind": "dir" if directory is not None else "hub", "path" if directory is not None else "id": load_from}
+    # a directory as records print it (~/..., ctxeval/...): a committed run names no machine's home or checkout
+    source = {"kind": "dir", "path": shown_path(directory)} if directory is not None else {"kind": "hub", "id": name}
     config = load_hf_config(name, trust_remote_code=trust_remote_code)
     why = supported_architecture(config)
     if why:
