@@ -8,8 +8,8 @@
   the row's own `depth` (a fraction, shown in percent).
 - infbench:* read DIR/{kv_retrieval,passkey,number_string,math_find}.jsonl (InfiniteBench's HF files): the first
   `limit` rows, prompted with yarn-mistral's templates. The released prompts run to ~128k tokens; InfiniteBench
-  cuts the middle of a longer prompt, ctxeval cuts nothing and refuses nothing for its size: the prompt is measured
-  whole, `size` holds its true count (pairs, noise lines, list items) and `length` is -1 (the runner counts tokens).
+  cuts the middle of a longer prompt, ctxeval cuts nothing: the prompt is measured whole, `size` holds its true
+  count (pairs, noise lines, list items) and `length` is -1 (ruler.run.check_fits refuses one past the length).
 
 Each sample's input is the whole prompt (no answer prefix), its outputs the answers the task's scorer accepts.
 """

@@ -277,11 +277,17 @@ class Sizer:
         per_unit = max((grown - total) / (probe - low), 1e-3)
         high = max(low + 1, int(low + (self.length - total) / per_unit * 1.2) + 1)
         while self.total(seed, high, depths) <= self.length:  # low fits, high does not
-            low, high = high, high * 2
+            low, high = high, self.grown(high * 2)
         while high - low > 1:
             middle = (low + high) // 2
             low, high = (middle, high) if self.total(seed, middle, depths) <= self.length else (low, middle)
         return low
+
+    def grown(self, size: int) -> int:
+        """`size`, refused where a prompt would still fit past one unit per token (its prompt stopped growing)."""
+        if size > 2 * self.length + self.task.min_size:
+            raise CtxevalError(f"{self.task.name}: the prompt stops growing below {self.length:,} tokens")
+        return size
 
     def adjusted(self, seed: str, depths: tuple[float, ...], start: int) -> int:
         """The largest fitting size near `start` (another sample's largest: draws differ by a few tokens), by steps
@@ -293,7 +299,7 @@ class Sizer:
         step = 1
         if fits(start):
             low = start
-            while fits(low + step):
+            while fits(self.grown(low + step)):
                 low, step = low + step, step * 2
             high = low + step
         else:

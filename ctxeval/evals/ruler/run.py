@@ -77,6 +77,18 @@ def tokens_to_generate(task: str) -> int:
     )
 
 
+def check_fits(task: str, length: int, samples: list[RulerSample], tokenizer: Any) -> None:
+    """Refuse a released prompt that, with its new tokens, runs past the asked length (InfiniteBench's ~128k files
+    at a shorter length): it would be measured at positions the length does not cover."""
+    for sample in samples:
+        total = len(tokenizer.tokenize(sample.prompt)) + tokens_to_generate(task)
+        if total > length:
+            raise CtxevalError(
+                f"{task}: sample {sample.index} of --samples-from takes {total:,} tokens with this tokenizer (new "
+                f"tokens included), more than --lengths {length:,}; give a length of at least {total:,}"
+            )
+
+
 def samples_path(root: Path, task: str, length: int) -> Path:
     return Path(root) / str(length) / task / "validation.jsonl"
 
@@ -174,6 +186,7 @@ def prepare(
             mine = samples_path(Path(run_dir) / SAMPLES_DIR, task, length)
             if samples_from is not None and task in ORIGINAL_TASKS:  # the original's own released file
                 samples = original_samples(task, samples_from, length, cfg.samples, cfg.depths)
+                check_fits(task, length, samples, tokenizer)
             elif samples_from is not None:
                 samples = read_samples(samples_path(samples_from, task, length), task, length)[: cfg.samples]
             elif mine.is_file():

@@ -181,7 +181,12 @@ def test_prepare_reads_the_originals_file_and_keeps_a_copy(tmp_path: Path) -> No
     given.mkdir()
     write_jsonl(given / "kv-retrieval-5_keys.jsonl.gz", litm_rows(), gz=True)
     cfg = E.RulerConfig(("litm:kv",), (4096,), samples=2, seed=0, depths=(0.0, 100.0))
-    out = E.prepare(cfg, "tok", "src", tmp_path / "run", samples_from=given)
+    from transformers import AutoTokenizer
+
+    from ctxeval.util.paths import TINY_MODEL_DIR
+
+    tok = AutoTokenizer.from_pretrained(str(TINY_MODEL_DIR))  # prepare refuses a released prompt past the length
+    out = E.prepare(cfg, tok, "src", tmp_path / "run", samples_from=given)
     samples = out[("litm:kv", 4096)]
     assert samples == original_samples("litm:kv", given, 4096, 2, (0.0, 100.0))
     copy = E.read_samples(E.samples_path(tmp_path / "run" / E.SAMPLES_DIR, "litm:kv", 4096), "litm:kv", 4096)

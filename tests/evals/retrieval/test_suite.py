@@ -203,3 +203,22 @@ def test_prompts_do_not_drift(tok, task):
     prompts (random.Random hashes a str seed with SHA-512, so they hold across processes)."""
     sample = S.generate_suite(task, 512, 1, tok, 42, (50.0,))[0]
     assert hashlib.sha256(sample.input.encode()).hexdigest()[:16] == GOLDEN[task]
+
+
+def test_a_prompt_that_stops_growing_is_refused_not_searched_forever(tok):
+    """Catches the size search doubling without bound when a size adds no tokens."""
+    flat = S.SuiteTask("flat", "", 1, "units", 1, lambda rng, size, depth, bg: S.Built("x", ["y"]), S.score_reply)
+    with pytest.raises(CtxevalError, match="stops growing below 1,024 tokens"):
+        S.Sizer(flat, 1024, lambda text: count(tok, text)).largest("s", (50.0,))
+    with pytest.raises(CtxevalError, match="stops growing"):
+        S.Sizer(flat, 1024, lambda text: count(tok, text)).adjusted("s", (50.0,), 5)
+
+
+def test_a_released_prompt_longer_than_its_length_is_refused(tok):
+    """Catches an InfiniteBench-size prompt measured at a shorter asked length."""
+    from ctxeval.evals.ruler.run import check_fits
+
+    sample = RulerSample(0, "word " * 300, ["1"], -1, "")
+    with pytest.raises(CtxevalError, match="takes .* more than --lengths 256"):
+        check_fits("infbench:passkey", 256, [sample], tok)
+    check_fits("infbench:passkey", 1024, [sample], tok)
