@@ -67,6 +67,16 @@ def test_a_built_wheel_carries_every_preset_and_the_tiny_model(wheel, tmp_path):
     assert Path(found["folder"]).is_relative_to(site) and found["names"] == PRESETS
 
 
+def test_the_wheel_carries_every_package_of_the_checkout(wheel):
+    """pyproject.toml lists the packages by hand: a new package left out of it imports in an editable install and is
+    missing from a wheel (ctxeval.evals.retrieval was, once)."""
+    built, _ = wheel
+    names = set(zipfile.ZipFile(built).namelist())
+    packages = sorted(str(p.relative_to(REPO)) for p in (REPO / "ctxeval").rglob("__init__.py"))
+    assert len(packages) >= 14
+    assert [p for p in packages if p not in names] == []
+
+
 # the report's page built by the installed package, from a committed run: where its assets are, what they hold, and
 # the page (written to a file: it is large)
 REPORT_PROBE = (
