@@ -351,7 +351,7 @@ def print_outputs(outputs: Any) -> None:
     stderr."""
     for note in outputs.notes:
         err.print(note)
-    for table in outputs.tables:
+    for table in outputs.tables if not state.get("merging") else []:  # run_models prints the merged table instead
         print_table(table.title, table.caption, table.headers, table.rows)
     if outputs.wrote:
         err.print(outputs.wrote)

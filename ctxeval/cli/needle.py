@@ -30,7 +30,7 @@ from .options import (
     Load,
     MaxNewOpt,
     MethodOpt,
-    ModelOpt,
+    ModelsOpt,
     OutOpt,
     OverwriteOpt,
     ProtocolOpt,
@@ -45,7 +45,7 @@ from .options import (
     reworded,
     with_blocks,
 )
-from .run import QUICKSTART_SETTINGS, Measurement, method_specs, quickstart
+from .run import QUICKSTART_SETTINGS, Measurement, method_specs, quickstart, run_models
 
 if TYPE_CHECKING:
     from ..evals.common import Progress
@@ -287,6 +287,11 @@ class RetrievalRun(Measurement):
         """A prompt fills its length, except under yarn: prompts under the length, then the generated tokens."""
         return max(self.cfg.lengths) + (self.cfg.max_new_tokens + 1 if self.yarn else 0)
 
+    def reply_tokens(self) -> int:
+        """Past a prompt that fills its length, the reply's positions: --max-new-tokens, else 32, a bound known
+        before the tokenizer loads (the default budget is the answer's tokens + 8: 16 for a 7-digit needle)."""
+        return super().reply_tokens() if self.yarn else self.cfg.max_new_tokens or 32
+
     def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         from ..evals.passkey import YARN_LENGTH_STEP
 
@@ -376,7 +381,7 @@ class RetrievalRun(Measurement):
 
 @dataclass(frozen=True)
 class NeedleOptions:
-    model: ModelOpt = None
+    model: ModelsOpt = None
     lengths: LengthsOpt = None
     depths: DepthsOpt = "0:100:5"
     depth_spacing: Annotated[
@@ -408,7 +413,7 @@ class NeedleOptions:
 
 @dataclass(frozen=True)
 class PasskeyOptions:
-    model: ModelOpt = None
+    model: ModelsOpt = None
     lengths: LengthsOpt = None
     samples: reworded(
         SamplesOpt,
@@ -450,7 +455,7 @@ class PasskeyOptions:
 @with_blocks
 def needle_cmd(opt: NeedleOptions) -> None:
     """Needle in a haystack: accuracy over a depth x length grid per method, heatmaps, effective length."""
-    RetrievalRun("needle", Retrieval.of(opt)).run()
+    run_models("needle", opt, lambda one: RetrievalRun("needle", Retrieval.of(one)))
 
 
 @user_errors
@@ -459,4 +464,4 @@ def passkey_cmd(opt: PasskeyOptions) -> None:
     """Passkey retrieval: accuracy per length (--protocol yarn: YaRN's eval/passkey.py test), the YaRN paper's passkey
     context (the longest length with accuracy >= --threshold) and passkey accuracy (the mean up to it), and the
     effective length (every length up to it passes)."""
-    RetrievalRun("passkey", Retrieval.of(opt)).run()
+    run_models("passkey", opt, lambda one: RetrievalRun("passkey", Retrieval.of(one)))

@@ -289,6 +289,15 @@ NEEDLE_HELP = (
 )
 
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
+# ppl, needle and passkey: several models in one command, each its own run, merged into one report
+ModelsOpt = reworded(
+    ModelOpt,
+    "Hub id (owner/name), local dir, .gguf file, or bundled name: tiny (default; omitting --model also applies the "
+    "quickstart settings of ctxeval/tiny/__init__.py), smollm2, tiny's position-encoding family (tiny-nope, "
+    "tiny-rope-gpt, tiny-alibi, tiny-learned, tiny-sinusoidal). Repeatable, or tiny-family for tiny and its "
+    "family: one run per model under --out, merged into one table.",
+    Optional[list[str]],
+)
 # commands without quickstart settings (entropy, ruler, lm-eval): the same values, tiny when omitted
 PlainModelOpt = reworded(
     ModelOpt, "Hub id (owner/name), local dir, .gguf file, or bundled name: tiny (default) or smollm2."

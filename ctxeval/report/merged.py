@@ -39,6 +39,16 @@ from .tables import (
 from .tune_data import read_tune
 
 
+def encoding_of_record(record: dict[str, Any]) -> str | None:
+    """The position encoding of a run recorded before run.json named it, from its RoPE record."""
+    rope = record.get("rope") or {}
+    if rope.get("base"):
+        return "RoPE"
+    reason = str(rope.get("no_rope_reason") or "")
+    named = [("ALiBi", "ALiBi"), ("sinusoidal", "sinusoidal"), ("learned", "learned"), ("every layer", "NoPE")]
+    return next((name for key, name in named if key in reason), None)
+
+
 def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float) -> Table:
     df = needle_long(rows)
     df["model"] = df["model"].astype(str)
@@ -440,6 +450,11 @@ def build_report(
             for model in run.models:
                 if run.original_length and names[(run.order, model)] not in group.original_lengths:
                     group.original_lengths[names[(run.order, model)]] = run.original_length
+                record = run.record.get("model") or {}
+                group.positions[names[(run.order, model)]] = {
+                    "encoding": record.get("position_encoding") or encoding_of_record(record),
+                    "limit": record.get("position_limit"),
+                }
         if group.kind == "tune":  # one row per run: trials of different searches are never merged
             group.tables = [tune_table(group)]
             continue

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import CtxevalError
-from ..runs.rows import MISSING, fmt_length
+from ..runs.rows import BEYOND_POSITIONS, MISSING, fmt_length
 from .runs import Group, row_order
 from .tables import (
     NOT_REACHED_NOTE,
@@ -45,6 +45,9 @@ def ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> li
     cells = {(str(r.model), str(r.label), int(r.length)): (r.ppl, r.status) for r in long.itertuples()}
     lengths = sorted({k[2] for k in cells})
     pairs = row_order(group, rows)
+    for model, label in pairs:  # past a learned position table: a cell of its own, and where the valid length ends
+        limit = group.positions.get(model, {}).get("limit")
+        cells.update({(model, label, n): (None, BEYOND_POSITIONS) for n in lengths if limit and n > limit})
 
     raw, status, shown = [], [], []
     for model, label in pairs:
@@ -153,7 +156,48 @@ def ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> li
         f"model's ppl there ({'; '.join(bases)}): how far the method goes without paying. "
         f"{NOT_REACHED_NOTE}",
     )
-    return [main, valid_table, *_longppl_tables(group, rows, pairs), *_positions_table(group, rows, pairs)]
+    encodings = _encodings_table(group, main, vraw, vshown, own_col, lengths, tolerance)
+    return [main, *encodings, valid_table, *_longppl_tables(group, rows, pairs), *_positions_table(group, rows, pairs)]
+
+
+def _encodings_table(
+    group: Group,
+    main: Table,
+    valid_raw: list[list[Any]],
+    valid_shown: list[list[str]],
+    own_col: str,
+    lengths: list[int],
+    tolerance: float,
+) -> list[Table]:
+    """The ALiBi paper's comparison, when the models differ in how they encode position: per position encoding,
+    model and method, the trained length, the valid length (own ppl within the tolerance) and ppl at each length."""
+    encodings = {
+        m: (group.positions.get(m) or {}).get("encoding") or "?" for m in dict.fromkeys(r[0] for r in main.rows)
+    }
+    if len(set(encodings.values())) < 2:
+        return []
+    headers = ["model", "method", "position encoding", "trained length", own_col, *map(fmt_length, lengths)]
+    raw, status, shown = [], [], []
+    for row, row_status, row_shown, valid, measured in zip(main.rows, main.status, main.cells, valid_shown, valid_raw):
+        model, trained = row[0], group.original_lengths.get(row[0])
+        raw.append([model, row[1], encodings[model], trained, measured[4], *row[2:]])
+        status.append([None, None, None, None, None, *row_status[2:]])
+        shown.append([model, row[1], encodings[model], length_or(trained, MISSING), valid[4], *row_shown[2:]])
+    return [
+        Table(
+            f"{group.id}-encodings",
+            "encodings",
+            f"Position encodings: valid length (ppl within {tolerance:.0%} of its own at the trained length) and ppl",
+            ["model", "method", "position encoding", "trained length", own_col, *map(str, lengths)],
+            headers,
+            raw,
+            status,
+            shown,
+            caption="As the ALiBi paper compares position encodings (train short, test long): each model's "
+            "perplexity by evaluation length, and how far past its trained length it stays within the tolerance. "
+            "no pos.: a learned position table has no row for that length.",
+        )
+    ]
 
 
 def _longppl_tables(group: Group, rows: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list[Table]:

@@ -179,7 +179,8 @@ def to_json(rep: Report, images: dict[str, str] | None = None) -> dict[str, Any]
             "caption": t.caption,
             "columns": t.columns,
             "rows": [
-                {c: (v if i < 2 else number(v)) for i, (c, v) in enumerate(zip(t.columns, row))} for row in t.rows
+                {c: (v if i < 2 or isinstance(v, str) else number(v)) for i, (c, v) in enumerate(zip(t.columns, row))}
+                for row in t.rows
             ],
             "status": [{c: s for c, s in zip(t.columns, sts) if s is not None} for sts in t.status],
             "footnotes": t.footnotes,

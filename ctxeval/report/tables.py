@@ -390,6 +390,8 @@ def int_or_none(value: Any) -> int | None:
 
 
 def csv_value(value: Any) -> str:
+    if isinstance(value, str):  # a label among the values (a position encoding's name)
+        return value
     value = number(value)
     if value is None:
         return ""

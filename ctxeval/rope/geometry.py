@@ -45,10 +45,10 @@ def rope_info_from_config(config: Any) -> RopeInfo:
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(cfg, "model_type", "") or ""
     if getattr(cfg, "alibi", False) or model_type in NON_ROPE_MODEL_TYPES:
-        return RopeInfo(
-            None,
-            reason=f"model_type '{model_type}' uses {'ALiBi' if getattr(cfg, 'alibi', False) or model_type in ('bloom', 'mpt') else 'learned absolute positions'}, not RoPE",
-        )
+        return RopeInfo(None, reason=f"model_type '{model_type}' uses {_positions_of(cfg, model_type)}, not RoPE")
+    layers_with_rope = getattr(cfg, "no_rope_layers", None)  # SmolLM3: 1 = the layer applies RoPE, 0 = NoPE
+    if isinstance(layers_with_rope, (list, tuple)) and layers_with_rope and not any(layers_with_rope):
+        return RopeInfo(None, reason=f"model_type '{model_type}' has RoPE off in every layer (no_rope_layers all 0)")
     params = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
     nested = [k for k, v in params.items() if isinstance(v, dict)]
     if nested:
@@ -58,6 +58,42 @@ def rope_info_from_config(config: Any) -> RopeInfo:
         info = _rope_info(cfg, ref)
         return RopeInfo(info.geometry, {k: dict(params[k]) for k in nested}, tuple(sorted(nested)), info.reason)
     return _rope_info(cfg, params)
+
+
+# learned absolute positions: a table of max_position_embeddings rows, and no position past it
+LEARNED_POSITION_MODEL_TYPES = {"gpt2", "opt", "gpt_bigcode", "biogpt", "gpt_neo", "ctrl"}
+
+
+def position_limit(config: Any) -> int | None:
+    """The longest sequence a model with learned absolute positions can read (its table's rows); None for every
+    other model, whose positions do not run out (RoPE, ALiBi, sinusoids, none)."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(cfg, "model_type", "") not in LEARNED_POSITION_MODEL_TYPES:
+        return None
+    rows = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+    return int(rows) if rows else None
+
+
+def position_encoding(config: Any) -> str:
+    """How a model encodes position, as the position-encoding tables name it: RoPE, ALiBi, learned, sinusoidal,
+    NoPE (no layer applies any), or RoPE with some NoPE layers (SmolLM3, Llama 4)."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(cfg, "model_type", "") or ""
+    if getattr(cfg, "alibi", False) or model_type in NON_ROPE_MODEL_TYPES:
+        return {"ALiBi": "ALiBi", "sinusoidal positions": "sinusoidal"}.get(_positions_of(cfg, model_type), "learned")
+    layers_with_rope = getattr(cfg, "no_rope_layers", None)
+    if isinstance(layers_with_rope, (list, tuple)) and layers_with_rope and not all(layers_with_rope):
+        off = sum(1 for x in layers_with_rope if not x)
+        return "NoPE" if off == len(layers_with_rope) else f"RoPE ({off} of {len(layers_with_rope)} layers NoPE)"
+    return "RoPE"
+
+
+def _positions_of(cfg: Any, model_type: str) -> str:
+    if getattr(cfg, "alibi", False) or model_type in ("bloom", "mpt"):
+        return "ALiBi"
+    if model_type == "xglm":
+        return "sinusoidal positions"
+    return "learned absolute positions"
 
 
 def _config_number(name: str, value: Any, whole: bool = False) -> Any:

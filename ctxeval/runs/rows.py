@@ -189,7 +189,13 @@ def point_key(row: dict[str, Any], fields: Iterable[str]) -> tuple[str, ...]:
 
 def status_label(status: str | None) -> str:
     """How a cell without a value is shown: OOM, skip, or the missing mark."""
-    return {"oom": "OOM", "skipped": "skip", "no key tokens": "no keys"}.get(status or "", MISSING)
+    return {"oom": "OOM", "skipped": "skip", "no key tokens": "no keys", BEYOND_POSITIONS: "no pos."}.get(
+        status or "", MISSING
+    )
+
+
+# a length past a learned position table: the model has no position for it (shown "no pos.", never measured)
+BEYOND_POSITIONS = "beyond positions"
 
 
 def fmt_length(n: int) -> str:

@@ -34,6 +34,7 @@ from .corpus import training_corpus, training_presets
 @dataclass
 class TinyConfig:
     # model
+    member: str = "tiny"  # the family member (ctxeval/tiny/family.py): the position encoding and its architecture
     length: int = 128  # trained length L = max_position_embeddings
     vocab_size: int = 4096
     hidden_size: int = 128
@@ -303,27 +304,9 @@ class Batches:
 
 
 def build_model(cfg: TinyConfig, vocab_size: int, tokenizer: Any) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from .family import build_model as build_member
 
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_heads,
-        head_dim=cfg.head_dim or cfg.hidden_size // cfg.num_heads,
-        max_position_embeddings=cfg.length,
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        initializer_range=0.02,
-        attention_bias=False,
-        mlp_bias=False,
-    )
-    return LlamaForCausalLM(config)
+    return build_member(cfg.member, cfg, vocab_size, tokenizer)
 
 
 def weighted_loss(logits: Any, ids: Any, weights: Any) -> tuple[Any, Any]:
@@ -402,12 +385,14 @@ def train(
     corpus: dict[str, list[str]] | None = None,
     log: Callable[[str], None] = print,
     evaluate: bool = True,
+    stop_after: int | None = None,
 ) -> dict[str, Any]:
     """Train tokenizer + model into `out` (safetensors + tokenizer + training_log.json); returns the summary.
 
     `minutes`: instead of cfg.steps, run as many steps as the speed of the first steps allows in that time (the
     step count is then fixed and the learning-rate schedule follows it). `corpus` replaces the training texts
-    (tests pass a small one)."""
+    (tests pass a small one). `stop_after` ends the run after that many steps of the full schedule (a check that the
+    first losses reproduce), without the final evaluation, and saves nothing."""
     import torch
 
     cfg = cfg or TinyConfig()
@@ -431,7 +416,7 @@ def train(
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     log(
-        f"model: {n_params:,} parameters, L={cfg.length}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+        f"model: {cfg.member} ({type(model).__name__}), {n_params:,} parameters, L={cfg.length}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
         f"{cfg.num_heads} heads, torch threads {threads}"
     )
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -489,11 +474,16 @@ def train(
                 row.update({k: round(v, 4) for k, v in needle_check(model, tokenizer, cfg.length).items()})
             history.append(row)
             log(" ".join(f"{k}={v}" for k, v in row.items()))
+        if stop_after is not None and step >= stop_after:
+            evaluate = False
+            break
+    stopped_early = step < total
     train_seconds = time.perf_counter() - t_train
     model.eval()
     summary: dict[str, Any] = {
         "config": asdict(cfg),
         "steps": total,
+        "steps_run": step,
         "parameters": n_params,
         "vocab_size": len(tokenizer),
         "tokens_seen": total * cfg.batch_size * cfg.length,
@@ -514,6 +504,9 @@ def train(
             }
         )
         summary.update({k: round(v, 4) for k, v in needle_check(model, tokenizer, cfg.length, n=96, seed=99).items()})
+    if stopped_early:  # a check of the first steps: nothing to save
+        summary["history"] = history
+        return summary
     out.mkdir(parents=True, exist_ok=True)
     if cfg.save_dtype == "float16":
         model = model.to(torch.float16)
@@ -523,6 +516,10 @@ def train(
     summary["total_seconds"] = round(time.perf_counter() - t_start, 1)
     summary["history"] = history
     (out / "training_log.json").write_text(json.dumps(summary, indent=1))
+    if cfg.member != "tiny":  # tiny's card is written by hand
+        from .family import model_card
+
+        (out / "MODEL_CARD.md").write_text(model_card(cfg.member, summary))
     log(
         f"saved {out} ({summary['total_seconds']:.0f}s in all; held-out ppl {summary.get('held_out_ppl')}, "
         f"needle (forced, L) {summary.get('needle_forced_acc')})"

@@ -32,6 +32,8 @@ def shown_path(path: Path | str) -> str:
 PACKAGE_DIR: Path = Path(__file__).resolve().parent.parent  # the installed ctxeval package
 # the bundled tiny model (ctxeval/tiny/model/, trained by `python -m ctxeval.tiny train`)
 TINY_MODEL_DIR: Path = PACKAGE_DIR / "tiny" / "model"
+# its position-encoding family (ctxeval/tiny/family/NAME/, `python -m ctxeval.tiny train --member NAME`)
+TINY_FAMILY_DIR: Path = PACKAGE_DIR / "tiny" / "family"
 
 
 def safe_name(text: str) -> str:

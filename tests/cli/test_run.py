@@ -3,10 +3,8 @@ and `ctxeval --version`."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -224,26 +222,6 @@ def test_the_same_command_twice_resumes_its_default_directory(tmp_path, monkeypa
     assert len(list((tmp_path / "runs").iterdir())) == 2
 
 
-def test_default_out_depends_on_what_is_measured_only():
-    base = {"command": "ppl", "lengths": "1k", "method": ["none"]}
-    assert run.default_out("ppl", "tiny", None, base) == run.default_out("ppl", "tiny", None, dict(base))
-    assert run.default_out("ppl", "tiny", None, base) != run.default_out("ppl", "tiny", None, {**base, "lengths": "2k"})
-    assert run.default_out("ppl", "tiny", Path("mine"), base) == Path("mine")
-
-
-def test_request_of_leaves_out_how_a_run_is_executed():
-    from ctxeval.cli.options import Load
-    from ctxeval.cli.ppl import PplOptions
-
-    fields = {f.name for f in dataclasses.fields(PplOptions)}
-    given = {name: None for name in fields}
-    small = PplOptions(**{**given, "batch_size": 1, "load": Load(device="cpu")})
-    large = PplOptions(**{**given, "batch_size": 8, "load": Load(device="cuda")})
-    assert run.request_of("ppl", small) == run.request_of("ppl", large)
-    assert run.request_of("ppl", small) != run.request_of("ppl", PplOptions(**{**given, "lengths": "1k"}))
-    assert run.request_of("ppl", None) is None
-
-
 def held_elsewhere(path):
     from ctxeval.runs.lock import RunLock
 
@@ -390,3 +368,116 @@ def test_a_wrong_out_is_refused_before_torch_is_imported(tmp_path, command):
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.stdout.startswith("2 False error: --out README.md is a file"), done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    """Untrained tiny-nope and tiny-learned checkpoints with tiny's tokenizer (what run_models does with them does not
+    depend on their weights)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from ctxeval.tiny import MODEL_DIR
+    from ctxeval.tiny.family import build_model
+    from ctxeval.tiny.train import TinyConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
+    folders = {}
+    for name in ("tiny-nope", "tiny-learned"):
+        torch.manual_seed(0)
+        folder = tmp_path_factory.mktemp("family") / name
+        build_model(name, TinyConfig(member=name), len(tokenizer), tokenizer).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        folders[name] = str(folder)
+    return folders
+
+
+KNOWN = {"RoPE", "NoPE", "learned", "ALiBi", "sinusoidal"}
+
+
+def test_ppl_over_several_models_runs_each_and_merges_them_into_one_table(tmp_path, family_dirs):
+    out = tmp_path / "family"
+    args = ["ppl", "--model", "tiny", "--model", family_dirs["tiny-nope"], "--model", family_dirs["tiny-learned"]]
+    args += ["--lengths", "64,128,256", "-m", "none", "-m", "yarn:factor=2", "--docs", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert "tiny-nope has no RoPE (model_type 'smollm3' has RoPE off in every layer" in said
+    assert "yarn(factor=2) not measured on it" in said
+    assert "tiny-learned: its learned positions end at 128: length 256 not measured" in said
+    rows = {
+        name: [json.loads(line) for line in (out / name / "rows.jsonl").read_text().splitlines()]
+        for name in ("tiny", "tiny-nope", "tiny-learned")
+    }
+    assert {(r["label"], r["length"]) for r in rows["tiny"]} == {
+        (label, n) for label in ("none", "yarn(factor=2)") for n in (64, 128, 256)
+    }
+    assert {(r["label"], r["length"]) for r in rows["tiny-nope"]} == {("none", n) for n in (64, 128, 256)}
+    assert {(r["label"], r["length"]) for r in rows["tiny-learned"]} == {("none", 64), ("none", 128)}
+    table = (out / "table.md").read_text()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("| ")]
+    encodings = {(row[0].rsplit("/", 1)[-1], row[1]): row for row in cells if len(row) > 4 and row[2] in KNOWN}
+    assert {key: row[2] for key, row in encodings.items()} == {
+        ("tiny", "none"): "RoPE",
+        ("tiny", "yarn(factor=2)"): "RoPE",
+        ("tiny-nope", "none"): "NoPE",
+        ("tiny-learned", "none"): "learned",
+    }
+    assert encodings[("tiny-learned", "none")][4] == "128"  # valid to 128, where its position table ends
+    assert encodings[("tiny-learned", "none")][-1] == "no pos."
+    assert result.stdout.startswith("# ctxeval report") and "┏" not in result.stdout  # one merged table, not three
+    assert all(line in result.stdout for line in table.splitlines() if line.startswith("| "))
+
+
+def test_a_learned_position_model_alone_refuses_lengths_past_its_table_before_it_loads(
+    tmp_path, family_dirs, monkeypatch
+):
+    def load(*args, **kwargs):
+        raise AssertionError("loaded")
+
+    monkeypatch.setattr(run, "load_for", load)
+    args = ["ppl", "--model", family_dirs["tiny-learned"], "--lengths", "128,256", "--out", str(tmp_path / "r")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and not isinstance(result.exception, AssertionError)
+    assert "has learned positions for 128 tokens and none past them: it cannot read length 256" in result.stderr
+    assert "ask lengths up to 128" in result.stderr
+    args = ["needle", "--model", family_dirs["tiny-learned"], "--lengths", "128", "--out", str(tmp_path / "n")]
+    result = CliRunner().invoke(app, args)  # the prompt fills 128 and the reply needs positions past it
+    assert result.exit_code == 2 and "(+" in result.stderr and "new tokens); ask lengths up to" in result.stderr
+
+
+def test_a_rope_method_on_a_model_without_rope_alone_is_refused_before_it_loads(tmp_path, family_dirs, monkeypatch):
+    def load(*args, **kwargs):
+        raise AssertionError("loaded")
+
+    monkeypatch.setattr(run, "load_for", load)
+    args = ["ppl", "--model", family_dirs["tiny-nope"], "--lengths", "128", "-m", "yarn:factor=2"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and not isinstance(result.exception, AssertionError)
+    assert "has no RoPE (model_type 'smollm3' has RoPE off in every layer" in result.stderr
+    assert "only --method none applies" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_unknown_model_among_several_is_refused_before_any_runs(tmp_path, monkeypatch):
+    def load(*args, **kwargs):
+        raise AssertionError("loaded")
+
+    monkeypatch.setattr(run, "load_for", load)
+    args = ["ppl", "--model", "tiny", "--model", str(tmp_path / "nothing-here"), "--lengths", "128"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and not isinstance(result.exception, AssertionError)
+    assert "nothing-here" in result.stderr and not (tmp_path / "r").exists()
+
+
+def test_tiny_family_names_tiny_and_its_family_once_each():
+    from ctxeval.models.load import expand_model_names, shipped_family
+    from ctxeval.tiny.family import MEMBERS
+
+    family = ["tiny", *shipped_family()]
+    assert expand_model_names(["tiny-family"]) == family and set(family) <= set(MEMBERS)
+    assert expand_model_names(["tiny-alibi", "tiny-family", "smollm2"]) == [
+        "tiny-alibi",
+        *[m for m in family if m != "tiny-alibi"],
+        "smollm2",
+    ]
+    assert expand_model_names("tiny") == ["tiny"] and expand_model_names(None) == []

@@ -228,6 +228,7 @@ def test_the_recipe_takes_its_steps_in_one_order(monkeypatch):
     monkeypatch.setattr(run, "measure", step("measure"))
     monkeypatch.setattr(run, "check_run_dir", step("run directory"))
     monkeypatch.setattr(run, "check_attention_sizes", step("attention sizes"))
+    monkeypatch.setattr(run, "readable_config", step("config"))
     monkeypatch.setattr(run, "shipped_attention", step("shipped attention", []))
 
     class Recorded(run.Measurement):
@@ -259,6 +260,7 @@ def test_the_recipe_takes_its_steps_in_one_order(monkeypatch):
         "run directory",
         "check",
         "dry_run",
+        "config",
         "check_data",
         "check_engine",
         "attention sizes",

@@ -63,6 +63,8 @@ def test_a_built_wheel_carries_every_preset_and_the_tiny_model(wheel, tmp_path):
     names = set(zipfile.ZipFile(built).namelist())
     assert {f"ctxeval/tasks/{p}.toml" for p in PRESETS} <= names
     assert {"ctxeval/tiny/model/model.safetensors", "ctxeval/tiny/model/config.json"} <= names
+    family = [p.relative_to(REPO).as_posix() for p in (REPO / "ctxeval" / "tiny" / "family").glob("*/*")]
+    assert set(family) <= names  # the position-encoding family's weights, cards and logs
     found = _probe(tmp_path, env={"PYTHONPATH": str(site), "PATH": ""})  # the wheel's ctxeval, not the checkout's
     assert Path(found["folder"]).is_relative_to(site) and found["names"] == PRESETS
 

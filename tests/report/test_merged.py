@@ -669,3 +669,18 @@ def test_a_valid_length_at_the_longest_length_evaluated_says_not_reached(tmp_pat
     assert cells["longest within 10% of own ppl"] == "≥ 256 (not reached)" and cells["x original"] == "≥ 2.00"
     assert cells_of(valid, "m1", "none")["longest within 10% of own ppl"] == "128"  # broke at 256: a plain length
     assert "not reached" in valid.caption
+
+
+def test_a_run_recorded_before_position_encodings_were_named_gets_one_from_its_rope_record():
+    from ctxeval.report.merged import encoding_of_record
+
+    assert encoding_of_record({"rope": {"base": 10000.0}}) == "RoPE"
+    reasons = {
+        "model_type 'bloom' uses ALiBi, not RoPE": "ALiBi",
+        "model_type 'gpt2' uses learned absolute positions, not RoPE": "learned",
+        "model_type 'xglm' uses sinusoidal positions, not RoPE": "sinusoidal",
+        "model_type 'smollm3' has RoPE off in every layer (no_rope_layers all 0)": "NoPE",
+    }
+    for reason, encoding in reasons.items():
+        assert encoding_of_record({"rope": {"base": None, "no_rope_reason": reason}}) == encoding
+    assert encoding_of_record({}) is None
