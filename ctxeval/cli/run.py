@@ -17,7 +17,7 @@ from ..attention.patching import supports_temperature, wrappable_attention
 from ..attention.temperature import check_query_scale_model
 from ..errors import CtxevalError
 from ..models.load import load_model, parse_max_memory, readable_config
-from ..models.memory import sliding_window_of
+from ..models.memory import loaded_notes
 from ..models.protocol import LanguageModel
 from ..rope.geometry import position_limit, require_trained_length, rope_info_from_config
 from ..runs.distributed import conclude, current, init_from_env, open_store
@@ -98,7 +98,8 @@ def load_for(
             "ctxeval can change and that its forward reads ('scaling', or BLOOM's "
             "inv_norm_factor/beta); drop the option"
         )
-    note_loaded(lm, model, specs, device_map)
+    for note in loaded_notes(lm, model, [s.name for s in specs], device_map):
+        err.print(f"note: {note}")
     return lm
 
 
@@ -129,30 +130,6 @@ def shipped_attention(specs: list[MethodSpec], lm: LanguageModel, backend: str) 
         f"measured as {shown}"
     )
     return specs
-
-
-def note_loaded(lm: LanguageModel, model: str, specs: list[MethodSpec], device_map: str | None) -> None:
-    """What the user should know about the loaded model: layers offloaded by --device-map, a sliding window's L x L
-    mask, a shipped rope_type that method none replaces."""
-    offloaded = sorted({str(v) for v in (getattr(lm.model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
-    if device_map and offloaded:
-        err.print(
-            f"note: --device-map put layers on {' and '.join(offloaded)}: every forward streams them through "
-            "the GPU (orders of magnitude slower); give more GPUs or --max-memory, or a smaller --dtype"
-        )
-    window = sliding_window_of(lm.model.config)
-    if window and lm.attn_implementation != "flash_attention_2":
-        err.print(
-            f"note: {model} attends within a {window:,}-token sliding window; under {lm.attn_implementation} "
-            "transformers builds an L x L mask for it (16 GiB at 128k, no flash kernel): on a GPU use "
-            "--attn flash_attention_2 (`ctxeval ppl --dry-run` counts the mask)"
-        )
-    shipped = lm.rope.shipped.get("rope_type", "default")
-    if shipped != "default" and any(s.name == "none" for s in specs):
-        err.print(
-            f"note: this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
-            "original length; add --method native to measure the RoPE it ships"
-        )
 
 
 def load_for_vllm(
@@ -576,21 +553,30 @@ def run_models(task: str, opt: Any, make: Callable[[Any], Measurement]) -> None:
     for name in models:  # an unknown name, a config nobody can read: refused before any model runs
         load_hf_config(name, trust_remote_code=opt.load.trust_remote_code)
     out = default_out(task, f"{len(models)}-models", opt.out, request_of(task, opt))
+    refused: dict[str, str] = {}  # a model that cannot take what was asked (found once loaded): the others go on
     state["merging"] = True  # each model's own tables are not printed: the merged table stands for them
     try:
         for number, name in enumerate(models, 1):
             command = make(replace(opt, model=name, out=out / safe_name(name)))
             command.across_models = True
             err.print(f"[{number}/{len(models)}] {name}", markup=False)
-            command.run()
+            try:
+                command.run()
+            except CtxevalError as exc:
+                refused[name] = str(exc)
+                err.print(f"{name} not measured: {exc}", markup=False)
     finally:
         state["merging"] = False
-    from ..report import merged, render
+    measured = [out / safe_name(m) for m in models if m not in refused]
+    if measured:
+        from ..report import merged, render
 
-    report = merged.build_report([out / safe_name(m) for m in models], tolerance=getattr(opt, "valid_tolerance", 0.1))
-    render.write_report(report, out)
-    err.print(f"{len(models)} models merged: {out}/table.md", markup=False)
-    print(render.to_markdown(report), end="")
+        report = merged.build_report(measured, tolerance=getattr(opt, "valid_tolerance", 0.1))
+        render.write_report(report, out)
+        err.print(f"{len(measured)} models merged: {out}/table.md", markup=False)
+        print(render.to_markdown(report), end="")
+    if refused:
+        raise CtxevalError(f"{len(refused)} of {len(models)} models not measured: " + "; ".join(refused))
 
 
 def method_specs(

@@ -152,3 +152,29 @@ def dry_run(
     return DryRun(
         count_parameters(cfg), dtype, note, estimate(cfg, lengths, dtype, attn, chunk, attention_specs, device_type)
     )
+
+
+def loaded_notes(lm: Any, model: str, method_names: list[str], device_map: str | None) -> list[str]:
+    """What the user should know about the loaded model: layers offloaded by --device-map, a sliding window's L x L
+    mask, a shipped rope_type that method none replaces."""
+    notes = []
+    offloaded = sorted({str(v) for v in (getattr(lm.model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
+    if device_map and offloaded:
+        notes.append(
+            f"--device-map put layers on {' and '.join(offloaded)}: every forward streams them through "
+            "the GPU (orders of magnitude slower); give more GPUs or --max-memory, or a smaller --dtype"
+        )
+    window = sliding_window_of(lm.model.config)
+    if window and lm.attn_implementation != "flash_attention_2":
+        notes.append(
+            f"{model} attends within a {window:,}-token sliding window; under {lm.attn_implementation} "
+            "transformers builds an L x L mask for it (16 GiB at 128k, no flash kernel): on a GPU use "
+            "--attn flash_attention_2 (`ctxeval ppl --dry-run` counts the mask)"
+        )
+    shipped = lm.rope.shipped.get("rope_type", "default")
+    if shipped != "default" and "none" in method_names:
+        notes.append(
+            f"this checkpoint ships rope_type={shipped}; method none replaces it with plain RoPE at the "
+            "original length; add --method native to measure the RoPE it ships"
+        )
+    return notes

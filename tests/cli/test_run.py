@@ -383,7 +383,7 @@ def family_dirs(tmp_path_factory):
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
     folders = {}
-    for name in ("tiny-nope", "tiny-learned"):
+    for name in ("tiny-nope", "tiny-learned", "tiny-alibi"):
         torch.manual_seed(0)
         folder = tmp_path_factory.mktemp("family") / name
         build_model(name, TinyConfig(member=name), len(tokenizer), tokenizer).save_pretrained(folder)
@@ -467,6 +467,18 @@ def test_an_unknown_model_among_several_is_refused_before_any_runs(tmp_path, mon
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and not isinstance(result.exception, AssertionError)
     assert "nothing-here" in result.stderr and not (tmp_path / "r").exists()
+
+
+def test_a_model_that_refuses_once_loaded_leaves_the_others_measured_and_merged(tmp_path, family_dirs):
+    out = tmp_path / "t"
+    args = ["ppl", "--model", "tiny", "--model", family_dirs["tiny-alibi"], "--model", family_dirs["tiny-nope"]]
+    args += ["--lengths", "64", "--attention-temperature", "1.2", "--docs", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and "--attention-temperature: the attention of" in said  # Falcon's: refused
+    assert "1 of 3 models not measured: " in said and said.rstrip().endswith("tiny-alibi")
+    assert (out / "tiny" / "rows.jsonl").is_file() and (out / "tiny-nope" / "rows.jsonl").is_file()
+    assert not (out / "tiny-alibi").exists() and "tiny-alibi" not in (out / "table.md").read_text()
 
 
 def test_tiny_family_names_tiny_and_its_family_once_each():
