@@ -351,6 +351,7 @@ class Measurement:
         self.twins: dict[str, str] = {}  # label -> the label of the identical method measured for it
         self.lm: LanguageModel = None  # the loaded model (models.load.LoadedModel, or vllm_engine's VllmModel)
         self.across_models = False  # one of several models (run_models): see fit_model
+        self.beyond: list[int] = []  # lengths dropped past a learned position table (run.json records them)
 
     def run(self) -> None:
         self.settle()
@@ -396,6 +397,7 @@ class Measurement:
         self.prepare()
         backend_spec = prepare_backend(self.lm, self.specs, self.lengths, self.longest(), self.fixed_lengths)
         spec_record, provenance = self.records(backend_spec)
+        provenance.update({"beyond_positions": self.beyond} if self.beyond else {})
         self.before_measure(run_dir)
         measure(run_dir, spec_record, self.overwrite, provenance, self.message(run_dir), self.work_once, self.render)
 
@@ -427,6 +429,7 @@ class Measurement:
             )
         if beyond:
             err.print(f"note: {self.model}: its learned positions end at {limit:,}: length {beyond} not measured")
+        self.beyond += [n for n in self.lengths if n not in fits]
         self.lengths = fits
 
     def identical_methods(self) -> dict[str, str]:

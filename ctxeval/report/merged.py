@@ -14,7 +14,16 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..errors import CtxevalError
-from ..runs.rows import AGGREGATES, MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, status_label, uniform_entropy
+from ..runs.rows import (
+    AGGREGATES,
+    BEYOND_POSITIONS,
+    MISSING,
+    UNIFORM_LABEL,
+    UNIFORM_MODEL,
+    fmt_length,
+    status_label,
+    uniform_entropy,
+)
 from ..util.paths import safe_name
 from .ppl_tables import ppl_tables
 from .runs import Group, Run, display_models, field_label, group_runs, load_runs, merge_rows, row_order
@@ -70,8 +79,10 @@ def _retrieval_table(group: Group, rows: list[dict[str, Any]], threshold: float)
     late_start = False
     for model, label in pairs:
         vals, sts = [], []
+        beyond = (group.positions.get(model) or {}).get("beyond") or []
         for length in lengths:
             st = seen.get((model, label, length), "missing")
+            st = BEYOND_POSITIONS if st == "missing" and length in beyond else st
             vals.append(number(means.get((model, label, length))) if st == "ok" else None)
             sts.append(None if st == "ok" else st)
         evaluated = {L: (v if v is not None else float("nan")) for L, v, s in zip(lengths, vals, sts) if s != "missing"}
@@ -453,7 +464,7 @@ def build_report(
                 record = run.record.get("model") or {}
                 group.positions[names[(run.order, model)]] = {
                     "encoding": record.get("position_encoding") or encoding_of_record(record),
-                    "limit": record.get("position_limit"),
+                    "beyond": run.record.get("beyond_positions") or [],
                 }
         if group.kind == "tune":  # one row per run: trials of different searches are never merged
             group.tables = [tune_table(group)]

@@ -46,8 +46,8 @@ def ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> li
     lengths = sorted({k[2] for k in cells})
     pairs = row_order(group, rows)
     for model, label in pairs:  # past a learned position table: a cell of its own, and where the valid length ends
-        limit = group.positions.get(model, {}).get("limit")
-        cells.update({(model, label, n): (None, BEYOND_POSITIONS) for n in lengths if limit and n > limit})
+        beyond = group.positions.get(model, {}).get("beyond") or []
+        cells.update({(model, label, n): (None, BEYOND_POSITIONS) for n in lengths if n in beyond})
 
     raw, status, shown = [], [], []
     for model, label in pairs:

@@ -470,7 +470,7 @@ class Group:
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     original_lengths: dict[str, int] = field(default_factory=dict)
-    positions: dict[str, dict[str, Any]] = field(default_factory=dict)  # model -> its position_encoding, _limit
+    positions: dict[str, dict[str, Any]] = field(default_factory=dict)  # model -> its position encoding, beyond
     grids: dict[tuple[str, str], tuple[pd.DataFrame, pd.DataFrame]] = field(default_factory=dict)
 
     @property
