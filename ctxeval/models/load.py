@@ -171,13 +171,21 @@ def _require_gguf() -> None:
             ) from None
 
 
-def _smollm2_dir() -> Path:
-    """Dequantised float32 copy of the SmolLM2 GGUF, cached so later runs load in about a second."""
+def _smollm2_cached() -> tuple[Path, str, bool]:
+    """(where the dequantised copy lives, the GGUF's stamp, whether the copy there is of this GGUF)."""
     gguf_path = smollm2_gguf()
     target = cache_dir() / "models" / "smollm2-135m-instruct"
     stamp = f"{gguf_path.stat().st_size}:{int(gguf_path.stat().st_mtime)}"
-    if (target / "ctxeval-source.txt").is_file() and (target / "ctxeval-source.txt").read_text() == stamp:
+    marker = target / "ctxeval-source.txt"
+    return target, stamp, marker.is_file() and marker.read_text() == stamp
+
+
+def _smollm2_dir() -> Path:
+    """Dequantised float32 copy of the SmolLM2 GGUF, cached so later runs load in about a second."""
+    target, stamp, fresh = _smollm2_cached()
+    if fresh:
         return target
+    gguf_path = smollm2_gguf()
     _require_gguf()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -235,8 +243,13 @@ def _tiny_dir() -> Path:
     return TINY_MODEL_DIR
 
 
-def _resolve(name: str, revision: str | None) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """--model value -> (source record, what to pass to from_pretrained, extra from_pretrained kwargs)."""
+def _resolve(
+    name: str, revision: str | None, *, config_only: bool = False
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """--model value -> (source record, what to pass to from_pretrained, extra from_pretrained kwargs).
+
+    config_only: the config is all that is read, so smollm2 not yet dequantised gives its GGUF's metadata (a few
+    seconds) instead of dequantising its weights, which is a model load and comes after every input check."""
     path = Path(name).expanduser()
     if name == "tiny":
         src = _tiny_dir()
@@ -248,6 +261,10 @@ def _resolve(name: str, revision: str | None) -> tuple[dict[str, Any], str, dict
                 f"the bundled {name} is missing from {src}; rebuild it with 'python -m ctxeval.tiny train --member {name}'"
             )
         return {"kind": "bundled", "path": shown_path(src)}, str(src), {}
+    if name in BUNDLED and config_only and not _smollm2_cached()[2]:
+        _require_gguf()
+        gguf_path = smollm2_gguf()
+        return {"kind": "gguf", "path": shown_path(gguf_path)}, str(gguf_path.parent), {"gguf_file": gguf_path.name}
     if name in BUNDLED:
         src = _smollm2_dir()
         return {"kind": "bundled", "path": shown_path(src), "gguf": shown_path(smollm2_gguf())}, str(src), {}
@@ -321,7 +338,7 @@ def load_hf_config(name: str, *, trust_remote_code: bool = False, revision: str 
     """The transformers config of a model (no weights)."""
     from transformers import AutoConfig
 
-    source, load_from, extra = _resolve(name, revision)
+    source, load_from, extra = _resolve(name, revision, config_only=True)
     try:
         return AutoConfig.from_pretrained(load_from, trust_remote_code=trust_remote_code, **extra)
     except (OSError, ValueError, RecursionError) as exc:

