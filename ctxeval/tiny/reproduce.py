@@ -21,9 +21,12 @@ def shipped_log(member: str) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def reproduce(member: str, steps: int, log: Callable[[str], None] = print) -> int:
+def reproduce(
+    member: str, steps: int, log: Callable[[str], None] = print, corpus: dict[str, list[str]] | None = None
+) -> int:
     """Retrain `steps` steps (one torch thread, the logged config) and compare the logged losses at every 50th
-    step. 0 when every compared loss is identical to the shipped log's, 1 otherwise."""
+    step. 0 when every compared loss is identical to the shipped log's, 1 otherwise. corpus: the training texts
+    (default: tiny's own, as train builds them)."""
     import torch
 
     from .train import TinyConfig, train
@@ -33,7 +36,7 @@ def reproduce(member: str, steps: int, log: Callable[[str], None] = print) -> in
     config.setdefault("member", "tiny")  # logs written before the family existed
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        ran = train(tmp, TinyConfig(**config), log=lambda _: None, evaluate=False, stop_after=steps)
+        ran = train(tmp, TinyConfig(**config), corpus=corpus, log=lambda _: None, evaluate=False, stop_after=steps)
     logged = {row["step"]: row for row in shipped["history"]}
     same = True
     for row in ran["history"]:
@@ -45,6 +48,11 @@ def reproduce(member: str, steps: int, log: Callable[[str], None] = print) -> in
             cells.append(f"{key} {row[key]} {'==' if equal else '!='} {before.get(key)}")
         log(f"step {row['step']}: " + ", ".join(cells))
     log(f"{member}: the first {steps} steps {'reproduce' if same else 'DO NOT reproduce'} the shipped log")
+    per_step = ran["train_seconds"] / max(ran["steps_run"], 1)
+    log(
+        f"{member}: {ran['steps_run']} steps in {ran['train_seconds']:.1f} s on this machine now ({per_step:.2f} s per "
+        f"step; all {shipped['steps']:,} at this pace: about {per_step * shipped['steps'] / 60:.0f} minutes)"
+    )
     return 0 if same else 1
 
 

@@ -112,3 +112,25 @@ def test_stop_after_keeps_the_full_schedule_and_saves_nothing(tmp_path, small_co
     assert [{k: r[k] for k in same} for r in first["history"]] == [
         {k: r[k] for k in same} for r in full["history"] if r["step"] <= 50
     ]
+
+
+def test_reproduce_says_whether_retraining_gives_the_logged_losses(tmp_path, small_corpus, monkeypatch):
+    """`python -m ctxeval.tiny reproduce`: the same losses from the logged config pass; one logged loss off by its
+    last digit fails, and the failing step is named."""
+    from ctxeval.tiny import reproduce as R
+
+    cfg = _small_cfg(member="tiny-alibi", length=128, steps=60, warmup=10)
+    train(tmp_path / "tiny-alibi", cfg, corpus=small_corpus, log=lambda _: None, evaluate=False)
+    monkeypatch.setattr(R, "member_dir", lambda name: tmp_path / name)
+    said: list[str] = []
+    assert R.reproduce("tiny-alibi", 50, log=said.append, corpus=small_corpus) == 0
+    assert "step 50: loss" in said[0] and "the first 50 steps reproduce the shipped log" in said[1]
+    assert "50 steps in" in said[2] and "s per step" in said[2]
+
+    log_path = tmp_path / "tiny-alibi" / "training_log.json"
+    logged = json.loads(log_path.read_text())
+    logged["history"][0]["loss"] = round(logged["history"][0]["loss"] + 1e-4, 4)
+    log_path.write_text(json.dumps(logged))
+    said.clear()
+    assert R.reproduce("tiny-alibi", 50, log=said.append, corpus=small_corpus) == 1
+    assert "loss" in said[0] and "!=" in said[0] and "DO NOT reproduce" in said[1]
