@@ -143,7 +143,7 @@ def build_config(name: str, cfg: Any, vocab_size: int, tokenizer: Any) -> Any:
         activation_dropout=0.0,
         layerdrop=0.0,
         init_std=0.02,
-        scale_embedding=False,
+        scale_embedding=True,  # sqrt(d_model), as the Transformer paper and fairseq (the ALiBi paper's baselines)
         decoder_start_token_id=tokenizer.bos_token_id,
         **tokens,
     )
@@ -207,7 +207,8 @@ FAMILY_NOTES = {
     "2^(-8h/H) divided by sqrt(32).",
     "tiny-learned": "A learned table of 128 positions: no position past 128 exists, so ctxeval measures it up to 128 "
     "and refuses (alone) or drops (across models) longer lengths.",
-    "tiny-sinusoidal": "XGLM's sinusoids start at position 2 (its padding offset), as XGLM's checkpoints do.",
+    "tiny-sinusoidal": "XGLM's sinusoids start at position 2 (its padding offset), as XGLM's checkpoints do. Its token "
+    "embeddings are multiplied by sqrt(128) before the sinusoids are added, as in the Transformer paper and fairseq.",
     "tiny-nope": "SmolLM3 with `no_rope_layers` all 0: no layer applies RoPE; the causal mask alone tells it order.",
 }
 
