@@ -52,6 +52,12 @@ FAMILY_COLORS = {
     "rerope": "black",
     "leaky-rerope": "#000080",
     "logn": "#666666",
+    # position encodings, when a figure compares models that differ in it (their unmodified curves)
+    "RoPE": "tab:blue",
+    "NoPE": "#7570b3",
+    "ALiBi": "#d95f02",
+    "learned": "#66a61e",
+    "sinusoidal": "#a6761d",
 }
 SPARE_COLORS = ["tab:gray", "#7570b3", "#e7298a", "#66a61e", "#d95f02", "#1a1a80"]
 # the variants of one family (other factors or parameters, other models): a shade of its hue, and line style x marker

@@ -225,7 +225,21 @@ def to_json(rep: Report, images: dict[str, str] | None = None) -> dict[str, Any]
 
 def _curve_label(group: Group, model: str, label: str) -> str:
     models = {r[0] for r in group.tables[0].rows if not (r[0] == UNIFORM_MODEL and r[1] == UNIFORM_LABEL)}
-    return f"{model} · {label}" if len(models) > 1 else label
+    encoding = _encodings(group).get(model)
+    return f"{model}{f' ({encoding})' if encoding else ''} · {label}" if len(models) > 1 else label
+
+
+def _encodings(group: Group) -> dict[str, str]:
+    """Model -> its position encoding, when the group's models differ in it (else empty)."""
+    encodings = {m: str(p.get("encoding") or "?") for m, p in group.positions.items()}
+    return encodings if len(set(encodings.values())) > 1 else {}
+
+
+def _curve_family(group: Group, model: str, label: str) -> str:
+    """What colours a curve: the method's family; an unmodified model (none) across position encodings: its
+    encoding, so that the figure compares encodings as the ALiBi paper's does (one hue per encoding)."""
+    family = method_family(label)
+    return _encodings(group).get(model, family) if family == "none" else family
 
 
 def _originals(group: Group) -> dict[int, str]:
@@ -250,7 +264,8 @@ def group_curves(group: Group, value_columns: int | None = None) -> list[Curve]:
         points = [(L, v) for L, v in zip(lengths, row[2:stop]) if v is not None]
         reference = row[0] == UNIFORM_MODEL and row[1] == UNIFORM_LABEL
         label = "uniform attention (ln of visible keys)" if reference else _curve_label(group, row[0], row[1])
-        curves.append(Curve(label, method_family(row[1]), [p[0] for p in points], [p[1] for p in points], reference))
+        family = _curve_family(group, row[0], row[1])
+        curves.append(Curve(label, family, [p[0] for p in points], [p[1] for p in points], reference))
     return curves
 
 
@@ -263,7 +278,7 @@ def position_curves(group: Group, table: Table) -> list[Curve]:
         curves.append(
             Curve(
                 f"{_curve_label(group, row[0], row[1])} (at {fmt_length(int(row[2]))})",
-                method_family(row[1]),
+                _curve_family(group, row[0], row[1]),
                 [p[0] for p in points],
                 [p[1] for p in points],
             )

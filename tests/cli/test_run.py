@@ -428,6 +428,20 @@ def test_ppl_over_several_models_runs_each_and_merges_them_into_one_table(tmp_pa
     assert result.stdout.startswith("# ctxeval report") and "┏" not in result.stdout  # one merged table, not three
     assert all(line in result.stdout for line in table.splitlines() if line.startswith("| "))
 
+    # the figure compares encodings: an unmodified model's curve takes its encoding's hue, a method keeps its own
+    from ctxeval.report import merged, render
+    from ctxeval.report.plots import curve_styles
+
+    group = merged.build_report([out / name for name in ("tiny", "tiny-nope", "tiny-learned")]).groups[0]
+    curves = render.group_curves(group)
+    assert [(c.label.rsplit("/", 1)[-1], c.family) for c in curves] == [
+        ("tiny (RoPE) · none", "RoPE"),
+        ("tiny (RoPE) · yarn(factor=2)", "yarn"),
+        ("tiny-nope (NoPE) · none", "NoPE"),
+        ("tiny-learned (learned) · none", "learned"),
+    ]
+    assert len({style["color"] for style in curve_styles(curves)}) == 4
+
 
 def test_a_learned_position_model_alone_refuses_lengths_past_its_table_before_it_loads(
     tmp_path, family_dirs, monkeypatch
