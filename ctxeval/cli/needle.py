@@ -288,9 +288,11 @@ class RetrievalRun(Measurement):
         return max(self.cfg.lengths) + (self.cfg.max_new_tokens + 1 if self.yarn else 0)
 
     def reply_tokens(self) -> int:
-        """Past a prompt that fills its length, the reply's positions: --max-new-tokens, else 32, a bound known
-        before the tokenizer loads (the default budget is the answer's tokens + 8: 16 for a 7-digit needle)."""
-        return super().reply_tokens() if self.yarn else self.cfg.max_new_tokens or 32
+        """Past a prompt that fills its length, the reply's positions: --max-new-tokens, else the default budget
+        (the answer's tokens + 8) bounded before the tokenizer loads: 17 for a 7-digit needle, 15 for a passkey."""
+        if self.yarn:
+            return super().reply_tokens()
+        return self.cfg.max_new_tokens or self.preset.answer_tokens_bound() + 8
 
     def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         from ..evals.passkey import YARN_LENGTH_STEP
