@@ -77,6 +77,7 @@ VARIANT_STYLES = [
 ]
 LEGEND_INSIDE_MAX = 4  # legend entries (curves and marker lines) that fit inside the axes
 LEGEND_WIDTH = 56  # characters of a legend entry's line (a longer one wraps, as titles do, not widening the figure)
+CLOSE_TICKS_LOG2 = 0.4  # length ticks nearer than this (in octaves) would print their labels over each other
 DPI = 120  # every figure's resolution: inches x 120 = pixels in the PNG
 # Heatmap scale: viridis is perceptually uniform and its lightness rises monotonically from 0 (dark blue-violet) to 1
 # (light yellow), so its order reads without telling red from green (and in grey print); it holds no grey, so the
@@ -239,7 +240,12 @@ def length_axis(ax: Any, lengths: Sequence[int]) -> None:
     lengths = sorted(set(int(x) for x in lengths))
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths)
-    ax.set_xticklabels([fmt_length(x) for x in lengths])
+    labels, previous_low = [], None  # a label close to the one before it (112 and 128) goes a line lower
+    for x, before in zip(lengths, [None, *lengths[:-1]]):
+        low = bool(before) and np.log2(x / before) < CLOSE_TICKS_LOG2 and not previous_low  # 0: no log distance
+        labels.append(("\n" if low else "") + fmt_length(x))
+        previous_low = low
+    ax.set_xticklabels(labels)
     ax.xaxis.set_minor_locator(ticker.NullLocator())
 
 

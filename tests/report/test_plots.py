@@ -249,3 +249,18 @@ def test_percent_curves_put_the_threshold_on_the_axis_unit(figures):
     figures[0].canvas.draw()
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     assert labels and all(label.endswith("%") for label in labels) and "100%" in labels
+
+
+def test_close_length_ticks_stagger_their_labels_instead_of_printing_over_each_other():
+    """112 and 128 tokens are 0.19 octaves apart: their labels overlapped ('112128'); the second goes a line lower.
+    Octave-spaced lengths keep one line."""
+    import matplotlib.pyplot as plt
+
+    from ctxeval.report.plots import length_axis
+
+    fig, ax = plt.subplots()
+    length_axis(ax, [128, 112, 256, 512, 1024, 1100, 1200])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["112", "\n128", "256", "512", "1k", "\n1100", "1200"]
+    length_axis(ax, [64, 128, 256])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["64", "128", "256"]
+    plt.close(fig)
