@@ -284,15 +284,9 @@ class RetrievalRun(Measurement):
         return YarnPasskeyRunner(lm.model, lm.tokenizer, lm.device, self.builder, cfg, lm.name, self.task)
 
     def longest(self) -> int:
-        """A prompt fills its length, except under yarn: prompts under the length, then the generated tokens."""
+        """Under ctxeval's layout a prompt and its reply's budget fill the length together; under yarn the prompt
+        stays under the length and the generated tokens come after it."""
         return max(self.cfg.lengths) + (self.cfg.max_new_tokens + 1 if self.yarn else 0)
-
-    def reply_tokens(self) -> int:
-        """Past a prompt that fills its length, the reply's positions: --max-new-tokens, else the default budget
-        (the answer's tokens + 8) bounded before the tokenizer loads: 17 for a 7-digit needle, 15 for a passkey."""
-        if self.yarn:
-            return super().reply_tokens()
-        return self.cfg.max_new_tokens or self.preset.answer_tokens_bound() + 8
 
     def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         from ..evals.passkey import YARN_LENGTH_STEP

@@ -67,18 +67,6 @@ class NeedlePreset:
         preset.check()
         return preset
 
-    def answer_tokens_bound(self) -> int:
-        """At most how many tokens the answer (' v1, v2, ...', as answer_ids encodes it) takes in any tokenizer, known
-        before one loads: a byte-level or SentencePiece tokenizer gives at most one token per UTF-8 byte, plus one
-        for a prefix-space piece, per encoded part (each value, each comma)."""
-        bounds = _value_range(self.value)
-        if bounds is None:
-            value_bytes = len(self.value.partition(":")[2].encode("utf-8"))
-        else:
-            value_bytes = max(len(str(bounds[0])), len(str(bounds[1])))
-        answers = self.keys * self.values_per_key
-        return answers * (len(b" ") + value_bytes + 1) + (answers - 1) * (len(b",") + 1)
-
     def check(self) -> None:
         if self.match not in ("all", "first_int", "terms"):
             raise CtxevalError(f"needle preset '{self.name}': match must be all, first_int or terms")

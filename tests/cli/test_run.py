@@ -455,9 +455,18 @@ def test_a_learned_position_model_alone_refuses_lengths_past_its_table_before_it
     assert result.exit_code == 2 and not isinstance(result.exception, AssertionError)
     assert "has learned positions for 128 tokens and none past them: it cannot read length 256" in result.stderr
     assert "ask lengths up to 128" in result.stderr
-    args = ["needle", "--model", family_dirs["tiny-learned"], "--lengths", "128", "--out", str(tmp_path / "n")]
-    result = CliRunner().invoke(app, args)  # the prompt fills 128 and the reply needs positions past it
-    assert result.exit_code == 2 and "(+" in result.stderr and "new tokens); ask lengths up to" in result.stderr
+    # ctxeval's layout: prompt + reply budget fill the length, so 128 fits and 256 does not
+    args = ["needle", "--model", family_dirs["tiny-learned"], "--lengths", "128,256", "--out", str(tmp_path / "n")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "cannot read length 256; ask lengths up to 128" in result.stderr
+    args = ["needle", "--model", family_dirs["tiny-learned"], "--lengths", "128", "--samples", "1"]
+    args += ["--depths", "50", "--out", str(tmp_path / "n128")]
+    with pytest.raises(AssertionError, match="loaded"):  # past every check from the config: the model loads
+        CliRunner().invoke(app, args, catch_exceptions=False)
+    # YaRN's passkey: the prompt stays under the length and its 10 new tokens (+ the step) come after it
+    args = ["passkey", "--model", family_dirs["tiny-learned"], "--lengths", "128", "--out", str(tmp_path / "p")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "(+11 new tokens); ask lengths up to 117" in result.stderr
 
 
 def test_a_rope_method_on_a_model_without_rope_alone_is_refused_before_it_loads(tmp_path, family_dirs, monkeypatch):

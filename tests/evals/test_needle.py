@@ -599,30 +599,3 @@ def test_a_record_haystack_reads_the_text_field_asked_for(tmp_path, tok):
     assert ids.tolist() == _enc(tok, "Alpha beta.") + _enc(tok, "\n\n") and info["documents"][0]["tokens"] == len(
         _enc(tok, "Alpha beta.")
     )
-
-
-@pytest.mark.parametrize("name", PRESETS)
-def test_the_answer_token_bound_holds_for_every_preset_in_byte_level_and_tiny_tokenizers(tok, name):
-    """answer_tokens_bound() sizes the reply's positions before a tokenizer loads (a learned position table is checked
-    against it): it must never be below what answer_ids gives, and not loose by more than the bytes it counts."""
-    from transformers import AutoTokenizer
-
-    from ctxeval.tiny import MODEL_DIR
-
-    p = preset(name)
-    bound = p.answer_tokens_bound()
-    rng = np.random.default_rng(0)
-    for tokenizer in (tok, AutoTokenizer.from_pretrained(MODEL_DIR)):
-        hay, _ = H.haystack_tokens(tokenizer, "filler", 4000)
-        b = H.PromptBuilder(tokenizer, p, hay, chat_template=False)
-        counts = [len(b.answer_ids(H.make_sample(p, rng))) for _ in range(50)]
-        assert max(counts) <= bound, (max(counts), bound)
-    answer_bytes = len(H.make_sample(p, np.random.default_rng(1)).answer_text.encode())
-    assert bound <= 2 * answer_bytes + 2  # one token per byte, plus one per encoded part
-
-
-def test_the_default_reply_budget_fits_a_learned_table_that_the_old_fixed_bound_of_32_refused():
-    """--model tiny-learned (128 positions), passkey at 112 under --protocol ctxeval: 112 + 15 fits, so it is measured
-    (with 32 new tokens assumed, the whole model was refused)."""
-    assert preset("passkey").answer_tokens_bound() + 8 == 15
-    assert preset("magic-number").answer_tokens_bound() + 8 == 17
