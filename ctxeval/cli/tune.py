@@ -36,7 +36,7 @@ from .run import Measurement
 if TYPE_CHECKING:
     from ..evals.common import Progress
 
-QUICKSTART_TUNE = {"model": "tiny", "method": "yarn", "target_length": "1k", "data": "pydoc", "trials": 60}
+QUICKSTART_TUNE = {"model": "tiny", "method": ["yarn"], "target_length": "1k", "data": "pydoc", "trials": 60}
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,10 @@ class TuneOptions:
         MethodOpt,
         "The method to tune: NAME or "
         "NAME:key=value (given parameters stay fixed), e.g. yarn, "
-        "longrope, ntk, llama3, yarn+self-extend (default yarn).",
-        Optional[str],
+        "longrope, ntk, llama3, yarn+self-extend (default yarn). "
+        "Repeat it to ask which method: -m yarn -m ntk -m longrope "
+        "splits --trials between them and ranks their winners.",
+        Optional[list[str]],
     ) = None
     target_length: Annotated[
         Optional[str],
@@ -76,7 +78,7 @@ class TuneOptions:
         Check("--trials", minimum=1),
     ] = None
     sampler: Annotated[
-        str, typer.Option(help="auto (nsga2 for longrope, tpe otherwise) | tpe | cmaes | nsga2 | random.")
+        str, typer.Option(help="auto (nsga2 for longrope, gp otherwise) | gp | tpe | cmaes | nsga2 | random.")
     ] = "auto"
     population: Annotated[int, typer.Option(help="nsga2's population size."), Check("--population", minimum=2)] = 32
     short_tolerance: Annotated[
@@ -149,7 +151,7 @@ class Tune(Measurement):
         quick = opt.model is None and opt.method is None and opt.target_length is None
         given = {"model": opt.model, "method": opt.method, "target_length": opt.target_length, "data": opt.data}
         self.settings = {
-            **(QUICKSTART_TUNE if quick else {"model": "tiny", "method": "yarn", "data": "pydoc", "trials": 100}),
+            **(QUICKSTART_TUNE if quick else {"model": "tiny", "method": ["yarn"], "data": "pydoc", "trials": 100}),
             **{k: v for k, v in {**given, "trials": opt.trials}.items() if v is not None},
         }
         if self.settings.get("target_length") is None:
@@ -162,7 +164,15 @@ class Tune(Measurement):
         self.target, self.model, self.data = target[0], str(self.settings["model"]), str(self.settings["data"])
 
     def method_specs(self) -> list[MethodSpec]:
-        self.tuned = expand_specs([str(self.settings["method"])])
+        self.tuned = [spec for m in self.settings["method"] for spec in expand_specs([str(m)])]
+        labels = [t.label for t in self.tuned]
+        if len(set(labels)) < len(labels):
+            raise CtxevalError(f"-m names a method twice ({', '.join(labels)}): give each method to tune once")
+        if int(self.settings["trials"]) < len(self.tuned):
+            raise CtxevalError(
+                f"--trials {self.settings['trials']} cannot be split between {len(self.tuned)} methods: give at "
+                f"least {len(self.tuned)} (one per method; a few dozen each answers)"
+            )
         return expand_specs(list(self.opt.compare or []))
 
     def check(self) -> None:
@@ -170,6 +180,8 @@ class Tune(Measurement):
         from ..evals.tune.space import parse_overrides
 
         self.overrides = parse_overrides(list(self.opt.space or []))
+        if len(self.tuned) > 1 and self.overrides:
+            raise CtxevalError("--space applies to one method: tune one -m with it, or leave it out")
         require_optuna()
         self.lengths = [self.target]
 
@@ -187,19 +199,28 @@ class Tune(Measurement):
         opt, geometry = self.opt, self.lm.rope.geometry
         if geometry is None:
             raise CtxevalError(f"model '{self.model}' has no RoPE: there is nothing to tune")
-        self.space = build_space(self.tuned[0], geometry, self.target, opt.search_factor, self.overrides)
-        self.short = int(self.tuned[0].params.get("original_max_position_embeddings") or geometry.original_length)
-        self.cfg = TuneConfig(
-            self.target,
-            self.short,
-            int(self.settings["trials"]),
-            opt.short_tolerance,
-            opt.sampler,
-            opt.seed,
-            opt.population,
-            bos=getattr(self.lm.tokenizer, "bos_token_id", None) is not None,
-            chunk_size=opt.chunk_size,
-        )
+        self.spaces = [build_space(t, geometry, self.target, opt.search_factor, self.overrides) for t in self.tuned]
+        self.space = self.spaces[0]
+        shorts = {int(t.params.get("original_max_position_embeddings") or geometry.original_length) for t in self.tuned}
+        if len(shorts) > 1:
+            raise CtxevalError("the methods to tune give different original_max_position_embeddings: give one")
+        self.short = shorts.pop()
+        total, n = int(self.settings["trials"]), len(self.tuned)
+        self.cfgs = [
+            TuneConfig(
+                self.target,
+                self.short,
+                total // n + (i < total % n),  # one budget split between the methods
+                opt.short_tolerance,
+                opt.sampler,
+                opt.seed,
+                opt.population,
+                bos=getattr(self.lm.tokenizer, "bos_token_id", None) is not None,
+                chunk_size=opt.chunk_size,
+            )
+            for i in range(n)
+        ]
+        self.cfg = self.cfgs[0]
 
     def prepare(self) -> None:
         from ..evals.tune.job import long_documents
@@ -212,30 +233,36 @@ class Tune(Measurement):
         )
         self.tuning, self.heldout = split_documents(documents, opt.tune_docs, opt.heldout_docs)
 
-    def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def protocol_of(self, tuned: MethodSpec, space: Any) -> dict[str, Any]:
+        """What one method's study must have been made for (a study made for another is refused)."""
         from ..evals.tune.space import describe
 
-        opt, cfg, docs = self.opt, self.cfg, self.tuning + self.heldout
-        self.protocol = {
+        return {
             "model": self.model,
-            "method": self.tuned[0].label,
-            "space": describe(self.space),
+            "method": tuned.label,
+            "space": describe(space),
             "target": self.target,
             "short": self.short,
-            "short_tolerance": opt.short_tolerance,
+            "short_tolerance": self.opt.short_tolerance,
             "data": self.data,
             "tuning_docs": [d.doc_id for d in self.tuning],
-            "bos": cfg.bos,
+            "bos": self.cfg.bos,
             "dtype": self.lm.dtype,
+            "objective": "log ppl",  # the value the study holds (studies before it held ppl)
         }
+
+    def family_record(self, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """run.json's spec and provenance of method i's search."""
+        opt, cfg, docs = self.opt, self.cfgs[i], self.tuning + self.heldout
+        protocol = self.protocols[i]
         spec_record = {
             "task": "tune",
-            **self.protocol,
+            **protocol,
             "heldout_docs": [d.doc_id for d in self.heldout],
             "sampler": opt.sampler,
             "seed": opt.seed,
             "population": opt.population,
-            "methods": [self.tuned[0].label],
+            "methods": [protocol["method"]],
             "compare": [c.label for c in self.specs],
         }
         provenance = {
@@ -246,9 +273,9 @@ class Tune(Measurement):
                     {
                         "doc": d.doc_id,
                         "tokens": int(len(d.ids)),
-                        "role": "tuning" if i < len(self.tuning) else "heldout",
+                        "role": "tuning" if j < len(self.tuning) else "heldout",
                     }
-                    for i, d in enumerate(docs)
+                    for j, d in enumerate(docs)
                 ],
             },
             "protocol": {
@@ -260,8 +287,9 @@ class Tune(Measurement):
                 "guard": f"perplexity at {self.short:,} at most {opt.short_tolerance:.0%} above plain RoPE's",
             },
             "search": {
-                "space": describe(self.space),
-                "dims": len(self.space.dims),
+                "space": protocol["space"],
+                "dims": len(self.spaces[i].dims),
+                "trials": cfg.trials,  # the study's (a share of --trials across methods; a rerun may raise it)
                 "storage": opt.storage or "study.db",
                 "sampler": opt.sampler,
                 "seed": opt.seed,
@@ -270,49 +298,89 @@ class Tune(Measurement):
         }
         return spec_record, provenance
 
+    def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        self.protocols = [self.protocol_of(t, space) for t, space in zip(self.tuned, self.spaces)]
+        self.protocol = self.protocols[0]
+        spec_record, provenance = self.family_record(0)
+        if len(self.tuned) == 1:
+            return spec_record, provenance
+        # several methods: this run holds each method's search (a run of its own in a sub-directory) and the one
+        # held-out re-measure of their winners
+        spec_record.update(
+            method=[t.label for t in self.tuned],
+            space=[p["space"] for p in self.protocols],
+            methods=[t.label for t in self.tuned],
+        )
+        provenance["search"].update(
+            space=spec_record["space"], dims=[len(s.dims) for s in self.spaces], trials=[c.trials for c in self.cfgs]
+        )
+        return spec_record, provenance
+
     def before_measure(self, run_dir: Path) -> None:
         """An export that cannot be written, or a shared storage that holds another search's study, fails now:
         before the run directory exists, after the search would be too late."""
-        from ..evals.tune.job import TuneJob
-        from ..evals.tune.search import open_study, storage_url
+        from ..evals.tune.job import FamilySearch, TuneJob, family_dir
+        from ..evals.tune.search import STUDY_NAME, open_study, storage_url
 
-        opt, space, geometry = self.opt, self.space, self.lm.rope.geometry
-        url = storage_url(opt.storage, run_dir)
-        if opt.export is not None:
-            from ..evals.tune.export import check_export
+        opt, geometry, several = self.opt, self.lm.rope.geometry, len(self.tuned) > 1
+        self.jobs = []
+        for i, space in enumerate(self.spaces):
+            where = run_dir / family_dir(self.tuned[i].label) if several else run_dir
+            url = storage_url(opt.storage, where)
+            study = f"{STUDY_NAME}:{space.base.label}" if several else STUDY_NAME
+            if opt.export is not None:
+                from ..evals.tune.export import check_export
 
-            corner = space.snap({d.key: d.low for d in space.dims})
-            check_export(self.model, space.spec(corner), geometry, self.target, opt.export, opt.load.trust_remote_code)
-        self.job = TuneJob(
-            self.model,
-            self.data,
-            opt.text_field,
-            space,
-            self.cfg,
-            self.tuning,
-            self.heldout,
-            url,
-            self.protocol,
-            self.specs,
-            opt.export,
-            opt.load.trust_remote_code,
-            open_study(url, self.protocol, self.cfg, space, geometry, explicit=True)
-            if opt.storage is not None
-            else None,
-        )
+                corner = space.snap({d.key: d.low for d in space.dims})
+                check_export(
+                    self.model, space.spec(corner), geometry, self.target, opt.export, opt.load.trust_remote_code
+                )
+            self.jobs.append(
+                TuneJob(
+                    self.model,
+                    self.data,
+                    opt.text_field,
+                    space,
+                    self.cfgs[i],
+                    self.tuning,
+                    self.heldout,
+                    url,
+                    self.protocols[i],
+                    self.specs,
+                    opt.export,
+                    opt.load.trust_remote_code,
+                    open_study(url, self.protocols[i], self.cfgs[i], space, geometry, explicit=True, study_name=study)
+                    if opt.storage is not None
+                    else None,
+                    study_name=study,
+                    remeasure=not several,
+                )
+            )
+        self.families = [
+            FamilySearch(family_dir(self.tuned[i].label), job, *self.family_record(i))
+            for i, job in enumerate(self.jobs)
+        ]
 
     def message(self, run_dir: Path) -> str:
         from ..evals.tune.space import describe
 
+        searched = "; ".join(describe(s) for s in self.spaces)
+        shares = f" ({', '.join(str(c.trials) for c in self.cfgs)} trials)" if len(self.spaces) > 1 else ""
         return (
-            f"run directory: {run_dir}  ({describe(self.space)}; tuning {', '.join(d.doc_id for d in self.tuning)}; "
+            f"run directory: {run_dir}  ({searched}{shares}; tuning {', '.join(d.doc_id for d in self.tuning)}; "
             f"held out {', '.join(d.doc_id for d in self.heldout)})"
         )
 
     def work(self, store: RunStore, progress: Progress) -> None:
-        from ..evals.tune.job import run_tune
+        from ..evals.tune.job import run_families, run_tune
 
-        run_tune(self.lm, self.job, store, progress, lambda text: err.print(f"note: {text}", markup=False))
+        def note(text: str) -> None:
+            err.print(f"note: {text}", markup=False)
+
+        if len(self.jobs) == 1:
+            run_tune(self.lm, self.jobs[0], store, progress, note)
+        else:
+            run_families(self.lm, self.families, store, progress, note)
 
     def render(self, store: RunStore) -> None:
         from ..report.tune import render_tune

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from ..runs.rows import fmt_length
+from ..runs.store import ROWS_FILE, RUN_FILE, read_rows
 from .single import Printed, RunOutputs, save_csv, save_text
 from .tables import fmt_ppl, markdown
 from .tune_data import (
@@ -26,7 +27,7 @@ from .tune_data import (
     pareto_front,
     read_tune,
 )
-from .tune_plots import TrialPoint, plot_objective, plot_pair_scales, plot_pareto
+from .tune_plots import TrialPoint, plot_families, plot_objective, plot_pair_scales, plot_pareto
 
 TOP_TRIALS = 10
 WINNER_MARK = "★"
@@ -248,6 +249,8 @@ def render_tune(run_dir: Path) -> RunOutputs:
     """tune.md, trials.csv and the figures in the run directory; returns the tables the command prints."""
     run_dir = Path(run_dir)
     s = read_tune(run_dir)
+    if isinstance(s.tune.get("families"), list):
+        return render_families(s)
     spec, tune, winner, held = s.spec, s.tune, s.winner, s.heldout
     short, target = s.short or 0, s.target or 0
     baseline, tolerance = tune.get("baseline_short"), spec.get("short_tolerance")
@@ -288,6 +291,10 @@ def render_tune(run_dir: Path) -> RunOutputs:
         )
         md += ["\n## Held-out documents\n\n", caption + "\n\n", markdown(headers, rows)]
         printed.append(Printed("held-out documents: the winner against the other methods", caption, headers, rows))
+    elif winner and s.record.get("family_of"):
+        md.append(
+            "\n- held out beside the other methods' winners: the search across methods' tune.md, one directory up\n"
+        )
     elif winner:
         note = (
             f"the winner's held-out run ({tune.get('heldout_dir') or 'not started'}) is missing or unreadable: "
@@ -317,3 +324,158 @@ def render_tune(run_dir: Path) -> RunOutputs:
         md.append("\n## Figures\n\n" + "".join(f"![{captions[name]}]({name})\n\n" for name in drawn))
     save_text(run_dir / "tune.md", "".join(md).rstrip("\n") + "\n")
     return RunOutputs(printed, f"wrote {run_dir}/tune.md, trials.csv" + "".join(f", {n}" for n in drawn), notes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a search across several methods (`ctxeval tune -m yarn -m ntk -m longrope`)
+
+
+def doc_ppl(held: Heldout) -> dict[tuple[str, str], float]:
+    """(label, document) -> perplexity at the target in the held-out run (the last row written wins)."""
+    out = {}
+    for row in read_rows(held.path / ROWS_FILE, "ppl"):
+        if row.get("length") == held.target and row.get("status") == "ok" and row.get("n_tokens"):
+            out[(str(row["label"]), str(row["doc"]))] = math.exp(float(row["nll_sum"]) / float(row["n_tokens"]))
+    return out
+
+
+def family_cells(subs: list[TuneSummary]) -> tuple[list[str], list[list[str]]]:
+    """Per method searched: its trials and its winner on the tuning documents."""
+    first = subs[0]
+    short, target = fmt_length(first.short or 0), fmt_length(first.target or 0)
+    headers = [
+        "method",
+        "sampler",
+        "trials",
+        "kept guard",
+        f"best ppl at {target}",
+        f"at {short}",
+        "winner (as searched)",
+    ]
+    rows = []
+    for sub in subs:
+        counts, winner = sub.counts(), sub.winner
+        rows.append(
+            [
+                str(sub.spec.get("method")),
+                str(sub.tune.get("sampler") or sub.spec.get("sampler")),
+                str(counts["counted"]),
+                str(counts["feasible"]),
+                fmt_ppl(winner["ppl_target"]) if winner else "none kept it",
+                fmt_ppl(winner["ppl_short"]) if winner else "—",
+                fmt_params(next((r.get("params") for r in sub.trials if winner and r["trial"] == winner["trial"]), {}))
+                if winner
+                else "—",
+            ]
+        )
+    return headers, rows
+
+
+def ranked_cells(held: Heldout, tuned: set[str]) -> tuple[list[str], list[list[str]]]:
+    """Every re-measured method ranked by held-out perplexity at the target, each document's perplexity beside it and
+    its difference from the overall winner per document (the spread a ranking must exceed)."""
+    per_doc = doc_ppl(held)
+    headers = [
+        "rank",
+        "method",
+        f"ppl at {fmt_length(held.short)}",
+        f"ppl at {fmt_length(held.target)}",
+        *[f"{doc} at {fmt_length(held.target)}" for doc in held.docs],
+        "vs winner, per document",
+    ]
+    order = sorted(held.labels, key=lambda label: (held.value(label, held.target) or math.inf, label))
+    rows = []
+    for i, label in enumerate(order, 1):
+        name = f"{WINNER_MARK} {label} (tuned)" if label in tuned else label
+        versus = [
+            fmt_rise(per_doc[(label, d)] / per_doc[(held.winner, d)] - 1)
+            for d in held.docs
+            if (label, d) in per_doc and (held.winner, d) in per_doc
+        ]
+        rows.append(
+            [
+                str(i),
+                name,
+                *[fmt_ppl(held.ppl.get((label, L), math.nan), held.status.get((label, L), "missing"))
+                  for L in (held.short, held.target)],
+                *[fmt_ppl(per_doc.get((label, d), math.nan)) for d in held.docs],
+                "—" if label == held.winner else " / ".join(versus) or "—",
+            ]
+        )  # fmt: skip
+    return headers, rows
+
+
+def render_families(s: TuneSummary) -> RunOutputs:
+    """tune.md of a search across several methods: each method's search (its own tune.md in its directory), the
+    winners on the tuning documents, and every winner ranked on the held-out documents against plain RoPE, the
+    methods' defaults, PI, NTK and YaRN."""
+    run_dir, tune, spec = s.run_dir, s.tune, s.spec
+    subs = [read_tune(run_dir / f["dir"]) for f in tune["families"] if (run_dir / f["dir"] / RUN_FILE).is_file()]
+    for sub in subs:
+        render_tune(sub.run_dir)
+    target = fmt_length(int(spec.get("target") or 0))
+    shares = [sub.counts()["counted"] for sub in subs]
+    methods = ", ".join(str(m) for m in spec.get("methods") or [])
+    md = [
+        f"# Tune: which method on {spec.get('model')}, target {target}\n\n",
+        f"- methods searched: {methods}, one budget of {sum(shares)} measured trials split "
+        f"{' / '.join(str(t) for t in shares)}; each method's search is in its directory "
+        f"({', '.join(f'[{sub.run_dir.name}]({sub.run_dir.name}/tune.md)' for sub in subs)})\n",
+        f"- objective, guard and documents as each search's tune.md gives them; sampler {spec.get('sampler')}, "
+        f"seed {spec.get('seed')}\n",
+        f"- compute: {sum(int(r.get('forwards') or 0) for sub in subs for r in sub.trials):,} forwards, "
+        f"{sum(float(r.get('seconds') or 0) for sub in subs for r in sub.trials):.1f} s summed over the trials\n",
+    ]
+    printed, notes = [], []
+    headers, rows = family_cells(subs) if subs else ([], [])
+    if rows:
+        md += ["\n## Each method's winner (tuning documents)\n\n", markdown(headers, rows)]
+        printed.append(Printed("each method's winner on the tuning documents", None, headers, rows))
+    winner = tune.get("winner")
+    if isinstance(winner, dict):
+        md.append(
+            f"\nWinner of them all (the lowest tuning perplexity; the held-out documents judge it, they do not choose "
+            f"it): `{winner['label']}` from {winner.get('family')}.\n"
+        )
+    held = s.heldout
+    if held is not None:
+        tuned = {sub.winner["label"] for sub in subs if sub.winner}
+        headers, rows = ranked_cells(held, tuned)
+        caption = (
+            f"Token-weighted perplexity on {len(held.docs)} held-out document(s) ({', '.join(held.docs)}) no search "
+            f"saw, ranked at {target}: each method's winner ({WINNER_MARK}) against plain RoPE, the methods' "
+            f"defaults, PI, NTK and YaRN at the same factor and --compare; per document, each method's difference "
+            f"from the winner of them all; from {held.path.name}/."
+        )
+        md += ["\n## Held-out documents\n\n", caption + "\n\n", markdown(headers, rows)]
+        printed.append(Printed("held-out documents: every method's winner, ranked", caption, headers, rows))
+    elif isinstance(winner, dict):
+        note = f"the held-out run ({tune.get('heldout_dir') or 'not started'}) is missing or unreadable"
+        md.append(f"\n- {note}\n")
+        notes.append(note)
+    if isinstance(tune.get("export"), dict):
+        md.append(export_section(tune["export"]))
+    drawn = []
+    if subs:
+        curves = {str(sub.spec.get("method")): best_so_far_measured(sub.trials) for sub in subs}
+        plot_families(curves, int(spec.get("target") or 0), run_dir / "tune-methods.png",
+                      f"Which method: {spec.get('model')}, target {target}\nbest tuning perplexity so far (kept the "
+                      "guard) by each method's measured trials")  # fmt: skip
+        drawn.append("tune-methods.png")
+        md.append("\n## Figures\n\n![Each method's best so far by its measured trials](tune-methods.png)\n")
+    save_text(run_dir / "tune.md", "".join(md).rstrip("\n") + "\n")
+    return RunOutputs(printed, f"wrote {run_dir}/tune.md" + "".join(f", {n}" for n in drawn), notes)
+
+
+def best_so_far_measured(trials: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(measured trials so far, the lowest target ppl among them that kept the guard), from the first such trial."""
+    out, best, count = [], math.inf, 0
+    for row in sorted(trials, key=lambda r: int(r["trial"])):
+        if not is_ok(row):
+            continue
+        count += 1
+        if is_feasible(row):
+            best = min(best, float(row["value"]))
+        if best < math.inf:
+            out.append((count, best))
+    return out

@@ -272,4 +272,9 @@ def read_tune(
         record = read_json(run_dir / RUN_FILE, "tune run.json", finite=False)
     if rows is None:
         rows = read_rows(run_dir / ROWS_FILE, "tune")
-    return TuneSummary(run_dir, record, trial_rows(rows), read_heldout(run_dir, record))
+    families = (record.get("tune") or {}).get("families") if isinstance(record.get("tune"), dict) else None
+    if isinstance(families, list):  # a search across methods: its rows mirror each method's, numbered per method
+        trials = [r for f in families for r in trial_rows([x for x in rows if x.get("family") == f.get("dir")])]
+    else:
+        trials = trial_rows(rows)
+    return TuneSummary(run_dir, record, trials, read_heldout(run_dir, record))

@@ -86,14 +86,7 @@ def plot_objective(
     chosen = [p for p in points if p.trial == winner]
     if chosen:
         ax.scatter([chosen[0].trial], [chosen[0].ppl_target], label=f"winner (trial {winner})", **WINNER)
-    log_y(ax)
-    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("trial")
-    ax.set_ylabel(f"perplexity at {fmt_length(target)} (tuning documents, log scale)")
-    ax.set_title(wrap_title(title), fontsize=9)
-    ax.grid(True, which="major", alpha=0.3)
-    legend(ax, 4)
-    return save(fig, path)
+    return save(by_trial_axes(ax, "trial", target, title, 4), path)
 
 
 def plot_pair_scales(
@@ -208,3 +201,25 @@ def plot_pareto(
     ax.grid(True, which="major", alpha=0.3)
     legend(ax, 6)
     return save(fig, path)
+
+
+def plot_families(curves: dict[str, Sequence[tuple[int, float]]], target: int, path: Path, title: str) -> Path:
+    """Each searched method's best tuning perplexity so far (kept the guard) by its own measured trials."""
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for i, (method, curve) in enumerate(curves.items()):
+        if curve:
+            ax.step([c[0] for c in curve], [c[1] for c in curve], where="post", lw=1.8, color=f"C{i}",
+                    label=f"{method} (best {curve[-1][1]:.2f})")  # fmt: skip
+    return save(by_trial_axes(ax, "measured trials of the method", target, title, len(curves)), path)
+
+
+def by_trial_axes(ax: plt.Axes, xlabel: str, target: int, title: str, entries: int) -> plt.Figure:
+    """Perplexity at the target (log) by trial: axes, title, grid and legend; returns the figure."""
+    log_y(ax)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"perplexity at {fmt_length(target)} (tuning documents, log scale)")
+    ax.set_title(wrap_title(title), fontsize=9)
+    ax.grid(True, which="major", alpha=0.3)
+    legend(ax, entries)
+    return ax.figure

@@ -43,6 +43,9 @@ POINT_FIELDS = {
 }
 # resume keys within one run (one model): the point fields without the model
 RESUME_FIELDS = {kind: fields[1:] for kind, fields in POINT_FIELDS.items()}
+# a search across several methods mirrors each method's trials with its `family` (their numbers each start at 0); a
+# single search's rows have none
+RESUME_FIELDS["tune"] = ("phase", "family", "trial")
 REQUIRED = {kind: (*fields, "status") for kind, fields in POINT_FIELDS.items()}
 REQUIRED_OK = {
     "ppl": ("nll_sum", "n_tokens"),

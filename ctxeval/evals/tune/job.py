@@ -3,6 +3,7 @@ re-measure as an ordinary ppl run nested in the tune run, and the export with it
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +19,7 @@ from .export import export_record, verify_export, write_export
 from .search import (
     DEFAULT_STORAGE,
     INVALID,
+    STUDY_NAME,
     OpenedStudy,
     TuneConfig,
     best_trial_row,
@@ -46,6 +48,8 @@ class TuneJob:
     export: Path | None = None
     trust_remote_code: bool = False
     opened: OpenedStudy | None = None  # a shared --storage, opened (and checked) before the run directory
+    study_name: str = STUDY_NAME
+    remeasure: bool = True  # re-measure the winner on the held-out documents (and export it) after its search
 
     @property
     def storage_record(self) -> str:
@@ -65,6 +69,11 @@ def long_documents(data: str, tokenizer: Any, wanted: int, needed: int, text_fie
             for d in iter_documents(data, text_field)
             if len(ids := tokenize(tokenizer, d)) >= needed
         ][:wanted]
+
+
+def family_dir(label: str) -> str:
+    """The sub-directory of one method's search in a search across several: `search-yarn`, `search-yarn-beta_fast=4`."""
+    return "search-" + re.sub(r"[^A-Za-z0-9._=+-]+", "-", label).strip("-")
 
 
 def heldout_dir(run_dir: Path, trial: int) -> Path:
@@ -124,13 +133,27 @@ def measure_heldout(lm: LoadedModel, job: TuneJob, specs: list[MethodSpec], run_
         held.finish("success")
 
 
-def run_tune(lm: LoadedModel, job: TuneJob, store: RunStore, progress: Progress, note: Callable[[str], None]) -> None:
-    """Search until the study holds the asked trials, then re-measure the winner on the held-out documents and export
-    it (when asked); run.json's `tune` records each step as it is done."""
+def run_tune(
+    lm: LoadedModel,
+    job: TuneJob,
+    store: RunStore,
+    progress: Progress,
+    note: Callable[[str], None],
+    mirror: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> MethodSpec | None:
+    """Search until the study holds the asked trials, then (job.remeasure) re-measure the winner on the held-out
+    documents and export it when asked; run.json's `tune` records each step as it is done. Returns the winner.
+    `mirror` gets every trial row after `store` (a search across methods copies them into the parent run)."""
     cfg, space = job.cfg, job.space
-    opened = job.opened or open_study(job.url, job.protocol, cfg, space, lm.rope.geometry)
+    opened = job.opened or open_study(job.url, job.protocol, cfg, space, lm.rope.geometry, study_name=job.study_name)
     have = {int(r["trial"]) for r in store.rows() if r.get("trial") is not None}
-    result = search(lm, space, job.tuning, cfg, opened, store.append, have, progress)
+
+    def emit(rows: list[dict[str, Any]]) -> None:
+        store.append(rows)
+        if mirror is not None:
+            mirror(rows)
+
+    result = search(lm, space, job.tuning, cfg, opened, emit, have, progress)
     refused = sum(1 for r in result.rows if r.get("status") == INVALID)
     summary: dict[str, Any] = {
         "storage": job.storage_record,
@@ -147,27 +170,101 @@ def run_tune(lm: LoadedModel, job: TuneJob, store: RunStore, progress: Progress,
     best = best_trial_row(result.rows)
     if best is None:
         note(
-            f"no trial kept the perplexity at {cfg.short:,} within {cfg.short_tolerance:.0%} of plain RoPE's; nothing "
-            "to re-measure or export (raise --short-tolerance or --trials)"
+            f"{space.base.label}: no trial kept the perplexity at {cfg.short:,} within {cfg.short_tolerance:.0%} of "
+            "plain RoPE's; nothing to re-measure or export (raise --short-tolerance or --trials)"
         )
-        return
+        return None
     winner = space.spec(best["params"])
+    summary.update(winner=winner_record(winner, best))
+    store.update(tune=summary)
+    if not job.remeasure:
+        return winner
     held_dir = heldout_dir(store.dir, best["trial"])
-    summary.update(
-        winner={
-            "trial": best["trial"],
-            "label": winner.label,
-            "params": plain(winner.params),
-            "attention": [{"name": a.name, "params": a.params} for a in winner.attention],
-            "ppl_target": best["value"],
-            "ppl_short": best["ppl_short"],
-        },
-        heldout_dir=held_dir.name,
-    )
+    summary.update(heldout_dir=held_dir.name)
     store.update(tune=summary)
     measure_heldout(lm, job, comparison_specs(space, winner, job.compare), held_dir, progress)
     if job.export is not None:
         written = write_export(job.model, winner, lm.rope.geometry, cfg.target, job.export, job.trust_remote_code)
         check = verify_export(lm, winner, job.export, job.tuning[0], cfg.lengths, cfg.bos, cfg.chunk_size)
+        summary["export"] = export_record(written, check, store.dir)
+        store.update(tune=summary)
+    return winner
+
+
+def winner_record(winner: MethodSpec, best: dict[str, Any]) -> dict[str, Any]:
+    """run.json's record of a search's winner: its trial, method, parameters and tuning perplexities."""
+    return {
+        "trial": best["trial"],
+        "label": winner.label,
+        "params": plain(winner.params),
+        "attention": [{"name": a.name, "params": a.params} for a in winner.attention],
+        "ppl_target": best["value"],
+        "ppl_short": best["ppl_short"],
+    }
+
+
+@dataclass
+class FamilySearch:
+    """One method's search in a search across several (`ctxeval tune -m yarn -m ntk ...`): an ordinary tune run of
+    its own in the sub-directory `name` (its study, rows and tune.md), without its own held-out re-measure."""
+
+    name: str
+    job: TuneJob
+    spec: dict[str, Any]  # its run.json spec
+    provenance: dict[str, Any]
+
+
+def run_families(
+    lm: LoadedModel,
+    families: list[FamilySearch],
+    store: RunStore,
+    progress: Progress,
+    note: Callable[[str], None],
+) -> None:
+    """Each method's search in turn (its share of --trials), then one held-out re-measure of every method's winner
+    side by side with plain RoPE, each method's defaults, PI, NTK, YaRN and --compare, and the export of the
+    winner of them all (the lowest tuning perplexity: the held-out documents judge, they do not choose)."""
+    summary: dict[str, Any] = {"families": [], "winner": None}
+    found: list[tuple[FamilySearch, MethodSpec, dict[str, Any]]] = []
+    for family in families:
+        with RunStore(store.dir / family.name, family.spec) as sub:
+            sub.start({**family.provenance, "methods": sub.record.get("methods", {}), "family_of": store.dir.name})
+            try:
+                # the parent's rows mirror every trial (its resume count, and a run directory that holds trials is
+                # never removed as empty); the sub-directory's rows and study are the record
+                winner = run_tune(
+                    lm,
+                    family.job,
+                    sub,
+                    progress,
+                    note,
+                    lambda rows, name=family.name: store.append([{**r, "family": name} for r in rows]),
+                )
+            except BaseException as exc:
+                sub.finish("interrupted" if isinstance(exc, KeyboardInterrupt) else "error", str(exc)[:300])
+                raise
+            sub.finish("success")
+            record = dict(sub.record.get("tune") or {})
+        summary["families"].append({"dir": family.name, "method": family.job.space.base.label, **record})
+        store.update(tune=summary)
+        if winner is not None:
+            found.append((family, winner, record["winner"]))
+    if not found:
+        note("no method's search kept the guard: nothing to re-measure or export")
+        return
+    best_family, best, best_record = min(found, key=lambda f: (f[2]["ppl_target"], families.index(f[0])))
+    # named by every winner's trial: a later, better winner of any method gets its own (nothing measured is lost)
+    held_dir = store.dir / (
+        "heldout-" + "-".join(f"{f.name.removeprefix('search-')}-{r['trial']}" for f, _, r in found)
+    )
+    summary.update(winner={**best_record, "family": best_family.name}, heldout_dir=held_dir.name)
+    store.update(tune=summary)
+    first = best_family.job
+    others = [(f.job.space, w) for f, w, _ in found if f is not best_family]
+    measure_heldout(lm, first, comparison_specs(first.space, best, first.compare, others), held_dir, progress)
+    if first.export is not None:
+        cfg = first.cfg
+        written = write_export(first.model, best, lm.rope.geometry, cfg.target, first.export, first.trust_remote_code)
+        check = verify_export(lm, best, first.export, first.tuning[0], cfg.lengths, cfg.bos, cfg.chunk_size)
         summary["export"] = export_record(written, check, store.dir)
         store.update(tune=summary)

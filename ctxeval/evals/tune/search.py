@@ -34,9 +34,9 @@ from ...specs import MethodSpec, expand_specs, format_param, unique_by_label
 from ..common import Progress, SilentProgress
 from ..perplexity import PplConfig, PplRunner
 from ..sweep import applying, length_dependent
-from .space import SearchSpace, longrope_seeds, point_of
+from .space import BETA_SLOW_RATIO, SearchSpace, longrope_seeds, point_of, scaled_betas
 
-SAMPLERS = ("auto", "tpe", "cmaes", "nsga2", "random")
+SAMPLERS = ("auto", "gp", "tpe", "cmaes", "nsga2", "random")
 STUDY_NAME = "ctxeval-tune"
 SEARCH, HELDOUT = "search", "heldout"
 INVALID = "invalid"  # a point whose parameters fail the method's checks (e.g. beta_slow >= beta_fast): no forward
@@ -180,12 +180,29 @@ def require_optuna() -> Any:
     return optuna
 
 
+def gp_startup(space: SearchSpace) -> int:
+    """Trials measured before the Gaussian process proposes (the seed points count): two per searched dimension, at
+    least 4."""
+    return max(4, 2 * len(space.dims))
+
+
 def make_sampler(cfg: TuneConfig, space: SearchSpace, seed: int | None = None) -> Any:
-    """auto: NSGA-II (an elitist genetic algorithm, LongRoPE's kind of search) for LongRoPE's per-pair factors, TPE
-    (multivariate) for the other methods' few parameters. `seed` defaults to cfg.seed."""
+    """auto: NSGA-II (an elitist genetic algorithm, LongRoPE's kind of search) for LongRoPE's per-pair factors, a
+    Gaussian process (optuna's GPSampler: expected improvement under the guard's constraint) for the other methods'
+    few continuous parameters, where each trial is a forward of the whole model and a few dozen must do. `seed`
+    defaults to cfg.seed."""
     optuna = require_optuna()
     seed = cfg.seed if seed is None else seed
     name = sampler_name(cfg, space)
+    if name == "gp":
+        with warnings.catch_warnings():  # deterministic_objective is called experimental; a CPU forward is
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.GPSampler(
+                seed=seed,
+                n_startup_trials=gp_startup(space),
+                deterministic_objective=True,
+                warn_independent_sampling=False,
+            )
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=min(10, cfg.trials))
     if name == "cmaes":
@@ -200,7 +217,7 @@ def make_sampler(cfg: TuneConfig, space: SearchSpace, seed: int | None = None) -
 
 
 def sampler_name(cfg: TuneConfig, space: SearchSpace) -> str:
-    return cfg.sampler if cfg.sampler != "auto" else ("nsga2" if space.vector else "tpe")
+    return cfg.sampler if cfg.sampler != "auto" else ("nsga2" if space.vector else "gp")
 
 
 WORKER = {"host": socket.gethostname(), "pid": os.getpid()}
@@ -231,6 +248,7 @@ def open_study(
     geometry: Geometry,
     heartbeat: int = 60,
     explicit: bool = False,
+    study_name: str = STUDY_NAME,
 ) -> OpenedStudy:
     """Create or load the study; a study made for another protocol (model, method, lengths, documents) is refused.
     The process that creates the study samples with --seed itself (an uninterrupted search is reproducible); one that
@@ -261,7 +279,7 @@ def open_study(
                 "sqlite:///PATH or a reachable postgresql:// / mysql:// URL"
             ) from None
     try:
-        study = optuna.create_study(study_name=STUDY_NAME, storage=storage, direction="minimize")
+        study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize")
         study.set_user_attr("protocol", protocol)
         # the seed points go in with the study, so that no interruption can leave a study without them; only its
         # creator adds them (a process joining would queue them again)
@@ -270,7 +288,7 @@ def open_study(
         seed, created = cfg.seed, True
     except optuna.exceptions.DuplicatedStudyError:
         created = False
-        study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
+        study = optuna.load_study(study_name=study_name, storage=storage)
         held = study.user_attrs.get("protocol")
         if held is None:  # its creator has not recorded it yet (two processes starting together)
             study.set_user_attr("protocol", protocol)
@@ -386,6 +404,8 @@ def trial_row(
         "params": point,
         "metric": "ppl",
     }
+    if spec is not None:  # what was measured: a searched ratio (beta_slow / beta_fast) as the method's own parameter
+        row["method_params"] = {k: list(v) if isinstance(v, tuple) else v for k, v in spec.params.items()}
     if score is None or score.target_ppl is None:
         row.update(
             status=INVALID if score is None else "error",
@@ -421,7 +441,8 @@ class SearchResult:
 
 
 def seed_points(space: SearchSpace, geometry: Geometry) -> list[tuple[str, dict[str, Any]]]:
-    """Points every search tries first: the method at its own defaults; for LongRoPE, PI's, NTK's and YaRN's factors
+    """Points every search tries first: the method at its own defaults, and for YaRN's ramp its betas moved to the
+    model's geometry (`scaled_betas`: 0.563 / 0.0091 on the tiny model, 32 / 0.45 on SmolLM2); for LongRoPE, PI's, NTK's and YaRN's factors
     (LongRoPE's own start is YaRN's) at LongRoPE's default attention factor."""
     defaults = {**{p.name: p.default for p in space.base.method.params}, **space.base.params}
     attention = tuple(resolve_attention(a.name, a.given) for a in space.base.attention)
@@ -432,8 +453,18 @@ def seed_points(space: SearchSpace, geometry: Geometry) -> list[tuple[str, dict[
             if point:
                 out.append((name, space.snap(point)))
         return out
+    out = []
     point = point_of(space, geometry, defaults, attention)
-    return [("defaults", space.snap(point))] if point else []
+    if point:
+        out.append(("defaults", space.snap(point)))
+    if {"beta_fast", BETA_SLOW_RATIO, "beta_slow"} & {d.key for d in space.dims}:
+        trained = int(space.base.params.get("original_max_position_embeddings") or geometry.original_length)
+        fast, slow = scaled_betas(geometry, trained)
+        given = {k: v for k, v in space.base.params.items() if k in ("beta_fast", "beta_slow")}
+        scaled = point_of(space, geometry, {**defaults, "beta_fast": fast, "beta_slow": slow, **given}, attention)
+        if scaled and space.snap(scaled) != (out[0][1] if out else None):
+            out.append(("geometry", space.snap(scaled)))
+    return out
 
 
 def search(
@@ -488,7 +519,9 @@ def search(
         if score.target_ppl is None:
             raise optuna.TrialPruned(score.problem)
         trial.set_constraint("short_rise", row["short_rise"] - cfg.short_tolerance)
-        return score.target_ppl
+        # the study holds log perplexity: a bad point's ppl in the thousands beside good ones near 100 would swamp a
+        # Gaussian process's fit; the ranking samplers (TPE, NSGA-II, CMA-ES) see the same order
+        return math.log(score.target_ppl)
 
     def after(study: Any, trial: Any) -> None:
         row = trial.user_attrs.get("row")
@@ -525,15 +558,24 @@ def best_trial_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return min(ok, key=lambda r: (r["value"], r["trial"])) if ok else None
 
 
-def comparison_specs(space: SearchSpace, winner: MethodSpec, extra: list[MethodSpec]) -> list[MethodSpec]:
-    """What the winner is re-measured against on held-out documents: plain RoPE, the method at its defaults, the
-    other families at the same factor (pi, ntk, yarn), and the user's --compare specs; duplicates dropped."""
+def comparison_specs(
+    space: SearchSpace, winner: MethodSpec, extra: list[MethodSpec], others: list[tuple[SearchSpace, MethodSpec]] = ()
+) -> list[MethodSpec]:
+    """What the winner is re-measured against on held-out documents: the other families' winners (`others`, a
+    search across several methods), plain RoPE, each searched method at its defaults, PI, NTK and YaRN at the same
+    factor, and the user's --compare specs; duplicates dropped."""
     s = space.factor
     f = format_param(s)
     names = ["none", f"pi:factor={f}", f"ntk:factor={f}", f"yarn:factor={f}"]
-    base = space.base
-    kept = {k: v for k, v in base.params.items() if k in ("factor", "short_factor", "original_max_position_embeddings")}
-    if base.method.takes_factor:
-        kept.setdefault("factor", s)  # ntk, whose searched alpha replaces the factor, at its default alpha = s
-    defaults = MethodSpec(base.name, kept, base.temperature, tuple(a for a in base.attention))
-    return unique_by_label([winner] + expand_specs(names) + ([] if space.vector else [defaults]) + list(extra))
+    defaults = []
+    for searched in [space, *(o for o, _ in others)]:
+        base = searched.base
+        kept = {
+            k: v for k, v in base.params.items() if k in ("factor", "short_factor", "original_max_position_embeddings")
+        }
+        if base.method.takes_factor:
+            kept.setdefault("factor", s)  # ntk, whose searched alpha replaces the factor, at its default alpha = s
+        if not searched.vector:  # LongRoPE has no defaults: its PI, NTK and YaRN starting points are trials
+            defaults.append(MethodSpec(base.name, kept, base.temperature, tuple(a for a in base.attention)))
+    winners = [winner, *(w for _, w in others)]
+    return unique_by_label(winners + expand_specs(names) + defaults + list(extra))

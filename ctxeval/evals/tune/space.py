@@ -8,6 +8,10 @@ trained length unless --search-factor asks for it.
 LongRoPE's long factors are searched as one value per rotary pair in [1, 1 + s] (LongRoPE's `dim_mono` range), kept
 non-decreasing over the pairs: a point is mapped to its running maximum, so any point the optimiser proposes is a
 valid monotone factor list (LongRoPE's own code redraws a mutation until it is monotone instead).
+
+YaRN's beta_slow is searched as a fraction of beta_fast (`beta_slow_ratio`), so that every point is a ramp the method
+accepts (beta_slow < beta_fast): searched as two free ranges, a third of the points broke that check. A range given
+for beta_slow itself (--space beta_slow=...) searches it as given.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ _BETAS = {
     "beta_fast": Range(0.5, 128.0, log=True),  # rotations over L above which pairs keep their frequency
     "beta_slow": Range(0.01, 16.0, log=True),  # rotations over L below which pairs are interpolated
 }
+# beta_slow / beta_fast: YaRN's 1 / 32 and the bundled model's hand-tuned 0.25 / 4 lie inside; above 0.9 the ramp is a
+# step, below 1 / 1024 it spans more pairs than a model has
+BETA_SLOW_RATIO = "beta_slow_ratio"
+_RATIO = Range(1 / 1024, 0.9, log=True)
 _ATTENTION_FACTOR = Range(0.8, 1.6)  # q/k multiplier (YaRN's default 0.1 ln s + 1 is 1.21 at s = 8)
 RANGES: dict[str, dict[str, Range]] = {
     "yarn": {**_BETAS, "attention_factor": _ATTENTION_FACTOR},
@@ -131,14 +139,19 @@ class SearchSpace:
         if self.vector:
             params[LONG_FACTOR] = monotone([point[f"{LONG_FACTOR}.{i}"] for i in range(self.pairs)])
         for dim in self.dims:
-            if self.vector and dim.name.startswith(LONG_FACTOR + "."):
+            if (self.vector and dim.name.startswith(LONG_FACTOR + ".")) or dim.name == BETA_SLOW_RATIO:
                 continue
             value = int(point[dim.key]) if dim.kind is int else float(point[dim.key])
             (attention[dim.owner] if dim.owner else params)[dim.name] = value
+        if BETA_SLOW_RATIO in point:
+            params["beta_slow"] = float(f"{float(point[BETA_SLOW_RATIO]) * float(params['beta_fast']):.4g}")
         frequency = MethodSpec(self.base.name, params, self.base.temperature)  # its parameters checked first
         specs = tuple(resolve_attention(name, given) for name, given in attention.items())
         check_combination(specs)
         return replace(frequency, attention=specs)
+
+
+RATIO_PARAM = Param(BETA_SLOW_RATIO, float, 1 / 32, "beta_slow as a fraction of beta_fast", positive=True)
 
 
 def monotone(values: list[float]) -> tuple[float, ...]:
@@ -165,6 +178,10 @@ def check_bounds(owner: str, p: Param, low: float, high: float) -> None:
         raise CtxevalError(f"{where}: {p.name} must be >= {p.minimum:g} ({p.help}); the range starts at {low:g}")
     if p.positive and low <= 0:
         raise CtxevalError(f"{where}: {p.name} must be > 0 ({p.help}); the range starts at {low:g}")
+    if p.name == BETA_SLOW_RATIO and high >= 1:
+        raise CtxevalError(
+            f"{where}: beta_slow must stay below beta_fast, so the ratio below 1; the range ends at {high:g}"
+        )
     if p.kind is int and math.floor(high) < math.ceil(low):
         raise CtxevalError(f"{where}: {p.name} is a whole number and {low:g}:{high:g} holds none")
 
@@ -222,7 +239,10 @@ def build_space(
 
     for name, r in RANGES.get(spec.name, {}).items():
         if name not in fixed and not (spec.name == "ntk" and fixed & {"base", "factor"}):
-            add("", method.param(name), r)
+            if name == "beta_slow" and "beta_slow" not in overrides:
+                add("", RATIO_PARAM, _RATIO)  # beta_slow = ratio x beta_fast: never a refused ramp
+            else:
+                add("", method.param(name), r)
     # ntk's factor is its alpha (searched already): the two together are refused by its checks
     if search_factor and method.takes_factor and "factor" not in spec.params and spec.name != "ntk":
         add("", method.param("factor"), FACTOR_RANGE)
@@ -263,6 +283,29 @@ def build_space(
     return SearchSpace(base, tuple(dims), factor, pairs)
 
 
+# YaRN's 32 / 1 were chosen on Llama 2: head dim 128, base 10,000, 4,096 trained tokens
+YARN_REFERENCE = Geometry(128, 10000.0, 4096)
+YARN_DEFAULT_BETAS = (32.0, 1.0)
+
+
+def scaled_betas(geometry: Geometry, trained: int) -> tuple[float, float]:
+    """YaRN's beta_fast / beta_slow moved to another geometry so that they cut its pairs where 32 / 1 cut Llama 2's:
+    a pair's rotations over L fall geometrically from the fastest pair (L / 2 pi) to the slowest, and each beta keeps
+    its place on that log scale (32 sits 33% of the way from Llama 2's fastest pair to its slowest, 1 at 71%)."""
+
+    def ends(g: Geometry, length: int) -> tuple[float, float]:
+        rotations = length * g.default_inv_freq() / (2 * math.pi)  # (d/2,)
+        return math.log(float(rotations[0])), math.log(float(rotations[-1]))
+
+    ref_fast, ref_slow = ends(YARN_REFERENCE, YARN_REFERENCE.original_length)
+    fast, slow = ends(geometry, trained)
+    out = []
+    for beta in YARN_DEFAULT_BETAS:
+        share = (ref_fast - math.log(beta)) / (ref_fast - ref_slow)
+        out.append(float(f"{math.exp(fast - share * (fast - slow)):.4g}"))
+    return out[0], out[1]
+
+
 def longrope_seeds(space: SearchSpace, geometry: Geometry) -> dict[str, tuple[float, ...]]:
     """Starting long factors, each clipped to the searched [1, 1 + s]: PI (s for every pair), NTK-aware (s^(2i/(d-2)),
     the per-pair scale of its base change) and YaRN's ramp with the paper's 32 / 1 (LongRoPE's own initial factors:
@@ -287,6 +330,8 @@ def point_of(
             continue
         source = next((a.params for a in attention if a.name == dim.owner), {}) if dim.owner else spec_params
         value = source.get(dim.name)
+        if dim.name == BETA_SLOW_RATIO:
+            value = float(spec_params["beta_slow"]) / float(spec_params["beta_fast"])
         if value is None and dim.name == "attention_factor" and not dim.owner:  # the method's own default factor
             value = compute(space.base.name, geometry, {**spec_params, "attention_factor": None}).attention_factor
         if value is None and dim.name == "alpha":  # ntk at its default: alpha = the factor

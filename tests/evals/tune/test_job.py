@@ -218,10 +218,10 @@ def test_rows_are_the_finished_trials_and_the_winner_is_the_best_feasible(yarn_r
 
 def test_an_infeasible_trial_that_beats_every_feasible_one_does_not_win(tmp_path):
     """A random search (its points do not depend on the guard) whose lowest target perplexity broke the guard
-    (trial 5: rise 0.237 > 0.2) while trial 0 kept it (0.195): the winner, its held-out run and run.json name the
+    (trial 6: rise 0.237 > 0.2) while trial 0 kept it (0.195): the winner, its held-out run and run.json name the
     best trial that kept it. Bug caught: the winner taken over every trial (test_rows_are_the_finished_trials_and_
     the_winner_is_the_best_feasible's TPE search happens to put a feasible trial first, so it cannot see this)."""
-    result = tune(*SMALL, "--trials", "6", "--sampler", "random", "--short-tolerance", "0.2", "--out", tmp_path / "run")
+    result = tune(*SMALL, "--trials", "8", "--sampler", "random", "--short-tolerance", "0.2", "--out", tmp_path / "run")
     assert result.exit_code == 0, result.output
     ok = [r for r in rows_of(tmp_path / "run") if r["status"] == "ok"]
     best = min((r for r in ok if r["feasible"]), key=lambda r: (r["value"], r["trial"]))
@@ -303,7 +303,10 @@ def test_a_trial_value_is_the_perplexity_recomputed_independently(yarn_run, tiny
     rows = {r["trial"]: r for r in rows_of(yarn_run.dir)}
     trial = record["tune"]["winner"]["trial"]
     row = rows[trial]
-    params = {"factor": S, **row["params"]}
+    params = row["method_params"]
+    assert params["factor"] == S and params["beta_slow"] == pytest.approx(
+        row["params"]["beta_slow_ratio"] * row["params"]["beta_fast"], rel=1e-3
+    )
     assert row["value"] == pytest.approx(_ppl(tiny, tuning, TARGET, "yarn", params), rel=1e-5)
     assert row["ppl_short"] == pytest.approx(_ppl(tiny, tuning, TRAINED, "yarn", params), rel=1e-5)
     baseline = _ppl(tiny, tuning, TRAINED)
@@ -607,8 +610,9 @@ def test_the_same_seed_gives_the_same_trials_and_another_seed_others(yarn_run, t
     assert other.exit_code == 0, other.output
     first = {t: point_key(p) for t, _, p, _ in _trials(yarn_run.dir)}
     second = {t: point_key(p) for t, _, p, _ in _trials(tmp_path / "other")}
-    assert second[0] == first[0]  # trial 0 is the method's defaults, enqueued whatever the seed
-    assert all(second[t] != first[t] for t in range(1, 6))
+    # trials 0 and 1 are the method's defaults and its betas moved to the model's geometry, enqueued whatever the seed
+    assert second[0] == first[0] and second[1] == first[1]
+    assert all(second[t] != first[t] for t in range(2, 6))
 
 
 # 7. export

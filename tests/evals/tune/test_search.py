@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -139,7 +140,67 @@ def test_seed_points_are_queued_with_the_study(tmp_path):
     url = sqlite_url(tmp_path / "s.db")
     opened = open_study(url, {"p": 1}, cfg, space, tiny_geometry())
     waiting = [t for t in opened.study.get_trials() if t.state.name == "WAITING"]
-    assert opened.created and [t.user_attrs["seed"] for t in waiting] == ["defaults"]
-    assert waiting[0].system_attrs["fixed_params"] == {"beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 1.208}
+    assert opened.created and [t.user_attrs["seed"] for t in waiting] == ["defaults", "geometry"]
+    assert waiting[0].system_attrs["fixed_params"] == {
+        "beta_fast": 32.0,
+        "beta_slow_ratio": 0.03125,
+        "attention_factor": 1.208,
+    }
+    assert waiting[1].system_attrs["fixed_params"] == {
+        "beta_fast": 0.5632,
+        "beta_slow_ratio": 0.01615,
+        "attention_factor": 1.208,
+    }
     again = open_study(url, {"p": 1}, cfg, space, tiny_geometry())
-    assert not again.created and len(again.study.get_trials()) == 1
+    assert not again.created and len(again.study.get_trials()) == 2
+
+
+def test_auto_is_a_gaussian_process_for_few_parameters_and_nsga2_for_longrope():
+    """Bug caught: auto still TPE (a search for a cluster's budget), or the GP given LongRoPE's 17 dimensions; the GP
+    starting after fewer random points than two per dimension."""
+    from ctxeval.evals.tune.search import TuneConfig, gp_startup, make_sampler, sampler_name
+    from ctxeval.evals.tune.space import build_space
+
+    cfg = TuneConfig(1024, 128, trials=20)
+    yarn = build_space(one_spec("yarn"), tiny_geometry(), 1024)
+    longrope = build_space(one_spec("longrope"), tiny_geometry(), 1024)
+    ntk = build_space(one_spec("ntk"), tiny_geometry(), 1024)
+    assert (sampler_name(cfg, yarn), sampler_name(cfg, longrope), sampler_name(cfg, ntk)) == ("gp", "nsga2", "gp")
+    sampler = make_sampler(cfg, yarn)
+    assert type(sampler).__name__ == "GPSampler"
+    assert (gp_startup(yarn), gp_startup(ntk)) == (6, 4)
+    assert sampler._n_startup_trials == 6  # noqa: SLF001 - optuna's own setting, no public accessor
+
+
+def test_the_study_holds_log_perplexity_and_the_row_the_perplexity(tmp_path):
+    """The study's value is ln(ppl at the target) (a Gaussian process fits it; a ppl in the thousands beside ~60 would
+    swamp the fit); the row and the winner keep the perplexity. Bug caught: the study given the ppl, or the row the
+    log."""
+    import optuna
+    from typer.testing import CliRunner
+
+    from ctxeval.cli import app
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            "--target-length",
+            "256",
+            "--tune-docs",
+            "1",
+            "--heldout-docs",
+            "1",
+            "--trials",
+            "3",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    study = optuna.load_study(study_name="ctxeval-tune", storage=sqlite_url(out / "study.db"))
+    for trial in study.get_trials():
+        if trial.state.name == "COMPLETE":
+            assert trial.value == pytest.approx(math.log(trial.user_attrs["row"]["value"]), rel=1e-12)
+            assert 20 < trial.user_attrs["row"]["value"] < 1000

@@ -31,7 +31,7 @@ def test_yarn_space_searches_betas_and_attention_factor_at_fixed_factor():
     got = {d.key: (d.kind, d.low, d.high, d.log) for d in space.dims}
     assert got == {
         "beta_fast": (float, 0.5, 128.0, True),
-        "beta_slow": (float, 0.01, 16.0, True),
+        "beta_slow_ratio": (float, 1 / 1024, 0.9, True),
         "attention_factor": (float, 0.8, 1.6, False),
     }
     assert space.pairs == 16 and not space.vector
@@ -43,10 +43,10 @@ def test_a_parameter_fixed_in_the_spec_is_not_searched():
     from ctxeval.evals.tune.space import build_space
 
     space = build_space(one_spec("yarn:beta_fast=4"), tiny_geometry(), 1024)
-    assert [d.key for d in space.dims] == ["beta_slow", "attention_factor"]
+    assert [d.key for d in space.dims] == ["beta_slow_ratio", "attention_factor"]
     assert space.base.params["beta_fast"] == 4.0
-    spec = space.spec({"beta_slow": 0.5, "attention_factor": 1.1})
-    assert spec.params["beta_fast"] == 4.0 and spec.params["factor"] == 8.0
+    spec = space.spec({"beta_slow_ratio": 0.125, "attention_factor": 1.1})
+    assert spec.params["beta_fast"] == 4.0 and spec.params["factor"] == 8.0 and spec.params["beta_slow"] == 0.5
 
 
 @pytest.mark.parametrize("target,low,high", [(1024, 4.0, 32.0), (512, 2.0, 16.0)])
@@ -107,12 +107,12 @@ def test_snap_rounds_longrope_to_the_grid_and_other_floats_to_four_digits():
     from ctxeval.evals.tune.space import build_space
 
     yarn = build_space(one_spec("yarn"), tiny_geometry(), 1024)
-    assert yarn.snap({"beta_fast": 12.34567, "beta_slow": 0.0123456, "attention_factor": 1.23456}) == {
+    assert yarn.snap({"beta_fast": 12.34567, "beta_slow_ratio": 0.0123456, "attention_factor": 1.23456}) == {
         "beta_fast": 12.35,
-        "beta_slow": 0.01235,
+        "beta_slow_ratio": 0.01235,
         "attention_factor": 1.235,
     }
-    assert yarn.snap({"beta_fast": 1e9, "beta_slow": 1e-9, "attention_factor": 1.0})["beta_fast"] == 128.0
+    assert yarn.snap({"beta_fast": 1e9, "beta_slow_ratio": 1e-9, "attention_factor": 1.0})["beta_fast"] == 128.0
     longrope = build_space(one_spec("longrope"), tiny_geometry(), 1024)
     point = {f"long_factor.{i}": 1.0 + i * 0.5123 for i in range(16)}
     point["long_factor.15"] = 9.004  # rounds onto the range's top
@@ -126,11 +126,13 @@ def test_snap_rounds_longrope_to_the_grid_and_other_floats_to_four_digits():
 
 
 def test_spec_of_an_invalid_point_raises():
-    """Bug caught: spec() skips resolve_params (beta_slow >= beta_fast would be measured as a method)."""
+    """Bug caught: spec() skips resolve_params (beta_slow >= beta_fast would be measured as a method). With beta_slow
+    searched as given (--space beta_slow=...), the method's own check refuses a ramp upside down."""
     from ctxeval.errors import CtxevalError
     from ctxeval.evals.tune.space import build_space
 
-    space = build_space(one_spec("yarn"), tiny_geometry(), 1024)
+    space = build_space(one_spec("yarn"), tiny_geometry(), 1024, overrides={"beta_slow": (0.01, 16.0, True)})
+    assert [d.key for d in space.dims] == ["beta_fast", "beta_slow", "attention_factor"]
     for slow in (2.0, 3.0):
         with pytest.raises(CtxevalError, match="beta"):
             space.spec({"beta_fast": 2.0, "beta_slow": slow, "attention_factor": 1.0})
@@ -139,6 +141,61 @@ def test_spec_of_an_invalid_point_raises():
         "yarn",
         {"factor": 8.0, "beta_fast": 4.0, "beta_slow": 0.25, "attention_factor": 1.1},
     )
+
+
+@pytest.mark.parametrize("ratio", [1 / 1024, 0.0625, 0.9])
+def test_beta_slow_searched_as_a_ratio_is_never_a_refused_ramp(ratio):
+    """beta_slow = ratio x beta_fast (4 significant digits), at the ratio range's ends and inside, at the smallest and
+    largest beta_fast: every point is a method. Bug caught: the ratio used as beta_slow itself (0.9 at beta_fast 0.5
+    is refused), or divided instead of multiplied."""
+    from ctxeval.evals.tune.space import build_space
+
+    space = build_space(one_spec("yarn"), tiny_geometry(), 1024)
+    for fast in (0.5, 4.0, 128.0):
+        spec = space.spec({"beta_fast": fast, "beta_slow_ratio": ratio, "attention_factor": 1.0})
+        assert spec.params["beta_slow"] == pytest.approx(fast * ratio, rel=1e-3)
+        assert spec.params["beta_slow"] < spec.params["beta_fast"]
+
+
+def test_a_ratio_range_reaching_one_is_refused():
+    """Bug caught: --space beta_slow_ratio=0.1:1 accepted (its top is a ramp YaRN refuses)."""
+    from ctxeval.errors import CtxevalError
+    from ctxeval.evals.tune.space import build_space
+
+    with pytest.raises(CtxevalError, match="below 1"):
+        build_space(one_spec("yarn"), tiny_geometry(), 1024, overrides={"beta_slow_ratio": (0.1, 1.0, False)})
+    space = build_space(one_spec("yarn"), tiny_geometry(), 1024, overrides={"beta_slow_ratio": (0.1, 0.5, False)})
+    assert {d.key: (d.low, d.high) for d in space.dims}["beta_slow_ratio"] == (0.1, 0.5)
+
+
+@pytest.mark.parametrize(
+    "geometry,want",
+    [
+        ((128, 10000.0, 4096), (32.0, 1.0)),  # Llama 2, where YaRN chose 32 / 1: unchanged
+        ((32, 100000.0, 128), (0.5632, 0.009095)),  # the bundled model
+        ((64, 100000.0, 8192), (31.98, 0.4501)),  # SmolLM2
+    ],
+)
+def test_betas_scaled_to_the_geometry_cut_the_pairs_where_yarns_cut_llama_2(geometry, want):
+    """Brute force: a pair's rotations over L, r_i = L theta_i / 2 pi; on Llama 2, 32 and 1 sit at fractions
+    u = log(r_0 / beta) / log(r_0 / r_last) of the log range; on another model beta = r_0 (r_last / r_0)^u. Bug caught:
+    the model's trained length or base ignored, or the two ends swapped."""
+    import math
+
+    from ctxeval.evals.tune.space import scaled_betas
+    from ctxeval.rope.methods import Geometry
+
+    def rotations(d, base, length):
+        return [length * base ** (-2 * i / d) / (2 * math.pi) for i in range(d // 2)]
+
+    ref = rotations(128, 10000.0, 4096)
+    mine = rotations(*geometry)
+    brute = []
+    for beta in (32.0, 1.0):
+        u = math.log(ref[0] / beta) / math.log(ref[0] / ref[-1])
+        brute.append(mine[0] * (mine[-1] / mine[0]) ** u)
+    got = scaled_betas(Geometry(*geometry), geometry[2])
+    assert got == pytest.approx(brute, rel=1e-3) and got == pytest.approx(want, rel=1e-3)
 
 
 def test_longrope_seeds_are_pi_ntk_and_yarn_factors():
