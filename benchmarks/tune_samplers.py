@@ -26,11 +26,14 @@ import time
 from pathlib import Path
 
 
-def run_tune(out: Path, model: str, method: str, target: str, sampler: str, trials: int, seed: int) -> float:
+def run_tune(
+    out: Path, model: str, method: str, target: str, sampler: str, trials: int, seed: int, objective: str
+) -> float:
     """One `ctxeval tune` run (resumed when its directory exists); its wall time in seconds."""
     command = [
         sys.executable, "-m", "ctxeval", "tune", "--model", model, "-m", method, "--target-length", target,
         "--trials", str(trials), "--sampler", sampler, "--seed", str(seed), "--out", str(out),
+        "--objective", objective,
     ]  # fmt: skip
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -59,6 +62,7 @@ def main() -> None:
     parser.add_argument("--run", action="append", help="SAMPLER:TRIALS (repeatable; default tpe:200 and gp:60)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--within", type=float, default=0.01, help="relative distance to the reference held-out ppl")
+    parser.add_argument("--objective", default="ppl", help="ppl | needle | both (held out: the same objective)")
     args = parser.parse_args()
 
     import matplotlib
@@ -67,6 +71,7 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     from ctxeval.data.corpora import select_long_documents
+    from ctxeval.evals.tune.needles import objective_name, objective_value
     from ctxeval.evals.tune.search import TrialScorer, TuneConfig
     from ctxeval.models.load import load_model
     from ctxeval.specs import MethodSpec
@@ -78,7 +83,9 @@ def main() -> None:
     for sampler, trials in runs:
         for seed in seeds:
             name = f"{sampler}-seed{seed}"
-            walls[name] = run_tune(args.out / name, args.model, args.method, args.target_length, sampler, trials, seed)
+            walls[name] = run_tune(
+                args.out / name, args.model, args.method, args.target_length, sampler, trials, seed, args.objective
+            )
             print(f"{name}: {trials} trials in {walls[name]:.1f} s", flush=True)
 
     lm = load_model(args.model)
@@ -87,22 +94,29 @@ def main() -> None:
     target, short = int(first["spec"]["target"]), int(first["spec"]["short"])
     wanted = len(first["data"]["documents"])
     docs = {d.doc_id: d for d in select_long_documents("pydoc", lm.tokenizer, wanted, target - 1)}
-    scorer = TrialScorer(lm, [docs[i] for i in heldout_ids], TuneConfig(target, short))
+    # the held-out documents scored as the search scores its own (their pass keys drawn from the same seed)
+    scorer = TrialScorer(lm, [docs[i] for i in heldout_ids], TuneConfig(target, short, objective=args.objective))
     heldout_ppl: dict[str, float] = {}
 
     def held(label: str, params: dict) -> float:
         if label not in heldout_ppl:
-            heldout_ppl[label] = scorer.score(MethodSpec(first["spec"]["methods"][0].split("(")[0], params)).target_ppl
+            score = scorer.score(MethodSpec(first["spec"]["methods"][0].split("(")[0], params))
+            heldout_ppl[label] = objective_value(args.objective, score.target_ppl, score.answer_ppl)
         return heldout_ppl[label]
 
     curves: dict[str, list[tuple[int, float, float]]] = {}
+    trial_seconds: dict[str, float] = {}
     for sampler, _ in runs:
         for seed in seeds:
             name = f"{sampler}-seed{seed}"
             rows = [json.loads(x) for x in (args.out / name / "rows.jsonl").read_text().splitlines() if x.strip()]
+            # each trial's own time (its forwards and read-back; the sampler's proposal not included), which a
+            # resumed run keeps, where the command's wall time would count only what it measured now
+            trial_seconds[name] = sum(float(r.get("seconds") or 0) for r in rows)
             curves[name] = [
                 (n, b["value"], held(b["label"], b["method_params"])) for n, b in best_so_far(rows) if b is not None
             ]
+    what = {"ppl": "perplexity", "needle": "answer perplexity", "both": "√(ppl·answer ppl)"}[args.objective]
     reference_name = f"{runs[0][0]}-seed{seeds[0]}"
     reference = curves[reference_name][-1][2]
     limit = reference * (1 + args.within)
@@ -114,14 +128,14 @@ def main() -> None:
             writer.writerows([name, n, f"{t:.4f}", f"{h:.4f}"] for n, t, h in curve)
 
     lines = [
-        f"# Trials to the same held-out perplexity: {args.method} on {args.model}, target {args.target_length}",
+        f"# Trials to the same held-out {what}: {args.method} on {args.model}, target {args.target_length}",
         "",
-        f"Reference: the held-out perplexity of {reference_name}'s winner after {curves[reference_name][-1][0]} "
+        f"Objective: {objective_name(args.objective)}. Reference: the held-out {what} of {reference_name}'s winner after {curves[reference_name][-1][0]} "
         f"measured trials, {reference:.2f} at {target:,} on {', '.join(heldout_ids)}. A run reaches it at the first "
-        f"measured trial (seed points included) whose best-so-far winner (lowest tuning ppl among trials that kept "
+        f"measured trial (seed points included) whose best-so-far winner (lowest tuning objective among trials that kept "
         f"the guard) is within {args.within:.0%} of it ({limit:.2f}) on those held-out documents.",
         "",
-        "| sampler | seed | measured trials | trials to reach | final held-out ppl | wall time |",
+        "| sampler | seed | measured trials | trials to reach | final held-out ppl | trial time (summed) |",
         "|---|---|---|---|---|---|",
     ]
     reached: dict[str, list[int | None]] = {}
@@ -132,7 +146,7 @@ def main() -> None:
             reached.setdefault(sampler, []).append(hit)
             lines.append(
                 f"| {sampler} | {seed} | {curves[name][-1][0]} | {hit if hit is not None else f'not in {trials}'} "
-                f"| {curves[name][-1][2]:.2f} | {walls[name]:.0f} s |"
+                f"| {curves[name][-1][2]:.2f} | {trial_seconds[name]:.0f} s |"
             )
     lines += ["", "Median trials to reach it (a run that never did counts as its budget + 1, shown as >):", ""]
     for sampler, trials in runs:
@@ -143,19 +157,22 @@ def main() -> None:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     colors = {"tpe": "#1f77b4", "gp": "#d62728", "cmaes": "#2ca02c", "random": "#7f7f7f", "nsga2": "#9467bd"}
+    styles = ["-", "--", ":", "-."]
     for name, curve in curves.items():
-        sampler = name.split("-seed")[0]
+        sampler, seed = name.split("-seed")
         ax.step([n for n, _, _ in curve], [h for _, _, h in curve], where="post", color=colors.get(sampler),
-                alpha=0.85, label=name)  # fmt: skip
-    ax.axhline(limit, color="black", linestyle=":", linewidth=1, label=f"reference + {args.within:.0%}")
+                linestyle=styles[seeds.index(int(seed)) % 4], alpha=0.85, label=name)  # fmt: skip
+    ax.axhline(limit, color="black", linestyle=":", linewidth=0.8, label=f"reference + {args.within:.0%}")
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("measured trials (log)")
-    ax.set_ylabel(f"held-out ppl at {target:,} of the best-so-far winner")
+    ax.set_ylabel(f"held-out {objective_name(args.objective)} at {target:,}, best-so-far winner")
     ax.set_title(f"tune {args.method} on {args.model}: samplers to the same held-out perplexity")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(args.out / "samplers.png", dpi=120)
     print((args.out / "samplers.md").read_text())
+    print("command wall times this call:", {k: round(v, 1) for k, v in walls.items()})
 
 
 if __name__ == "__main__":

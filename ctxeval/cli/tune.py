@@ -81,6 +81,13 @@ class TuneOptions:
         str, typer.Option(help="auto (nsga2 for longrope, gp otherwise) | gp | tpe | cmaes | nsga2 | random.")
     ] = "auto"
     population: Annotated[int, typer.Option(help="nsga2's population size."), Check("--population", minimum=2)] = 32
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="ppl (the tuning documents' perplexity at the target) | needle (the answer perplexity of 5 pass "
+            "keys hidden in each document: retrieval) | both (their geometric mean; one forward per document)."
+        ),
+    ] = "ppl"
     short_tolerance: Annotated[
         float,
         typer.Option(help="Guard: allowed rise of the perplexity at the trained length over plain RoPE's (0.05 = 5%)."),
@@ -176,9 +183,12 @@ class Tune(Measurement):
         return expand_specs(list(self.opt.compare or []))
 
     def check(self) -> None:
+        from ..evals.tune.needles import OBJECTIVES
         from ..evals.tune.search import require_optuna
         from ..evals.tune.space import parse_overrides
 
+        if self.opt.objective not in OBJECTIVES:
+            raise CtxevalError(f"--objective must be one of {', '.join(OBJECTIVES)}, got '{self.opt.objective}'")
         self.overrides = parse_overrides(list(self.opt.space or []))
         if len(self.tuned) > 1 and self.overrides:
             raise CtxevalError("--space applies to one method: tune one -m with it, or leave it out")
@@ -217,6 +227,7 @@ class Tune(Measurement):
                 opt.population,
                 bos=getattr(self.lm.tokenizer, "bos_token_id", None) is not None,
                 chunk_size=opt.chunk_size,
+                objective=opt.objective,
             )
             for i in range(n)
         ]
@@ -232,6 +243,11 @@ class Tune(Measurement):
             self.data, self.lm.tokenizer, opt.tune_docs + opt.heldout_docs, needed, opt.text_field
         )
         self.tuning, self.heldout = split_documents(documents, opt.tune_docs, opt.heldout_docs)
+        if opt.objective != "ppl":  # documents too short for the pass keys are refused before the run directory
+            from ..evals.tune.needles import needle_docs
+
+            bos = getattr(self.lm.tokenizer, "bos_token_id", None) if self.cfg.bos else None
+            needle_docs(self.tuning, self.lm.tokenizer, self.target, bos, opt.seed)
 
     def protocol_of(self, tuned: MethodSpec, space: Any) -> dict[str, Any]:
         """What one method's study must have been made for (a study made for another is refused)."""
@@ -248,7 +264,7 @@ class Tune(Measurement):
             "tuning_docs": [d.doc_id for d in self.tuning],
             "bos": self.cfg.bos,
             "dtype": self.lm.dtype,
-            "objective": "log ppl",  # the value the study holds (studies before it held ppl)
+            "objective": f"log {self.opt.objective}",  # the value the study holds (studies before it held ppl)
         }
 
     def family_record(self, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -283,7 +299,7 @@ class Tune(Measurement):
                 "bos": cfg.bos,
                 "aggregate": "token",
                 "chunk_size": opt.chunk_size,
-                "objective": f"perplexity at {self.target:,} on the tuning documents",
+                "objective": f"{self.opt.objective} at {self.target:,} on the tuning documents",
                 "guard": f"perplexity at {self.short:,} at most {opt.short_tolerance:.0%} above plain RoPE's",
             },
             "search": {

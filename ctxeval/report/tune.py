@@ -34,6 +34,26 @@ WINNER_MARK = "★"
 TRIAL_COLUMNS = ["ppl_target", "ppl_short", "short_rise", "feasible", "seconds", "forwards"]
 
 
+OBJECTIVE_TEXT = {
+    "ppl": "token-weighted perplexity",
+    "needle": "the answer perplexity of 5 pass keys hidden at evenly spaced depths in each document (--objective "
+    "needle)",
+    "both": "the geometric mean of the document's own-token perplexity and the answer perplexity of 5 pass keys "
+    "hidden in it (--objective both)",
+}
+
+
+def objective_of(spec: dict[str, Any]) -> str:
+    """The objective a tune run's spec names ('log ppl' in the study: ppl)."""
+    name = str(spec.get("objective") or "ppl").removeprefix("log ")
+    return name if name in OBJECTIVE_TEXT else "ppl"
+
+
+def objective_name(metric: Any) -> str:
+    """A trial row's metric as a table names it."""
+    return {"answer_ppl": "answer ppl", "ppl_answer_geomean": "√(ppl·answer ppl)"}.get(str(metric), "ppl")
+
+
 def fmt_rise(value: Any) -> str:
     return f"{value:+.2%}" if isinstance(value, (int, float)) and math.isfinite(value) else "—"
 
@@ -89,11 +109,22 @@ def top_cells(trials: list[dict[str, Any]], short: int, target: int) -> tuple[li
         f"rise at {fmt_length(short)}",
         "parameters (as searched)",
     ]
+    metric = best[0].get("metric") if best else "ppl"
+    if metric == "answer_ppl":  # the objective is the answers' ppl: the documents' beside it
+        headers[2:3] = [f"answer ppl at {fmt_length(target)}", f"ppl at {fmt_length(target)}"]
+    elif metric == "ppl_answer_geomean":
+        headers[2:3] = [
+            f"{objective_name(metric)} at {fmt_length(target)}",
+            "answer ppl",
+            f"ppl at {fmt_length(target)}",
+        ]
+    extra = {"answer_ppl": ["ppl_target"], "ppl_answer_geomean": ["answer_ppl", "ppl_target"]}.get(str(metric), [])
     return headers, [
         [
             str(i),
             str(r["trial"]),
             fmt_ppl(r["value"]),
+            *[fmt_ppl(r.get(k, math.nan)) for k in extra],
             fmt_ppl(r["ppl_short"]),
             fmt_rise(r["short_rise"]),
             fmt_params(r.get("params")),
@@ -129,7 +160,7 @@ def search_lines(s: TuneSummary, guard: float | None) -> list[str]:
             if tune.get("measured_now") is not None
             else ""
         ),
-        f"objective: token-weighted perplexity at {fmt_length(s.target or 0)} on {len(tuning)} tuning "
+        f"objective: {OBJECTIVE_TEXT[objective_of(spec)]} at {fmt_length(s.target or 0)} on {len(tuning)} tuning "
         f"document(s) ({', '.join(tuning)})",
     ]
     if baseline is not None and tolerance is not None and guard is not None:

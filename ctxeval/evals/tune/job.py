@@ -198,8 +198,10 @@ def winner_record(winner: MethodSpec, best: dict[str, Any]) -> dict[str, Any]:
         "label": winner.label,
         "params": plain(winner.params),
         "attention": [{"name": a.name, "params": a.params} for a in winner.attention],
-        "ppl_target": best["value"],
+        "value": best["value"],  # the objective's value (the target ppl unless --objective needle / both)
+        "ppl_target": best.get("ppl_target", best["value"]),
         "ppl_short": best["ppl_short"],
+        **({"answer_ppl": best["answer_ppl"]} if "answer_ppl" in best else {}),
     }
 
 
@@ -252,7 +254,7 @@ def run_families(
     if not found:
         note("no method's search kept the guard: nothing to re-measure or export")
         return
-    best_family, best, best_record = min(found, key=lambda f: (f[2]["ppl_target"], families.index(f[0])))
+    best_family, best, best_record = min(found, key=lambda f: (f[2]["value"], families.index(f[0])))
     # named by every winner's trial: a later, better winner of any method gets its own (nothing measured is lost)
     held_dir = store.dir / (
         "heldout-" + "-".join(f"{f.name.removeprefix('search-')}-{r['trial']}" for f, _, r in found)

@@ -29,14 +29,15 @@ from ...attention.methods import resolve_attention
 from ...data.corpora import TokenDoc
 from ...errors import CtxevalError
 from ...models.load import LoadedModel
-from ...rope.methods import Geometry, compute
+from ...rope.methods import Geometry
 from ...specs import MethodSpec, expand_specs, format_param, unique_by_label
 from ..common import Progress, SilentProgress
-from ..perplexity import PplConfig, PplRunner
-from ..sweep import applying, length_dependent
+from .needles import objective_value
+from .scoring import SAMPLERS, Score, TrialScorer, TuneConfig
 from .space import BETA_SLOW_RATIO, SearchSpace, longrope_seeds, point_of, scaled_betas
 
-SAMPLERS = ("auto", "gp", "tpe", "cmaes", "nsga2", "random")
+__all__ = ["SAMPLERS", "Score", "TrialScorer", "TuneConfig"]  # the trial's settings and scorer, kept importable here
+
 STUDY_NAME = "ctxeval-tune"
 SEARCH, HELDOUT = "search", "heldout"
 INVALID = "invalid"  # a point whose parameters fail the method's checks (e.g. beta_slow >= beta_fast): no forward
@@ -44,33 +45,6 @@ RETRY_OF = "retry_of"
 CREATE_TRIES = 8
 ORPHAN_SECONDS = 60
 MAX_REFUSED = 10  # refused points per counted trial before the search gives up (ranges that mostly break checks)
-
-
-@dataclass(frozen=True)
-class TuneConfig:
-    target: int  # the length whose perplexity is minimised
-    short: int  # the trained length: the guard's length
-    trials: int = 100  # finished trials the study should hold (every process together)
-    short_tolerance: float = 0.05  # allowed rise of the ppl at `short` over plain RoPE's
-    sampler: str = "auto"
-    seed: int = 0
-    population: int = 32  # nsga2's population (LongRoPE's parents)
-    bos: bool = True
-    chunk_size: int = 1024
-
-    def __post_init__(self) -> None:
-        if self.sampler not in SAMPLERS:
-            raise CtxevalError(f"--sampler must be one of {', '.join(SAMPLERS)}, got '{self.sampler}'")
-        if self.trials < 1:
-            raise CtxevalError(f"--trials must be >= 1, got {self.trials}")
-        if self.population < 2:
-            raise CtxevalError(f"--population must be >= 2, got {self.population}")
-        if not (self.short_tolerance >= 0 and math.isfinite(self.short_tolerance)):
-            raise CtxevalError(f"--short-tolerance must be a finite number >= 0, got {self.short_tolerance}")
-
-    @property
-    def lengths(self) -> tuple[int, int]:
-        return (self.short, self.target)
 
 
 def split_documents(docs: list[TokenDoc], n_tune: int, n_heldout: int) -> tuple[list[TokenDoc], list[TokenDoc]]:
@@ -82,81 +56,6 @@ def split_documents(docs: list[TokenDoc], n_tune: int, n_heldout: int) -> tuple[
             "--target-length, or give more --data"
         )
     return docs[:n_tune], docs[n_tune : n_tune + n_heldout]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# one trial: apply, read back, one forward per document
-
-
-@dataclass(frozen=True)
-class Score:
-    target_ppl: float | None
-    short_ppl: float | None
-    tokens: int  # tokens forwarded
-    forwards: int
-    seconds: float
-    readback_max_rel_diff: float | None
-    problem: str | None = None  # why the point has no perplexity (non-finite loss, out of memory)
-
-
-class TrialScorer:
-    """Perplexity of a method at the trained and the target length on the tuning documents.
-
-    A length-dependent method takes one forward per length; its forwards at the trained length are reused across
-    trials whose RoPE at that length is the same (LongRoPE's long factors change nothing up to L, so a LongRoPE search
-    measures the short length once per attention factor, not once per trial)."""
-
-    def __init__(self, lm: LoadedModel, docs: list[TokenDoc], cfg: TuneConfig) -> None:
-        self.lm, self.docs, self.cfg = lm, docs, cfg
-        ppl_cfg = PplConfig(cfg.lengths, bos=cfg.bos, chunk_size=cfg.chunk_size)
-        self.runner = PplRunner(lm.model, lm.device, ppl_cfg, getattr(lm.tokenizer, "bos_token_id", None), lm.name)
-        self.short_rows: dict[tuple, list[dict[str, Any]]] = {}  # RoPE at the short length -> its rows
-
-    def short_key(self, spec: MethodSpec) -> tuple:
-        """What decides a length-dependent method's forward at the short length: its RoPE there (exact bytes), the
-        attention methods and the temperature."""
-        freqs = compute(spec.method, self.lm.rope.geometry, spec.params, self.cfg.short)
-        return (
-            freqs.inv_freq.tobytes(),
-            freqs.attention_factor,
-            spec.temperature,
-            tuple((a.name, tuple(sorted(a.params.items()))) for a in spec.attention),
-        )
-
-    def score(self, spec: MethodSpec) -> Score:
-        start = time.perf_counter()
-        rows: list[dict[str, Any]] = []
-        dynamic = length_dependent(spec, self.lm)
-        self.runner.dynamic = {spec.label} if dynamic else set()
-        key = self.short_key(spec) if dynamic and spec.name != "native" else None
-        cached = self.short_rows.get(key) if key is not None else None
-        lengths = [self.cfg.target] if cached is not None else list(self.cfg.lengths)
-        with applying(self.lm, spec, self.cfg.lengths) as (_handle, record):
-            for doc in self.docs:
-                self.runner.measure(spec, doc, lengths, rows.extend)
-        if key is not None and cached is None:
-            self.short_rows[key] = [r for r in rows if r["length"] == self.cfg.short]
-        rows += cached or []
-        diffs = [e["max_rel_diff"] for e in record.get("effective", [])]
-        forwards = len(self.docs) * (len(lengths) if dynamic else 1)
-        tokens = len(self.docs) * (sum(lengths) if dynamic else self.cfg.target)
-        seconds = time.perf_counter() - start
-        bad = [r for r in rows if r.get("status") != "ok"]
-        if bad:
-            return Score(
-                None,
-                None,
-                tokens,
-                forwards,
-                seconds,
-                max(diffs, default=None),
-                f"{bad[0].get('status')}: {bad[0].get('note', '')}"[:300],
-            )
-        ppl = {}
-        for length in self.cfg.lengths:
-            at = [r for r in rows if r["length"] == length]
-            ppl[length] = math.exp(sum(r["nll_sum"] for r in at) / sum(r["n_tokens"] for r in at))
-        return Score(ppl[self.cfg.target], ppl[self.cfg.short], tokens, forwards, seconds, max(diffs, default=None))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -402,7 +301,7 @@ def trial_row(
         "doc": "tuning",
         "length": cfg.target,
         "params": point,
-        "metric": "ppl",
+        "metric": {"ppl": "ppl", "needle": "answer_ppl", "both": "ppl_answer_geomean"}[cfg.objective],
     }
     if spec is not None:  # what was measured: a searched ratio (beta_slow / beta_fast) as the method's own parameter
         row["method_params"] = {k: list(v) if isinstance(v, tuple) else v for k, v in spec.params.items()}
@@ -418,7 +317,7 @@ def trial_row(
     rise = score.short_ppl / baseline_short - 1
     row.update(
         status="ok",
-        value=score.target_ppl,
+        value=objective_value(cfg.objective, score.target_ppl, score.answer_ppl),
         ppl_target=score.target_ppl,
         ppl_short=score.short_ppl,
         short_length=cfg.short,
@@ -429,6 +328,8 @@ def trial_row(
         tokens=score.tokens,
         readback_max_rel_diff=score.readback_max_rel_diff,
     )
+    if score.answer_ppl is not None:
+        row["answer_ppl"] = score.answer_ppl
     return row
 
 
@@ -521,7 +422,7 @@ def search(
         trial.set_constraint("short_rise", row["short_rise"] - cfg.short_tolerance)
         # the study holds log perplexity: a bad point's ppl in the thousands beside good ones near 100 would swamp a
         # Gaussian process's fit; the ranking samplers (TPE, NSGA-II, CMA-ES) see the same order
-        return math.log(score.target_ppl)
+        return math.log(row["value"])
 
     def after(study: Any, trial: Any) -> None:
         row = trial.user_attrs.get("row")
