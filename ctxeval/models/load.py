@@ -3,6 +3,7 @@ geometry from the config, in every shape transformers 5 uses."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -171,11 +172,23 @@ def _require_gguf() -> None:
             ) from None
 
 
+def gguf_stamp(path: Path) -> str:
+    """What identifies a GGUF's content: its size and a hash of its first and last MiB. Not its mtime, which differs
+    between two installs of the same wheel (a second virtual environment would convert the copy again, every run)."""
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        digest.update(f.read(1 << 20))
+    return f"{size}:sha256-ends:{digest.hexdigest()[:16]}"
+
+
 def _smollm2_cached() -> tuple[Path, str, bool]:
     """(where the dequantised copy lives, the GGUF's stamp, whether the copy there is of this GGUF)."""
     gguf_path = smollm2_gguf()
     target = cache_dir() / "models" / "smollm2-135m-instruct"
-    stamp = f"{gguf_path.stat().st_size}:{int(gguf_path.stat().st_mtime)}"
+    stamp = gguf_stamp(gguf_path)
     marker = target / "ctxeval-source.txt"
     return target, stamp, marker.is_file() and marker.read_text() == stamp
 

@@ -55,3 +55,22 @@ def test_reading_smollm2s_config_before_its_first_load_reads_the_gguf_and_dequan
     assert (config.model_type, config.max_position_embeddings, config.num_hidden_layers) == ("llama", 8192, 30)
     assert config.rope_parameters["rope_theta"] == 100000.0
     assert "dequantising" not in capsys.readouterr().err and not (smollm2_uncached / "models").exists()
+
+
+def test_the_smollm2_copy_is_keyed_by_the_ggufs_content_not_its_mtime(tmp_path):
+    """Two installs of the same wheel (two virtual environments) differ in mtime only: one converted copy serves both.
+    Bug caught (present before): the stamp held the mtime, so each environment converted the GGUF again on every run
+    after the other had run."""
+    import os
+
+    from ctxeval.models.load import gguf_stamp
+
+    data = os.urandom(3 << 20)
+    first, second, other = tmp_path / "a.gguf", tmp_path / "b.gguf", tmp_path / "c.gguf"
+    first.write_bytes(data)
+    second.write_bytes(data)
+    os.utime(second, (1, 1))
+    other.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # the last byte changed
+    assert gguf_stamp(first) == gguf_stamp(second)
+    assert gguf_stamp(other) != gguf_stamp(first)
+    assert gguf_stamp(first).startswith(f"{3 << 20}:")
