@@ -23,7 +23,7 @@ from .attention.methods import (
     resolve_attention,
 )
 from .errors import CtxevalError
-from .rope.methods import METHODS, Geometry, Method, compute, get_method, resolve_params
+from .rope.methods import METHODS, START_TOKENS, Geometry, Method, compute, get_method, resolve_params
 
 # Method presets: a checkpoint family's documented RoPE setting under one name, expanded to its method and parameters
 # when a spec is parsed (a parameter given after the name replaces the preset's). name -> (method, params, source)
@@ -92,6 +92,11 @@ class MethodSpec:
         method = get_method(self.name)
         object.__setattr__(self, "method", method)  # frozen: set once here
         object.__setattr__(self, "resolved", resolve_params(method, self.params))
+        if self.resolved.get(START_TOKENS) and self.attention:
+            raise CtxevalError(
+                f"{self.name}'s {START_TOKENS} (plain RoPE on the first positions) cannot be combined with an "
+                f"attention method ({self.attention[0].name}), which sets positions of its own; use one of them"
+            )
 
     @property
     def length_dependent(self) -> bool:
@@ -285,8 +290,8 @@ def frequency_tables(spec: MethodSpec, lengths: list[int], geometry: Geometry) -
     method that does not depend on the length); None when only its frequencies cannot say what it measures (an
     attention temperature or method, `native`: the checkpoint's own RoPE is the loaded model's to say) or when it
     cannot be computed here (it fails with its own error when applied)."""
-    if spec.name == "native" or spec.attention or spec.temperature != 1.0:
-        return None
+    if spec.name == "native" or spec.attention or spec.temperature != 1.0 or spec.resolved.get(START_TOKENS):
+        return None  # LongRoPE's start tokens are positions, not frequencies
     try:
         if not spec.length_dependent:
             return [compute(spec.method, geometry, spec.params, None)] * len(lengths)

@@ -102,7 +102,9 @@ class TuneOptions:
     space: Annotated[
         Optional[list[str]],
         typer.Option(
-            "--space", help="Override a searched range: NAME=LOW:HIGH[:log], e.g. beta_fast=1:64:log; repeatable."
+            "--space",
+            help="Override a searched range: NAME=LOW:HIGH[:log], e.g. beta_fast=1:64:log; repeatable. "
+            "longrope: short_factor=1:1.5 also searches its short factors (default 1).",
         ),
     ] = None
     compare: Annotated[
@@ -209,7 +211,10 @@ class Tune(Measurement):
         opt, geometry = self.opt, self.lm.rope.geometry
         if geometry is None:
             raise CtxevalError(f"model '{self.model}' has no RoPE: there is nothing to tune")
-        self.spaces = [build_space(t, geometry, self.target, opt.search_factor, self.overrides) for t in self.tuned]
+        self.spaces = [  # LongRoPE's start tokens are not searched for --export: no config holds them
+            build_space(t, geometry, self.target, opt.search_factor, self.overrides, opt.export is None)
+            for t in self.tuned
+        ]
         self.space = self.spaces[0]
         shorts = {int(t.params.get("original_max_position_embeddings") or geometry.original_length) for t in self.tuned}
         if len(shorts) > 1:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import CtxevalError
-from ..rope.methods import Geometry, compute
+from ..rope.methods import START_TOKENS, Geometry, compute
 from ..specs import MethodSpec
 
 # what each user of an entry adds when a spec has none
@@ -58,6 +58,12 @@ def rope_parameters(spec: MethodSpec, geometry: Geometry, target: int, use: str 
             **base,
         }
     if spec.name == "longrope":
+        if p.get(START_TOKENS):
+            raise CtxevalError(
+                f"{use}: {spec.label} keeps plain RoPE on its first {p[START_TOKENS]} positions "
+                f"(microsoft/LongRoPE's mixed embedding), which neither transformers' nor vLLM's longrope can hold; "
+                f"use {START_TOKENS}=0{WHY_NOT.get(use, '')}"
+            )
         return {
             "rope_type": "longrope",
             "factor": p["factor"],

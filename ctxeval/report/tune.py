@@ -259,6 +259,10 @@ def draw(s: TuneSummary, guard: float | None, run_dir: Path) -> list[str]:
     if held is not None:
         wanted = [held.winner] + [label for label in (held.family_default(f) for f in ("pi", "ntk", "yarn")) if label]
         scales = pair_scales(held, wanted)
+        # LongRoPE's short factors (used up to the trained length), when they are not plain RoPE
+        up_to_short = pair_scales(held, [held.winner], held.short).get(held.winner)
+        if up_to_short and any(abs(v - 1) > 1e-9 for v in up_to_short) and up_to_short != scales.get(held.winner):
+            scales[f"tuned, up to {fmt_length(held.short)} (short factors)"] = up_to_short
         geometry = ((held.record.get("methods") or {}).get("none") or {}).get("geometry") or {}
         if held.winner in scales and geometry.get("base"):
             plot_pair_scales(

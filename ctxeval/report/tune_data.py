@@ -181,16 +181,17 @@ def read_heldout(run_dir: Path, record: dict[str, Any]) -> Heldout | None:
     )
 
 
-def inv_freq(held: Heldout, label: str) -> list[float] | None:
-    """The inverse frequencies `label` ran with in the held-out run, as its run.json read them back (the entry at the
-    target length for a length-dependent method); computed from the recorded geometry and parameters when the
-    record has none. None when neither is possible."""
+def inv_freq(held: Heldout, label: str, length: int | None = None) -> list[float] | None:
+    """The inverse frequencies `label` ran with in the held-out run, as its run.json read them back (the entry at
+    `length`, default the target, for a length-dependent method); computed from the recorded geometry and parameters
+    when the record has none. None when neither is possible."""
+    length = held.target if length is None else length
     methods = held.record.get("methods") if isinstance(held.record.get("methods"), dict) else {}
     entry = methods.get(label) if isinstance(methods.get(label), dict) else None
     if entry is None:
         return None
     effective = [e for e in entry.get("effective") or [] if isinstance(e, dict) and isinstance(e.get("inv_freq"), list)]
-    chosen = next((e for e in effective if e.get("length") == held.target), None) or next(
+    chosen = next((e for e in effective if e.get("length") == length), None) or next(
         (e for e in effective if e.get("length") is None), None
     )
     if chosen is not None:
@@ -198,20 +199,20 @@ def inv_freq(held: Heldout, label: str) -> list[float] | None:
     try:
         geometry = Geometry(**entry["geometry"])
         params = {k: v for k, v in (entry.get("params") or {}).items() if v is not None}
-        return [float(v) for v in compute(str(entry["method"]), geometry, params, held.target).inv_freq]
+        return [float(v) for v in compute(str(entry["method"]), geometry, params, length).inv_freq]
     except (CtxevalError, KeyError, TypeError, ValueError):
         return None
 
 
-def pair_scales(held: Heldout, labels: Sequence[str]) -> dict[str, list[float]]:
-    """label -> per-pair scale theta_i / theta'_i (plain RoPE's inverse frequency over the method's), for the labels
-    whose frequencies are known; {} without the `none` row to divide by."""
-    base = inv_freq(held, "none")
+def pair_scales(held: Heldout, labels: Sequence[str], length: int | None = None) -> dict[str, list[float]]:
+    """label -> per-pair scale theta_i / theta'_i (plain RoPE's inverse frequency over the method's) at `length`
+    (default the target), for the labels whose frequencies are known; {} without the `none` row to divide by."""
+    base = inv_freq(held, "none", length)
     if base is None:
         return {}
     out = {}
     for label in labels:
-        mine = inv_freq(held, label)
+        mine = inv_freq(held, label, length)
         if mine is not None and len(mine) == len(base):
             out[label] = [b / m for b, m in zip(base, mine)]
     return out

@@ -117,6 +117,9 @@ def plot_pair_scales(
                 label=wrap_title(f"tuned: {label}", LEGEND_WIDTH),
             )
             continue
+        if label.startswith("tuned, "):  # the winner at another length (LongRoPE's short factors)
+            ax.plot(pairs, values, color=TUNED_COLOR, lw=1.6, ls="--", marker="o", ms=3, zorder=3, label=label)
+            continue
         ax.plot(
             pairs,
             values,

@@ -90,6 +90,7 @@ class Method:
 # shared parameters
 
 _FACTOR = Param("factor", float, 1.0, "scale s = extended length / original length", minimum=1.0)
+START_TOKENS = "start_token_idx"  # LongRoPE's "mixed" embedding: positions < n keep plain RoPE (patching.py)
 _ORIG = Param(
     "original_max_position_embeddings",
     int,
@@ -290,6 +291,11 @@ def _longrope(geom: Geometry, params: dict[str, Any], length: int | None) -> Rop
                 f"longrope: {name} has {len(params[name])} values; this model's rotary dim "
                 f"{geom.rotary_dim} needs {pairs} (one per rotary pair)"
             )
+    if int(params.get(START_TOKENS) or 0) >= L:
+        raise CtxevalError(
+            f"longrope: {START_TOKENS}={params[START_TOKENS]} keeps plain RoPE on more positions than the trained "
+            f"length {L:,}; give fewer start tokens (LongRoPE keeps a handful, e.g. {START_TOKENS}=4)"
+        )
     long = length is not None and length > L
     factors = np.asarray(params["long_factor" if long else "short_factor"], dtype=np.float64)
     s = params["factor"]
@@ -456,6 +462,7 @@ METHODS: dict[str, Method] = {
                     "override the q/k multiplier (default sqrt(1 + ln s / ln L))",
                     positive=True,
                 ),
+                Param(START_TOKENS, int, 0, "positions < n keep plain RoPE (LongRoPE's mixed embedding)", minimum=0),
             ),
             length_dependent=True,
             transformers_rope_type="longrope",

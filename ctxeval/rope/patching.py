@@ -19,7 +19,7 @@ import torch
 
 from ..errors import CtxevalError
 from .geometry import rope_info_from_config
-from .methods import Geometry, Method, RopeFreqs, compute, get_method, resolve_params
+from .methods import START_TOKENS, Geometry, Method, RopeFreqs, compute, get_method, resolve_params
 from .softmax_scale import SoftmaxScale
 
 READBACK_RTOL = 1e-5  # cos/sin are float32; the angle at position 1 is read back to ~1e-7 relative
@@ -88,6 +88,10 @@ class RopeHandle:
         self._cache: dict[int | None, RopeFreqs] = {}
         self.softmax: SoftmaxScale | None = None  # DeepSeek-style attention's softmax scale (softmax_scale.py)
         self.active = False
+        # LongRoPE's mixed embedding: positions < start_tokens get plain RoPE's cos/sin (a forward hook)
+        self.start_tokens = int(params.get(START_TOKENS) or 0)
+        self._start_suspended = False
+        self.start_tokens_max_abs_diff: float | None = None
 
     # -- expected values (methods.py) ----------------------------------------------------------------------------
     def expected(self, length: int | None = None) -> RopeFreqs:
@@ -133,6 +137,73 @@ class RopeHandle:
             length = int(position_ids.max()) + 1
         self._write(module, self.expected(length))
 
+    def _start_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        """microsoft/LongRoPE's MixedLongRoPEScaledRotaryEmbedding: cos/sin of positions < start_tokens replaced by
+        plain RoPE's (the model's own frequencies, attention factor 1), computed by the module itself."""
+        if self._start_suspended:
+            return None
+        position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        if position_ids is None or not (isinstance(output, tuple) and len(output) == 2):
+            raise CtxevalError(
+                f"{START_TOKENS} needs a rotary module called with position_ids that returns cos, sin; "
+                f"{type(module).__name__} does not: leave {START_TOKENS} at 0 for this model"
+            )
+        keep = position_ids < self.start_tokens  # (batch, seq)
+        if not bool(keep.any()):
+            return None
+        plain_cos, plain_sin = self._plain_output(module, args, kwargs)
+        cos, sin = output  # (batch, seq, rotary_dim) each
+        mask = keep[..., None].to(cos.device)  # (batch, seq, 1)
+        return torch.where(mask, plain_cos, cos), torch.where(mask, plain_sin, sin)
+
+    def _plain_output(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The module's cos/sin with plain RoPE written in for one call (forward itself: no hook runs again)."""
+        plain = torch.from_numpy(self.geometry.default_inv_freq()).to(module.inv_freq.device, module.inv_freq.dtype)
+        scaled, scaling = module.inv_freq.detach().clone(), module.attention_scaling
+        with torch.no_grad():
+            module.inv_freq.copy_(plain)
+            module.attention_scaling = 1.0
+            try:
+                return module.forward(*args, **kwargs)
+            finally:
+                module.inv_freq.copy_(scaled)
+                module.attention_scaling = scaling
+
+    def verify_start_tokens(self, length: int) -> float:
+        """Positions 0, n - 1 (plain RoPE) and n (the method) of each module's output against float64 cos/sin: the
+        largest absolute difference (above 1e-4 is an error: float32 angles up to n are good to ~1e-5)."""
+        n = self.start_tokens
+        freqs = self.expected(length)
+        plain = self.geometry.default_inv_freq()  # (d/2,)
+        # the last probe sets the sequence length a length-dependent method sees; its float32 angle is too coarse to
+        # compare (up to `length` radians)
+        probes = [0, n - 1, n, max(length - 1, n)]
+        worst = 0.0
+        with torch.no_grad():
+            for name, module in self.modules:
+                device = module.inv_freq.device
+                x = torch.zeros(1, len(probes), self.geometry.rotary_dim, device=device, dtype=torch.float32)
+                cos, sin = module(x, torch.tensor([probes], device=device))  # (1, 4, rotary_dim) each
+                for row, position in enumerate(probes[:3]):
+                    inv, scale = (plain, 1.0) if position < n else (freqs.inv_freq, freqs.attention_factor)
+                    got_cos = cos[0, row].double().cpu().numpy()  # (rotary_dim,)
+                    got_sin = sin[0, row].double().cpu().numpy()
+                    diff = min(  # rotate-half or interleaved layout, whichever the module has
+                        max(
+                            float(np.abs(got_cos - scale * np.cos(position * layout)).max()),
+                            float(np.abs(got_sin - scale * np.sin(position * layout)).max()),
+                        )
+                        for layout in (np.concatenate([inv, inv]), np.repeat(inv, 2))
+                    )
+                    worst = max(worst, diff)
+                    if not diff <= 1e-4 * max(1.0, position * float(inv.max()) * 1e-2):
+                        self.restore()
+                        raise CtxevalError(
+                            f"'{name}' at position {position:,} differs from {self.method.name} with {START_TOKENS}="
+                            f"{n} by {diff:.2e}: the model does not use the RoPE ctxeval wrote; please report this model"
+                        )
+        return worst
+
     def apply(self) -> "RopeHandle":
         self.softmax = SoftmaxScale(self.model, self.method.name, self.params)  # refuses before anything changes
         with torch.no_grad():
@@ -154,6 +225,8 @@ class RopeHandle:
                 self._write(module, self.expected(self.geometry.original_length))
                 if self.method.length_dependent:
                     self._hooks.append(module.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+                if self.start_tokens:
+                    self._hooks.append(module.register_forward_hook(self._start_hook, with_kwargs=True))
         self.active = True
         try:
             self.softmax.apply()
@@ -201,6 +274,14 @@ class RopeHandle:
         which sets the sequence length seen by dynamic methods)."""
         out = []
         n = length or self.geometry.original_length
+        suspended, self._start_suspended = self._start_suspended, True  # the start tokens: verify_start_tokens
+        try:
+            self._readback_into(out, n)
+        finally:
+            self._start_suspended = suspended
+        return out
+
+    def _readback_into(self, out: list[Readback], n: int) -> None:
         with torch.no_grad():
             for _, module in self.modules:
                 device = module.inv_freq.device
@@ -221,7 +302,6 @@ class RopeHandle:
                 else:
                     raise CtxevalError(f"cannot decode the cos/sin layout of {type(module).__name__}")
                 out.append(Readback(pairs, attention))
-        return out
 
     def verify(self, lengths: tuple[int, ...] | None = None) -> float:
         """Read back and compare with methods.py; a mismatch is an error, never silent. Returns the max rel diff."""
@@ -240,6 +320,9 @@ class RopeHandle:
                         f"RoPE read back from '{name}' differs from {self.method.name} by {diff:.2e} (relative) at "
                         f"length {length}: the model does not use the frequencies ctxeval wrote; please report this model"
                     )
+            if self.start_tokens:
+                diff = self.verify_start_tokens(length)
+                self.start_tokens_max_abs_diff = max(self.start_tokens_max_abs_diff or 0.0, diff)
         if self.method.length_dependent and self._frozen_length is None:
             self._write_all(self.expected(self.geometry.original_length))
         return worst
@@ -279,6 +362,11 @@ class RopeHandle:
             },
             "rotary_modules": [name for name, _ in self.modules],
             "effective": effective,
+            **(
+                {"start_tokens": {"n": self.start_tokens, "max_abs_diff": self.start_tokens_max_abs_diff}}
+                if self.start_tokens
+                else {}
+            ),
             **(self.softmax.record() if self.softmax is not None else {}),
         }
 

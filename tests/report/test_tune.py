@@ -240,6 +240,9 @@ def test_inv_freq_takes_the_target_length_entry_of_a_length_dependent_method(tmp
     assert inv_freq(held, "longrope(x)") == [0.5, 0.01]
     assert inv_freq(held, "none") == [1.0, 0.1]  # no read-back record: computed from the geometry
     assert pair_scales(held, ["longrope(x)"]) == {"longrope(x)": pytest.approx([2.0, 10.0])}
+    # LongRoPE's short factors: the entry at the trained length (tune-factors.png's dashed line)
+    assert inv_freq(held, "longrope(x)", 8) == [1.0, 0.1]
+    assert pair_scales(held, ["longrope(x)"], 8) == {"longrope(x)": pytest.approx([1.0, 1.0])}
 
 
 def absolute_paths(text: str) -> list[str]:

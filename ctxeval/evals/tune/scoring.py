@@ -16,7 +16,7 @@ import torch
 from ...data.corpora import TokenDoc
 from ...errors import CtxevalError
 from ...models.load import LoadedModel
-from ...rope.methods import compute
+from ...rope.methods import START_TOKENS, compute
 from ...specs import MethodSpec
 from ..perplexity import PplConfig, PplRunner, token_nll
 from ..sweep import applying, length_dependent
@@ -86,12 +86,13 @@ class TrialScorer:
         self.short_rows: dict[tuple, list[dict[str, Any]]] = {}  # RoPE at the short length -> its rows
 
     def short_key(self, spec: MethodSpec) -> tuple:
-        """What decides a length-dependent method's forward at the short length: its RoPE there (exact bytes), the
-        attention methods and the temperature."""
+        """What decides a length-dependent method's forward at the short length: its RoPE there (exact bytes),
+        LongRoPE's start tokens, the attention methods and the temperature."""
         freqs = compute(spec.method, self.lm.rope.geometry, spec.params, self.cfg.short)
         return (
             freqs.inv_freq.tobytes(),
             freqs.attention_factor,
+            int(spec.resolved.get(START_TOKENS) or 0),
             spec.temperature,
             tuple((a.name, tuple(sorted(a.params.items()))) for a in spec.attention),
         )

@@ -350,7 +350,8 @@ def seed_points(space: SearchSpace, geometry: Geometry) -> list[tuple[str, dict[
     if space.vector:
         out = []
         for name, factors in longrope_seeds(space, geometry).items():
-            point = point_of(space, geometry, {**defaults, "long_factor": factors}, attention)
+            plain = defaults.get("short_factor") or tuple([1.0] * space.pairs)  # plain RoPE up to L
+            point = point_of(space, geometry, {**defaults, "long_factor": factors, "short_factor": plain}, attention)
             if point:
                 out.append((name, space.snap(point)))
         return out

@@ -7,7 +7,11 @@ trained length unless --search-factor asks for it.
 
 LongRoPE's long factors are searched as one value per rotary pair in [1, 1 + s] (LongRoPE's `dim_mono` range), kept
 non-decreasing over the pairs: a point is mapped to its running maximum, so any point the optimiser proposes is a
-valid monotone factor list (LongRoPE's own code redraws a mutation until it is monotone instead).
+valid monotone factor list (LongRoPE's own code redraws a mutation until it is monotone instead). The short factors
+(used up to the trained length, as Phi-3's configs hold them) stay 1, plain RoPE, unless --space short_factor=LOW:HIGH
+searches them the same way; they change only the guard, since the target's forward uses the long ones. LongRoPE's
+start tokens (start_token_idx: positions kept at plain RoPE) are searched from 0 to min(256, L / 8), except for
+--export: no transformers or vLLM config holds them.
 
 YaRN's beta_slow is searched as a fraction of beta_fast (`beta_slow_ratio`), so that every point is a ramp the method
 accepts (beta_slow < beta_fast): searched as two free ranges, a third of the points broke that check. A range given
@@ -24,9 +28,9 @@ import numpy as np
 
 from ...attention.methods import AttentionSpec, check_combination, get_attention_method, resolve_attention
 from ...errors import CtxevalError
-from ...rope.methods import Geometry, compute, yarn_ramp
+from ...rope.methods import START_TOKENS, Geometry, compute, yarn_ramp
 from ...rope.params import Param
-from ...specs import MethodSpec, default_factor, format_param
+from ...specs import MethodSpec, default_factor
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,10 @@ RANGES: dict[str, dict[str, Range]] = {
 }
 FACTOR_RANGE = Range(0.5, 2.0, log=True, per="factor")  # --search-factor: from s/2 to 2s (at least 1)
 LONG_FACTOR = "long_factor"
+SHORT_FACTOR = "short_factor"
+FACTOR_LISTS = (LONG_FACTOR, SHORT_FACTOR)
+# LongRoPE's start tokens: up to 256 (the largest count its paper tries), at most an eighth of the trained length
+START_TOKENS_MAX = 256
 
 
 @dataclass(frozen=True)
@@ -115,8 +123,13 @@ class SearchSpace:
 
     @property
     def vector(self) -> bool:
-        """Whether the space is LongRoPE's per-pair long factors."""
+        """Whether the space is LongRoPE's per-pair factors."""
         return self.base.name == "longrope"
+
+    def lists(self) -> tuple[str, ...]:
+        """LongRoPE's searched factor lists: long_factor, and short_factor unless the spec fixed it."""
+        keys = {d.name.split(".")[0] for d in self.dims}
+        return tuple(name for name in FACTOR_LISTS if name in keys) if self.vector else ()
 
     def snap(self, point: dict[str, Any]) -> dict[str, Any]:
         """The point a trial measures: LongRoPE's factors on its 0.01 grid (`list_step`), other real values to 4
@@ -126,7 +139,7 @@ class SearchSpace:
             value = point[dim.key]
             if dim.kind is int:
                 out[dim.key] = int(value)
-            elif self.vector and dim.name.startswith(LONG_FACTOR + "."):
+            elif self.vector and dim.name.split(".")[0] in FACTOR_LISTS:
                 out[dim.key] = min(dim.high, max(dim.low, round(float(value), 2)))
             else:
                 out[dim.key] = min(dim.high, max(dim.low, float(f"{float(value):.4g}")))
@@ -136,10 +149,10 @@ class SearchSpace:
         """The method at a point of the space (validated: a CtxevalError says why the point is not a valid method)."""
         params = dict(self.base.params)
         attention = {a.name: dict(a.given) for a in self.base.attention}
-        if self.vector:
-            params[LONG_FACTOR] = monotone([point[f"{LONG_FACTOR}.{i}"] for i in range(self.pairs)])
+        for name in self.lists():
+            params[name] = monotone([point[f"{name}.{i}"] for i in range(self.pairs)])
         for dim in self.dims:
-            if (self.vector and dim.name.startswith(LONG_FACTOR + ".")) or dim.name == BETA_SLOW_RATIO:
+            if (self.vector and dim.name.split(".")[0] in FACTOR_LISTS) or dim.name == BETA_SLOW_RATIO:
                 continue
             value = int(point[dim.key]) if dim.kind is int else float(point[dim.key])
             (attention[dim.owner] if dim.owner else params)[dim.name] = value
@@ -210,8 +223,10 @@ def build_space(
     target: int,
     search_factor: bool = False,
     overrides: dict[str, tuple[float, float, bool]] | None = None,
+    start_tokens: bool = True,
 ) -> SearchSpace:
-    """The search space of `spec` for extending `geometry` to `target` tokens."""
+    """The search space of `spec` for extending `geometry` to `target` tokens. `start_tokens`: whether LongRoPE's
+    start_token_idx is searched (not for --export: no transformers or vLLM config holds it)."""
     overrides = dict(overrides or {})
     method = spec.method
     trained = int(spec.params.get("original_max_position_embeddings") or geometry.original_length)
@@ -250,12 +265,25 @@ def build_space(
     if spec.name == "longrope":
         if "long_factor" in spec.params:
             raise CtxevalError(
-                "tune searches longrope's long_factor: leave it out of the spec (short_factor may "
-                "be given; it defaults to 1 for every pair, plain RoPE up to the trained length)"
+                "tune searches longrope's long_factor: leave it out of the spec (short_factor is 1 for every "
+                "pair, plain RoPE up to the trained length, unless given, or searched with --space "
+                "short_factor=1:2)"
             )
-        params.setdefault("short_factor", tuple([1.0] * pairs))
-        for i in range(pairs):
-            dims.append(Dim("", f"{LONG_FACTOR}.{i}", float, 1.0, 1.0 + factor, False))
+        if len(params.get(SHORT_FACTOR) or ()) == 1:  # one value given: every pair's
+            params[SHORT_FACTOR] = tuple(params[SHORT_FACTOR]) * pairs
+        dims += [Dim("", f"{LONG_FACTOR}.{i}", float, 1.0, 1.0 + factor, False) for i in range(pairs)]
+        if SHORT_FACTOR in overrides:  # --space short_factor=LOW:HIGH: the short factors searched, per pair
+            if SHORT_FACTOR in spec.params:
+                raise CtxevalError(
+                    "--space short_factor searches the short factors that the spec fixes: give one of them"
+                )
+            low, high, log = overrides.pop(SHORT_FACTOR)
+            check_bounds("", Param(SHORT_FACTOR, float, None, "per-pair factors up to L", positive=True), low, high)
+            dims += [Dim("", f"{SHORT_FACTOR}.{i}", float, low, high, log) for i in range(pairs)]
+        else:  # plain RoPE up to the trained length: the guard's own reference
+            params.setdefault(SHORT_FACTOR, tuple([1.0] * pairs))
+        if start_tokens and START_TOKENS not in fixed and trained // 8 >= 1:
+            add("", method.param(START_TOKENS), Range(0, min(START_TOKENS_MAX, trained // 8)))
     for a in spec.attention:
         am = get_attention_method(a.name)
         for name, r in RANGES.get(a.name, {}).items():
@@ -325,8 +353,9 @@ def point_of(
     {} when one of them lies outside the searched ranges."""
     point: dict[str, Any] = {}
     for dim in space.dims:
-        if space.vector and dim.name.startswith(LONG_FACTOR + "."):
-            point[dim.key] = float(spec_params[LONG_FACTOR][int(dim.name.split(".")[1])])
+        if space.vector and dim.name.split(".")[0] in FACTOR_LISTS:
+            name, index = dim.name.split(".")
+            point[dim.key] = float(spec_params[name][int(index)])
             continue
         source = next((a.params for a in attention if a.name == dim.owner), {}) if dim.owner else spec_params
         value = source.get(dim.name)
@@ -346,12 +375,13 @@ def point_of(
 
 def describe(space: SearchSpace) -> str:
     """One line: what is searched, e.g. 'yarn(factor=8): beta_fast in [0.5, 128] log, ...'."""
-    vector = [d for d in space.dims if d.name.startswith(LONG_FACTOR + ".")]
+    vector = [d for d in space.dims if space.vector and d.name.split(".")[0] in FACTOR_LISTS]
     parts = [f"{d.key} in [{d.low:g}, {d.high:g}]{' log' if d.log else ''}" for d in space.dims if d not in vector]
-    if vector:
+    for name in reversed(space.lists()):
+        first = next(d for d in vector if d.name == f"{name}.0")
         parts.insert(
             0,
-            f"{len(vector)} per-pair long factors in [1, {format_param(1 + space.factor)}] on a 0.01 grid, "
-            "non-decreasing",
+            f"{space.pairs} per-pair {name.split('_')[0]} factors in [{first.low:g}, {first.high:g}]"
+            f"{' log' if first.log else ''} on a 0.01 grid, non-decreasing",
         )
     return f"{space.base.label}: {', '.join(parts)}"

@@ -33,6 +33,7 @@ TRAINED, TARGET, S = 128, 256, 2.0  # the tiny model's trained length; the targe
 
 
 SMALL = ["--target-length", str(TARGET), "--tune-docs", "1", "--heldout-docs", "1"]
+SHORT_RANGE = {"short_factor": (1.0, 1.5, False)}  # longrope_run's --space short_factor=1:1.5
 
 
 # the shared yarn search: 2 tuning documents (a token-weighted mean over more than one), a guard loose enough that
@@ -141,6 +142,8 @@ def longrope_run(tmp_path_factory, module_cache):
         "4",
         "--short-tolerance",
         "0.5",
+        "--space",
+        "short_factor=1:1.5",
         "--out",
         base / "run",
         "--export",
@@ -362,17 +365,20 @@ def _complete_trials(db: Path) -> int:
         return 0
 
 
-@pytest.fixture(scope="module")
-def killed_and_resumed(tmp_path_factory, module_cache):
+@pytest.fixture(scope="module", params=["yarn", "longrope"])
+def killed_and_resumed(request, tmp_path_factory, module_cache):
     """A search killed with SIGKILL after >= 5 finished trials, then rerun (in this process) with --trials = the
-    finished count + 5."""
+    finished count + 5: YaRN's GP search, and LongRoPE's NSGA-II with its short factors and start tokens (two
+    forwards a trial)."""
     base = tmp_path_factory.mktemp("tune-killed")
+    longrope = ["--population", "4", "--space", "short_factor=1:1.5"]
+    method = ["-m", request.param] + (longrope if request.param == "longrope" else [])
     out = base / "run"
     url = sqlite_url(out / "study.db")
     log = open(base / "killed.log", "w")
     env = {**os.environ, "CTXEVAL_CACHE": str(module_cache)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ctxeval", "tune", *SMALL, "--out", str(out), "--trials", "400"],
+        [sys.executable, "-m", "ctxeval", "tune", *method, *SMALL, "--out", str(out), "--trials", "400"],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -393,7 +399,7 @@ def killed_and_resumed(tmp_path_factory, module_cache):
     study = load_study(url)
     before = {t.number: (t.state.name, dict(t.params)) for t in study.trials}
     asked = counted_trials(study.trials) + 5
-    result = tune(*SMALL, "--out", out, "--trials", asked)
+    result = tune(*method, *SMALL, "--out", out, "--trials", asked)
     assert result.exit_code == 0, result.output
     return SimpleNamespace(dir=out, url=url, before=before, asked=asked, killed_pid=proc.pid, result=result)
 
@@ -670,38 +676,42 @@ def test_longrope_export_round_trip(longrope_run, tiny):
     long = rope["long_factor"]
     assert len(long) == 16 and all(b >= a for a, b in zip(long, long[1:]))
     assert long == winner["params"]["long_factor"]
-    assert rope["short_factor"] == [1.0] * 16
-    assert all(1.0 <= f <= 1.0 + S for f in long)
+    short = rope["short_factor"]  # searched too: the factors transformers uses up to the trained length
+    assert short == winner["params"]["short_factor"] and short != long
+    assert len(short) == 16 and all(b >= a for a, b in zip(short, short[1:]))
+    assert all(1.0 <= f <= 1.0 + S for f in long + short)
+    assert "start_token_idx" not in winner["params"]  # not searched for --export: no config holds it
     factors = json.loads((longrope_run.export / "longrope-factors.json").read_text())
-    assert factors["long_factor"] == long and factors["original_max_position_embeddings"] == TRAINED
+    assert factors["long_factor"] == long and factors["short_factor"] == short
+    assert factors["original_max_position_embeddings"] == TRAINED
     assert tune_record["export"]["verification"]["passed"] is True
 
     fresh = load_model(str(longrope_run.export), dtype="float32", device="cpu")
     ids = torch.randint(3, len(tiny.tokenizer), (1, 1024), generator=torch.Generator().manual_seed(1))
     params = {k: tuple(v) if isinstance(v, list) else v for k, v in winner["params"].items()}
     with torch.no_grad():
-        got = fresh.model(ids).logits
-        with apply_method(tiny.model, "longrope", tiny.rope.geometry, **params):
-            want = tiny.model(ids).logits
-    assert float((got - want).abs().max() / want.abs().max()) <= 1e-5
+        for length in (TRAINED, 1024):  # the short factors, then the long ones
+            got = fresh.model(ids[:, :length]).logits
+            with apply_method(tiny.model, "longrope", tiny.rope.geometry, **params):
+                want = tiny.model(ids[:, :length]).logits
+            assert float((got - want).abs().max() / want.abs().max()) <= 1e-5, length
 
 
-def test_every_longrope_trial_measures_the_trained_length_at_its_own_attention_factor(longrope_run, tiny):
-    """A LongRoPE search measures the trained length once per attention factor (the long factors change nothing up
-    to L) and reuses it across trials with the same factor; each trial's ppl_short must still be its own factor's,
-    recomputed here with a plain forward. Bug caught: the attention factor left out of TrialScorer.short_key (every
-    trial reuses the first trial's perplexity at 128: the guard, the winner and the export follow it)."""
+def test_every_longrope_trial_measures_the_trained_length_with_its_own_short_rope(longrope_run, tiny):
+    """Each trial's ppl_short is its own short factors' and attention factor's, recomputed here with a plain forward.
+    Bug caught: the short factors' forward skipped (the first L positions of the long forward taken instead, which
+    uses the long factors), or a cached short forward reused for another RoPE."""
     from ctxeval.data import corpora
     from ctxeval.evals.tune.space import build_space
 
     record = record_of(longrope_run.dir)
     (tuning_id,) = [d["doc"] for d in record["data"]["documents"] if d["role"] == "tuning"]
     docs = {d.doc_id: d for d in corpora.select_long_documents("pydoc", tiny.tokenizer, 2, TARGET - 1)}
-    space = build_space(one_spec("longrope"), tiny_geometry(), TARGET)
+    space = build_space(one_spec("longrope"), tiny_geometry(), TARGET, False, SHORT_RANGE, start_tokens=False)
     by_factor = {}
     for r in sorted(rows_of(longrope_run.dir), key=lambda r: r["trial"]):
         by_factor.setdefault(round(r["params"]["attention_factor"], 9), r)
-    assert len(by_factor) >= 3, "the search tried too few attention factors to test the reuse"
+    assert len(by_factor) >= 3, "the search tried too few attention factors"
     shorts = set()
     for r in by_factor.values():
         params = space.spec(r["params"]).params
@@ -718,12 +728,12 @@ def test_longrope_trials_are_on_the_grid_and_monotone(longrope_run):
     from ctxeval.evals.tune.space import build_space, longrope_seeds
     from ctxeval.specs import format_param
 
-    space = build_space(one_spec("longrope"), tiny_geometry(), TARGET)
+    space = build_space(one_spec("longrope"), tiny_geometry(), TARGET, False, SHORT_RANGE, start_tokens=False)
     rows = sorted(rows_of(longrope_run.dir), key=lambda r: r["trial"])
     assert [r["trial"] for r in rows] == list(range(14))
     assert all(r["status"] == "ok" for r in rows)
     for r in rows:
-        factors = [r["params"][f"long_factor.{i}"] for i in range(16)]
+        factors = [r["params"][f"{name}.{i}"] for name in ("long_factor", "short_factor") for i in range(16)]
         assert all(abs(f * 100 - round(f * 100)) < 1e-9 and 1.0 <= f <= 1.0 + S for f in factors), factors
         spec = space.spec(r["params"])
         assert spec.label == r["label"]
@@ -735,8 +745,9 @@ def test_longrope_trials_are_on_the_grid_and_monotone(longrope_run):
     assert set(seeds) == {"pi", "ntk", "yarn"}
     want = longrope_seeds(space, tiny_geometry())
     for name, number in seeds.items():
-        got = space.spec(rows[number]["params"]).params["long_factor"]
-        np.testing.assert_allclose(got, want[name], atol=0.005 + 1e-12)
+        got = space.spec(rows[number]["params"]).params
+        np.testing.assert_allclose(got["long_factor"], want[name], atol=0.005 + 1e-12)
+        assert got["short_factor"] == (1.0,) * 16  # every seed is plain RoPE up to the trained length
 
 
 # a study made for another protocol
@@ -772,3 +783,23 @@ def test_a_shared_study_made_for_another_target_is_refused(yarn_run, tmp_path):
     if "--overwrite" in message:
         again = tune(*args, "--trials", "2", "--out", tmp_path / "other", "--overwrite")
         assert again.exit_code == 0, f"the advised --overwrite does not help: {again.stderr.strip().splitlines()[-1]}"
+
+
+def test_the_short_forward_is_reused_only_for_the_same_rope_up_to_the_trained_length(tiny):
+    """TrialScorer.short_key decides when a LongRoPE trial reuses an earlier forward at the trained length. Bug
+    caught: any of the attention factor, the short factors or the start tokens left out of the key (the trial
+    inherits another RoPE's perplexity at L: the guard, the winner and the export follow it)."""
+    from ctxeval.evals.tune.scoring import TrialScorer, TuneConfig
+    from ctxeval.specs import MethodSpec
+
+    scorer = TrialScorer(tiny, [], TuneConfig(TARGET, TRAINED))
+    base = {"short_factor": (1.0,) * 16, "long_factor": (1.5,) * 16, "factor": S}
+
+    def key(**changed):
+        return scorer.short_key(MethodSpec("longrope", {**base, **changed}))
+
+    assert key() == key(long_factor=(2.0,) * 16)  # the long factors change nothing up to L
+    assert key() != key(attention_factor=1.3)
+    assert key() != key(short_factor=(1.0,) * 15 + (1.1,))
+    assert key() != key(start_token_idx=4)
+    assert key(start_token_idx=0) == key()

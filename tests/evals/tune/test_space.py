@@ -91,7 +91,45 @@ def test_longrope_has_one_dim_per_pair_in_one_to_one_plus_s():
     long = [d for d in space.dims if d.name.startswith("long_factor.")]
     assert [d.key for d in long] == [f"long_factor.{i}" for i in range(16)]
     assert all((d.kind, d.low, d.high) == (float, 1.0, 9.0) for d in long)
-    assert space.base.params["short_factor"] == tuple([1.0] * 16)
+    assert space.base.params["short_factor"] == tuple([1.0] * 16)  # plain RoPE up to L unless searched
+
+
+def test_longrope_searches_its_short_factors_and_start_tokens_unless_fixed():
+    """--space short_factor=LOW:HIGH searches the short factors (used up to the trained length) like the long ones,
+    non-decreasing; start_token_idx from 0 to an eighth of the trained length (128 here: 16), not when --export asks
+    (start_tokens False) or the spec fixes it. Bug caught: spec() writing the long list into short_factor, the start
+    tokens searched for an export, or a fixed short_factor searched anyway."""
+    from ctxeval.errors import CtxevalError
+    from ctxeval.evals.tune.space import build_space, describe, parse_overrides
+
+    ranged = parse_overrides(["short_factor=1:1.5"])
+    space = build_space(one_spec("longrope"), tiny_geometry(), 1024, overrides=ranged)
+    short = [d for d in space.dims if d.name.startswith("short_factor.")]
+    assert [(d.key, d.low, d.high) for d in short] == [(f"short_factor.{i}", 1.0, 1.5) for i in range(16)]
+    (start,) = [d for d in space.dims if d.name == "start_token_idx"]
+    assert (start.kind, start.low, start.high, start.log) == (int, 0, 16, False)
+    point = {f"long_factor.{i}": 2.0 + 0.1 * i for i in range(16)}
+    point.update({f"short_factor.{i}": 1.5 - 0.01 * i for i in range(16)})  # decreasing: the running max
+    point.update({"attention_factor": 1.1, "start_token_idx": 3})
+    spec = space.spec(point)
+    assert spec.params["short_factor"] == (1.5,) * 16
+    assert spec.params["long_factor"] == tuple(2.0 + 0.1 * i for i in range(16))
+    assert spec.params["start_token_idx"] == 3
+    assert describe(space).startswith(
+        "longrope(factor=8): 16 per-pair long factors in [1, 9] on a 0.01 grid, non-decreasing, 16 per-pair short "
+        "factors in [1, 1.5] on a 0.01 grid, non-decreasing, attention_factor in [0.8, 1.6], start_token_idx in [0, 16]"
+    )
+    exported = build_space(one_spec("longrope"), tiny_geometry(), 1024, start_tokens=False)
+    assert "start_token_idx" not in {d.name for d in exported.dims}
+    assert "short_factor.0" not in {d.key for d in exported.dims}
+    with pytest.raises(CtxevalError, match="the spec fixes"):
+        build_space(one_spec("longrope:short_factor=1"), tiny_geometry(), 1024, overrides=ranged)
+    with pytest.raises(CtxevalError, match="not a searched parameter"):
+        build_space(one_spec("yarn"), tiny_geometry(), 1024, overrides=parse_overrides(["short_factor=1:2"]))
+    fixed = build_space(one_spec("longrope:short_factor=1,start_token_idx=2"), tiny_geometry(), 1024)
+    assert {d.name.split(".")[0] for d in fixed.dims} == {"long_factor", "attention_factor"}
+    assert fixed.spec({**point}).params["short_factor"] == (1.0,) * 16
+    assert fixed.spec({**point}).params["start_token_idx"] == 2
 
 
 def test_monotone_is_the_running_max():
@@ -113,14 +151,17 @@ def test_snap_rounds_longrope_to_the_grid_and_other_floats_to_four_digits():
         "attention_factor": 1.235,
     }
     assert yarn.snap({"beta_fast": 1e9, "beta_slow_ratio": 1e-9, "attention_factor": 1.0})["beta_fast"] == 128.0
-    longrope = build_space(one_spec("longrope"), tiny_geometry(), 1024)
-    point = {f"long_factor.{i}": 1.0 + i * 0.5123 for i in range(16)}
+    ranged = {"short_factor": (1.0, 9.0, False)}
+    longrope = build_space(one_spec("longrope"), tiny_geometry(), 1024, overrides=ranged)
+    point = {f"{name}.{i}": 1.0 + i * 0.5123 for name in ("long_factor", "short_factor") for i in range(16)}
     point["long_factor.15"] = 9.004  # rounds onto the range's top
+    point["start_token_idx"] = 3
     if "attention_factor" in {d.key for d in longrope.dims}:
         point["attention_factor"] = 1.23456
     snapped = longrope.snap(point)
     assert [snapped[f"long_factor.{i}"] for i in range(15)] == [round(1.0 + i * 0.5123, 2) for i in range(15)]
     assert snapped["long_factor.15"] == 9.0
+    assert snapped["short_factor.3"] == round(1.0 + 3 * 0.5123, 2) and snapped["start_token_idx"] == 3
     if "attention_factor" in snapped:
         assert snapped["attention_factor"] == 1.235
 
