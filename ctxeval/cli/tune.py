@@ -117,6 +117,14 @@ class TuneOptions:
             "repeatable.",
         ),
     ] = None
+    passkey: Annotated[
+        int,
+        typer.Option(
+            help="Check by generation: N passkey prompts (YaRN's eval/passkey.py) at the target length for the "
+            "winner, plain RoPE, YaRN at the same factor and --compare, after the held-out perplexity (0: none)."
+        ),
+        Check("--passkey", minimum=0),
+    ] = 0
     export: Annotated[
         Optional[Path],
         typer.Option(
@@ -253,6 +261,10 @@ class Tune(Measurement):
 
             bos = getattr(self.lm.tokenizer, "bos_token_id", None) if self.cfg.bos else None
             needle_docs(self.tuning, self.lm.tokenizer, self.target, bos, opt.seed)
+        if opt.passkey:
+            from ..evals.tune.generation import check_passkey_length
+
+            check_passkey_length(self.lm, self.target, opt.seed)
 
     def protocol_of(self, tuned: MethodSpec, space: Any) -> dict[str, Any]:
         """What one method's study must have been made for (a study made for another is refused)."""
@@ -375,6 +387,7 @@ class Tune(Measurement):
                     else None,
                     study_name=study,
                     remeasure=not several,
+                    passkey=opt.passkey,
                 )
             )
         self.families = [

@@ -280,6 +280,30 @@ def draw(s: TuneSummary, guard: float | None, run_dir: Path) -> list[str]:
     return drawn
 
 
+def passkey_section(run_dir: Path, tune: dict[str, Any]) -> tuple[str, Printed | None]:
+    """tune.md's check by generation (--passkey): passkeys found per method in the nested passkey run, or ''."""
+    name = tune.get("passkey_dir")
+    rows_file = Path(run_dir) / str(name) / ROWS_FILE if name else None
+    if rows_file is None or not rows_file.is_file():
+        return ("\n- the check by generation (`" + str(name) + "`) is missing or unreadable\n" if name else ""), None
+    found: dict[str, list[int]] = {}
+    lengths: set[int] = set()
+    for r in read_rows(rows_file):
+        if r.get("status", "ok") == "ok" and r.get("correct") is not None:
+            found.setdefault(str(r["label"]), []).append(int(r["correct"]))
+            lengths.add(int(r["length"]))
+    headers = ["method", "passkeys found", "accuracy"]
+    rows = [[label, f"{sum(v)} / {len(v)}", f"{sum(v) / len(v):.0%}"] for label, v in found.items()]
+    caption = (
+        f"The check by generation: YaRN's passkey test (eval/passkey.py's prompts and scoring) at "
+        f"{', '.join(fmt_length(n) for n in sorted(lengths))}, the same keys and positions for every method; from "
+        f"{name}/ (`ctxeval report {name}` draws it)."
+    )
+    return "\n## Passkey at the target\n\n" + caption + "\n\n" + markdown(headers, rows), Printed(
+        "passkey at the target: the check by generation", caption, headers, rows
+    )
+
+
 def render_tune(run_dir: Path) -> RunOutputs:
     """tune.md, trials.csv and the figures in the run directory; returns the tables the command prints."""
     run_dir = Path(run_dir)
@@ -337,6 +361,9 @@ def render_tune(run_dir: Path) -> RunOutputs:
         )
         md.append(f"\n- {note}\n")
         notes.append(note)
+    section, table = passkey_section(run_dir, tune)
+    md.append(section)
+    printed += [table] if table else []
     if isinstance(tune.get("export"), dict):
         md.append(export_section(tune["export"]))
     headers, rows = top_cells(s.trials, short, target)
@@ -488,6 +515,9 @@ def render_families(s: TuneSummary) -> RunOutputs:
         note = f"the held-out run ({tune.get('heldout_dir') or 'not started'}) is missing or unreadable"
         md.append(f"\n- {note}\n")
         notes.append(note)
+    section, table = passkey_section(run_dir, tune)
+    md.append(section)
+    printed += [table] if table else []
     if isinstance(tune.get("export"), dict):
         md.append(export_section(tune["export"]))
     drawn = []

@@ -12,10 +12,11 @@ from ...data.corpora import TokenDoc, iter_documents, select_long_documents, tok
 from ...errors import CtxevalError
 from ...models.load import LoadedModel
 from ...runs.store import RunStore
-from ...specs import MethodSpec
+from ...specs import MethodSpec, expand_specs, format_param, unique_by_label
 from ..common import Progress
 from ..perplexity import PplConfig, sweep
 from .export import export_record, verify_export, write_export
+from .generation import measure_passkey, passkey_dir
 from .search import (
     DEFAULT_STORAGE,
     INVALID,
@@ -50,6 +51,7 @@ class TuneJob:
     opened: OpenedStudy | None = None  # a shared --storage, opened (and checked) before the run directory
     study_name: str = STUDY_NAME
     remeasure: bool = True  # re-measure the winner on the held-out documents (and export it) after its search
+    passkey: int = 0  # --passkey: samples of the held-out check by generation at the target (0: none)
 
     @property
     def storage_record(self) -> str:
@@ -183,12 +185,35 @@ def run_tune(
     summary.update(heldout_dir=held_dir.name)
     store.update(tune=summary)
     measure_heldout(lm, job, comparison_specs(space, winner, job.compare), held_dir, progress)
+    check_by_generation(lm, job, [winner], summary, store, held_dir.name, progress)
     if job.export is not None:
         written = write_export(job.model, winner, lm.rope.geometry, cfg.target, job.export, job.trust_remote_code)
         check = verify_export(lm, winner, job.export, job.tuning[0], cfg.lengths, cfg.bos, cfg.chunk_size)
         summary["export"] = export_record(written, check, store.dir)
         store.update(tune=summary)
     return winner
+
+
+def check_by_generation(
+    lm: LoadedModel,
+    job: TuneJob,
+    winners: list[MethodSpec],
+    summary: dict[str, Any],
+    store: RunStore,
+    heldout_name: str,
+    progress: Progress,
+) -> None:
+    """--passkey N: the winners, plain RoPE, YaRN at the same factor and --compare on N passkey prompts at the target
+    (generation.py), as a passkey run beside the held-out one; run.json's `tune` names it."""
+    if not job.passkey:
+        return
+    where = passkey_dir(store.dir, heldout_name)
+    summary.update(passkey_dir=where.name)
+    store.update(tune=summary)
+    f = format_param(job.space.factor)
+    specs = unique_by_label([*winners, *expand_specs(["none", f"yarn:factor={f}"]), *job.compare])
+    cfg = job.cfg
+    measure_passkey(lm, job.model, specs, cfg.target, job.passkey, cfg.seed, where, progress)
 
 
 def winner_record(winner: MethodSpec, best: dict[str, Any]) -> dict[str, Any]:
@@ -264,6 +289,7 @@ def run_families(
     first = best_family.job
     others = [(f.job.space, w) for f, w, _ in found if f is not best_family]
     measure_heldout(lm, first, comparison_specs(first.space, best, first.compare, others), held_dir, progress)
+    check_by_generation(lm, first, [best, *(w for _, w in others)], summary, store, held_dir.name, progress)
     if first.export is not None:
         cfg = first.cfg
         written = write_export(first.model, best, lm.rope.geometry, cfg.target, first.export, first.trust_remote_code)

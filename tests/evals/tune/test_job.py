@@ -112,15 +112,6 @@ def one_spec(text: str):
 
 
 @pytest.fixture(scope="module")
-def module_cache(tmp_path_factory):
-    """CTXEVAL_CACHE for the module fixtures (conftest's autouse fixture is per test and starts after them)."""
-    path = tmp_path_factory.mktemp("tune-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CTXEVAL_CACHE", str(path))
-        yield path
-
-
-@pytest.fixture(scope="module")
 def yarn_run(tmp_path_factory, module_cache):
     base = tmp_path_factory.mktemp("tune-yarn")
     result = tune(*YARN_ARGS, "--out", base / "run", "--export", base / "export")
