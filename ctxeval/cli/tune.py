@@ -117,6 +117,15 @@ class TuneOptions:
             "repeatable.",
         ),
     ] = None
+    time_budget: Annotated[
+        Optional[float],
+        typer.Option(
+            metavar="MINUTES",
+            help="Wall time for the search (all methods together, an equal share each): no trial starts that would "
+            "end after it, by the median of this run's trials; then the held-out re-measure runs. Default: none.",
+        ),
+        Check("--time-budget", minimum=0.0),
+    ] = None
     passkey: Annotated[
         int,
         typer.Option(
@@ -388,6 +397,7 @@ class Tune(Measurement):
                     study_name=study,
                     remeasure=not several,
                     passkey=opt.passkey,
+                    time_budget=None if opt.time_budget is None else 60 * opt.time_budget,
                 )
             )
         self.families = [

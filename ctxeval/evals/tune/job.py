@@ -4,6 +4,7 @@ re-measure as an ordinary ppl run nested in the tune run, and the export with it
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -52,6 +53,7 @@ class TuneJob:
     study_name: str = STUDY_NAME
     remeasure: bool = True  # re-measure the winner on the held-out documents (and export it) after its search
     passkey: int = 0  # --passkey: samples of the held-out check by generation at the target (0: none)
+    time_budget: float | None = None  # --time-budget: seconds of search for this process (all methods together)
 
     @property
     def storage_record(self) -> str:
@@ -142,6 +144,8 @@ def run_tune(
     progress: Progress,
     note: Callable[[str], None],
     mirror: Callable[[list[dict[str, Any]]], None] | None = None,
+    deadline: float | None = None,
+    baseline: float | None = None,
 ) -> MethodSpec | None:
     """Search until the study holds the asked trials, then (job.remeasure) re-measure the winner on the held-out
     documents and export it when asked; run.json's `tune` records each step as it is done. Returns the winner.
@@ -155,7 +159,14 @@ def run_tune(
         if mirror is not None:
             mirror(rows)
 
-    result = search(lm, space, job.tuning, cfg, opened, emit, have, progress)
+    if deadline is None and job.time_budget is not None:
+        deadline = time.monotonic() + job.time_budget
+    result = search(lm, space, job.tuning, cfg, opened, emit, have, progress, deadline, baseline)
+    if result.out_of_time:
+        note(
+            f"{space.base.label}: --time-budget reached after {len(result.rows)} of {cfg.trials} trials; the winner "
+            "is the best of those (the same command with a larger budget continues the study)"
+        )
     refused = sum(1 for r in result.rows if r.get("status") == INVALID)
     summary: dict[str, Any] = {
         "storage": job.storage_record,
@@ -167,6 +178,7 @@ def run_tune(
         "sampler": sampler_name(cfg, space),
         "forwards": sum(int(r.get("forwards") or 0) for r in result.rows),
         "winner": None,
+        **({"out_of_time": True} if result.out_of_time else {}),
     }
     store.update(tune=summary)
     best = best_trial_row(result.rows)
@@ -253,7 +265,12 @@ def run_families(
     winner of them all (the lowest tuning perplexity: the held-out documents judge, they do not choose)."""
     summary: dict[str, Any] = {"families": [], "winner": None}
     found: list[tuple[FamilySearch, MethodSpec, dict[str, Any]]] = []
-    for family in families:
+    budget = families[0].job.time_budget
+    end = None if budget is None else time.monotonic() + budget
+    baseline = None  # plain RoPE at L on the tuning documents: measured by the first search, given to the others
+    for index, family in enumerate(families):
+        # each method gets an equal share of the time left (a method that finishes early leaves its time to the rest)
+        deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / (len(families) - index)
         with RunStore(store.dir / family.name, family.spec) as sub:
             sub.start({**family.provenance, "methods": sub.record.get("methods", {}), "family_of": store.dir.name})
             try:
@@ -266,12 +283,15 @@ def run_families(
                     progress,
                     note,
                     lambda rows, name=family.name: store.append([{**r, "family": name} for r in rows]),
+                    deadline,
+                    baseline,
                 )
             except BaseException as exc:
                 sub.finish("interrupted" if isinstance(exc, KeyboardInterrupt) else "error", str(exc)[:300])
                 raise
             sub.finish("success")
             record = dict(sub.record.get("tune") or {})
+            baseline = record.get("baseline_short", baseline)
         summary["families"].append({"dir": family.name, "method": family.job.space.base.label, **record})
         store.update(tune=summary)
         if winner is not None:

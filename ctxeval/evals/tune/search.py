@@ -20,6 +20,7 @@ import datetime
 import math
 import os
 import socket
+import statistics
 import time
 import warnings
 from dataclasses import dataclass
@@ -339,6 +340,7 @@ class SearchResult:
     rows: list[dict[str, Any]]  # every finished trial's row, by trial number
     seconds: float  # this process's search time
     measured_now: int
+    out_of_time: bool = False  # stopped by --time-budget before the study held cfg.trials
 
 
 def seed_points(space: SearchSpace, geometry: Geometry) -> list[tuple[str, dict[str, Any]]]:
@@ -378,15 +380,22 @@ def search(
     emit: Callable[[list[dict[str, Any]]], None],
     have_rows: set[int],
     progress: Progress | None = None,
+    deadline: float | None = None,
+    baseline: float | None = None,
 ) -> SearchResult:
     """Run trials until the study holds cfg.trials finished ones (every process together); each trial's row goes to
     `emit` as it finishes, and finished trials whose numbers are not in `have_rows` (a crash between the study's
-    record and the row) get their rows from the storage."""
+    record and the row) get their rows from the storage. `deadline` (time.monotonic()): no trial starts that would
+    end after it, by the median time of this process's trials so far. `baseline`: plain RoPE's perplexity at the
+    trained length on these documents, when another search has measured it (a study without one then skips that
+    forward)."""
     optuna = require_optuna()
     State = optuna.trial.TrialState
     progress = progress or SilentProgress()
     study, storage = opened.study, opened.storage
     scorer = TrialScorer(lm, docs, cfg)
+    if study.user_attrs.get("baseline_short") is None and baseline is not None:
+        study.set_user_attr("baseline_short", baseline)
     baseline = study.user_attrs.get("baseline_short")
     if baseline is None:
         plain = scorer.score(MethodSpec("none", {}))
@@ -398,6 +407,14 @@ def search(
         study.set_user_attr("baseline_short", baseline)
     recover(study, storage)
     measured = 0
+    durations: list[float] = []  # this process's trials, for the deadline
+    out_of_time = False
+
+    def no_time() -> bool:
+        if deadline is None:
+            return False
+        expected = statistics.median(durations) if durations else 0.0
+        return time.monotonic() + expected > deadline
 
     def objective(trial: Any) -> float:
         nonlocal measured
@@ -416,6 +433,7 @@ def search(
             raise optuna.TrialPruned(str(exc)) from None
         score = scorer.score(spec)
         measured += 1
+        durations.append(score.seconds)
         row = trial_row(lm, spec, space, cfg, trial.number, point, score, baseline)
         trial.set_user_attr("row", row)
         if score.target_ppl is None:
@@ -434,12 +452,15 @@ def search(
         best = best_trial_row([t.user_attrs.get("row") or {} for t in done])
         if (trial.user_attrs.get("row") or {}).get("status") != INVALID:
             progress.advance(1, f"trial {counted(done)}/{cfg.trials}" + (f" best {best['value']:.3f}" if best else ""))
-        if counted(done) >= cfg.trials or len(done) - counted(done) > MAX_REFUSED * cfg.trials:
+        if counted(done) >= cfg.trials or len(done) - counted(done) > MAX_REFUSED * cfg.trials or no_time():
             study.stop()
 
     start = time.perf_counter()
     progress.start(max(0, cfg.trials - counted(finished(study))))
     while counted(done := finished(study)) < cfg.trials:
+        if no_time():
+            out_of_time = True
+            break
         if len(done) - counted(done) > MAX_REFUSED * cfg.trials:
             raise CtxevalError(
                 f"the method's checks refused {len(done) - counted(done)} of the points the sampler "
@@ -451,7 +472,7 @@ def search(
             emit([{**t.user_attrs["row"], "synced": True}])
             have_rows.add(t.number)
     rows = sorted((t.user_attrs["row"] for t in finished(study) if t.user_attrs.get("row")), key=lambda r: r["trial"])
-    return SearchResult(baseline, rows, time.perf_counter() - start, measured)
+    return SearchResult(baseline, rows, time.perf_counter() - start, measured, out_of_time)
 
 
 def best_trial_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

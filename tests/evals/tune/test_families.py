@@ -149,3 +149,66 @@ def test_the_methods_curve_per_method_is_the_best_so_far_of_its_own_trials(famil
         )
         line = next(x for x in section.splitlines() if x.startswith(f"| {method} "))
         assert float(line.split("|")[5]) == pytest.approx(best, abs=0.006)
+
+
+def test_plain_ropes_baseline_is_measured_once_for_all_methods(families):
+    """Every method's study holds the same plain-RoPE perplexity at the trained length, measured by the first search
+    and given to the others (at 16k on 2 CPU cores that forward costs as much as a trial). Bug caught: the baseline
+    not handed on (each search measures it again), or handed to a study of other documents."""
+    baselines = [record_of(families.dir / d)["tune"]["baseline_short"] for d in ("search-yarn", "search-ntk")]
+    baselines.append(record_of(families.dir / "search-longrope")["tune"]["baseline_short"])
+    assert len(set(baselines)) == 1 and baselines[0] > 1
+
+
+def test_the_time_budget_stops_every_methods_search_and_the_rest_still_runs(tmp_path, monkeypatch):
+    """--time-budget splits the wall time between the methods: each search stops before a trial that would end
+    after its share, by the median of its trials so far, and the held-out re-measure runs on what was found. The
+    plain-RoPE forward runs once. Bug caught: the deadline taken per method from the start of the whole run (the
+    last methods get no trial), a search that ignores it until --trials, or the baseline measured per method."""
+    import time
+
+    from ctxeval.evals.tune.scoring import TrialScorer
+
+    scored = []
+    original = TrialScorer.score
+
+    def slow_score(self, spec):
+        scored.append(spec.name)
+        time.sleep(0.5)  # every trial takes at least 0.5 s: a 4.5 s budget holds a few, never 400
+        return original(self, spec)
+
+    monkeypatch.setattr(TrialScorer, "score", slow_score)
+    out = tmp_path / "run"
+    started = time.monotonic()
+    result = tune(*METHODS, *ARGS, "--trials", "400", "--time-budget", "0.075", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "--time-budget reached" in result.output
+    assert scored.count("none") == 1
+    for name in ("search-yarn", "search-ntk", "search-longrope"):
+        tune_record = record_of(out / name)["tune"]
+        assert tune_record["out_of_time"] is True
+        assert 1 <= tune_record["trials"] < 30, (name, tune_record["trials"])
+    searched = sum(record_of(out / n)["tune"]["search_seconds_now"] for n in ("search-yarn", "search-ntk"))
+    searched += record_of(out / "search-longrope")["tune"]["search_seconds_now"]
+    assert searched <= 4.5 + 3 * 1.5  # the budget, plus at most one trial's overrun per method
+    assert record_of(out)["tune"]["heldout_dir"] and time.monotonic() - started < 120
+
+
+def test_the_time_budget_of_one_method(tmp_path, monkeypatch):
+    """One -m: the whole budget is its search's. Bug caught: the budget read only by the search across methods."""
+    import time
+
+    from ctxeval.evals.tune.scoring import TrialScorer
+
+    original = TrialScorer.score
+
+    def slow_score(self, spec):
+        time.sleep(0.5)
+        return original(self, spec)
+
+    monkeypatch.setattr(TrialScorer, "score", slow_score)
+    result = tune("-m", "yarn", *ARGS, "--trials", "400", "--time-budget", "0.05", "--out", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    tune_record = record_of(tmp_path / "run")["tune"]
+    assert tune_record["out_of_time"] is True and 1 <= tune_record["trials"] < 10
+    assert (tmp_path / "run" / tune_record["heldout_dir"]).is_dir()
