@@ -398,3 +398,19 @@ def test_no_committed_result_names_a_path_of_the_machine_that_made_it():
         if path.is_file() and path.suffix in {".json", ".md", ".csv", ".html"} and machine.search(path.read_text())
     ]
     assert not found, found
+
+
+def test_a_method_with_no_feasible_trial_is_named_in_the_methods_figure(tmp_path, monkeypatch):
+    """Bug caught (present before): tune-methods.png left out a method none of whose trials kept the guard, so the
+    figure read as if it had not been searched."""
+    import ctxeval.report.tune_plots as plots
+
+    legends = []
+
+    def keep(fig, path):
+        legends.extend(t.get_text() for t in fig.axes[0].get_legend().get_texts())
+        return path
+
+    monkeypatch.setattr(plots, "save", keep)
+    plots.plot_families({"yarn": [(1, 70.0), (2, 66.0)], "ntk": []}, 1024, tmp_path / "m.png", "which method")
+    assert legends == ["yarn (best 66.00)", "ntk (no trial kept the guard)"]
