@@ -466,7 +466,11 @@ def search(
                 f"the method's checks refused {len(done) - counted(done)} of the points the sampler "
                 "proposed; narrow the ranges with --space so that fewer points break them"
             )
-        study.optimize(objective, callbacks=[after], gc_after_trial=False)
+        with warnings.catch_warnings():
+            # optuna's GP divides by a zero sum while no trial has kept the constraint (then it proposes a random
+            # point, as it should): the numpy warning says nothing to a user
+            warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning, r"optuna\._gp")
+            study.optimize(objective, callbacks=[after], gc_after_trial=False)
     for t in finished(study):  # rows measured elsewhere: another process on the study, or a session that crashed
         if t.number not in have_rows and t.user_attrs.get("row") is not None:
             emit([{**t.user_attrs["row"], "synced": True}])
