@@ -408,7 +408,10 @@ def test_a_method_with_no_feasible_trial_is_named_in_the_methods_figure(tmp_path
     legends = []
 
     def keep(fig, path):
+        import matplotlib.pyplot as plt
+
         legends.extend(t.get_text() for t in fig.axes[0].get_legend().get_texts())
+        plt.close(fig)
         return path
 
     monkeypatch.setattr(plots, "save", keep)
