@@ -122,7 +122,8 @@ class TuneOptions:
         typer.Option(
             metavar="MINUTES",
             help="Wall time for the search (all methods together, an equal share each): no trial starts that would "
-            "end after it, by the median of this run's trials; then the held-out re-measure runs. Default: none.",
+            "end after it, by the median of this run's trials (a method's first trial always runs); then the "
+            "held-out re-measure runs. Default: none.",
         ),
         Check("--time-budget", minimum=0.0),
     ] = None

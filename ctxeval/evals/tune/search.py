@@ -411,13 +411,16 @@ def search(
     out_of_time = False
 
     def no_time() -> bool:
-        if deadline is None:
+        """Whether the next trial would end past the deadline (a study without a measured trial gets its first one
+        all the same: a method in the budget is tried at least at its first seed)."""
+        if deadline is None or not counted(finished(study)):
             return False
         expected = statistics.median(durations) if durations else 0.0
         return time.monotonic() + expected > deadline
 
     def objective(trial: Any) -> float:
         nonlocal measured
+        began = time.monotonic()  # the sampler's proposal included: what the deadline must budget for
         trial.set_user_attr("worker", WORKER)
         point = {}
         for dim in space.dims:
@@ -433,7 +436,7 @@ def search(
             raise optuna.TrialPruned(str(exc)) from None
         score = scorer.score(spec)
         measured += 1
-        durations.append(score.seconds)
+        durations.append(time.monotonic() - began)
         row = trial_row(lm, spec, space, cfg, trial.number, point, score, baseline)
         trial.set_user_attr("row", row)
         if score.target_ppl is None:

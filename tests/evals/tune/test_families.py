@@ -162,9 +162,9 @@ def test_plain_ropes_baseline_is_measured_once_for_all_methods(families):
 
 def test_the_time_budget_stops_every_methods_search_and_the_rest_still_runs(tmp_path, monkeypatch):
     """--time-budget splits the wall time between the methods: each search stops before a trial that would end
-    after its share, by the median of its trials so far, and the held-out re-measure runs on what was found. The
-    plain-RoPE forward runs once. Bug caught: the deadline taken per method from the start of the whole run (the
-    last methods get no trial), a search that ignores it until --trials, or the baseline measured per method."""
+    after its share, by the median of its trials so far (every method gets its first trial), and the held-out
+    re-measure runs on what was found. The plain-RoPE forward runs once. Bug caught: a search that ignores the
+    deadline until --trials, a method left without a trial, or the baseline measured per method."""
     import time
 
     from ctxeval.evals.tune.scoring import TrialScorer
@@ -188,9 +188,10 @@ def test_the_time_budget_stops_every_methods_search_and_the_rest_still_runs(tmp_
         tune_record = record_of(out / name)["tune"]
         assert tune_record["out_of_time"] is True
         assert 1 <= tune_record["trials"] < 30, (name, tune_record["trials"])
-    searched = sum(record_of(out / n)["tune"]["search_seconds_now"] for n in ("search-yarn", "search-ntk"))
-    searched += record_of(out / "search-longrope")["tune"]["search_seconds_now"]
-    assert searched <= 4.5 + 3 * 1.5  # the budget, plus at most one trial's overrun per method
+    names = ("search-yarn", "search-ntk", "search-longrope")
+    searched = sum(record_of(out / n)["tune"]["search_seconds_now"] for n in names)
+    longest = max(float(r["seconds"]) for n in names for r in rows_of(out / n) if r.get("seconds"))
+    assert searched <= 4.5 + 3 * max(3.0, 2 * longest)  # the budget, plus at most about a trial per method
     assert record_of(out)["tune"]["heldout_dir"] and time.monotonic() - started < 120
 
 
