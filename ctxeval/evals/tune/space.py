@@ -30,7 +30,7 @@ from ...attention.methods import AttentionSpec, check_combination, get_attention
 from ...errors import CtxevalError
 from ...rope.methods import START_TOKENS, Geometry, compute, yarn_ramp
 from ...rope.params import Param
-from ...specs import MethodSpec, default_factor
+from ...specs import MethodSpec, default_factor, format_param
 
 
 @dataclass(frozen=True)
@@ -381,7 +381,8 @@ def describe(space: SearchSpace) -> str:
         first = next(d for d in vector if d.name == f"{name}.0")
         parts.insert(
             0,
-            f"{space.pairs} per-pair {name.split('_')[0]} factors in [{first.low:g}, {first.high:g}]"
+            f"{space.pairs} per-pair {name.split('_')[0]} factors in [{format_param(first.low)}, "
+            f"{format_param(first.high)}]"
             f"{' log' if first.log else ''} on a 0.01 grid, non-decreasing",
         )
     return f"{space.base.label}: {', '.join(parts)}"

@@ -119,6 +119,9 @@ def test_longrope_searches_its_short_factors_and_start_tokens_unless_fixed():
         "longrope(factor=8): 16 per-pair long factors in [1, 9] on a 0.01 grid, non-decreasing, 16 per-pair short "
         "factors in [1, 1.5] on a 0.01 grid, non-decreasing, attention_factor in [0.8, 1.6], start_token_idx in [0, 16]"
     )
+    # the bounds as labels write them: a study's recorded space stays the same text (resume compares it)
+    odd = build_space(one_spec("longrope:factor=2.3333333333333335"), tiny_geometry(), 1024, start_tokens=False)
+    assert "16 per-pair long factors in [1, 3.3333333333333335] on a 0.01 grid" in describe(odd)
     exported = build_space(one_spec("longrope"), tiny_geometry(), 1024, start_tokens=False)
     assert "start_token_idx" not in {d.name for d in exported.dims}
     assert "short_factor.0" not in {d.key for d in exported.dims}
