@@ -13,12 +13,14 @@ text black or white by the cell's luminance, and wrap into rows so that a grid f
 from __future__ import annotations
 
 import colorsys
+import itertools
 import math
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import matplotlib
 
@@ -76,6 +78,7 @@ VARIANT_STYLES = [
     ("--", "<"),
 ]
 LEGEND_INSIDE_MAX = 4  # legend entries (curves and marker lines) that fit inside the axes
+LEGEND_COLUMN_LINES = 26  # legend lines (fontsize 7, with the space between entries) a 5-inch figure holds
 LEGEND_WIDTH = 56  # characters of a legend entry's line (a longer one wraps, as titles do, not widening the figure)
 CLOSE_TICKS_LOG2 = 0.4  # length ticks nearer than this (in octaves) would print their labels over each other
 DPI = 120  # every figure's resolution: inches x 120 = pixels in the PNG
@@ -159,7 +162,9 @@ def save(fig: Any, path: Path, tight: bool = True) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if tight:
-            fig.tight_layout()
+            with warnings.catch_warnings():  # a legend of many columns beside the axes: bbox_inches below fits it
+                warnings.filterwarnings("ignore", "Tight layout not applied", UserWarning)
+                fig.tight_layout()
         with atomic_path(path, "figure") as tmp:  # a crash leaves the old figure or the new one, never half of one
             fig.savefig(tmp, dpi=DPI, bbox_inches="tight", format=kind)
     except OSError as exc:
@@ -182,13 +187,29 @@ def family_shades(color: Any, n: int) -> list[str]:
     return [mcolors.to_hex(colorsys.hls_to_rgb(hue, middle + (i - (n - 1) / 2) * step, saturation)) for i in range(n)]
 
 
+def spare_colors(taken: set[str]) -> Iterator[str]:
+    """Colours for families FAMILY_COLORS does not name, never running out: SPARE_COLORS not yet taken, then hues
+    a golden angle apart (distinct from their neighbours however many are needed), each once."""
+    for color in SPARE_COLORS:
+        if mcolors.to_hex(color) not in taken:
+            taken.add(mcolors.to_hex(color))
+            yield color
+    for k in itertools.count():
+        hue = (0.11 + k * 0.381966) % 1.0  # the golden angle, as a fraction of the circle
+        lightness = (0.38, 0.55, 0.30)[(k // 8) % 3]  # later rounds darker or lighter, so no two coincide
+        color = mcolors.to_hex(colorsys.hls_to_rgb(hue, lightness, 0.75))
+        if color not in taken:
+            taken.add(color)
+            yield color
+
+
 def curve_styles(curves: Sequence[Curve]) -> list[dict[str, Any]]:
     """Matplotlib styles: the hue says the family (FAMILY_COLORS, the same in every figure); the family's n-th
     variant gets the n-th shade of it and the n-th (line style, marker). No two measured curves share a
     (colour, line style, marker)."""
     counts = Counter(c.family for c in curves if not c.reference)
     colors = {family: FAMILY_COLORS[family] for family in counts if family in FAMILY_COLORS}
-    spare = iter([c for c in SPARE_COLORS if c not in colors.values()] * 4)
+    spare = spare_colors(set(map(mcolors.to_hex, colors.values())))
     for family in counts:
         colors.setdefault(family, next(spare))
     shades = {family: family_shades(colors[family], n) for family, n in counts.items()}
@@ -305,8 +326,11 @@ def plot_curves(
     measured = [c for c in curves if c.xs]
     styles = curve_styles(measured)
     drawn = merge_identical(measured)
-    legend_outside = len(drawn) + len(originals or {}) + (threshold is not None) > LEGEND_INSIDE_MAX
-    fig, ax = plt.subplots(figsize=(10.5 if legend_outside else 8, 5))
+    entries = len(drawn) + len(originals or {}) + (threshold is not None)
+    legend_outside = entries > LEGEND_INSIDE_MAX
+    lines = sum(wrap_title(label, LEGEND_WIDTH).count("\n") + 1 for _, label in drawn) + entries - len(drawn)
+    legend_columns = math.ceil(lines / LEGEND_COLUMN_LINES)  # a column taller than the axes would be cut off
+    fig, ax = plt.subplots(figsize=(10.5 if legend_outside else 8, 5))  # saved tight: the columns widen the image
     for i, label in drawn:
         ax.plot(measured[i].xs, measured[i].ys, label=wrap_title(label, LEGEND_WIDTH), **styles[i])
     lengths = sorted({x for c in measured for x in c.xs})
@@ -331,7 +355,7 @@ def plot_curves(
     ax.set_title(wrap_title(title), fontsize=9)
     ax.grid(True, which="major", alpha=0.3)
     if legend_outside:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, ncols=legend_columns)
     else:
         ax.legend(fontsize=8, loc="best")
     return save(fig, path)

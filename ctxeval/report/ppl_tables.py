@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -24,10 +25,10 @@ from .tables import (
     length_or,
     longppl_long,
     number,
-    open_ended,
     own_valid_column,
     positions_long,
     ppl_long,
+    valid_cells,
     valid_lengths,
 )
 
@@ -43,11 +44,11 @@ def ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> li
         )
     long = ppl_long(rows, aggregate)
     cells = {(str(r.model), str(r.label), int(r.length)): (r.ppl, r.status) for r in long.itertuples()}
-    lengths = sorted({k[2] for k in cells})
     pairs = row_order(group, rows)
     for model, label in pairs:  # past a learned position table: a cell of its own, and where the valid length ends
         beyond = group.positions.get(model, {}).get("beyond") or []
-        cells.update({(model, label, n): (None, BEYOND_POSITIONS) for n in lengths if n in beyond})
+        cells.update({(model, label, int(n)): (None, BEYOND_POSITIONS) for n in beyond})
+    lengths = sorted({k[2] for k in cells})
 
     raw, status, shown = [], [], []
     for model, label in pairs:
@@ -73,61 +74,13 @@ def ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> li
         caption=f"Perplexity ({aggregate}-weighted over {n_docs} document(s)); original length: {originals}.",
     )
 
-    # valid length: per model, over the lengths that model was evaluated at; both definitions (tables.valid_lengths)
+    # valid length: one computation per (model, method), over the lengths that model was evaluated at; every table
+    # that shows a valid length reads it from here by that key (never by row position: merged runs interleave models)
     own_col = own_valid_column(tolerance)
-    vraw, vstatus, vshown, bases = [], [], [], []
-    models = list(dict.fromkeys(m for m, _ in pairs))
-    for model in models:
-        mine = [(m, label) for m, label in pairs if m == model]
-        evaluated = sorted({k[2] for k in cells if k[0] == model})
-        wide = pd.DataFrame(
-            [
-                [
-                    float("nan")
-                    if number(cells.get((model, label, L), (None,))[0]) is None
-                    else float(cells[(model, label, L)][0])
-                    for L in evaluated
-                ]
-                for _, label in mine
-            ],
-            index=[label for _, label in mine],
-            columns=evaluated,
-        )
-        original = group.original_lengths.get(model) or max(evaluated)
-        valid = valid_lengths(wide, original, tolerance)
-        base = base_label(wide.index)
-        bases.append(f"{model}: {base}" if base else f"{model}: none evaluated")
-        base_col = base_valid_column(tolerance, base)
-        for (_, label), v in zip(mine, valid.to_dict("records")):
-            ref_len, ref = int_or_none(v["reference length"]), number(v["ppl at reference"])
-            longest, times = int_or_none(v[own_col]), number(v["x original"])
-            vs_base, vs_times = int_or_none(v[base_col]), number(v["x original (vs base)"])
-            ref_status = cells.get((model, label, int(ref_len)), (None, "missing"))[1]
-            vraw.append([model, label, ref_len, ref, longest, times, vs_base, vs_times])
-            vstatus.append(
-                [
-                    None,
-                    None,
-                    None,
-                    None if ref is not None else ref_status,
-                    None if longest is not None else "missing",
-                    None,
-                    None if vs_base is not None else "missing",
-                    None,
-                ]
-            )
-            vshown.append(
-                [
-                    model,
-                    label,
-                    fmt_length(int(ref_len)),
-                    fmt_ppl(ref if ref is not None else float("nan"), ref_status),
-                    open_ended(longest, evaluated, length_or(longest, MISSING)),
-                    open_ended(longest, evaluated, f"{times:.2f}" if times is not None else MISSING, False),
-                    open_ended(vs_base, evaluated, length_or(vs_base, MISSING)),
-                    open_ended(vs_base, evaluated, f"{vs_times:.2f}" if vs_times is not None else MISSING, False),
-                ]
-            )
+    valid, bases = _valid_by_pair(group, cells, pairs, tolerance)
+    vraw = [valid[pair].raw for pair in valid]
+    vstatus = [valid[pair].status for pair in valid]
+    vshown = [valid[pair].shown for pair in valid]
     one_base = {b.split(": ", 1)[1] for b in bases}
     base_name = next(iter(one_base)) if len(one_base) == 1 and "none evaluated" not in one_base else None
     base_col = base_valid_column(tolerance, base_name)
@@ -156,15 +109,94 @@ def ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> li
         f"model's ppl there ({'; '.join(bases)}): how far the method goes without paying. "
         f"{NOT_REACHED_NOTE}",
     )
-    encodings = _encodings_table(group, main, vraw, vshown, own_col, lengths, tolerance)
+    encodings = _encodings_table(group, main, valid, own_col, lengths, tolerance)
     return [main, *encodings, valid_table, *_longppl_tables(group, rows, pairs), *_positions_table(group, rows, pairs)]
+
+
+@dataclass
+class ValidLength:
+    """One (model, method)'s valid-length row: the raw values, their statuses and the printed cells, in the valid
+    table's columns (model, method, reference length, ppl at reference, own, x original, vs base, x original)."""
+
+    raw: list[Any]
+    status: list[str | None]
+    shown: list[str]
+
+    @property
+    def own(self) -> int | None:
+        """The longest length within the tolerance of the method's own ppl at the reference length."""
+        return self.raw[4]
+
+
+def _valid_by_pair(
+    group: Group,
+    cells: dict[tuple[str, str, int], tuple[Any, str]],
+    pairs: list[tuple[str, str]],
+    tolerance: float,
+) -> tuple[dict[tuple[str, str], ValidLength], list[str]]:
+    """(model, method) -> its valid lengths, computed and written as a run's own valid.csv and table.md are
+    (tables.valid_lengths and valid_cells) over the lengths that model was evaluated at, grouped by model in the
+    order models first appear; and each model's base row named for the caption."""
+    own_col = own_valid_column(tolerance)
+    out: dict[tuple[str, str], ValidLength] = {}
+    bases = []
+    for model in dict.fromkeys(m for m, _ in pairs):
+        labels = [label for m, label in pairs if m == model]
+        evaluated = sorted({k[2] for k in cells if k[0] == model})
+        got = {(label, L): cells.get((model, label, L), (None, "missing")) for label in labels for L in evaluated}
+        wide = pd.DataFrame(
+            [[_ppl_or_nan(got[(label, L)][0]) for L in evaluated] for label in labels], index=labels, columns=evaluated
+        )
+        status = pd.DataFrame(
+            [[got[(label, L)][1] for L in evaluated] for label in labels], index=labels, columns=evaluated
+        )
+        original = group.original_lengths.get(model) or max(evaluated)
+        valid = valid_lengths(wide, original, tolerance, status)
+        _, printed = valid_cells(valid)
+        base = base_label(wide.index)
+        bases.append(f"{model}: {base}" if base else f"{model}: none evaluated")
+        base_col = base_valid_column(tolerance, base)
+        for label, v, shown in zip(labels, valid.to_dict("records"), printed, strict=True):
+            if v["method"] != label:
+                raise AssertionError(f"valid_lengths returned {v['method']!r} where {label!r} was asked")
+            ref_len, ref = int_or_none(v["reference length"]), number(v["ppl at reference"])
+            longest, vs_base = int_or_none(v[own_col]), int_or_none(v[base_col])
+            ref_status = got.get((label, int(ref_len)), (None, "missing"))[1]
+            out[(model, label)] = ValidLength(
+                [
+                    model,
+                    label,
+                    ref_len,
+                    ref,
+                    longest,
+                    number(v["x original"]),
+                    vs_base,
+                    number(v["x original (vs base)"]),
+                ],
+                [
+                    None,
+                    None,
+                    None,
+                    None if ref is not None else ref_status,
+                    None if longest is not None else "missing",
+                    None,
+                    None if vs_base is not None else "missing",
+                    None,
+                ],
+                [model, label, shown[1], fmt_ppl(ref if ref is not None else float("nan"), ref_status), *shown[3:]],
+            )
+    return out, bases
+
+
+def _ppl_or_nan(value: Any) -> float:
+    value = number(value)
+    return float("nan") if value is None else float(value)
 
 
 def _encodings_table(
     group: Group,
     main: Table,
-    valid_raw: list[list[Any]],
-    valid_shown: list[list[str]],
+    valid: dict[tuple[str, str], ValidLength],
     own_col: str,
     lengths: list[int],
     tolerance: float,
@@ -178,11 +210,12 @@ def _encodings_table(
         return []
     headers = ["model", "method", "position encoding", "trained length", own_col, *map(fmt_length, lengths)]
     raw, status, shown = [], [], []
-    for row, row_status, row_shown, valid, measured in zip(main.rows, main.status, main.cells, valid_shown, valid_raw):
+    for row, row_status, row_shown in zip(main.rows, main.status, main.cells):
         model, trained = row[0], group.original_lengths.get(row[0])
-        raw.append([model, row[1], encodings[model], trained, measured[4], *row[2:]])
-        status.append([None, None, None, None, None, *row_status[2:]])
-        shown.append([model, row[1], encodings[model], length_or(trained, MISSING), valid[4], *row_shown[2:]])
+        mine = valid[(model, row[1])]
+        raw.append([model, row[1], encodings[model], trained, mine.own, *row[2:]])
+        status.append([None, None, None, None, mine.status[4], *row_status[2:]])
+        shown.append([model, row[1], encodings[model], length_or(trained, MISSING), mine.shown[4], *row_shown[2:]])
     return [
         Table(
             f"{group.id}-encodings",

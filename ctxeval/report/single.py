@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..runs.rows import MISSING, UNIFORM_LABEL, fmt_length
+from ..runs.rows import BEYOND_POSITIONS, MISSING, UNIFORM_LABEL, fmt_length
 from ..runs.store import RunStore
 from ..specs import MethodSpec
 from ..util.paths import safe_name
@@ -221,9 +221,13 @@ def render_ppl(
     long = ppl_long(store.rows(), aggregate)
     wide = ppl_wide(long, [s.label for s in specs])
     status = status_wide(long, wide)
-    valid = valid_lengths(wide, original_length, tolerance)
+    for length in store.record.get("beyond_positions") or []:  # past a learned position table: measured as failed
+        if int(length) not in wide.columns:
+            wide[int(length)], status[int(length)] = float("nan"), BEYOND_POSITIONS
+    wide, status = wide.sort_index(axis=1), status.sort_index(axis=1)
+    valid = valid_lengths(wide, original_length, tolerance, status)
     headers, rows = ppl_cells(wide, status)
-    vheaders, vrows = valid_cells(valid, list(wide.columns))
+    vheaders, vrows = valid_cells(valid)
     n_docs = int(long["n_docs"].max()) if len(long) else 0
     caption = f"Perplexity ({aggregate}-weighted over {n_docs} document(s)); original length {original_length}."
     position_printed, position_md = render_positions(store, original_length, title)

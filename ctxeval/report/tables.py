@@ -180,32 +180,51 @@ def base_label(labels: Iterable[str]) -> str | None:
     return next((b for b in BASE_LABELS if b in labels), None)
 
 
-def valid_lengths(wide: pd.DataFrame, original_length: int, tolerance: float) -> pd.DataFrame:
+OWN_FAILS_AT = "own: first length past it"
+BASE_FAILS_AT = "vs base: first length past it"
+
+
+def valid_lengths(
+    wide: pd.DataFrame, original_length: int, tolerance: float, status: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Per method, two valid lengths (ALiBi-style extrapolation tables), both going up from the reference length R
     (the original length L, or the longest evaluated length <= L) and stopping at the first length that fails:
       own:  ppl stays within (1 + tolerance) of the method's own ppl at R (how gracefully it degrades);
       base: ppl stays within (1 + tolerance) of the unmodified model's ppl at R (`native`, else `none`: how far the
-            method goes without costing perplexity against the model as shipped)."""
+            method goes without costing perplexity against the model as shipped).
+    A length fails when its ppl is over the bound or its point failed (out of memory, past a learned position
+    table). `status` (the same shape; ok, oom, ..., missing or NaN) tells a point never measured from a failed one:
+    the walk stops there too, but nothing failed, so the valid length is a lower bound. Without `status` every NaN
+    counts as a failure. OWN_FAILS_AT / BASE_FAILS_AT hold the length that failed, None where none did (the valid
+    length is then a lower bound: `≥ L (not reached)`)."""
     below = [c for c in wide.columns if c <= original_length]
     ref_len = max(below) if below else min(wide.columns)
     base = base_label(wide.index)
     base_ref = wide.loc[base].get(ref_len) if base is not None else None
 
-    def longest(series: pd.Series, ref: Any) -> int | None:
+    def unmeasured(label: Any, length: int) -> bool:
+        if status is None:
+            return False
+        st = status.loc[label].get(length)
+        return st is None or (isinstance(st, float) and math.isnan(st)) or st == "missing"
+
+    def longest(label: Any, series: pd.Series, ref: Any) -> tuple[int | None, int | None]:
         valid = None
         if ref is None or math.isnan(ref):
-            return None
+            return None, None
         for length in [c for c in wide.columns if c >= ref_len]:
             value = series[length]
-            if math.isnan(value) or value > ref * (1 + tolerance):
-                break
+            if math.isnan(value):
+                return valid, None if unmeasured(label, length) else int(length)
+            if value > ref * (1 + tolerance):
+                return valid, int(length)
             valid = length
-        return valid
+        return valid, None
 
     rows = []
     for label, series in wide.iterrows():
         ref = series.get(ref_len)
-        own, against_base = longest(series, ref), longest(series, base_ref)
+        (own, own_fails), (against_base, base_fails) = longest(label, series, ref), longest(label, series, base_ref)
         rows.append(
             {
                 "method": label,
@@ -215,9 +234,11 @@ def valid_lengths(wide: pd.DataFrame, original_length: int, tolerance: float) ->
                 "x original": (own / original_length) if own else None,
                 base_valid_column(tolerance, base): against_base,
                 "x original (vs base)": (against_base / original_length) if against_base else None,
+                OWN_FAILS_AT: own_fails,
+                BASE_FAILS_AT: base_fails,
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).astype({OWN_FAILS_AT: "Int64", BASE_FAILS_AT: "Int64"})
 
 
 def fmt_ppl(value: Any, status: str | None = None) -> str:
@@ -247,38 +268,45 @@ def ppl_cells(wide: pd.DataFrame, status: pd.DataFrame | None = None) -> tuple[l
 
 NOT_REACHED = "not reached"
 NOT_REACHED_NOTE = (
-    f"≥ L ({NOT_REACHED}): valid at every length evaluated, up to the longest, L; where it fails lies beyond."
+    f"≥ L ({NOT_REACHED}): valid at every length evaluated up to L, and no longer length failed (L is the longest "
+    "evaluated, or the next was not measured); where it fails lies beyond."
 )
 
 
-def open_ended(valid: int | None, evaluated: list[int], shown: str, said: bool = True) -> str:
-    """A valid length that is the longest length evaluated is a lower bound: `≥ 1k (not reached)` (`≥ 8.00` for its
+def open_ended(valid: int | None, fails_at: int | None, shown: str, said: bool = True) -> str:
+    """A valid length that no longer length failed is a lower bound: `≥ 1k (not reached)` (`≥ 8.00` for its
     multiple of the original length, `said` False)."""
-    if valid is None or not evaluated or valid < max(evaluated):
+    if valid is None or fails_at is not None:
         return shown
     return f"≥ {shown}" + (f" ({NOT_REACHED})" if said else "")
 
 
-def valid_cells(valid: pd.DataFrame, evaluated: list[int] | None = None) -> tuple[list[str], list[list[str]]]:
-    """The valid-length table's cells; with the lengths evaluated, a valid length at the longest is open_ended."""
-    headers = list(valid.columns)
+def valid_cells(valid: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """The valid-length table's cells (valid_lengths' columns less the failing lengths); a valid length that no
+    longer length failed is open_ended."""
+    headers = [c for c in valid.columns if c not in (OWN_FAILS_AT, BASE_FAILS_AT)]
+    own_col, base_col = headers[3], headers[5]
     rows = []
 
-    def bound(length: Any, shown: str, said: bool = True) -> str:
-        known = length is not None and not pd.isna(length)
-        return open_ended(int(length) if known else None, evaluated or [], shown, said)
+    def present(x: Any) -> bool:
+        return x is not None and not pd.isna(x)
+
+    def cells(r: pd.Series, column: str, times: str, fails: str) -> list[str]:
+        length = int(r[column]) if present(r[column]) else None
+        fails_at = int(r[fails]) if present(r[fails]) else None
+        return [
+            open_ended(length, fails_at, fmt_length(length) if length is not None else MISSING),
+            open_ended(length, fails_at, f"{r[times]:.2f}" if present(r[times]) else MISSING, False),
+        ]
 
     for _, r in valid.iterrows():
-        present = lambda x: x is not None and not pd.isna(x)  # noqa: E731
         rows.append(
             [
-                r.iloc[0],
-                fmt_length(int(r.iloc[1])),
-                fmt_ppl(r.iloc[2]),
-                bound(r.iloc[3], fmt_length(int(r.iloc[3])) if present(r.iloc[3]) else MISSING),
-                bound(r.iloc[3], f"{r.iloc[4]:.2f}" if present(r.iloc[4]) else MISSING, False),
-                bound(r.iloc[5], fmt_length(int(r.iloc[5])) if present(r.iloc[5]) else MISSING),
-                bound(r.iloc[5], f"{r.iloc[6]:.2f}" if present(r.iloc[6]) else MISSING, False),
+                r["method"],
+                fmt_length(int(r["reference length"])),
+                fmt_ppl(r["ppl at reference"]),
+                *cells(r, own_col, "x original", OWN_FAILS_AT),
+                *cells(r, base_col, "x original (vs base)", BASE_FAILS_AT),
             ]
         )
     return headers, rows

@@ -154,6 +154,41 @@ def test_many_series_put_the_legend_outside(figures):
     assert legend.get_bbox_to_anchor().x0 > figures[0].axes[0].get_window_extent().x1 - 1  # right of the axes
 
 
+def test_more_families_than_any_palette_holds_get_colours_of_their_own_and_a_legend_that_fits(figures):
+    """Issue 53: `ctxeval report results/*/ --html` ended in StopIteration once a figure held more method families
+    than SPARE_COLORS had left; a runs folder grows the same way. 45 families, every known one among them."""
+    known = list(PL.FAMILY_COLORS)
+    unknown = [f"method-{i}" for i in range(45 - len(known))]
+    curves = [
+        PL.Curve(f"{f}(x=1)", f, [64, 128, 256], [1.0 + i, 2.0 + i, 3.0 + i]) for i, f in enumerate(known + unknown)
+    ]
+    assert len(curves) > len(PL.FAMILY_COLORS) + len(PL.SPARE_COLORS)
+    styles = PL.curve_styles(curves)
+    looks = [(s["color"], s["ls"], s["marker"]) for s in styles]
+    assert len(set(looks)) == len(looks)  # no two curves alike
+    spare = [mcolors.to_hex(s["color"]) for s in styles[len(known) :]]
+    assert len(set(spare)) == len(spare)  # each unknown family a colour of its own
+    assert not set(spare) & {mcolors.to_hex(c) for c in PL.FAMILY_COLORS.values()}  # none a known family's
+    PL.plot_curves(curves, "x.png", title="t", xlabel="length", ylabel="y")
+    fig = figures[0]
+    fig.canvas.draw()
+    legend = fig.axes[0].get_legend()
+    assert len(legend.get_texts()) == len(curves)
+    box = legend.get_window_extent()
+    assert box.y0 >= 0 and box.y1 <= fig.bbox.height + 1  # the legend's columns fit the figure's height
+
+
+def test_a_legend_of_long_wrapped_labels_fits_the_figure(figures):
+    """Tune trials' labels wrap over 2-3 lines each: the legend's height counts lines, not entries."""
+    label = "longrope(attention_factor=0.9449,factor=8,long_factor=16xa2538801,short_factor=16xebd5d1ff,start={})"
+    curves = [PL.Curve(label.format(i), "longrope", [128, 1024], [1.0 + i, 2.0 + i]) for i in range(30)]
+    PL.plot_curves(curves, "x.png", title="t", xlabel="length", ylabel="y")
+    fig = figures[0]
+    fig.canvas.draw()
+    box = fig.axes[0].get_legend().get_window_extent()
+    assert box.y0 >= 0 and box.y1 <= fig.bbox.height + 1  # (saved with a tight box, its columns widen the image)
+
+
 def test_heatmap_panel_marks_failures_and_the_original_length(figures):
     grid = pd.DataFrame([[1.0, float("nan")], [0.5, float("nan")]], index=[0.0, 100.0], columns=[128, 256])
     status = pd.DataFrame([["ok", "oom"], ["ok", "missing"]], index=grid.index, columns=grid.columns)

@@ -87,7 +87,11 @@ def test_valid_length_against_the_base_model_and_against_itself():
         "x original",
         base,
         "x original (vs base)",
+        "own: first length past it",
+        "vs base: first length past it",
     ]
+    assert valid.loc["pi(factor=8)", "own: first length past it"] is pd.NA  # valid to the longest: a lower bound
+    assert valid.loc["yarn-tuned", "own: first length past it"] == 512
     assert valid.loc["pi(factor=8)", own] == 1024 and valid.loc["pi(factor=8)", "x original"] == 8
     assert pd.isna(valid.loc["pi(factor=8)", base])  # 152 > 1.1 x 74.9 already at the reference
     assert valid.loc["yarn-tuned", base] == 256  # 79.9 <= 82.4, then 95.4 > 82.4 stops it
@@ -785,7 +789,7 @@ def test_valid_cells_write_lengths_ppl_and_ratios_with_missing_marks():
         "x original (vs base)",
     ]
     assert rows == [
-        ["none", "64", "10.00", "2k", "32.00", "2k", "32.00"],
+        ["none", "64", "10.00", "≥ 2k (not reached)", "≥ 32.00", "≥ 2k (not reached)", "≥ 32.00"],
         ["yarn", "64", "12.00", "64", "1.00", "—", "—"],
         ["pi", "64", "—", "—", "—", "—", "—"],
     ]  # failed at the reference: no valid length either way
@@ -1097,9 +1101,28 @@ def test_valid_cells_mark_a_valid_length_at_the_longest_evaluated_as_not_reached
         [[10.0, 10.5, 40.0], [10.2, 10.4, 10.9]], index=["none", "yarn(factor=2)"], columns=[64, 128, 256]
     )
     valid = valid_lengths(wide, 128, 0.10)
-    _, rows = valid_cells(valid, [64, 128, 256])
+    _, rows = valid_cells(valid)
     by = {row[0]: row for row in rows}
     assert by["yarn(factor=2)"][3:5] == ["≥ 256 (not reached)", "≥ 2.00"]
     assert by["none"][3:5] == ["128", "1.00"]
-    _, unmarked = valid_cells(valid)  # without the lengths evaluated: plain lengths, as before
-    assert unmarked[1][3] == "256"
+
+
+def test_a_valid_range_that_stops_at_a_point_never_measured_is_a_lower_bound_and_one_that_failed_is_not():
+    """Issue 53: merged runs of one model on different length grids leave a method's cells empty past its own
+    longest length; that is where its measurement ends, not where it fails (its own run says `≥ 1k`)."""
+    from ctxeval.report.tables import valid_cells, valid_lengths
+
+    nan = float("nan")
+    wide = pd.DataFrame(
+        [[10.0, 10.4, nan], [10.0, 10.4, nan], [10.0, 10.4, nan]], index=["none", "pi", "dca"], columns=[64, 128, 256]
+    )
+    status = pd.DataFrame(
+        [["ok", "ok", "missing"], ["ok", "ok", "oom"], ["ok", "ok", "beyond positions"]],
+        index=wide.index,
+        columns=wide.columns,
+    )
+    _, rows = valid_cells(valid_lengths(wide, 64, 0.10, status))
+    by = {row[0]: row[3] for row in rows}
+    assert by == {"none": "≥ 128 (not reached)", "pi": "128", "dca": "128"}
+    _, unknown = valid_cells(valid_lengths(wide, 64, 0.10))  # without statuses a NaN is a failure, as an OOM
+    assert [row[3] for row in unknown] == ["128", "128", "128"]
