@@ -14,13 +14,17 @@ from ..util.paths import safe_name
 
 RUNS_DIR = "runs"  # default parent of run directories: not results/, which a checkout keeps for committed runs
 # Options that say how a run is executed or rendered, not what it measures: a rerun that changes only these (a
-# smaller --batch-size after an out-of-memory, more --trials for a search) resumes the same default directory. None
-# of them is in a run's spec, so the directory accepts the rerun.
+# smaller --batch-size after an out-of-memory, more --trials or a larger --time-budget for a search) resumes the same
+# default directory. None of them is in a run's spec, so the directory accepts the rerun. Options that change what is
+# measured stay out (--passkey and --compare add measurements, --storage holds another study, --max-model-len sizes
+# vLLM's RoPE tables for the dynamic methods).
 HOW_NOT_WHAT = frozenset(
     {
         "out",
         "overwrite",
         "batch_size",
+        "chunk_size",  # ppl, tune: positions per LM-head chunk (memory)
+        "query_chunk",  # entropy: queries per chunk (memory)
         "device",
         "device_map",
         "max_memory",
@@ -31,6 +35,7 @@ HOW_NOT_WHAT = frozenset(
         "valid_tolerance",
         "dry_run",
         "trials",
+        "time_budget",
         "export",
         "log_samples",
     }
