@@ -5,12 +5,16 @@ that should catch it, and report which were killed (a test failed) and which sur
 
 Each mutant is (name, file, the exact text, its replacement, the test files to run). The copy lives in a temporary
 folder (the working tree is never touched); the tests run there with `python -m pytest -x -q`. A mutant whose text
-is not found is reported as stale (the code moved on: update the list). Exit 1 if any mutant survived.
+is not found is reported as stale (the code moved on: update the list). Each distinct test list first runs on the
+unmutated copy (--no-baseline skips it): a list that fails there kills nothing, and its mutants are reported as
+such. A mutant counts as killed only when pytest reports a failed test (exit 1), not a collection error. Exit 1
+unless every mutant was killed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +32,8 @@ ENGINE = "tests/models/test_vllm_engine.py"
 KERNELS = "tests/attention/test_kernels.py"
 SHIFTED = ["tests/attention/test_shifted.py", "tests/conformance/test_dca_string.py"]
 TEMPERATURE = ["tests/attention/test_temperature.py"]
+BUDGET = "tests/evals/tune/test_time_budget.py"
+IDENTICAL = "tests/cli/test_identical_methods.py"
 MUTANTS = [
     (
         "needle resume key without depth",
@@ -551,45 +557,166 @@ MUTANTS = [
         '{"chunk_size": "262144", "local_size": "4096", "scale": "vllm", "original": "262144"},\n            \'Qwen2.5-7B',
         SHIFTED,
     ),
+    # issue 53, part 2: one-line bugs the suite of its day did not notice
+    (
+        "json_kv demos drawn from every pair",
+        "ctxeval/evals/retrieval/helmet_json_kv.py",
+        "rng.sample([i for i in range(num_kvs) if i != gold_index], shots)",
+        "rng.sample(list(range(num_kvs)), shots)",
+        ["tests/evals/retrieval/test_json_kv_demos.py"],
+    ),
+    (
+        "retrieval sizer takes the shortest depth's prompt",
+        "ctxeval/evals/retrieval/suite.py",
+        "longest = max(self.count(self.build(seed, size, d).text) for d in depths)",
+        "longest = min(self.count(self.build(seed, size, d).text) for d in depths)",
+        ["tests/evals/retrieval/test_sizer_depths.py"],
+    ),
+    (
+        "tune budget: a method's first trial not guaranteed",
+        "ctxeval/evals/tune/search.py",
+        "if deadline is None or not counted(finished(study)):",
+        "if deadline is None:",
+        [BUDGET],
+    ),
+    (
+        "tune budget: the expected trial time taken as 0",
+        "ctxeval/evals/tune/search.py",
+        "expected = statistics.median(durations) if durations else 0.0",
+        "expected = 0.0",
+        [BUDGET],
+    ),
+    (
+        "tune budget: each method's share of the whole, not of what is left",
+        "ctxeval/evals/tune/job.py",
+        "(end - time.monotonic()) / (len(families) - index)",
+        "(end - time.monotonic()) / len(families)",
+        [BUDGET],
+    ),
+    (
+        "naming: --trials names another default directory",
+        "ctxeval/runs/naming.py",
+        '        "trials",\n',
+        "",
+        ["tests/runs/test_naming.py"],
+    ),
+    (
+        "naming: --time-budget names another default directory",
+        "ctxeval/runs/naming.py",
+        '        "time_budget",\n',
+        "",
+        ["tests/runs/test_naming.py", f"{BUDGET}::test_a_larger_budget_continues_the_study_in_the_default_directory"],
+    ),
+    (
+        "naming: --chunk-size names another default directory",
+        "ctxeval/runs/naming.py",
+        '        "chunk_size",  # ppl, tune: positions per LM-head chunk (memory)\n',
+        "",
+        ["tests/runs/test_naming.py"],
+    ),
+    (
+        "identical methods: inv_freq tolerance 1e-12 -> 1e-3",
+        "ctxeval/specs.py",
+        "np.allclose(a.inv_freq, b.inv_freq, rtol=1e-12, atol=0)",
+        "np.allclose(a.inv_freq, b.inv_freq, rtol=1e-3, atol=0)",
+        [IDENTICAL],
+    ),
+    (
+        "identical methods: attention factor tolerance 1e-12 -> 1e-3",
+        "ctxeval/specs.py",
+        "math.isclose(a.attention_factor, b.attention_factor, rel_tol=1e-12)",
+        "math.isclose(a.attention_factor, b.attention_factor, rel_tol=1e-3)",
+        [IDENTICAL],
+    ),
+    (
+        "ruler length fit without its safety margin",
+        "ctxeval/evals/ruler/fit.py",
+        "SURE_MARGIN = 1.25",
+        "SURE_MARGIN = 1.0",
+        ["tests/evals/ruler/test_fit.py"],
+    ),
 ]
+
+
+def ignored(folder: str, names: list[str]) -> set[str]:
+    """What the scratch copy leaves out: the checkout's .git, virtual environments, committed results and run
+    directories at its top only (ctxeval/runs and tests/runs are code: a pattern matched at every level once left
+    them out, so every test that imports them failed at collection and each mutant counted as killed), and caches
+    anywhere."""
+    skipped = {n for n in names if n == "__pycache__" or n.endswith(".egg-info")}
+    if Path(folder).resolve() == ROOT:
+        skipped |= {n for n in names if n in (".git", "results", "runs") or n.startswith(".venv")}
+    return skipped
+
+
+def pytest(scratch: Path, tests: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=scratch,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(scratch)},
+    )
+
+
+def first_failure(output: str) -> str:
+    """The first `FAILED test id` of pytest's summary (what killed the mutant), or the last line of its output."""
+    failed = [
+        line.split(" - ")[0].removeprefix("FAILED ") for line in output.splitlines() if line.startswith("FAILED ")
+    ]
+    return failed[0] if failed else (output.strip().splitlines() or [""])[-1]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=None, help="run the mutants whose name contains this")
     parser.add_argument("--start", type=int, default=1, help="run the mutants from this one on (1-based)")
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip running each mutant's tests on the unmutated copy first"
+    )
     args = parser.parse_args()
     chosen = [m for m in MUTANTS[args.start - 1 :] if args.only is None or args.only in m[0]]
-    survived = 0
+    counts = {"killed": 0, "SURVIVED": 0, "STALE": 0, "ERROR": 0, "BASELINE": 0}
+    began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp) / "tree"
-        shutil.copytree(
-            ROOT,
-            scratch,
-            ignore=shutil.ignore_patterns(".git", ".venv*", "results", "runs", "__pycache__", "*.egg-info"),
-        )
+        shutil.copytree(ROOT, scratch, ignore=ignored)
+        broken: set[tuple[str, ...]] = set()
+        if not args.no_baseline:  # a test that fails unmutated kills nothing: its mutants are not counted as killed
+            for tests in dict.fromkeys(tuple(m[4]) for m in chosen):
+                start = time.perf_counter()
+                result = pytest(scratch, list(tests))
+                ok = result.returncode == 0
+                print(f"{'baseline' if ok else 'BASELINE':<9} {' '.join(tests)}  ({time.perf_counter() - start:.0f} s)")
+                if not ok:
+                    broken.add(tests)
+                    print(f"          {first_failure(result.stdout + result.stderr)}", flush=True)
         for name, rel, old, new, tests in chosen:
             path = scratch / rel
             original = path.read_text()
             if original.count(old) != 1:
-                print(f"STALE     {name}: the text is not in {rel} exactly once")
-                survived += 1
+                print(f"STALE     {name}: the text is not in {rel} exactly once", flush=True)
+                counts["STALE"] += 1
+                continue
+            if tuple(tests) in broken:
+                print(f"BASELINE  {name}: its tests fail on the unmutated copy", flush=True)
+                counts["BASELINE"] += 1
                 continue
             path.write_text(original.replace(old, new))
             start = time.perf_counter()
-            result = subprocess.run(
-                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                cwd=scratch,
-                capture_output=True,
-                text=True,
-                env={**__import__("os").environ, "PYTHONPATH": str(scratch)},
-            )
+            result = pytest(scratch, tests)
             path.write_text(original)
-            verdict = "killed" if result.returncode != 0 else "SURVIVED"
-            survived += verdict == "SURVIVED"
+            # pytest exits 1 when a test failed; 2-5 (a collection error, no tests, a usage error) kill nothing
+            verdict = {0: "SURVIVED", 1: "killed"}.get(result.returncode, "ERROR")
+            counts[verdict] += 1
             print(f"{verdict:<9} {name}  ({time.perf_counter() - start:.0f} s)", flush=True)
-    print(f"{len(chosen) - survived} of {len(chosen)} killed")
-    return 1 if survived else 0
+            if verdict != "SURVIVED":
+                print(f"          {first_failure(result.stdout + result.stderr)}", flush=True)
+    print(
+        f"{counts['killed']} of {len(chosen)} killed; {counts['SURVIVED']} survived, {counts['STALE']} stale, "
+        f"{counts['ERROR']} errors, {counts['BASELINE']} with failing baselines ({time.perf_counter() - began:.0f} s)"
+    )
+    return 0 if counts["killed"] == len(chosen) else 1
 
 
 if __name__ == "__main__":
