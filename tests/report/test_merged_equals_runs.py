@@ -241,3 +241,19 @@ def test_merged_runs_of_different_models_methods_and_grids_print_each_runs_own_v
     assert valid[("tiny-learned", "none")] == 128 and valid[("tiny", "qscale-mistral")] == 128
     assert valid[("tiny", "dca")] == 512 and valid[("tiny", "ntk(factor=8)")] == 1024
     assert sum(compare_with_each_run(report).values()) > 0
+
+
+def test_every_figure_of_the_report_over_all_committed_results_draws(monkeypatch, tmp_path):
+    """`ctxeval report results/*/ --html` ended in StopIteration (curve_styles ran out of spare colours); every
+    figure of the report over everything committed is drawn here (not written: the drawing is what failed)."""
+    import matplotlib.pyplot as plt
+
+    from ctxeval.report import plots
+    from ctxeval.report.render import write_plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save", lambda fig, path, tight=True: drawn.append(path) or plt.close(fig) or path)
+    monkeypatch.chdir(REPO)
+    paths = sorted(str(p.relative_to(REPO)) + "/" for p in (REPO / "results").iterdir() if p.is_dir())
+    images = write_plots(merged.build_report(paths), tmp_path)
+    assert len(drawn) >= 20 and images
