@@ -257,3 +257,54 @@ def test_every_figure_of_the_report_over_all_committed_results_draws(monkeypatch
     paths = sorted(str(p.relative_to(REPO)) + "/" for p in (REPO / "results").iterdir() if p.is_dir())
     images = write_plots(merged.build_report(paths), tmp_path)
     assert len(drawn) >= 20 and images
+
+
+def test_every_derived_length_of_the_merged_committed_report_follows_from_the_cells_it_prints(monkeypatch):
+    """A number derived over several lengths (a valid length, an effective length) cannot be checked against one
+    run where several runs fill the lengths; it is recomputed here, by brute force, from the cells the same merged
+    table prints beside it: the ppl table for the valid lengths, the accuracy columns for the needle's."""
+    monkeypatch.chdir(REPO)
+    paths = sorted(str(p.relative_to(REPO)) + "/" for p in (REPO / "results").iterdir() if p.is_dir())
+    report = merged.build_report(paths)
+    checked = 0
+    for group in report.groups:
+        by_kind = {t.kind: t for t in group.tables}
+        if "valid" in by_kind:
+            ppl, valid = by_kind["ppl"], by_kind["valid"]
+            own = own_valid_column(report.tolerance)
+            lengths = [int(c) for c in ppl.columns[2:]]
+            cell = {(r[0], r[1]): dict(zip(lengths, zip(r[2:], s[2:]))) for r, s in zip(ppl.rows, ppl.status)}
+            for row, shown in zip(valid.records(), valid.cells):
+                mine = cell[(row["model"], row["method"])]
+                evaluated = [
+                    L for L in lengths if any(c[L][1] != "missing" for (m, _), c in cell.items() if m == row["model"])
+                ]
+                ref_len, ref = row["reference length"], mine[row["reference length"]][0]
+                longest, failed = None, False
+                for L in (L for L in evaluated if L >= ref_len and ref is not None):
+                    value, status = mine[L]
+                    if status == "missing":
+                        break
+                    if value is None or value > ref * (1 + report.tolerance):
+                        failed = True
+                        break
+                    longest = L
+                assert row[own] == longest, (group.id, row["model"], row["method"])
+                assert shown[4].startswith("≥") == (longest is not None and not failed), (group.id, row, shown)
+                checked += 1
+        for kind in ("needle", "passkey"):
+            if kind not in by_kind:
+                continue
+            table = by_kind[kind]
+            lengths = [c for c in table.columns[2:] if c.isdigit()]
+            threshold = report.threshold
+            for row, status in zip(table.records(), table.status):
+                sts = dict(zip(table.columns, status))
+                longest = None
+                for L in (L for L in lengths if sts[L] != "missing"):
+                    if row[L] is None or row[L] < threshold:
+                        break
+                    longest = int(L)
+                assert row["effective length"] == longest, (group.id, row)
+                checked += 1
+    assert checked > 120  # 139 on 2026-12-07
