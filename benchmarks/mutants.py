@@ -165,10 +165,10 @@ MUTANTS = [
     # issue 43: tune, export, rope_config, the vLLM read-back and engine, file limits, fused-kernel masks
     (
         "longrope short key without the attention factor",
-        "ctxeval/evals/tune/search.py",
-        "            freqs.attention_factor,\n            spec.temperature,\n",
-        "            spec.temperature,\n",
-        [f"{JOB}::test_every_longrope_trial_measures_the_trained_length_at_its_own_attention_factor"],
+        "ctxeval/evals/tune/scoring.py",
+        "            freqs.attention_factor,\n            int(spec.resolved.get(START_TOKENS) or 0),\n",
+        "            int(spec.resolved.get(START_TOKENS) or 0),\n",
+        [f"{JOB}::test_every_longrope_trial_measures_the_trained_length_with_its_own_short_rope"],
     ),
     (
         "held-out sweep on the tuning documents",
