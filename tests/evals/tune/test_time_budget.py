@@ -96,13 +96,17 @@ def test_a_budget_below_one_trial_still_gives_every_method_its_first_trial(tmp_p
     """3 methods, a 3 s budget, 10 s per trial: each method's search runs exactly one trial (the first always runs,
     the second would end past the share). Bug caught: `not counted(finished(study))` dropped from no_time, which
     gives 0/0/0 trials (plain RoPE's baseline already ends past the first share, and the later shares are
-    negative)."""
+    negative). The plain-RoPE forward runs once, and the held-out re-measure runs after the out-of-time searches."""
     out = tmp_path / "run"
-    tune(*(f for m in METHODS for f in ("-m", m)), *ARGS, "--trials", "400", "--time-budget", minutes(3), "--out", out)
+    result = tune(
+        *(f for m in METHODS for f in ("-m", m)), *ARGS, "--trials", "400", "--time-budget", minutes(3), "--out", out
+    )
     for method in METHODS:
         summary = record_of(out / f"search-{method}")["tune"]
         assert summary["trials"] == 1 and summary["out_of_time"] is True, (method, summary)
-    assert [m for m, _, _ in clock.forwards] == ["none", *METHODS]
+    assert [m for m, _, _ in clock.forwards] == ["none", *METHODS]  # plain RoPE's baseline measured once for all
+    assert "--time-budget reached" in result.output
+    assert (out / record_of(out)["tune"]["heldout_dir"]).is_dir()  # the held-out re-measure runs on what was found
 
 
 def test_no_trial_starts_that_would_end_past_the_budget(tmp_path: Path, clock: FakeClock) -> None:
@@ -114,6 +118,7 @@ def test_no_trial_starts_that_would_end_past_the_budget(tmp_path: Path, clock: F
     tune("-m", "yarn", *ARGS, "--trials", "400", "--time-budget", minutes(budget), "--out", tmp_path / "run")
     summary = record_of(tmp_path / "run")["tune"]
     assert summary["out_of_time"] is True and summary["trials"] == 2
+    assert (tmp_path / "run" / summary["heldout_dir"]).is_dir()  # one method: the whole budget is its search's
     ends = [end for _, _, end in clock.forwards]
     assert max(ends) <= start + budget  # nothing ran past the budget
     assert max(ends) > start + budget - TRIAL  # and it stopped only when one more trial would not fit
@@ -156,7 +161,7 @@ def test_a_larger_budget_continues_the_study_in_the_default_directory(
     directory)."""
     monkeypatch.chdir(tmp_path)
     first = tune("-m", "yarn", *ARGS, "--trials", "400", "--time-budget", minutes(36))
-    assert "the same command with a larger budget continues the study" in first.output
+    assert "the same command with a larger budget continues the study" in " ".join(first.output.split())
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert record_of(run_dir)["tune"]["trials"] == 2
     tune("-m", "yarn", *ARGS, "--trials", "400", "--time-budget", minutes(72))
