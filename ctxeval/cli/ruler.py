@@ -153,11 +153,13 @@ class RulerOptions:
     template: Annotated[
         str,
         typer.Option(
-            help="RULER's model template (template.py): base (for base models), "
-            "meta-chat, vicuna-chat, lwm-chat, command-r-chat, chatglm-chat, RWKV, Phi3, "
-            "meta-llama3, jamba, nemotron5-instruct."
+            help="How prompts are wrapped: auto (chat when the tokenizer has a chat template, else base), base "
+            "(bare), chat (the tokenizer's chat template) or RULER's template.py: meta-chat, vicuna-chat, "
+            "lwm-chat, command-r-chat, chatglm-chat, RWKV, Phi3, meta-llama3, jamba, nemotron5-instruct. "
+            "RULER's tasks, litm:kv and facts:* take it; helmet:json_kv and infbench:* stay bare, as their "
+            "originals run instruct models."
         ),
-    ] = "base"
+    ] = "auto"
     cwe_words: Annotated[
         Optional[Path],
         typer.Option(
@@ -207,6 +209,8 @@ class Ruler(Measurement):
     def __init__(self, opt: RulerOptions) -> None:
         super().__init__(opt.out, opt.overwrite, opt.load, opt.engine)
         self.opt = opt
+        self.template: str | None = None  # --template resolved with the tokenizer (loaded())
+        self.formats: dict[str, str] = {}  # per task: the template its prompts get (records())
 
     def settle(self) -> None:
         """The tasks: --tasks, or the 11 offline ones and the QA pair once its files are in the cache."""
@@ -246,7 +250,8 @@ class Ruler(Measurement):
         from ..evals.ruler.run import RulerConfig
 
         opt = self.opt
-        return RulerConfig(self.chosen, lengths, opt.samples, opt.seed, opt.template, self.depths, opt.kv_pairs)
+        template = self.template or opt.template  # resolved once the tokenizer is loaded
+        return RulerConfig(self.chosen, lengths, opt.samples, opt.seed, template, self.depths, opt.kv_pairs)
 
     def check_data(self) -> None:
         """The word list, the prompts' folder, the QA files and the essays, read before the model loads: a missing
@@ -277,6 +282,9 @@ class Ruler(Measurement):
             self.essay_digest = hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def loaded(self) -> None:
+        from ..evals.retrieval.wrapping import resolve_template
+
+        self.template = resolve_template(self.opt.template, self.lm.tokenizer)  # auto: by the model's kind
         if self.model == "tiny":
             err.print(
                 "note: tiny (the bundled 2-layer model, trained at 128 tokens on CPython's docs) cannot answer "
@@ -289,7 +297,7 @@ class Ruler(Measurement):
         from ..evals.ruler.fit import Prompts
 
         opt = self.opt
-        return Prompts(self.lm.tokenizer, self.sources, opt.samples, opt.seed, opt.template, self.depths, opt.kv_pairs)
+        return Prompts(self.lm.tokenizer, self.sources, opt.samples, opt.seed, self.template, self.depths, opt.kv_pairs)
 
     def default_lengths(self) -> list[int]:
         """Multiples of the trained length that every task's prompts fit (from RULER's files: all of them); none
@@ -326,9 +334,12 @@ class Ruler(Measurement):
                         prompts.generate(task, length)
 
     def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        from ..evals.retrieval.wrapping import has_chat_template
         from ..evals.ruler.qa import QA
+        from ..evals.ruler.run import prompt_formats
 
         opt, cfg, sources, qa_dir = self.opt, self.cfg, self.sources, self.qa_dir
+        self.formats = prompt_formats(cfg.tasks, self.template, opt.samples_from is not None)
         self.backend_spec = backend_spec
         spec_record = {
             "task": "ruler",
@@ -340,7 +351,7 @@ class Ruler(Measurement):
             "essays": sources.essay_source or None,
             "essay_sha256": self.essay_digest,
             "samples_from": str(opt.samples_from) if opt.samples_from else None,
-            "template": opt.template,
+            "template": self.template,  # resolved: what the prompts were wrapped in
             **self.suite_record(),
             **(
                 {
@@ -363,7 +374,10 @@ class Ruler(Measurement):
             "model": self.lm.record(),
             "protocol": {
                 "name": "RULER (NVIDIA/RULER scripts/synthetic.yaml)",
-                "template": opt.template,
+                "template": self.template,
+                "template_option": opt.template,
+                "chat_template_in_tokenizer": has_chat_template(self.lm.tokenizer),
+                "prompt_format": self.formats,  # per task: the template its prompts got, or base (bare)
                 "decoding": "greedy",
                 "scoring": "string_match_all",
                 "threshold": opt.threshold,
@@ -389,11 +403,21 @@ class Ruler(Measurement):
         self.notes = (
             self.left_out
             + ([f"essay haystack: {self.sources.essay_source}"] if self.sources.essay_source else [])
-            + ([f"model template: {opt.template}"] if opt.template != "base" and opt.samples_from is None else [])
+            + self.template_notes()
             + ([f"prompts read from {opt.samples_from}"] if opt.samples_from else [])
         )
         for note in self.notes:
             err.print(f"note: {note}")
+
+    def template_notes(self) -> list[str]:
+        """The model template, where prompts are wrapped, and the tasks it leaves bare."""
+        if self.template == "base" or not any(f not in ("base", "file") for f in self.formats.values()):
+            return []
+        bare = [task for task, f in self.formats.items() if f == "base"]
+        return [
+            f"model template: {self.template}"
+            + (f" ({', '.join(bare)}: bare, as their originals run instruct models)" if bare else "")
+        ]
 
     def message(self, run_dir: Path) -> str:
         cfg = self.cfg
@@ -406,7 +430,7 @@ class Ruler(Measurement):
         from ..evals.ruler.run import RulerRunner, prepare, sweep
 
         lm = self.lm
-        runner = RulerRunner(lm.model, lm.tokenizer, lm.device, lm.name, self.opt.batch_size)
+        runner = RulerRunner(lm.model, lm.tokenizer, lm.device, lm.name, self.opt.batch_size, formats=self.formats)
         runner.progress = progress
         prompts = prepare(self.cfg, lm.tokenizer, self.sources, store.dir, self.opt.samples_from, progress.note)
         sweep(lm, self.specs, prompts, self.cfg, runner, store)

@@ -12,6 +12,8 @@
   count (pairs, noise lines, list items) and `length` is -1 (ruler.run.check_fits refuses one past the length).
 
 Each sample's input is the whole prompt (no answer prefix), its outputs the answers the task's scorer accepts.
+litm:kv's prompt is put in `wrapper` (suite.task_wrapper: the run's chat template for an instruct model, as LITM
+formats one); HELMET's and InfiniteBench's are bare, as their originals send them to every model.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ...util.textfiles import parse_line
 from ..ruler.tasks import RulerSample
 from . import helmet_json_kv, infinitebench, litm_kv
 from .suite import INFBENCH_TEMPLATE, check_depths
+from .wrapping import wrap
 
 LITM_PATTERNS = ("kv-retrieval-*_keys.jsonl.gz", "kv-retrieval-*_keys.jsonl")
 INFBENCH_FILES = {
@@ -130,7 +133,9 @@ def litm_example(row: dict[str, Any]) -> litm_kv.KvExample:
     return litm_kv.KvExample(records, key, value)
 
 
-def litm_samples(directory: Path, limit: int, depths: tuple[float, ...]) -> list[RulerSample]:
+def litm_samples(
+    directory: Path, limit: int, depths: tuple[float, ...], wrapper: str = "{task_template}"
+) -> list[RulerSample]:
     path = litm_file(directory)
     expected = "ordered_kv_records (a list of [key, value]), key and value, as make_kv_retrieval_data.py writes"
     examples = read_rows(path, limit, expected, lambda row, _: litm_example(row))
@@ -140,7 +145,9 @@ def litm_samples(directory: Path, limit: int, depths: tuple[float, ...]) -> list
             n = len(example.ordered_kv_records)
             built = litm_kv.kv_sample(example, round(depth / 100 * (n - 1)))
             samples.append(
-                RulerSample(k * len(examples) + j, built.prompt, [example.value], -1, "", depth=depth, size=n)
+                RulerSample(
+                    k * len(examples) + j, wrap(built.prompt, wrapper), [example.value], -1, "", depth=depth, size=n
+                )
             )
     return samples
 
@@ -260,12 +267,18 @@ def infbench_samples(task: str, directory: Path, limit: int) -> list[RulerSample
 
 
 def original_samples(
-    task: str, directory: Path, length: int, limit: int, depths: tuple[float, ...]
+    task: str,
+    directory: Path,
+    length: int,
+    limit: int,
+    depths: tuple[float, ...],
+    wrapper: str = "{task_template}",
 ) -> list[RulerSample]:
-    """The prompts of retrieval `task` from the original's released file in `directory` (see the module's note)."""
+    """The prompts of retrieval `task` from the original's released file in `directory` (see the module's note);
+    `wrapper` applies to litm:kv, the one whose original wraps an instruct model's prompt."""
     directory = Path(directory)
     if task == "litm:kv":
-        return litm_samples(directory, limit, depths)
+        return litm_samples(directory, limit, depths, wrapper)
     if task == "helmet:json_kv":
         return helmet_samples(directory, length, limit)
     if task in INFBENCH_FILES:

@@ -10,6 +10,10 @@ count for every kv task (refused when it cannot fit).
 
 Depth: sample j of every depth is built from the same draws (a seed per task, length and j), with only the answer
 moved, as lost-in-the-middle moves one example's gold pair through the context.
+
+Wrapping: a task whose original wraps an instruct or chat model's prompt (`wraps_instruct`: litm:kv, facts:*) gets
+the run's template around its whole prompt (wrapping.py), and its size search counts the wrapper; the others are
+sent bare, as their originals send them to every model.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ...errors import CtxevalError
 from ..ruler.tasks import RulerSample
 from . import babilong, helmet_json_kv, infinitebench, litm_kv
 from .infinitebench_scoring import score_row
+from .wrapping import task_format, wrap, wrapper_text
 
 TOO_SHORT = "shorter than the task's smallest prompt"  # ruler.fit looks for this phrase
 DEFAULT_DEPTHS = (0.0, 25.0, 50.0, 75.0, 100.0)  # LITM's 140-key gold indices 0, 34, 69, 104, 139 in percent
@@ -62,6 +67,8 @@ class SuiteTask:
     has_depth: bool = True
     is_kv: bool = False
     needs_background: bool = False
+    wraps_instruct: bool = False  # the original wraps an instruct/chat model's prompt in its format
+    instruct: str = ""  # what the original does with an instruct/chat model's prompt (run.json's provenance)
 
 
 def _index(depth: float, count: int) -> int:
@@ -137,11 +144,30 @@ def _facts(task: str) -> Build:
 
 def _facts_score(task: str) -> Callable[[str, RulerSample], float]:
     def score(reply: str, sample: RulerSample) -> float:
-        question = sample.input.rpartition("Question: ")[2]  # babilong_prompt ends with the question
+        question = facts_question(sample.input)
         return float(babilong.compare_answers(sample.outputs[0], reply, question, babilong.TASK_LABELS[task]))
 
     return score
 
+
+def facts_question(prompt: str) -> str:
+    """The question of a facts prompt: babilong_prompt ends with it, and bAbI's questions end at '? ' (a chat
+    wrapper's end after it is cut off)."""
+    question = prompt.rpartition("Question: ")[2]
+    end = question.find("?")
+    return question if end < 0 else question[: end + 1] + (" " if question[end + 1 : end + 2] == " " else "")
+
+
+LITM_INSTRUCT = (
+    "the model's own instruct/chat format: get_kv_responses_from_mpt.py format_instruct_prompt (mpt-30b-instruct), "
+    "get_kv_responses_from_longchat.py format_chat_prompt (fastchat's vicuna, longchat)"
+)
+BABILONG_INSTRUCT = (
+    "run_model_on_babilong.py --use_chat_template (set for instruct models): apply_chat_template of one user turn, "
+    "add_generation_prompt=True"
+)
+HELMET_INSTRUCT = "bare: configs/recall*.yaml set use_chat_template: false for every model"
+INFBENCH_INSTRUCT = "bare: yarn-mistral's templates unwrapped for its open models, the chat model chatglm3 included"
 
 SUITE_TASKS: dict[str, SuiteTask] = {
     t.name: t
@@ -156,6 +182,8 @@ SUITE_TASKS: dict[str, SuiteTask] = {
             _litm,
             lambda reply, sample: litm_kv.score_kv_answer(sample.outputs[0], reply),
             is_kv=True,
+            wraps_instruct=True,
+            instruct=LITM_INSTRUCT,
         ),
         SuiteTask(
             "helmet:json_kv",
@@ -166,6 +194,7 @@ SUITE_TASKS: dict[str, SuiteTask] = {
             _helmet,
             lambda reply, sample: float(helmet_json_kv.json_kv_score(reply, sample.outputs)),
             is_kv=True,
+            instruct=HELMET_INSTRUCT,
         ),
         SuiteTask(
             "infbench:kv_retrieval",
@@ -176,6 +205,7 @@ SUITE_TASKS: dict[str, SuiteTask] = {
             _infbench_kv,
             _infbench_score("kv_retrieval"),
             is_kv=True,
+            instruct=INFBENCH_INSTRUCT,
         ),
         SuiteTask(
             "infbench:passkey",
@@ -185,6 +215,7 @@ SUITE_TASKS: dict[str, SuiteTask] = {
             1,
             _needle("passkey"),
             _infbench_score("passkey"),
+            instruct=INFBENCH_INSTRUCT,
         ),
         SuiteTask(
             "infbench:number_string",
@@ -194,6 +225,7 @@ SUITE_TASKS: dict[str, SuiteTask] = {
             1,
             _needle("number_string"),
             _infbench_score("number_string"),
+            instruct=INFBENCH_INSTRUCT,
         ),
         SuiteTask(
             "infbench:math_find",
@@ -204,6 +236,7 @@ SUITE_TASKS: dict[str, SuiteTask] = {
             _math_find,
             _infbench_score("math_find"),
             has_depth=False,
+            instruct=INFBENCH_INSTRUCT,
         ),
         *(
             SuiteTask(
@@ -217,6 +250,8 @@ SUITE_TASKS: dict[str, SuiteTask] = {
                 _facts_score(task),
                 has_depth=False,
                 needs_background=True,
+                wraps_instruct=True,
+                instruct=BABILONG_INSTRUCT,
             )
             for task in babilong.GENERATED_TASKS
         ),
@@ -245,15 +280,22 @@ def fixed_size(task: SuiteTask, length: int, kv_pairs: int | None) -> int | None
 
 
 class Sizer:
-    """The largest size of `task` whose prompt plus its generation budget fits `length` tokens."""
+    """The largest size of `task` whose prompt (in `wrapper`, RULER's `{task_template}` form) plus its generation
+    budget fits `length` tokens."""
 
     def __init__(
-        self, task: SuiteTask, length: int, count: Callable[[str], int], background: Background | None = None
+        self,
+        task: SuiteTask,
+        length: int,
+        count: Callable[[str], int],
+        background: Background | None = None,
+        wrapper: str = "{task_template}",
     ) -> None:
-        self.task, self.length, self.count, self.background = task, length, count, background
+        self.task, self.length, self.count, self.background, self.wrapper = task, length, count, background, wrapper
 
     def build(self, seed: str, size: int, depth: float) -> Built:
-        return self.task.build(random.Random(seed), size, depth, self.background)
+        built = self.task.build(random.Random(seed), size, depth, self.background)
+        return Built(wrap(built.text, self.wrapper), built.outputs)
 
     def total(self, seed: str, size: int, depths: tuple[float, ...]) -> int:
         """The longest prompt over `depths` at `size`, in tokens, plus the generation budget."""
@@ -318,6 +360,12 @@ class Sizer:
         return low
 
 
+def task_wrapper(task: SuiteTask, template: str, tokenizer: Any) -> str:
+    """The wrapper `task`'s prompts get under the run's `template` (auto, chat, base or a RULER name): the template's
+    where the task's original wraps an instruct model's prompt, else the bare slot."""
+    return wrapper_text(task_format(task.wraps_instruct, template), tokenizer)
+
+
 def sample_seed(seed: int, task: str, length: int, number: int) -> str:
     """The draws of sample `number` (the same at every depth); `random.Random` hashes a string seed stably."""
     return f"{seed}:{task}:{length}:{number}"
@@ -332,16 +380,18 @@ def generate_suite(
     depths: tuple[float, ...] = DEFAULT_DEPTHS,
     kv_pairs: int | None = None,
     background: tuple[str, str] | None = None,
+    template: str = "base",
 ) -> list[RulerSample]:
     """`num_samples` prompts per depth (one set for a task without depth), sample index = depth's position x
-    num_samples + j, each filling `length` tokens (or at the count `fixed_size` gives)."""
+    num_samples + j, each filling `length` tokens (or at the count `fixed_size` gives), wrapped as `template` says
+    for this task (task_wrapper)."""
     task = SUITE_TASKS[task_name]
     depths = check_depths(depths) if task.has_depth else (50.0,)
 
     def count(text: str) -> int:
         return len(tokenizer.tokenize(text))
 
-    sizer = Sizer(task, length, count, prose(task, background, tokenizer))
+    sizer = Sizer(task, length, count, prose(task, background, tokenizer), task_wrapper(task, template, tokenizer))
     fixed = fixed_size(task, length, kv_pairs)
     if fixed is not None and fixed < task.min_size:
         raise CtxevalError(f"--kv-pairs {fixed}: {task.name} needs at least {task.min_size} pairs")
@@ -379,14 +429,21 @@ def generate_suite(
     return samples
 
 
-def smallest_suite_prompt(task_name: str, tokenizer: Any, seed: int, background: tuple[str, str] | None = None) -> int:
-    """Tokens of the task's smallest prompt (its minimum size, sample 0, depth 50) plus its generation budget."""
+def smallest_suite_prompt(
+    task_name: str,
+    tokenizer: Any,
+    seed: int,
+    background: tuple[str, str] | None = None,
+    template: str = "base",
+) -> int:
+    """Tokens of the task's smallest prompt (its minimum size, sample 0, depth 50, in its wrapper) plus its generation
+    budget."""
     task = SUITE_TASKS[task_name]
 
     def count(text: str) -> int:
         return len(tokenizer.tokenize(text))
 
-    sizer = Sizer(task, 0, count, prose(task, background, tokenizer))
+    sizer = Sizer(task, 0, count, prose(task, background, tokenizer), task_wrapper(task, template, tokenizer))
     return count(sizer.build(sample_seed(seed, task_name, 0, 0), task.min_size, 50.0).text) + task.tokens_to_generate
 
 

@@ -14,8 +14,9 @@ its answer prefix, plus the task's tokens_to_generate, must not exceed the lengt
 RULER's binary search finds for one draw; each sample then backs off by the task's increment until it fits.
 
 qa_1/qa_2 read the SQuAD and HotpotQA files RULER downloads (squad.json, hotpotqa.json in one folder). The model
-template (RULER's template.py: `base` for base models, or one of its chat wrappers) wraps the task template before the
-answer prefix, as prepare.py does; its tokens count toward the length.
+template (RULER's template.py: `base` for base models, or one of its chat wrappers; `chat` the tokenizer's own chat
+template; `auto` one of `chat` and `base` by the model's kind: evals.retrieval.wrapping) wraps the task template before
+the answer prefix, as prepare.py does; its tokens count toward the length.
 
 The code: tasks.py (templates, families, tasks, the sample record), sources.py (essays, word lists, the
 random stream), one generator module per RULER script family (niah.py, vt.py, words.py for cwe and
@@ -29,6 +30,7 @@ from typing import Any, Callable
 
 from ...errors import CtxevalError
 from ..retrieval.suite import DEFAULT_DEPTHS, SUITE_TASKS, generate_suite, smallest_suite_prompt
+from ..retrieval.wrapping import wrapper_text
 from .niah import Niah, answer_token_position
 from .qa import QA, QA_URLS
 from .sources import Sources, Stream, english_words
@@ -125,7 +127,9 @@ def generate(
     evals.retrieval.suite."""
     if task_name in SUITE_TASKS:
         background = (" ".join(sources.essay_words), sources.essay_source) if sources.essay_words else None
-        return generate_suite(task_name, length, num_samples, tokenizer, seed, depths, kv_pairs, background)
+        return generate_suite(
+            task_name, length, num_samples, tokenizer, seed, depths, kv_pairs, background, model_template
+        )
     if task_name not in TASKS:
         raise CtxevalError(f"unknown RULER task '{task_name}'; tasks: {', '.join(TASKS)}")
     task = TASKS[task_name]
@@ -134,7 +138,7 @@ def generate(
     def count(text: str) -> int:
         return len(tokenizer.tokenize(text))
 
-    check_template(model_template)
+    model_template = wrapper_text(check_template(model_template), tokenizer)  # auto and chat: from the tokenizer
     stream = Stream(seed)
     ttg = family.tokens_to_generate
 
@@ -216,10 +220,11 @@ def smallest_prompt(
     stream: a sample of another draw may differ by a few tokens (generate still refuses exactly)."""
     if task_name in SUITE_TASKS:
         background = (" ".join(sources.essay_words), sources.essay_source) if sources.essay_words else None
-        return smallest_suite_prompt(task_name, tokenizer, seed, background)
+        return smallest_suite_prompt(task_name, tokenizer, seed, background, model_template)
     task = TASKS[task_name]
     family = FAMILIES[task.family]
     ttg = family.tokens_to_generate
+    model_template = wrapper_text(model_template, tokenizer)
 
     def count(text: str) -> int:
         return len(tokenizer.tokenize(text))

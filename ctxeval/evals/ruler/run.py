@@ -30,7 +30,8 @@ from ...util.numbers import MAX_TOKENS, finite_number, whole_number
 from ...util.textfiles import make_dirs, read_jsonl, write_text
 from ..common import OomLadder, PointOOM, Progress, SilentProgress, numbered, oom_guard, point_row
 from ..retrieval.originals import ORIGINAL_TASKS, original_samples
-from ..retrieval.suite import DEFAULT_DEPTHS, SUITE_TASKS, check_depths, score_reply
+from ..retrieval.suite import DEFAULT_DEPTHS, SUITE_TASKS, check_depths, score_reply, task_wrapper
+from ..retrieval.wrapping import task_format
 from ..sweep import WorkItem, forward_cost, run_items
 from .generate import generate, postprocess, score
 from .sources import Sources
@@ -68,6 +69,20 @@ class RulerConfig:
             raise CtxevalError(f"--samples must be >= 1, got {self.samples}")
         if not self.lengths:
             raise CtxevalError("give at least one --lengths value")
+
+
+def prompt_formats(tasks: tuple[str, ...] | list[str], template: str, samples_from: bool = False) -> dict[str, str]:
+    """Per task, the template its prompts are wrapped in under the run's resolved `template` (`base`: bare): RULER's
+    tasks take it, a retrieval task where its original wraps an instruct model's prompt (wrapping.py). RULER-format
+    files read with --samples-from are sent as they are written (`file`)."""
+    return {
+        task: (
+            task_format(SUITE_TASKS[task].wraps_instruct, template)
+            if task in SUITE_TASKS
+            else ("file" if samples_from else template)
+        )
+        for task in tasks
+    }
 
 
 def tokens_to_generate(task: str) -> int:
@@ -185,7 +200,8 @@ def prepare(
         for length in cfg.lengths:
             mine = samples_path(Path(run_dir) / SAMPLES_DIR, task, length)
             if samples_from is not None and task in ORIGINAL_TASKS:  # the original's own released file
-                samples = original_samples(task, samples_from, length, cfg.samples, cfg.depths)
+                wrapper = task_wrapper(SUITE_TASKS[task], cfg.template, tokenizer)
+                samples = original_samples(task, samples_from, length, cfg.samples, cfg.depths, wrapper)
                 check_fits(task, length, samples, tokenizer)
             elif samples_from is not None:
                 samples = read_samples(samples_path(samples_from, task, length), task, length)[: cfg.samples]
@@ -222,10 +238,12 @@ class RulerRunner:
         model_name: str,
         batch_size: int = 1,
         progress: Progress | None = None,
+        formats: dict[str, str] | None = None,
     ) -> None:
         self.model, self.tok, self.device, self.model_name = model, tokenizer, device, model_name
         self.batch_size = batch_size
         self.progress = progress or SilentProgress()
+        self.formats = formats or {}  # per task: the template its prompts were wrapped in (prompt_formats)
 
     @torch.inference_mode()
     def predict(
@@ -338,6 +356,7 @@ class RulerRunner:
             sample=sample.index,
             status=status,
             note=note,
+            **({"template": self.formats[task]} if task in self.formats else {}),
             **({"depth": sample.depth} if sample.depth is not None else {}),
         )
 
@@ -377,6 +396,7 @@ class RulerRunner:
             prompt_tokens=prompt_tokens,
             seconds=round(seconds, 3),
             status="ok",
+            **({"template": self.formats[task]} if task in self.formats else {}),
             **extra,
         )
 

@@ -32,6 +32,12 @@ MODEL_TEMPLATES: dict[str, str] = {
     "jamba": "<|startoftext|><|bom|><|system|> <|eom|><|bom|><|user|> {task_template}<|eom|><|bom|><|assistant|>",
     "nemotron5-instruct": "<SPECIAL_10>System\n\n<SPECIAL_11>User\n{task_template}\n<SPECIAL_11>Assistant\n",
 }
+BASE_TEMPLATE = "base"
+# ctxeval's own two (evals.retrieval.wrapping resolves them with the tokenizer): `chat` the tokenizer's chat template,
+# `auto` (the command line's default) `chat` for a tokenizer with one, else `base`
+CHAT_TEMPLATE = "chat"
+AUTO_TEMPLATE = "auto"
+TEMPLATE_NAMES = (AUTO_TEMPLATE, CHAT_TEMPLATE, *MODEL_TEMPLATES)
 
 
 @dataclass(frozen=True)
@@ -169,17 +175,25 @@ class RulerSample:
 
 
 def check_template(name: str) -> str:
-    if name not in MODEL_TEMPLATES:
+    if name not in TEMPLATE_NAMES:
         raise CtxevalError(
-            f"unknown RULER model template '{name}'; templates (RULER's template.py): {', '.join(MODEL_TEMPLATES)}"
+            f"unknown RULER model template '{name}'; templates (RULER's template.py): {', '.join(MODEL_TEMPLATES)}; "
+            "ctxeval's: auto, chat (the tokenizer's chat template)"
         )
     return name
 
 
 def task_template(task: RulerTask, model_template: str = "base") -> str:
-    """prepare.py: the model template around the task template, then the answer prefix."""
+    """prepare.py: the model template around the task template, then the answer prefix. `model_template` is one of
+    RULER's names or a wrapper with a `{task_template}` slot (evals.retrieval.wrapping.wrapper_text: `chat`)."""
     family = FAMILIES[task.family]
-    return MODEL_TEMPLATES[check_template(model_template)].format(task_template=family.template) + family.answer_prefix
+    if "{task_template}" in model_template:
+        wrapper = model_template
+    elif check_template(model_template) in MODEL_TEMPLATES:
+        wrapper = MODEL_TEMPLATES[model_template]
+    else:
+        raise CtxevalError(f"--template {model_template} must be resolved with the tokenizer before prompts are made")
+    return wrapper.format(task_template=family.template) + family.answer_prefix
 
 
 def split_prefix(text: str, family: Family) -> tuple[str, str]:

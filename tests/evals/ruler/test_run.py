@@ -29,8 +29,8 @@ def test_ruler_config_refuses_each_bad_field_in_one_line_naming_it():
     with pytest.raises(CtxevalError) as exc:
         RulerConfig(("vt",), (), 1)
     assert str(exc.value) == "give at least one --lengths value"
-    with pytest.raises(CtxevalError, match="unknown RULER model template 'chat'"):
-        RulerConfig(("vt",), (1024,), 1, template="chat")
+    with pytest.raises(CtxevalError, match="unknown RULER model template 'chatml'"):
+        RulerConfig(("vt",), (1024,), 1, template="chatml")
     cfg = RulerConfig(("vt", "fwe"), (1024,), 1, template="meta-chat")  # one sample is enough
     assert (cfg.samples, cfg.seed, cfg.template) == (1, 42, "meta-chat")
 

@@ -39,7 +39,9 @@ def test_templates_are_checked_by_name_and_wrap_the_task_template_before_the_ans
     with pytest.raises(CtxevalError) as exc:
         check_template("llama")
     assert str(exc.value) == (
-        "unknown RULER model template 'llama'; templates (RULER's template.py): " + ", ".join(MODEL_TEMPLATES)
+        "unknown RULER model template 'llama'; templates (RULER's template.py): "
+        + ", ".join(MODEL_TEMPLATES)
+        + "; ctxeval's: auto, chat (the tokenizer's chat template)"
     )
     vt = FAMILIES["variable_tracking"]
     assert task_template(TASKS["vt"]) == vt.template + vt.answer_prefix
