@@ -180,7 +180,7 @@ class LmEval(Measurement):
         evaluate(self.lm, self.specs, self.cfg, store, progress)
 
     def render(self, store: RunStore) -> None:
-        from ..report.single import render_lm_eval
+        from ..report.kinds.lm_eval import render_lm_eval
 
         title = f"{self.model}: lm-eval {', '.join(self.names)}" + (" on vLLM" if self.backend_spec else "")
         print_outputs(render_lm_eval(store, title))

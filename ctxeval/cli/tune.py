@@ -428,7 +428,7 @@ class Tune(Measurement):
             run_families(self.lm, self.families, store, progress, note)
 
     def render(self, store: RunStore) -> None:
-        from ..report.tune import render_tune
+        from ..report.kinds.tune_outputs import render_tune
 
         print_outputs(render_tune(store.dir))
 

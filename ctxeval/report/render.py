@@ -8,103 +8,33 @@ import contextlib
 import csv
 import io
 import json
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import CtxevalError
-from ..runs.rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
 from ..runs.store import RUN_FILE, environment, now_utc
 from ..util.paths import safe_name
 from ..util.textfiles import finite_json, read_json, write_text
+from .figures import NAME_LIST_MAX, heading
+from .kind import FigureSpace, Settings
 from .merged import Report
-from .plots import Curve, HeatmapPanel, depth_panels, method_family, plot_curves, plot_depth_curves, plot_heatmaps
-from .runs import Group, field_label, fmt_value, is_report_dir
+from .registry import KINDS
+from .runs import Group, is_report_dir
 from .single import table_csv
-from .tables import Table, bucket_center, csv_value, markdown, number
-from .tune import draw as draw_tune
-from .tune_data import read_tune
+from .tables import Table, csv_value, markdown, number
 
 __all__ = ["table_csv"]  # kept importable from here: single.py holds it so that a run's lm-eval table can use it
 
-# characters of a group's heading (markdown ## and the HTML page's h2): one line in the page's 1,264 px column
-HEADING_MAX = 110
-# a tune run's figures (tune.py draws them into a run directory as tune-<part>.png): part -> what each shows
-TUNE_FIGURES = {
-    "objective": "perplexity at the target by trial, with the best so far",
-    "pareto": "perplexity at the trained length against the target, the Pareto front, the guard",
-    "factors": "the winner's per-pair scale against PI, NTK and YaRN",
-}
-
-
-def compact_field(field: str, value: Any) -> str:
-    """A protocol field for a heading: a list of more than three items counted (`11 tasks`), a remark in brackets
-    left out (`essays austen`)."""
-    if isinstance(value, (list, tuple)) and len(value) > NAME_LIST_MAX:
-        return f"{len(value)} {field_label(field)}"
-    return f"{field_label(field)} {re.sub(r' [(].*$', '', fmt_value(value))}"
-
-
-def heading(group: Group) -> str:
-    """The group's heading: its title (kind, number, what sets it apart) within HEADING_MAX characters; a longer
-    one counts its long lists and drops remarks, then stops at a field boundary with '...'. The line under the
-    heading (`Protocol: ...`) keeps every field whole."""
-    title = group.title
-    if len(title) <= HEADING_MAX:
-        return title
-    title = f"{group.short_title}: " + ", ".join(compact_field(f, group.key.get(f)) for f in group.distinguishing)
-    if len(title) <= HEADING_MAX:
-        return title
-    cut = title.rfind(", ", 0, HEADING_MAX - 4)
-    return (title[:cut] if cut > len(group.short_title) else title[: HEADING_MAX - 4]) + ", ..."
-
-
-def group_models(group: Group) -> list[str]:
-    """The models of a group's runs, by their last path part, in order."""
-    return list(dict.fromkeys(Path(m).name or m for run in group.runs for m in run.models))
-
-
-# a RULER depth table's figures: key suffix -> what each shows
-DEPTH_FIGURES = {
-    "by-depth": "score by the answer's depth (lost in the middle)",
-    "depth-heatmap": "score by depth and length",
-}
-
-
-def figure_title(group: Group, what: str) -> str:
-    """A figure's title, one short line: the kind (and number), the models, what is plotted."""
-    models = group_models(group)
-    who = ", ".join(models) if len(models) <= NAME_LIST_MAX else f"{len(models)} models"
-    return f"{group.short_title} · {who}: {what}"
-
-
-def tune_runs(group: Group) -> list[Any]:
-    return sorted(group.runs, key=lambda r: r.order)
-
 
 def figure_caption(group: Group, key: str) -> str:
-    """What one of the group's figures shows (`key` as write_plots returns it): the group's heading (a tune run's
-    figure: the kind and number, and the run when the group holds several), then what is plotted."""
+    """What one of the group's figures shows (`key` as write_plots returns it): the group's heading, then what is
+    plotted, as the group's kind says it (report/kinds/); else the part of the key in words."""
     if key == group.id:
         return heading(group)
     part = key[len(group.id) + 1 :]
-    if part == "positions":
-        return f"{heading(group)}: loss by position"
-    for table in (t for t in group.tables if t.kind == "ruler-depth"):
-        for suffix, what in DEPTH_FIGURES.items():
-            if key == f"{table.id}-{suffix}":
-                return f"{heading(group)}: {table.task}, {what}"
-    runs = tune_runs(group) if group.kind == "tune" else []
-    run_part, _, figure = part.rpartition("-")
-    if figure in TUNE_FIGURES and runs:
-        k = int(run_part.removeprefix("run")) if run_part.startswith("run") else 1
-        run = runs[k - 1] if 1 <= k <= len(runs) else None
-        who = f" · {run.name}" if run is not None and len(runs) > 1 else ""
-        return f"{group.short_title}{who}: {TUNE_FIGURES[figure]}"
-    return f"{heading(group)}: {part.replace('-', ' ')}"
+    return KINDS[group.kind].caption(group, part) or f"{heading(group)}: {part.replace('-', ' ')}"
 
 
 def group_figures(group: Group, images: dict[str, Any]) -> list[tuple[str, Any, str]]:
@@ -223,72 +153,8 @@ def to_json(rep: Report, images: dict[str, str] | None = None) -> dict[str, Any]
     )
 
 
-def _curve_label(group: Group, model: str, label: str) -> str:
-    models = {r[0] for r in group.tables[0].rows if not (r[0] == UNIFORM_MODEL and r[1] == UNIFORM_LABEL)}
-    encoding = _encodings(group).get(model)
-    return f"{model}{f' ({encoding})' if encoding else ''} · {label}" if len(models) > 1 else label
-
-
-def _encodings(group: Group) -> dict[str, str]:
-    """Model -> its position encoding, when the group's models differ in it (else empty)."""
-    encodings = {m: str(p.get("encoding") or "?") for m, p in group.positions.items()}
-    return encodings if len(set(encodings.values())) > 1 else {}
-
-
-def _curve_family(group: Group, model: str, label: str) -> str:
-    """What colours a curve: the method's family; an unmodified model (none) across position encodings: its
-    encoding, so that the figure compares encodings as the ALiBi paper's does (one hue per encoding)."""
-    family = method_family(label)
-    return _encodings(group).get(model, family) if family == "none" else family
-
-
-def _originals(group: Group) -> dict[int, str]:
-    """Original length -> legend text (naming the models when the group's models differ in it)."""
-    by_length: dict[int, list[str]] = {}
-    for model, L in group.original_lengths.items():
-        by_length.setdefault(L, []).append(model)
-    several = len(group.original_lengths) > 1
-    return {
-        L: f"original length {fmt_length(L)}" + (f" ({', '.join(models)})" if several else "")
-        for L, models in by_length.items()
-    }
-
-
-def group_curves(group: Group, value_columns: int | None = None) -> list[Curve]:
-    """The group's first table as curves: one per (model, method) row; the uniform-entropy row as a reference."""
-    table = group.tables[0]
-    stop = 2 + (value_columns if value_columns is not None else len(table.columns) - 2)
-    lengths = [int(c) for c in table.columns[2:stop]]
-    curves = []
-    for row in table.rows:
-        points = [(L, v) for L, v in zip(lengths, row[2:stop]) if v is not None]
-        reference = row[0] == UNIFORM_MODEL and row[1] == UNIFORM_LABEL
-        label = "uniform attention (ln of visible keys)" if reference else _curve_label(group, row[0], row[1])
-        family = _curve_family(group, row[0], row[1])
-        curves.append(Curve(label, family, [p[0] for p in points], [p[1] for p in points], reference))
-    return curves
-
-
-def position_curves(group: Group, table: Table) -> list[Curve]:
-    """A positions table as curves: one per (model, method) row, at the bucket centres, labelled with its length."""
-    buckets = [tuple(int(x) for x in c.split("-")) for c in table.columns[3:]]
-    curves = []
-    for row in table.rows:
-        points = [(bucket_center(a, b), v) for (a, b), v in zip(buckets, row[3:]) if v is not None]
-        curves.append(
-            Curve(
-                f"{_curve_label(group, row[0], row[1])} (at {fmt_length(int(row[2]))})",
-                _curve_family(group, row[0], row[1]),
-                [p[0] for p in points],
-                [p[1] for p in points],
-            )
-        )
-    return curves
-
-
 # protocol fields whose values name themselves in a file name ("austen", "sliding"); the others read "bos-off"
 SELF_NAMING_FIELDS = {"data", "documents", "preset", "haystack", "protocol", "essays", "tasks", "scoring"}
-NAME_LIST_MAX = 3  # list items a file name spells out; a longer list is counted ("11-tasks")
 NAME_PART_MAX = 40
 NAME_MAX = 100
 
@@ -353,169 +219,16 @@ def figure_stems(groups: Sequence[Group]) -> dict[str, str]:
     return stems
 
 
-def tune_figures(group: Group, out_dir: Path, stem: str, taken: set[str]) -> dict[str, str]:
-    """A tune group's figures: each run's search figures as `ctxeval tune` draws them in its run directory (tune.py),
-    redrawn from its rows as `<stem>-objective.png`, `-pareto.png`, `-factors.png` (`<stem>-<method>-...` when the
-    group holds several runs; a name in `taken` gets `-2`, `-3`); returns key (`<group>-objective`,
-    `<group>-run<k>-objective`) -> file name."""
-    images: dict[str, str] = {}
-    runs = tune_runs(group)
-    summaries = [read_tune(run.path, run.record, run.rows) for run in runs]
-    methods = [safe_name(str(s.spec.get("method") or "tune")).lower() for s in summaries]
-    for k, s in enumerate(summaries, 1):
-        baseline, tolerance = s.tune.get("baseline_short"), s.spec.get("short_tolerance")
-        guard = baseline * (1 + tolerance) if baseline is not None and tolerance is not None else None  # as tune.md
-        key = f"run{k}-" if len(runs) > 1 else ""
-        named = "" if len(runs) == 1 else f"{methods[k - 1]}-" if methods.count(methods[k - 1]) == 1 else key
-        # tune.py names the files tune-<part>.png: drawn into a folder of their own, then renamed into out_dir
-        with tempfile.TemporaryDirectory(prefix=".tune-figures-", dir=out_dir) as tmp:
-            for name in draw_tune(s, guard, Path(tmp)):
-                part = name.removeprefix("tune-").removesuffix(".png")
-                base = f"{stem}-{named}{part}"
-                file = next(
-                    f"{n}.png"
-                    for n in (base, *(f"{base}-{i}" for i in range(2, len(taken) + 3)))
-                    if f"{n}.png" not in taken
-                )
-                os.replace(Path(tmp) / name, out_dir / file)
-                taken.add(file)
-                images[f"{group.id}-{key}{part}"] = file
-    return images
-
-
-def free_name(base: str, taken: set[str]) -> str:
-    """`base.png`, else the first of `base-2.png`, `base-3.png`, ... not in `taken` (which gets it)."""
-    name = next(
-        f"{n}.png" for n in (base, *(f"{base}-{i}" for i in range(2, len(taken) + 3))) if f"{n}.png" not in taken
-    )
-    taken.add(name)
-    return name
-
-
-def depth_figures(group: Group, out_dir: Path, stem: str, taken: set[str]) -> dict[str, str]:
-    """A RULER group's depth tables drawn: per task, the score against the answer's depth (a panel per length, a line
-    per method) and one depth x length heatmap per method, as `<stem>-<task>-by-depth.png` and
-    `-depth-heatmap.png`; returns key (`<table id>-by-depth`, `<table id>-depth-heatmap`) -> file name."""
-    images: dict[str, str] = {}
-    for table in (t for t in group.tables if t.kind == "ruler-depth" and t.rows):
-        base = f"{stem}-{safe_name(table.task).lower()}"
-        by_depth = free_name(f"{base}-by-depth", taken)
-        plot_depth_curves(
-            table,
-            lambda m, lb: _curve_label(group, m, lb),
-            out_dir / by_depth,
-            figure_title(group, f"{table.task}, score by the answer's depth"),
-        )
-        heat = free_name(f"{base}-depth-heatmap", taken)
-        panels = depth_panels(table, lambda m, lb: _curve_label(group, m, lb), group.original_lengths)
-        dashed = any(p.original_length and max(p.grid.columns) > p.original_length for p in panels)
-        what = "score by depth and length" + (" (dashed: past the original length)" if dashed else "")
-        plot_heatmaps(panels, out_dir / heat, figure_title(group, f"{table.task}, {what}"), "answer depth", "score")
-        images.update({f"{table.id}-by-depth": by_depth, f"{table.id}-depth-heatmap": heat})
-    return images
-
-
 def write_plots(rep: Report, out_dir: Path) -> dict[str, str]:
-    """One PNG per group (ppl curves / needle heatmaps / passkey curves / entropy curves; a tune group: its runs'
-    search figures), named by figure_stems; returns group id (and `<group id>-positions`, `<group id>-objective`,
-    ...) -> file name. Titles are one short line (figure_title); the protocol is in the captions."""
+    """The figures of every group, as its kind draws them (report/kinds/), named by figure_stems; returns group id
+    (and `<group id>-positions`, `<group id>-objective`, ...) -> file name. Titles are one short line
+    (figures.figure_title); the protocol is in the captions."""
     images: dict[str, str] = {}
     stems = figure_stems(rep.groups)
     taken = {f"{stem}{end}.png" for stem in stems.values() for end in ("", "-positions")}
+    settings = Settings(rep.threshold, rep.tolerance)
     for group in rep.groups:
-        path = Path(out_dir) / f"{stems[group.id]}.png"
-        if group.kind == "needle":
-            if not group.grids:
-                continue
-            panels = [
-                HeatmapPanel(_curve_label(group, model, label), grid, status, group.original_lengths.get(model))
-                for (model, label), (grid, status) in (
-                    (pair, group.grids[pair])
-                    for pair in ((r[0], r[1]) for r in group.tables[0].rows)
-                    if pair in group.grids
-                )
-            ]
-            dashed = any(p.original_length and max(p.grid.columns) > p.original_length for p in panels)
-            plot_heatmaps(
-                panels,
-                path,
-                figure_title(
-                    group,
-                    "accuracy by depth and length" + (" (dashed: past the original length)" if dashed else ""),
-                ),
-            )
-        elif group.kind == "tune":
-            images.update(tune_figures(group, Path(out_dir), stems[group.id], taken))
-            continue
-        elif group.kind == "lm-eval":
-            continue  # a method x task table: nothing to draw against the context length
-        elif group.kind == "ruler":
-            curves = group_curves(group, value_columns=len(group.tables[0].columns) - 3)
-            threshold = group.ruler_threshold
-            plot_curves(
-                curves,
-                path,
-                title=figure_title(group, "mean score by length"),
-                xlabel="context length (tokens)",
-                ylabel="RULER mean score",
-                originals=_originals(group),
-                threshold=threshold,
-                threshold_label=f"threshold {threshold:g}",
-                ylim=(-2, 102),
-            )
-            images[group.id] = path.name
-            images.update(depth_figures(group, Path(out_dir), stems[group.id], taken))
-            continue
-        elif group.kind == "passkey":
-            curves = group_curves(group, value_columns=len(group.tables[0].columns) - 5)  # + 3 summary columns
-            plot_curves(
-                curves,
-                path,
-                title=figure_title(group, "accuracy by length"),
-                xlabel="context length (tokens)",
-                ylabel="accuracy",
-                originals=_originals(group),
-                threshold=rep.threshold,
-                y_percent=True,
-            )
-        else:
-            curves = group_curves(group)
-            if not any(c.xs for c in curves if not c.reference):
-                continue
-            if group.kind == "ppl":
-                plot_curves(
-                    curves,
-                    path,
-                    title=figure_title(group, "perplexity by length"),
-                    xlabel="evaluation length (tokens)",
-                    ylabel="perplexity",
-                    originals=_originals(group),
-                    log_y=True,
-                )
-                positions = next((t for t in group.tables if t.kind == "positions"), None)
-                if positions is not None:
-                    pos_path = Path(out_dir) / f"{stems[group.id]}-positions.png"
-                    plot_curves(
-                        position_curves(group, positions),
-                        pos_path,
-                        title=figure_title(group, "loss by position"),
-                        xlabel="tokens of context the prediction had (bucket centres; ticks at bucket edges)",
-                        ylabel="perplexity of the bucket's tokens",
-                        originals=_originals(group),
-                        log_y=True,
-                        x_ticks=sorted({int(x) for c in positions.columns[3:] for x in c.split("-")}),
-                    )
-                    images[f"{group.id}-positions"] = pos_path.name
-            else:
-                plot_curves(
-                    curves,
-                    path,
-                    title=figure_title(group, "attention entropy by length"),
-                    xlabel="context length (tokens)",
-                    ylabel="mean attention entropy (nats)",
-                    originals=_originals(group),
-                )
-        images[group.id] = path.name
+        images.update(KINDS[group.kind].figures(group, FigureSpace(Path(out_dir), stems[group.id], taken, settings)))
     return images
 
 

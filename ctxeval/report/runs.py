@@ -29,7 +29,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import pandas as pd
 
@@ -41,15 +41,6 @@ from ..util.numbers import finite_number
 from ..util.textfiles import read_json
 from .tables import Table
 
-KIND_TITLES = {
-    "ppl": "Perplexity",
-    "needle": "Needle in a haystack",
-    "passkey": "Passkey retrieval",
-    "entropy": "Attention entropy",
-    "ruler": "RULER",
-    "lm-eval": "lm-evaluation-harness",
-    "tune": "Tuned methods (ctxeval tune)",
-}
 WRITERS = "ctxeval ppl, needle, passkey, entropy, ruler, lm-eval or tune"
 # run.json fields a report reads as objects: another shape means the file is not a ctxeval run.json
 RECORD_OBJECTS = (
@@ -355,78 +346,13 @@ def documents(run: Run) -> list[str]:
     return docs or list(dict.fromkeys(str(r["doc"]) for r in run.rows))
 
 
-def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
-    """What must agree for runs to share a table (flat: field -> JSON-able value)."""
-    spec = run.spec
-    if run.task == "tune":  # the search's settings and results are the table's columns, the documents are not
-        return {
-            "data": spec.get("data"),
-            "tuning_docs": spec.get("tuning_docs"),
-            "heldout_docs": spec.get("heldout_docs"),
-            "bos": spec.get("bos"),
-        }
-    if run.task == "lm-eval":
-        return {
-            "max_length": spec.get("max_length"),
-            "limit": spec.get("limit"),
-            "num_fewshot": spec.get("num_fewshot"),
-            "lm_eval": (run.record.get("lm_eval") or {}).get("version"),
-        }
-    if run.task == "ruler":
-        return {
-            "tasks": spec.get("tasks"),
-            "samples": spec.get("samples"),
-            "seed": spec.get("seed"),
-            "essays": spec.get("essays"),
-            "essay_sha256": spec.get("essay_sha256"),
-            "samples_from": spec.get("samples_from"),
-            "template": spec.get("template"),
-            "threshold": (run.record.get("protocol") or {}).get("threshold"),
-        }
-    if run.task in ("ppl", "entropy"):
-        proto = run.record.get("protocol") or {}
-        corpus = {
-            "data": spec.get("data", (run.record.get("data") or {}).get("spec")),
-            "documents": documents(run),
-            "text_field": spec.get("text_field", "text"),
-        }
-        if run.task == "ppl":
-            return {
-                **corpus,
-                "protocol": proto.get("name", spec.get("protocol")),
-                "stride": proto.get("stride", spec.get("stride")),
-                "bos": proto.get("bos", spec.get("bos")),
-                "aggregate": aggregate or proto.get("aggregate", "token"),
-            }
-        return {
-            **corpus,
-            "bos": spec.get("bos", proto.get("bos")),
-            "layers": spec.get("layers", "all"),
-            "heads": spec.get("heads", "all"),
-        }
-    preset = spec.get("preset")
-    key: dict[str, Any] = {}
-    if isinstance(preset, dict):
-        key["preset"] = preset.get("name")
-        key.update({f"preset.{k}": v for k, v in preset.items() if k != "name"})
-    else:
-        key["preset"] = preset or (run.rows[0].get("preset"))
-    key.update(
-        {
-            "haystack": spec.get("haystack"),
-            "text_field": spec.get("text_field", "text"),
-            "depths": "random" if run.task == "passkey" or spec.get("random_depth") else spec.get("depths"),
-            "samples": spec.get("samples"),
-            "seed": spec.get("seed", run.record.get("seed")),
-            "scoring": spec.get("scoring", run.rows[0].get("scoring")),
-            "max_new_tokens": spec.get("max_new_tokens"),
-            "chat_template": spec.get("chat_template"),
-            "snap": spec.get("snap"),
-        }
-    )
-    if run.task == "passkey":  # runs made before --protocol existed used ctxeval's layout with BOS
-        key.update({"protocol": spec.get("protocol", "ctxeval"), "bos": spec.get("bos", True)})
-    return key
+def corpus_key(run: Run) -> dict[str, Any]:
+    """The protocol fields of a run over a corpus (ppl, entropy): the data spec, its documents, the text field."""
+    return {
+        "data": run.spec.get("data", (run.record.get("data") or {}).get("spec")),
+        "documents": documents(run),
+        "text_field": run.spec.get("text_field", "text"),
+    }
 
 
 def canon(value: Any) -> str:
@@ -467,6 +393,7 @@ class Group:
     key: dict[str, Any]
     runs: list[Run]
     distinguishing: list[str] = field(default_factory=list)
+    kind_title: str = ""  # the kind's title (report.kind.Kind.title): the heading's first words
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     original_lengths: dict[str, int] = field(default_factory=dict)
@@ -490,7 +417,7 @@ class Group:
     @property
     def short_title(self) -> str:
         """Kind and number only: a figure's first line, above the description that already names every field."""
-        return KIND_TITLES[self.kind] + (f" ({self.number} of {self.of})" if self.of > 1 else "")
+        return (self.kind_title or self.kind) + (f" ({self.number} of {self.of})" if self.of > 1 else "")
 
     @property
     def description(self) -> str:
@@ -506,17 +433,28 @@ class Group:
         return " · ".join(f"{field_label(f)} {fmt_value(self.key.get(f))}" for f in shown)
 
 
-def group_runs(runs: Sequence[Run], aggregate: str | None = None, single: bool = False) -> list[Group]:
-    """Group runs by (kind, protocol key); kinds in the order ppl, needle, passkey, entropy, groups in command-line
+class KindLike(Protocol):
+    """What grouping needs of a task kind (report.kind.Kind): its title and the protocol fields of a run."""
+
+    title: str
+
+    def protocol_key(self, run: Run, aggregate: str | None) -> dict[str, Any]: ...
+
+
+def group_runs(
+    runs: Sequence[Run], kinds: Mapping[str, KindLike], aggregate: str | None = None, single: bool = False
+) -> list[Group]:
+    """Group runs by (kind, the kind's protocol key: what must agree for runs to share a table); kinds in the
+    order of `kinds` (the registry: ppl, needle, passkey, entropy, ruler, lm-eval, tune), groups in command-line
     order.
 
     single=True refuses (CtxevalError) when the runs of one kind would need more than one table."""
     found: dict[tuple[str, str], tuple[dict[str, Any], list[Run]]] = {}
     for run in runs:
-        key = protocol_key(run, aggregate)
+        key = kinds[run.task].protocol_key(run, aggregate)
         found.setdefault((run.task, canon(key)), (key, []))[1].append(run)
     groups: list[Group] = []
-    for kind in KINDS:
+    for kind in kinds:
         mine = [(key, members) for (k, _), (key, members) in found.items() if k == kind]
         fields = list(dict.fromkeys(f for key, _ in mine for f in key))
         differ = [f for f in fields if len({canon(key.get(f)) for key, _ in mine}) > 1]
@@ -530,7 +468,7 @@ def group_runs(runs: Sequence[Run], aggregate: str | None = None, single: bool =
                 "to get one table per protocol, or leave runs out"
             )
         for n, (key, members) in enumerate(mine, 1):
-            groups.append(Group(f"{kind}-{n}", kind, n, len(mine), key, members, differ))
+            groups.append(Group(f"{kind}-{n}", kind, n, len(mine), key, members, differ, kinds[kind].title))
     return groups
 
 

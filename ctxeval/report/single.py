@@ -17,7 +17,7 @@ from ..runs.store import RunStore
 from ..specs import MethodSpec
 from ..util.paths import safe_name
 from ..util.textfiles import atomic_path, write_text
-from .merged import ruler_depth_tables
+from .kinds.ruler import ruler_depth_tables
 from .plots import Curve, HeatmapPanel, depth_panels, method_family, plot_curves, plot_depth_curves, plot_heatmaps
 from .tables import (
     NOT_REACHED_NOTE,
@@ -510,14 +510,3 @@ def render_ruler_depths(
         md += [f"\n![{table.task}: score by depth](depth-{name}.png)\n"]
         md += [f"\n![{table.task}: score by depth and length](depth-heatmap-{name}.png)\n"]
     return printed, "".join(md)
-
-
-def render_lm_eval(store: RunStore, title: str) -> RunOutputs:
-    """table.md / table.csv: method x (lm-eval task, metric), value ± stderr (the report's own table of this run)."""
-    from .merged import build_report
-
-    table = build_report([store.dir], single=True).tables[0]
-    headers, rows = table.headers[1:], [r[1:] for r in table.cells]
-    save_text(store.dir / "table.md", f"# {title}\n\n{table.caption}\n\n" + markdown(headers, rows))
-    save_text(store.dir / "table.csv", table_csv(table))
-    return RunOutputs([Printed(title, table.caption, headers, rows)], f"wrote {store.dir}/table.md, table.csv")

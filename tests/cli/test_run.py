@@ -429,11 +429,11 @@ def test_ppl_over_several_models_runs_each_and_merges_them_into_one_table(tmp_pa
     assert all(line in result.stdout for line in table.splitlines() if line.startswith("| "))
 
     # the figure compares encodings: an unmodified model's curve takes its encoding's hue, a method keeps its own
-    from ctxeval.report import merged, render
+    from ctxeval.report import figures, merged
     from ctxeval.report.plots import curve_styles
 
     group = merged.build_report([out / name for name in ("tiny", "tiny-nope", "tiny-learned")]).groups[0]
-    curves = render.group_curves(group)
+    curves = figures.group_curves(group)
     assert [(c.label.rsplit("/", 1)[-1], c.family) for c in curves] == [
         ("tiny (RoPE) · none", "RoPE"),
         ("tiny (RoPE) · yarn(factor=2)", "yarn"),

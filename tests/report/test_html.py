@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from report.run_dirs import cli, entropy_run, needle_run, ppl_run
 
-from ctxeval.report import merged, render
+from ctxeval.report import figures as report_figures
+from ctxeval.report import merged
 from ctxeval.report.html import asset, to_html, write_html
 from ctxeval.report.render import write_plots
 
@@ -330,13 +331,13 @@ def test_headings_are_short_and_the_protocol_is_each_figure_s_caption(page):
     """Issue 39: the protocol string sat in every figure's title; it is the caption's second line now."""
     rep, _, text = page
     for group in rep.groups:
-        assert f"<h2>{escape(render.heading(group))}</h2>" in text
+        assert f"<h2>{escape(report_figures.heading(group))}</h2>" in text
         figures = re.findall(rf'<figure id="fig-{group.id}(?:-[a-z0-9-]+)?">.*?</figure>', text, re.S)
         for figure in figures:
             caption = re.search(r"<figcaption>(.*?)</figcaption>", figure, re.S).group(1)
             assert f'<span class="fig-protocol">Protocol: {escape(group.description)}.</span>' in caption
             alt = re.search(r'alt="([^"]*)"', figure).group(1)
-            assert "Protocol" not in alt and len(unescape(alt)) <= render.HEADING_MAX + 40
+            assert "Protocol" not in alt and len(unescape(alt)) <= report_figures.HEADING_MAX + 40
     css = asset("report.css")
     assert re.search(r"figure img \{[^}]*max-width: 100%;[^}]*height: auto;", css)  # a figure never widens the page
 

@@ -8,6 +8,7 @@ import pytest
 from matplotlib import colors as mcolors
 from report.run_dirs import entropy_run, needle_run, ppl_run
 
+from ctxeval.report import figures as report_figures
 from ctxeval.report import merged, render
 from ctxeval.report import plots as PL
 from ctxeval.report.runs import field_label, fmt_value
@@ -107,8 +108,8 @@ def test_headings_are_one_line_and_the_protocol_line_keeps_every_field(committed
     assert max(len(g.title) for g in rep.groups) > 200  # the groups' full titles, as report.json keeps them
     md = render.to_markdown(rep)
     headings = [line[3:] for line in md.splitlines() if line.startswith("## ")]
-    assert headings == [render.heading(g) for g in rep.groups]
-    assert all(len(h) <= render.HEADING_MAX for h in headings), headings
+    assert headings == [report_figures.heading(g) for g in rep.groups]
+    assert all(len(h) <= report_figures.HEADING_MAX for h in headings), headings
     assert headings[0] == ("RULER (1 of 3): 11 tasks, essays austen, essay sha256 ae4140c6e5ab543c"), headings[0]
     assert headings[1].startswith("RULER (2 of 3): tasks niah_single_2, essays austen")
     for group in rep.groups:  # every field, whole, on the line under the heading
@@ -119,7 +120,7 @@ def test_headings_are_one_line_and_the_protocol_line_keeps_every_field(committed
 
 def test_a_short_heading_is_the_group_title_unchanged(tmp_path):
     rep = report_of_every_curve_kind(tmp_path)
-    assert [render.heading(g) for g in rep.groups] == [g.title for g in rep.groups]
+    assert [report_figures.heading(g) for g in rep.groups] == [g.title for g in rep.groups]
     assert "\n## Passkey retrieval\n" in render.to_markdown(rep)
 
 

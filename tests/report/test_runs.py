@@ -168,10 +168,11 @@ def _run(task, record, order=0, rows=None):
 
 
 def _groups(task, record_a, record_b, rows_a=None, rows_b=None, aggregate=None):
+    from ctxeval.report.registry import KINDS
     from ctxeval.report.runs import group_runs
 
     runs = [_run(task, record_a, 0, rows_a), _run(task, record_b, 1, rows_b)]
-    return [g for g in group_runs(runs, aggregate) if g.kind == task]
+    return [g for g in group_runs(runs, KINDS, aggregate) if g.kind == task]
 
 
 # (task, record of run A, record of run B, the field that must tell them apart, its value in run A as shown)
@@ -434,13 +435,14 @@ def test_load_runs_notes_a_run_given_twice_keeps_going_and_notes_skipped_lines_a
 
 
 def test_single_accepts_one_table_per_kind_and_refuses_two_naming_each_runs_differing_fields():
+    from ctxeval.report.registry import KINDS
     from ctxeval.report.runs import group_runs
 
     one = [_run("ppl", {"spec": {"stride": 8}}, 0), _run("ppl", {"spec": {"stride": 8}}, 1)]
-    assert len(group_runs(one, single=True)) == 1
+    assert len(group_runs(one, KINDS, single=True)) == 1
     two = [_run("ppl", {"spec": {"stride": 8, "bos": True}}, 0), _run("ppl", {"spec": {"stride": 16, "bos": False}}, 1)]
     with pytest.raises(CtxevalError) as err:
-        group_runs(two, single=True)
+        group_runs(two, KINDS, single=True)
     assert str(err.value) == (
         "--single: the ppl runs differ in stride, bos (run0: stride 8, bos on; run1: stride 16, "
         "bos off); drop --single to get one table per protocol, or leave runs out"

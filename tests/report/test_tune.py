@@ -12,10 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ctxeval.cli import app
-from ctxeval.report.runs import expand_run_args
-from ctxeval.report.tables import fmt_ppl
-from ctxeval.report.tune import render_tune, trials_frame
-from ctxeval.report.tune_data import (
+from ctxeval.report.kinds.tune_data import (
     Heldout,
     best_so_far,
     fmt_params,
@@ -25,6 +22,9 @@ from ctxeval.report.tune_data import (
     read_tune,
     trial_rows,
 )
+from ctxeval.report.kinds.tune_outputs import render_tune, trials_frame
+from ctxeval.report.runs import expand_run_args
+from ctxeval.report.tables import fmt_ppl
 from ctxeval.rope.methods import Geometry, compute
 from ctxeval.runs.store import read_rows
 
@@ -403,7 +403,7 @@ def test_no_committed_result_names_a_path_of_the_machine_that_made_it():
 def test_a_method_with_no_feasible_trial_is_named_in_the_methods_figure(tmp_path, monkeypatch):
     """Bug caught (present before): tune-methods.png left out a method none of whose trials kept the guard, so the
     figure read as if it had not been searched."""
-    import ctxeval.report.tune_plots as plots
+    import ctxeval.report.kinds.tune_plots as plots
 
     legends = []
 

@@ -1,6 +1,7 @@
-"""`ctxeval report`'s perplexity tables for one ppl group: model x method by length, the valid length of each method
-(against its own ppl and against the unmodified model's), LongPPL over the key tokens (runs with --key-tokens) and
-perplexity by position bucket (runs that kept position sums)."""
+"""The ppl kind: its protocol key; its tables for one group (model x method by length, the valid length of each
+method against its own ppl and against the unmodified model's, the position encodings compared when the models
+differ in them, LongPPL over the key tokens of runs with --key-tokens, perplexity by position bucket of runs that
+kept position sums); the perplexity curves and the loss-by-position figure."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from typing import Any
 
 import pandas as pd
 
-from ..errors import CtxevalError
-from ..runs.rows import BEYOND_POSITIONS, MISSING, fmt_length
-from .runs import Group, row_order
-from .tables import (
+from ...errors import CtxevalError
+from ...runs.rows import BEYOND_POSITIONS, MISSING, fmt_length
+from ..figures import figure_title, group_curves, heading, originals_legend, position_curves
+from ..kind import FigureSpace, Kind, Settings
+from ..plots import plot_curves
+from ..runs import Group, Run, corpus_key, row_order
+from ..tables import (
     NOT_REACHED_NOTE,
     Table,
     base_label,
@@ -31,6 +35,22 @@ from .tables import (
     valid_cells,
     valid_lengths,
 )
+
+
+def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
+    """The corpus, the protocol (truncate or sliding, its stride), BOS and the aggregate over documents."""
+    proto = run.record.get("protocol") or {}
+    return {
+        **corpus_key(run),
+        "protocol": proto.get("name", run.spec.get("protocol")),
+        "stride": proto.get("stride", run.spec.get("stride")),
+        "bos": proto.get("bos", run.spec.get("bos")),
+        "aggregate": aggregate or proto.get("aggregate", "token"),
+    }
+
+
+def tables(group: Group, rows: list[dict[str, Any]], settings: Settings) -> list[Table]:
+    return ppl_tables(group, rows, settings.tolerance)
 
 
 def ppl_tables(group: Group, rows: list[dict[str, Any]], tolerance: float) -> list[Table]:
@@ -340,3 +360,43 @@ def _positions_table(group: Group, rows: list[dict[str, Any]], pairs: list[tuple
             "('at'; a length-dependent method: its forward at that length only).",
         )
     ]
+
+
+def figures(group: Group, space: FigureSpace) -> dict[str, str]:
+    """Every model x method's perplexity curve on one log-scale figure; the loss by position beside it when the runs
+    kept position sums."""
+    curves = group_curves(group)
+    if not any(c.xs for c in curves if not c.reference):
+        return {}
+    plot_curves(
+        curves,
+        space.main,
+        title=figure_title(group, "perplexity by length"),
+        xlabel="evaluation length (tokens)",
+        ylabel="perplexity",
+        originals=originals_legend(group),
+        log_y=True,
+    )
+    images = {group.id: space.main.name}
+    positions = next((t for t in group.tables if t.kind == "positions"), None)
+    if positions is not None:
+        path = space.out_dir / f"{space.stem}-positions.png"
+        plot_curves(
+            position_curves(group, positions),
+            path,
+            title=figure_title(group, "loss by position"),
+            xlabel="tokens of context the prediction had (bucket centres; ticks at bucket edges)",
+            ylabel="perplexity of the bucket's tokens",
+            originals=originals_legend(group),
+            log_y=True,
+            x_ticks=sorted({int(x) for c in positions.columns[3:] for x in c.split("-")}),
+        )
+        images[f"{group.id}-positions"] = path.name
+    return images
+
+
+def caption(group: Group, part: str) -> str | None:
+    return f"{heading(group)}: loss by position" if part == "positions" else None
+
+
+KIND = Kind("ppl", "Perplexity", protocol_key, tables, figures, caption)

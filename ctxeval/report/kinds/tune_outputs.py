@@ -11,10 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..runs.rows import fmt_length
-from ..runs.store import ROWS_FILE, RUN_FILE, read_rows
-from .single import Printed, RunOutputs, save_csv, save_text
-from .tables import fmt_ppl, markdown
+from ...runs.rows import fmt_length
+from ...runs.store import ROWS_FILE, RUN_FILE, read_rows
+from ..single import Printed, RunOutputs, save_csv, save_text
+from ..tables import fmt_ppl, markdown
 from .tune_data import (
     Heldout,
     TuneSummary,

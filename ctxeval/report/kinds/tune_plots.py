@@ -12,8 +12,8 @@ from typing import Sequence
 import matplotlib.pyplot as plt  # noqa: E402 - after plots.py chose the file-only backend
 from matplotlib import ticker  # noqa: E402
 
-from ..runs.rows import fmt_length
-from .plots import FAMILY_COLORS, LEGEND_WIDTH, log_ticks, method_family, readable_log_y, save, wrap_title
+from ...runs.rows import fmt_length
+from ..plots import FAMILY_COLORS, LEGEND_WIDTH, log_ticks, method_family, readable_log_y, save, wrap_title
 
 # trial kinds: the same colour and marker in every tune figure
 FEASIBLE = {"color": "tab:blue", "marker": "o", "s": 22}

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import CtxevalError
-from ..rope.methods import Geometry, compute
-from ..runs.store import ROWS_FILE, RUN_FILE, read_rows
-from ..util.textfiles import read_json
-from .runs import heldout_of_record
-from .tables import ppl_long
+from ...errors import CtxevalError
+from ...rope.methods import Geometry, compute
+from ...runs.store import ROWS_FILE, RUN_FILE, read_rows
+from ...util.textfiles import read_json
+from ..runs import heldout_of_record
+from ..tables import ppl_long
 
 OK = "ok"
 INVALID = "invalid"  # a point whose parameters the method refuses: no forward, no perplexity

@@ -1,0 +1,110 @@
+"""The entropy kind: its protocol key (the corpus, BOS, the layers and heads averaged); one table of the mean
+attention entropy by length with the uniform-attention bound as its last row; the entropy curves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...runs.rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
+from ..figures import figure_title, group_curves, originals_legend
+from ..kind import FigureSpace, Kind, Settings
+from ..plots import plot_curves
+from ..runs import Group, Run, corpus_key, row_order
+from ..tables import Table, fmt_entropy, number
+
+
+def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
+    proto = run.record.get("protocol") or {}
+    return {
+        **corpus_key(run),
+        "bos": run.spec.get("bos", proto.get("bos")),
+        "layers": run.spec.get("layers", "all"),
+        "heads": run.spec.get("heads", "all"),
+    }
+
+
+def tables(group: Group, rows: list[dict[str, Any]], settings: Settings) -> list[Table]:
+    return [entropy_table(group, rows)]
+
+
+def entropy_table(group: Group, rows: list[dict[str, Any]]) -> Table:
+    """Rows = model x method, columns = length, value = the mean over documents of each point's entropy (itself the
+    mean over layers, heads and query positions); a cell with a failed document shows the failure, as in ppl.
+    The last row is the uniform-attention bound, which depends on the length only."""
+    points: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        points.setdefault((str(row["model"]), str(row["label"]), int(row["length"])), []).append(row)
+    lengths = sorted({k[2] for k in points})
+    pairs = row_order(group, rows)
+    n_docs = len(group.key.get("documents") or [])
+    raw, status, shown = [], [], []
+    partial: list[str] = []
+    for model, label in pairs:
+        vals: list[float | None] = []
+        sts: list[str | None] = []
+        for length in lengths:
+            mine = points.get((model, label, length), [])
+            failed = [r for r in mine if r.get("status") != "ok"]
+            if not mine or failed:
+                vals.append(None)
+                sts.append(str(failed[0].get("status")) if failed else "missing")
+                continue
+            vals.append(number(sum(float(r["entropy"]) for r in mine) / len(mine)))
+            sts.append(None)
+            if len(mine) < n_docs:
+                partial.append(f"{fmt_length(length)} ({len(mine)} of {n_docs})")
+        if partial:
+            group.notes.append(
+                f"{model} · {label}: averaged over fewer documents than the protocol's at "
+                f"{', '.join(partial)}; the run did not measure the others"
+            )
+            partial = []
+        raw.append([model, label, *vals])
+        status.append([None, None, *sts])
+        shown.append([model, label, *(fmt_entropy(v, s) for v, s in zip(vals, sts))])
+    recorded = {
+        int(r["length"]): float(r["uniform_entropy"])
+        for r in rows
+        if r.get("status") == "ok" and number(r.get("uniform_entropy")) is not None
+    }
+    bound = [recorded.get(L, uniform_entropy(L)) for L in lengths]
+    raw.append([UNIFORM_MODEL, UNIFORM_LABEL, *bound])
+    status.append([None, None, *([None] * len(lengths))])
+    shown.append([UNIFORM_MODEL, UNIFORM_LABEL, *(fmt_entropy(v) for v in bound)])
+    originals = ", ".join(f"{m} {fmt_length(L)}" for m, L in group.original_lengths.items())
+    caption = (
+        f"Mean attention entropy in nats (over layers, heads, query positions and {n_docs} document(s)); "
+        f"original length: {originals}. Last row: the entropy if every query attended evenly to the keys it "
+        "sees, mean ln(i+1), the upper bound; it depends on the length only, the same for every model and "
+        "method."
+    )
+    return Table(
+        group.id,
+        "entropy",
+        group.title,
+        ["model", "method", *map(str, lengths)],
+        ["model", "method", *map(fmt_length, lengths)],
+        raw,
+        status,
+        shown,
+        caption=caption,
+    )
+
+
+def figures(group: Group, space: FigureSpace) -> dict[str, str]:
+    """Every model x method's entropy curve on one figure, the uniform bound dashed grey."""
+    curves = group_curves(group)
+    if not any(c.xs for c in curves if not c.reference):
+        return {}
+    plot_curves(
+        curves,
+        space.main,
+        title=figure_title(group, "attention entropy by length"),
+        xlabel="context length (tokens)",
+        ylabel="mean attention entropy (nats)",
+        originals=originals_legend(group),
+    )
+    return {group.id: space.main.name}
+
+
+KIND = Kind("entropy", "Attention entropy", protocol_key, tables, figures)
