@@ -166,7 +166,7 @@ class Entropy(Measurement):
         sweep(self.lm, self.specs, self.documents, self.cfg, store, progress)
 
     def render(self, store: RunStore) -> None:
-        from ..report.single import render_entropy
+        from ..report.kinds.entropy import render_entropy
 
         original = self.lm.trained_length or max(self.cfg.lengths)
         title = f"{self.model} on {self.opt.data}: attention entropy"

@@ -364,7 +364,7 @@ class RetrievalRun(Measurement):
         sweep(self.lm, self.specs, self.runner, store)
 
     def render(self, store: RunStore) -> None:
-        from ..report.single import render_retrieval
+        from ..report.kinds.needle import render_retrieval
 
         opt = self.opt
         title = (

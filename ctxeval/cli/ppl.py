@@ -332,7 +332,7 @@ class Ppl(Measurement):
         sweep(lm, self.specs, self.documents, cfg, store, progress, key_tokens)
 
     def render(self, store: RunStore) -> None:
-        from ..report.single import render_ppl
+        from ..report.kinds.ppl_run import render_ppl
 
         settings, cfg = self.settings, self.cfg
         title = f"{model_title(settings.model)} on {settings.data} ({cfg.protocol})"

@@ -233,7 +233,7 @@ def test_ruler_prints_the_per_task_scores_of_table_md(tmp_path):
 
 
 def test_passkey_prints_its_context_table(tmp_path):
-    from ctxeval.report.single import render_retrieval
+    from ctxeval.report.kinds.needle import render_retrieval
     from ctxeval.specs import expand_specs
 
     rows = [

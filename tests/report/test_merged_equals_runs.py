@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from ctxeval.report import merged
+from ctxeval.report.kinds.ppl_run import render_ppl
 from ctxeval.report.runs import Group, display_models
-from ctxeval.report.single import render_ppl
 from ctxeval.report.tables import OWN_FAILS_AT, Table, own_valid_column
 from ctxeval.runs.store import RunStore
 

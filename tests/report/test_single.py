@@ -8,7 +8,7 @@ import pytest
 from report.run_dirs import needle_run
 
 from ctxeval.report import plots as PL
-from ctxeval.report.single import render_retrieval
+from ctxeval.report.kinds.needle import render_retrieval
 
 
 @pytest.fixture

@@ -1040,7 +1040,7 @@ def test_longppl_with_a_failed_document_is_missing_as_ppl_is(tmp_path, failed_st
     """ppl over documents is missing at a length where a document failed (tables.ppl_long: never the aggregate of
     the others); LongPPL follows the same rule (tables.longppl_long). At 256 both documents count: exp((4 x 1.0 +
     2 x 2.5) / 6); at 512 d1 alone would give e^1.0, which must not be shown."""
-    from ctxeval.report.single import render_longppl
+    from ctxeval.report.kinds.ppl_run import render_longppl
 
     spec, rows = _ppl_rows(failed_status)
     ppl = tables.ppl_long(rows).set_index("length")

@@ -3,14 +3,18 @@ attention entropy by length with the uniform-attention bound as its last row; th
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Sequence
 
-from ...runs.rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
+from ...runs.rows import MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
+from ...runs.store import RunStore
+from ...specs import MethodSpec
 from ..figures import figure_title, group_curves, originals_legend
 from ..kind import FigureSpace, Kind, Settings
 from ..plots import plot_curves
 from ..runs import Group, Run, corpus_key, row_order
-from ..tables import Table, fmt_entropy, number
+from ..single import Printed, RunOutputs, frame_curves, save_csv, save_text
+from ..tables import Table, entropy_tables, fmt_entropy, markdown, number
 
 
 def protocol_key(run: Run, aggregate: str | None = None) -> dict[str, Any]:
@@ -105,6 +109,43 @@ def figures(group: Group, space: FigureSpace) -> dict[str, str]:
         originals=originals_legend(group),
     )
     return {group.id: space.main.name}
+
+
+def render_entropy(store: RunStore, specs: Sequence[MethodSpec], original_length: int, title: str) -> RunOutputs:
+    """table.md / entropy.csv / entropy-layers.csv / entropy.png in the run directory."""
+    wide, layers = entropy_tables(store.rows(), [s.label for s in specs])
+    if wide.empty:
+        return RunOutputs(notes=["no entropy was measured (every point failed); see rows.jsonl"])
+
+    def cell(value: float) -> str:
+        return MISSING if math.isnan(value) else f"{value:.3f}"
+
+    headers = ["method", *[fmt_length(int(c)) for c in wide.columns]]
+    rows = [[str(label), *[cell(v) for v in series]] for label, series in wide.iterrows()]
+    lheaders = ["method", "layer", *[fmt_length(int(c)) for c in layers.columns]]
+    lrows = [[str(i[0]), str(i[1]), *[cell(v) for v in series]] for i, series in layers.iterrows()]
+    caption = (
+        f"Mean attention entropy in nats (over layers, heads, query positions and documents); original length "
+        f"{original_length}. 'uniform' = mean ln(i+1), the entropy if every query attended evenly."
+    )
+    save_text(
+        store.dir / "table.md",
+        f"# {title}\n\n{caption}\n\n" + markdown(headers, rows) + "\n## Per layer\n\n" + markdown(lheaders, lrows),
+    )
+    save_csv(wide.rename_axis("method"), store.dir / "entropy.csv", float_format="%.6g")
+    save_csv(layers, store.dir / "entropy-layers.csv", float_format="%.6g")
+    plot_curves(
+        frame_curves(wide),
+        store.dir / "entropy.png",
+        title=title,
+        xlabel="context length (tokens)",
+        ylabel="mean attention entropy (nats)",
+        originals={original_length: f"original length {fmt_length(original_length)}"},
+    )
+    return RunOutputs(
+        [Printed(title, caption, headers, rows)],
+        f"wrote {store.dir}/table.md, entropy.csv, entropy-layers.csv, entropy.png",
+    )
 
 
 KIND = Kind("entropy", "Attention entropy", protocol_key, tables, figures)

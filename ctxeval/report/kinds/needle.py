@@ -6,22 +6,29 @@ length heatmaps and the passkey's accuracy curves."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
 from ...runs.rows import BEYOND_POSITIONS, fmt_length
+from ...runs.store import RunStore
+from ...specs import MethodSpec
+from ...util.paths import safe_name
 from ..figures import curve_label, figure_title, group_curves, originals_legend
 from ..kind import FigureSpace, Kind, Settings
 from ..plots import HeatmapPanel, plot_curves, plot_heatmaps
 from ..runs import Group, Run, row_order
+from ..single import Printed, RunOutputs, frame_curves, isna, save_csv, save_text
 from ..tables import (
     Table,
     accuracy_grid,
     effective_length,
     fmt_acc,
+    markdown,
     needle_long,
+    needle_summary,
     number,
+    passkey_summary,
     yarn_passkey_figures,
 )
 
@@ -168,6 +175,93 @@ def passkey_figures(group: Group, space: FigureSpace) -> dict[str, str]:
         y_percent=True,
     )
     return {group.id: space.main.name}
+
+
+def render_retrieval(
+    store: RunStore, task: str, specs: Sequence[MethodSpec], original: int | None, threshold: float, title: str
+) -> RunOutputs:
+    """Per method a heatmap + accuracy table (depth x length); a summary (method x length) with the effective
+    length; for passkey (random depths: no heatmap) the passkey context and passkey.png, accuracy by length per
+    method with the threshold, both in percent."""
+    df = needle_long(store.rows())
+    order = [s.label for s in specs]
+    summary = needle_summary(df, order, threshold)
+    lengths = [c for c in summary.columns if c != "effective length"]
+    headers = ["method"] + [fmt_length(c) for c in lengths] + [f"effective length (>= {threshold:.0%})"]
+    rows = [
+        [label]
+        + [fmt_acc(summary.loc[label, c]) for c in lengths]
+        + [
+            fmt_length(int(summary.loc[label, "effective length"]))
+            if not isna(summary.loc[label, "effective length"])
+            else "none"
+        ]
+        for label in summary.index
+    ]
+    md = [
+        f"# {title}\n\n",
+        f"Mean accuracy over depths and samples; scoring without an LLM judge. Original length {original}.\n\n",
+        markdown(headers, rows),
+    ]
+    printed: list[Printed] = []
+    if task == "passkey":
+        pk = passkey_summary(df, order, threshold)
+        pheaders = ["method", "passkey context", "passkey accuracy"]
+        prow = [
+            [
+                r["method"],
+                fmt_length(int(r["passkey context"])) if not isna(r["passkey context"]) else "none",
+                fmt_acc(r["passkey accuracy"]),
+            ]
+            for _, r in pk.iterrows()
+        ]
+        pcaption = (
+            f"Passkey context: the longest evaluated length with accuracy >= {threshold:.0%}; passkey "
+            "accuracy: the mean accuracy over the evaluated lengths up to it (YaRN, Table 5). The effective "
+            "length above also requires every shorter length to pass."
+        )
+        md += [
+            f"\n## Passkey context and accuracy (the YaRN paper's figures)\n\n{pcaption}\n\n",
+            markdown(pheaders, prow),
+        ]
+        printed.append(Printed("passkey context and accuracy (the YaRN paper's figures)", pcaption, pheaders, prow))
+        save_csv(pk, store.dir / "passkey.csv", index=False)
+        plot_curves(
+            frame_curves(summary[lengths]),
+            store.dir / "passkey.png",
+            title=f"{title}: accuracy by length",
+            xlabel="context length (tokens)",
+            ylabel="accuracy",
+            originals={original: f"original length {fmt_length(original)}"} if original else None,
+            threshold=threshold,
+            y_percent=True,
+        )
+    for label in summary.index:
+        grid, status = accuracy_grid(df, label)
+        if task != "passkey":
+            gh = ["depth"] + [fmt_length(c) for c in grid.columns]
+            gr = [[f"{d:g}%"] + [fmt_acc(grid.loc[d, c], status.loc[d, c]) for c in grid.columns] for d in grid.index]
+            md += [f"\n## {label}: accuracy by depth and length\n\n", markdown(gh, gr)]
+            past = (
+                f" (dashed: past the original length {fmt_length(original)})"
+                if original and max(grid.columns) > original
+                else ""
+            )
+            plot_heatmaps(
+                [HeatmapPanel("", grid, status, original)],
+                store.dir / f"heatmap-{safe_name(label)}.png",
+                f"{label}: {title}{past}",
+            )
+    save_text(store.dir / "table.md", "".join(md))
+    export = summary.copy()
+    export.index.name = "method"
+    save_csv(export, store.dir / "summary.csv")
+    caption = f"mean accuracy; effective length = longest length with every shorter length >= {threshold:.0%}"
+    return RunOutputs(
+        [Printed(title, caption, headers, rows), *printed],
+        f"wrote {store.dir}/table.md, summary.csv"
+        + (", heatmap-*.png" if task != "passkey" else ", passkey.csv, passkey.png"),
+    )
 
 
 NEEDLE = Kind("needle", "Needle in a haystack", protocol_key, tables, needle_figures)
