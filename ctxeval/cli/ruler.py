@@ -436,7 +436,7 @@ class Ruler(Measurement):
         sweep(lm, self.specs, prompts, self.cfg, runner, store)
 
     def render(self, store: RunStore) -> None:
-        from ..report.single import render_ruler
+        from ..report.kinds.ruler import render_ruler
 
         opt, cfg = self.opt, self.cfg
         from ..report.tables import suite_name

@@ -203,7 +203,7 @@ def _store(tmp_path, task, rows):
 
 
 def test_ruler_prints_the_per_task_scores_of_table_md(tmp_path):
-    from ctxeval.report.single import render_ruler
+    from ctxeval.report.kinds.ruler import render_ruler
     from ctxeval.specs import expand_specs
 
     specs, tasks, lengths = expand_specs(["none", "yarn:factor=2"]), ["niah_single_1", "vt", "cwe"], [1024, 2048]

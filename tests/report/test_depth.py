@@ -13,9 +13,9 @@ import pytest
 from ctxeval.report import plots as PL
 from ctxeval.report import tables
 from ctxeval.report.html import to_html
+from ctxeval.report.kinds.ruler import render_ruler
 from ctxeval.report.merged import build_report
 from ctxeval.report.render import group_figures, to_markdown, write_plots, write_report
-from ctxeval.report.single import render_ruler
 from ctxeval.runs.rows import MISSING
 
 TASKS = ["niah_single_1", "litm:kv"]

@@ -934,7 +934,7 @@ def test_a_ruler_task_with_a_failed_sample_has_no_score_mean_or_effective_length
     """docs/protocols.md (RULER): "a sample that could not be measured (out of memory, an error) makes its task and
     length missing". So vt at 2k is shown as the failure, the 2k mean is missing, and the effective length stops
     at 1k, in the run's own tables (report/single.py) and in `ctxeval report` (report/merged.py)."""
-    from ctxeval.report.single import render_ruler
+    from ctxeval.report.kinds.ruler import render_ruler
 
     spec, rows = _ruler_rows(failed_status)
 

@@ -1,7 +1,7 @@
 """The ruler kind (RULER's tasks and the retrieval suites run by `ctxeval ruler`): its protocol key (the tasks,
 samples, seed, essays, template, threshold); the table of the mean task score by length with the effective length,
 and a table by depth for each task whose rows carry one; the mean-score curves, and per depth task the score against
-the answer's depth and a depth x length heatmap per method."""
+the answer's depth and a depth x length heatmap per method; a ruler run's own outputs (render_ruler)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,18 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ...runs.rows import MISSING, fmt_length
+from ...runs.store import RunStore
+from ...specs import MethodSpec
 from ...util.paths import safe_name
 from ..figures import curve_label, figure_title, free_name, group_curves, heading, originals_legend
 from ..kind import FigureSpace, Kind, Settings
-from ..plots import depth_panels, plot_curves, plot_depth_curves, plot_heatmaps
+from ..plots import HeatmapPanel, depth_panels, plot_curves, plot_depth_curves, plot_heatmaps
 from ..runs import Group, Run, row_order
+from ..single import Printed, RunOutputs, save_csv, save_text
 from ..tables import (
     Table,
     fmt_score,
+    markdown,
     number,
     ruler_depth_scores,
     ruler_effective_length,
@@ -202,6 +206,126 @@ def caption(group: Group, part: str) -> str | None:
             if f"{group.id}-{part}" == f"{table.id}-{suffix}":
                 return f"{heading(group)}: {table.task}, {what}"
     return None
+
+
+def render_ruler(
+    store: RunStore,
+    specs: Sequence[MethodSpec],
+    tasks: list[str],
+    original: int | None,
+    threshold: float,
+    samples: int,
+    title: str,
+    notes: Sequence[str] = (),
+) -> RunOutputs:
+    """table.md (method x length: the mean over tasks and the effective length; per length, method x task),
+    ruler.csv (every task score), summary.csv, and one task x length heatmap per method."""
+    scores = ruler_task_scores(store.rows())
+    means = ruler_means(scores, tasks)
+    order = [s.label for s in specs]
+    lengths = sorted(int(x) for x in scores["length"].unique()) if len(scores) else []
+    headers = ["method", *[fmt_length(L) for L in lengths], f"effective length (> {threshold:g})"]
+    rows, summary = [], []
+    for label in order:
+        mine = means[means["label"] == label]
+        by_length = {int(L): float(v) for L, v in zip(mine["length"], mine["mean"])}
+        eff = ruler_effective_length(by_length, threshold)
+        rows.append(
+            [
+                label,
+                *[fmt_score(by_length.get(L, float("nan"))) for L in lengths],
+                fmt_length(eff) if eff is not None else "none",
+            ]
+        )
+        summary.append({"method": label, **{str(L): by_length.get(L) for L in lengths}, "effective length": eff})
+    caption = (
+        f"{suite_name(tasks)} mean score over {len(tasks)} tasks ({', '.join(tasks)}), {samples} sample(s) per task and "
+        f"length; effective length: the longest length up to which every length's mean exceeds {threshold:g} "
+        f"(RULER's Llama-2-7B reference at 4k is 85.6). Original length {original}."
+    )
+    md = [f"# {title}\n\n{caption}\n\n", markdown(headers, rows)]
+    md += [f"\n- {note}\n" for note in notes]
+    by_task: dict[tuple[str, str, int], str] = {}  # the same cells for the terminal, by (method, task, length)
+    for L in lengths:
+        at = scores[scores["length"] == L]
+        theaders = ["method", *tasks]
+        trows = []
+        for label in order:
+            cells = {
+                t: (v, st)
+                for t, v, st in zip(
+                    at[at["label"] == label]["ruler_task"],
+                    at[at["label"] == label]["score"],
+                    at[at["label"] == label]["status"],
+                )
+            }
+            trows.append([label, *[fmt_score(*cells.get(t, (float("nan"), "missing"))) for t in tasks]])
+        md += [f"\n## {fmt_length(L)}: score by task\n\n", markdown(theaders, trows)]
+        by_task.update({(row[0], t, L): text for row in trows for t, text in zip(tasks, row[1:])})
+    depth_printed, depth_md = render_ruler_depths(store, order, tasks, original, title)
+    save_text(store.dir / "table.md", "".join(md) + depth_md)
+    save_csv(scores, store.dir / "ruler.csv", index=False, float_format="%.6g")
+    save_csv(pd.DataFrame(summary), store.dir / "summary.csv", index=False)
+    for label in order:
+        mine = scores[scores["label"] == label]
+        if mine.empty:
+            continue
+        grid = mine.pivot_table(index="ruler_task", columns="length", values="score", aggfunc="first") / 100
+        status = mine.pivot_table(index="ruler_task", columns="length", values="status", aggfunc="first")
+        present = [t for t in tasks if t in grid.index]
+        grid, status = grid.reindex(index=present, columns=lengths), status.reindex(index=present, columns=lengths)
+        past = (
+            f" (dashed: past the original length {fmt_length(original)})"
+            if original and lengths and max(lengths) > original
+            else ""
+        )
+        plot_heatmaps(
+            [HeatmapPanel("", grid, status, original, row_labels=present)],
+            store.dir / f"heatmap-{safe_name(label)}.png",
+            f"{label}: {title}{past}",
+            row_title="task",
+            scale_label="score",
+        )
+    # in the terminal one row per (method, task) and a column per length: 80 columns hold it, 11 task columns not
+    task_rows = [[label, t, *[by_task[(label, t, L)] for L in lengths]] for label in order for t in tasks]
+    return RunOutputs(
+        [
+            Printed(title, caption, headers, rows),
+            Printed(
+                "RULER score by task and length", None, ["method", "task", *[fmt_length(L) for L in lengths]], task_rows
+            ),
+            *depth_printed,
+        ],
+        f"wrote {store.dir}/table.md, ruler.csv, summary.csv, heatmap-*.png"
+        + (", depth-*.png" if depth_printed else ""),
+    )
+
+
+def render_ruler_depths(
+    store: RunStore, order: Sequence[str], tasks: Sequence[str], original: int | None, title: str
+) -> tuple[list[Printed], str]:
+    """Per task whose rows carry a depth: its table (rows = method and length, columns = depths), the score against
+    the depth (depth-<task>.png, Liu et al. 2023's figure 1) and a depth x length heatmap per method
+    (depth-heatmap-<task>.png), as a markdown section; nothing when no row has a depth."""
+    rows = store.rows()
+    models = list(dict.fromkeys(str(r["model"]) for r in rows))
+    printed, md = [], []
+    for table in ruler_depth_tables("depth", rows, [(m, label) for m in models for label in order], tasks):
+        if not table.rows:
+            continue
+        name = safe_name(table.task)
+        head = f"{title} · {table.task}: score by"
+        plot_depth_curves(table, lambda m, lb: lb, store.dir / f"depth-{name}.png", f"{head} the answer's depth")
+        panels = depth_panels(table, lambda m, lb: lb, {m: original for m in models} if original else {})
+        past = " (dashed: past the original length)" if original and max(panels[0].grid.columns) > original else ""
+        heat = f"{head} depth and length{past}"
+        plot_heatmaps(panels, store.dir / f"depth-heatmap-{name}.png", heat, "answer depth", "score")
+        headers, cells = table.headers[1:], [row[1:] for row in table.cells]
+        printed.append(Printed(table.title, table.caption, headers, cells))
+        md += [f"\n## {table.title}\n\n{table.caption}\n\n", markdown(headers, cells)]
+        md += [f"\n![{table.task}: score by depth](depth-{name}.png)\n"]
+        md += [f"\n![{table.task}: score by depth and length](depth-heatmap-{name}.png)\n"]
+    return printed, "".join(md)
 
 
 KIND = Kind("ruler", "RULER", protocol_key, tables, figures, caption)
