@@ -34,6 +34,8 @@ SHIFTED = ["tests/attention/test_shifted.py", "tests/conformance/test_dca_string
 TEMPERATURE = ["tests/attention/test_temperature.py"]
 BUDGET = "tests/evals/tune/test_time_budget.py"
 IDENTICAL = "tests/cli/test_identical_methods.py"
+# the synthetic merge (the scratch copy has no results/, which the property tests over the committed runs read)
+MERGED = "tests/report/test_merged_equals_runs.py::test_merged_runs_of_different_models_methods_and_grids_print_each_runs_own_valid_length"
 MUTANTS = [
     (
         "needle resume key without depth",
@@ -641,6 +643,42 @@ MUTANTS = [
         "SURE_MARGIN = 1.25",
         "SURE_MARGIN = 1.0",
         ["tests/evals/ruler/test_fit.py"],
+    ),
+    # issue 53, part 1: the merged report's valid lengths and the figures' colours
+    (
+        "encodings table reads valid lengths by row position",
+        "ctxeval/report/kinds/ppl.py",
+        "        mine = valid[(model, row[1])]\n",
+        "        mine = list(valid.values())[len(raw)]\n",
+        [MERGED],
+    ),
+    (
+        "a walk stopped at a length never measured counts as failed",
+        "ctxeval/report/tables.py",
+        "return valid, None if unmeasured(label, length) else int(length)",
+        "return valid, int(length)",
+        [MERGED],
+    ),
+    (
+        "a learned table's lengths past it left out of the merged table",
+        "ctxeval/report/kinds/ppl.py",
+        "cells.update({(model, label, int(n)): (None, BEYOND_POSITIONS) for n in beyond})",
+        "cells.update({(model, label, int(n)): (None, BEYOND_POSITIONS) for n in beyond if (model, label, n) in cells})",
+        [MERGED],
+    ),
+    (
+        "a run's own table without the lengths past its learned table",
+        "ctxeval/report/kinds/ppl_run.py",
+        'for length in store.record.get("beyond_positions") or []:',
+        "for length in []:",
+        [MERGED],
+    ),
+    (
+        "spare colours run out (the old finite list)",
+        "ctxeval/report/plots.py",
+        "spare = spare_colors(set(map(mcolors.to_hex, colors.values())))",
+        "spare = iter([c for c in SPARE_COLORS if c not in colors.values()] * 4)",
+        ["tests/report/test_plots.py"],
     ),
 ]
 
