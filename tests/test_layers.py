@@ -1,7 +1,9 @@
 """The package's layers: one whole-number rank per package, every import (module-level or inside a function) points
 to a lower layer or inside its own package without a circle, packages of one layer never import each other, nothing
-but the CLI imports the CLI, and no private name crosses a module. The same check is shown to fail on a copy of the
-package with an upward import, a circle and a private name injected."""
+but the CLI imports the CLI, and no private name crosses a module. Inside a package the same holds one level down:
+each sub-package has a rank among its siblings, and a sub-package imports only siblings of a lower rank. The same
+check is shown to fail on a copy of the package with an upward import, a sideways import between sub-packages, a
+circle and a private name injected."""
 
 import ast
 import shutil
@@ -26,6 +28,13 @@ RANKS = {
     "cli": 8,
     "__main__": 9,
     "__init__": 9,
+}
+# Inside a package, one whole number per sub-package (a folder of modules), bottom up: a sub-package imports only
+# sub-packages of a strictly lower rank among its siblings (the package's own modules are free to import either way,
+# acyclically). ruler/ runs the retrieval suites' tasks, so it sits above retrieval/; what both share is prompts/.
+SUBRANKS = {
+    "evals": {"prompts": 0, "retrieval": 1, "tune": 1, "ruler": 2},
+    "report": {"kinds": 0},
 }
 
 
@@ -61,6 +70,13 @@ def group(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
+def subgroup(module: str, package: Path) -> str | None:
+    """The sub-package (a folder with an `__init__.py`) of its package a module sits in (`ruler` for
+    ctxeval.evals.ruler.run), None for a module of the package itself."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and (package / parts[1] / parts[2] / "__init__.py").exists() else None
+
+
 def layer_problems(package: Path) -> list[str]:
     """Every upward or sideways import, private name crossing a module, circle, and module without a rank."""
     graph: dict[str, set[str]] = {}
@@ -71,11 +87,20 @@ def layer_problems(package: Path) -> list[str]:
         if group(source) not in RANKS:
             problems.append(f"{source}: its package has no rank")
             continue
+        sub_ranks = SUBRANKS.get(group(source), {})
+        sub = subgroup(source, package)
+        if sub is not None and sub not in sub_ranks:
+            problems.append(f"{source}: its sub-package has no rank in {group(source)}")
+            continue
         for target, names, line in imports(path, package):
             graph[source].add(target)
             where = f"{path.relative_to(package.parent)}:{line} imports {target}"
             if group(target) != group(source) and not RANKS.get(group(target), 99) < RANKS[group(source)]:
                 problems.append(f"{where}: upward ({group(source)} -> {group(target)})")
+            to = subgroup(target, package)
+            if group(target) == group(source) and None not in (sub, to) and sub != to:
+                if not sub_ranks.get(to, 99) < sub_ranks[sub]:
+                    problems.append(f"{where}: upward ({group(source)}.{sub} -> {group(source)}.{to})")
             private = [n for n in names if n.startswith("_")]
             if private and target != source:
                 problems.append(f"{where}: private name(s) {', '.join(private)} cross a module")
@@ -103,6 +128,9 @@ def test_imports_point_down_and_are_acyclic():
 
 def test_every_module_has_a_rank():
     assert {group(module_name(p, PACKAGE)) for p in PACKAGE.rglob("*.py")} <= set(RANKS)
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path, PACKAGE)
+        assert subgroup(name, PACKAGE) in {None, *SUBRANKS.get(group(name), {})}, name
 
 
 def package_copy(tmp_path: Path) -> Path:
@@ -125,6 +153,38 @@ def test_an_import_between_packages_of_one_layer_fails(tmp_path):
     with open(copy / "report" / "tables.py", "a") as f:
         f.write("\nfrom ..models.memory import GIB\n")
     assert len(problems := layer_problems(copy)) == 1 and "upward (report -> models)" in problems[0]
+
+
+def test_an_import_between_sub_packages_against_their_order_fails(tmp_path):
+    """prompts/ sits below retrieval/ and ruler/; retrieval/ and tune/ share a rank; ruler/ imports retrieval/, so
+    retrieval/ importing ruler/ is a circle as well as upward."""
+    copy = package_copy(tmp_path)
+    with open(copy / "evals" / "prompts" / "sample.py", "a") as f:
+        f.write("\n\ndef late():\n    from ..retrieval.litm_kv import generate_kv_example\n")
+    line = len((copy / "evals" / "prompts" / "sample.py").read_text().splitlines())
+    assert layer_problems(copy) == [
+        f"ctxeval/evals/prompts/sample.py:{line} imports ctxeval.evals.retrieval.litm_kv: upward "
+        "(evals.prompts -> evals.retrieval)"
+    ]
+    with open(copy / "evals" / "prompts" / "sample.py", "w") as f:
+        f.write((PACKAGE / "evals" / "prompts" / "sample.py").read_text())
+    with open(copy / "evals" / "tune" / "space.py", "a") as f:
+        f.write("\nfrom ..retrieval import litm_kv\n")
+    assert len(problems := layer_problems(copy)) == 1 and "upward (evals.tune -> evals.retrieval)" in problems[0]
+    with open(copy / "evals" / "tune" / "space.py", "w") as f:
+        f.write((PACKAGE / "evals" / "tune" / "space.py").read_text())
+    with open(copy / "evals" / "retrieval" / "suite.py", "a") as f:
+        f.write("\n\ndef late():\n    from ..ruler.run import RulerConfig\n")
+    problems = layer_problems(copy)
+    assert any("upward (evals.retrieval -> evals.ruler)" in p for p in problems), problems
+    assert any(p.startswith("import circle:") for p in problems), problems
+
+
+def test_a_sub_package_without_a_rank_fails(tmp_path):
+    copy = package_copy(tmp_path)
+    (copy / "evals" / "extras").mkdir()
+    (copy / "evals" / "extras" / "__init__.py").write_text("")
+    assert layer_problems(copy) == ["ctxeval.evals.extras: its sub-package has no rank in evals"]
 
 
 def test_an_injected_circle_and_private_name_fail(tmp_path):

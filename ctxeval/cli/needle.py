@@ -59,7 +59,7 @@ PASSKEY_PROTOCOLS = ("yarn", "ctxeval")
 
 
 @dataclass(frozen=True)
-class Retrieval:
+class HaystackOptions:
     """Every option of `needle` and `passkey` (passkey fixes the needle and draws a random depth per sample;
     `protocol` and `bos` are passkey's)."""
 
@@ -93,12 +93,12 @@ class Retrieval:
     bos: bool | None = None  # None: the protocol's default (yarn: off, as the repo's pipeline; ctxeval: on)
 
     @classmethod
-    def of(cls, options: Any) -> "Retrieval":
+    def of(cls, options: Any) -> "HaystackOptions":
         """From needle's or passkey's options."""
         return cls(**{f.name: getattr(options, f.name) for f in fields(options)})
 
 
-def check_yarn_options(opt: Retrieval) -> None:
+def check_yarn_options(opt: HaystackOptions) -> None:
     """What --protocol yarn cannot take (the repo has no such setting), refused in one line before the model loads."""
     given = [
         ("--haystack " + opt.haystack, opt.haystack != "filler"),
@@ -138,13 +138,13 @@ def load_needle_preset(
     return NeedlePreset.from_dict(Path(name).stem if name.endswith(".toml") else name, data)
 
 
-class RetrievalRun(Measurement):
+class Haystack(Measurement):
     """needle or passkey: prompts at every (length, depth, sample), replies scored; passkey --protocol yarn builds
     YaRN's eval/passkey.py prompts instead of a haystack's."""
 
     default_multiples = (0.25, 0.5, 1, 2)
 
-    def __init__(self, task: str, opt: Retrieval) -> None:
+    def __init__(self, task: str, opt: HaystackOptions) -> None:
         super().__init__(opt.out, opt.overwrite, opt.load, opt.engine)
         self.task, self.opt = task, opt
 
@@ -451,7 +451,7 @@ class PasskeyOptions:
 @with_blocks
 def needle_cmd(opt: NeedleOptions) -> None:
     """Needle in a haystack: accuracy over a depth x length grid per method, heatmaps, effective length."""
-    run_models("needle", opt, lambda one: RetrievalRun("needle", Retrieval.of(one)))
+    run_models("needle", opt, lambda one: Haystack("needle", HaystackOptions.of(one)))
 
 
 @user_errors
@@ -460,4 +460,4 @@ def passkey_cmd(opt: PasskeyOptions) -> None:
     """Passkey retrieval: accuracy per length (--protocol yarn: YaRN's eval/passkey.py test), the YaRN paper's passkey
     context (the longest length with accuracy >= --threshold) and passkey accuracy (the mean up to it), and the
     effective length (every length up to it passes)."""
-    run_models("passkey", opt, lambda one: RetrievalRun("passkey", Retrieval.of(one)))
+    run_models("passkey", opt, lambda one: Haystack("passkey", HaystackOptions.of(one)))

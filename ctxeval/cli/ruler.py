@@ -282,7 +282,7 @@ class Ruler(Measurement):
             self.essay_digest = hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def loaded(self) -> None:
-        from ..evals.retrieval.wrapping import resolve_template
+        from ..evals.prompts.wrapping import resolve_template
 
         self.template = resolve_template(self.opt.template, self.lm.tokenizer)  # auto: by the model's kind
         if self.model == "tiny":
@@ -334,7 +334,7 @@ class Ruler(Measurement):
                         prompts.generate(task, length)
 
     def records(self, backend_spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        from ..evals.retrieval.wrapping import has_chat_template
+        from ..evals.prompts.wrapping import has_chat_template
         from ..evals.ruler.qa import QA
         from ..evals.ruler.run import prompt_formats
 

@@ -84,8 +84,8 @@ def test_numbered_names_one_item_a_run_or_a_set():
 
 
 def test_ruler_progress_names_each_sample(monkeypatch):
+    from ctxeval.evals.prompts.sample import RulerSample
     from ctxeval.evals.ruler.run import RulerRunner
-    from ctxeval.evals.ruler.tasks import RulerSample
     from ctxeval.specs import expand_specs
 
     lines = []

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from ctxeval.cli import app, run
 from ctxeval.cli.lm_eval import LmEval
-from ctxeval.cli.needle import RetrievalRun
+from ctxeval.cli.needle import Haystack
 from ctxeval.cli.ruler import Ruler
 from ctxeval.models.load import load_hf_config
 from ctxeval.models.vllm_rope import default_lengths
@@ -123,8 +123,8 @@ def test_the_default_lengths_before_the_load_are_the_runs():
     --max-length), so the check before the load gets no lengths for them (only the length-independent refusals)."""
     config = load_hf_config("tiny")
     loaded = SimpleNamespace(model=None, config=config, name="tiny")
-    multiples = RetrievalRun.default_multiples
+    multiples = Haystack.default_multiples
     assert default_lengths(config, "tiny", multiples) == run.default_lengths(loaded, multiples) == [32, 64, 128, 256]
-    assert RetrievalRun.default_lengths is run.Measurement.default_lengths
+    assert Haystack.default_lengths is run.Measurement.default_lengths
     assert Ruler.default_lengths is not run.Measurement.default_lengths
     assert LmEval.default_lengths is not run.Measurement.default_lengths

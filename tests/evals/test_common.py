@@ -9,8 +9,8 @@ from helpers import tiny_llama
 from ctxeval.data.corpora import TokenDoc
 from ctxeval.evals import perplexity as P
 from ctxeval.evals.common import OomLadder, PointOOM
+from ctxeval.evals.prompts.sample import RulerSample
 from ctxeval.evals.ruler.run import RulerRunner
-from ctxeval.evals.ruler.tasks import RulerSample
 from ctxeval.specs import expand_specs
 
 

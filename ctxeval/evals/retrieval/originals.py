@@ -27,10 +27,10 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from ...errors import CtxevalError
 from ...util.textfiles import parse_line
-from ..ruler.tasks import RulerSample
+from ..prompts.sample import RulerSample
+from ..prompts.wrapping import wrap
 from . import helmet_json_kv, infinitebench, litm_kv
 from .suite import INFBENCH_TEMPLATE, check_depths
-from .wrapping import wrap
 
 LITM_PATTERNS = ("kv-retrieval-*_keys.jsonl.gz", "kv-retrieval-*_keys.jsonl")
 INFBENCH_FILES = {

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...errors import CtxevalError
-from ..ruler.tasks import RulerSample
+from ..prompts.sample import RulerSample
+from ..prompts.wrapping import task_format, wrap, wrapper_text
 from . import babilong, helmet_json_kv, infinitebench, litm_kv
 from .infinitebench_scoring import score_row
-from .wrapping import task_format, wrap, wrapper_text
 
 TOO_SHORT = "shorter than the task's smallest prompt"  # ruler.fit looks for this phrase
 DEFAULT_DEPTHS = (0.0, 25.0, 50.0, 75.0, 100.0)  # LITM's 140-key gold indices 0, 34, 69, 104, 139 in percent

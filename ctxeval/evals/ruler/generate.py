@@ -15,11 +15,11 @@ RULER's binary search finds for one draw; each sample then backs off by the task
 
 qa_1/qa_2 read the SQuAD and HotpotQA files RULER downloads (squad.json, hotpotqa.json in one folder). The model
 template (RULER's template.py: `base` for base models, or one of its chat wrappers; `chat` the tokenizer's own chat
-template; `auto` one of `chat` and `base` by the model's kind: evals.retrieval.wrapping) wraps the task template before
+template; `auto` one of `chat` and `base` by the model's kind: evals.prompts.wrapping) wraps the task template before
 the answer prefix, as prepare.py does; its tokens count toward the length.
 
-The code: tasks.py (templates, families, tasks, the sample record), sources.py (essays, word lists, the
-random stream), one generator module per RULER script family (niah.py, vt.py, words.py for cwe and
+The code: tasks.py (families and tasks; the templates and the sample record are evals.prompts'), sources.py (essays,
+word lists, the random stream), one generator module per RULER script family (niah.py, vt.py, words.py for cwe and
 fwe, qa.py), and this module: sizing each task's haystack to the length (`generate`) and RULER's scoring.
 """
 
@@ -29,20 +29,19 @@ import re
 from typing import Any, Callable
 
 from ...errors import CtxevalError
+from ..prompts.sample import RulerSample
+from ..prompts.templates import MODEL_TEMPLATES, check_template
+from ..prompts.wrapping import wrapper_text
 from ..retrieval.suite import DEFAULT_DEPTHS, SUITE_TASKS, generate_suite, smallest_suite_prompt
-from ..retrieval.wrapping import wrapper_text
 from .niah import Niah, answer_token_position
 from .qa import QA, QA_URLS
 from .sources import Sources, Stream, english_words
 from .tasks import (
     FAMILIES,
-    MODEL_TEMPLATES,
     NOISE,
     RULER_SEED,
     TASKS,
-    RulerSample,
     RulerTask,
-    check_template,
     split_prefix,
 )
 from .vt import VariableTracking

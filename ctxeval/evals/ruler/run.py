@@ -29,13 +29,15 @@ from ...specs import MethodSpec
 from ...util.numbers import MAX_TOKENS, finite_number, whole_number
 from ...util.textfiles import make_dirs, read_jsonl, write_text
 from ..common import OomLadder, PointOOM, Progress, SilentProgress, numbered, oom_guard, point_row
+from ..prompts.sample import RulerSample
+from ..prompts.templates import check_template
+from ..prompts.wrapping import task_format
 from ..retrieval.originals import ORIGINAL_TASKS, original_samples
 from ..retrieval.suite import DEFAULT_DEPTHS, SUITE_TASKS, check_depths, score_reply, task_wrapper
-from ..retrieval.wrapping import task_format
 from ..sweep import WorkItem, forward_cost, run_items
 from .generate import generate, postprocess, score
 from .sources import Sources
-from .tasks import FAMILIES, TASKS, RulerSample, check_template
+from .tasks import FAMILIES, TASKS
 
 SAMPLES_DIR = "samples"
 

@@ -1,6 +1,7 @@
-"""RULER's task table: the model templates (template.py), the task families (data/synthetic/constants.py), the
-tasks (scripts/synthetic.yaml), the sample record RULER's JSONL holds, and how prepare.py puts a prompt's template
-together and splits its answer prefix off. No randomness and no files: every other RULER module builds on this one."""
+"""RULER's task table: the task families (data/synthetic/constants.py), the tasks (scripts/synthetic.yaml), and how
+prepare.py puts a prompt's template together and splits its answer prefix off. The model templates (template.py) and
+the sample record RULER's JSONL holds are evals.prompts', shared with the retrieval suites. No randomness and no
+files: every other RULER module builds on this one."""
 
 from __future__ import annotations
 
@@ -8,36 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import CtxevalError
+from ..prompts.templates import MODEL_TEMPLATES, check_template
 
 RULER_SEED = 42  # prepare.py's --random_seed default
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-
-
-# RULER's scripts/data/template.py, verbatim: prepare.py formats `{task_template}` with the task's template, then
-# appends the answer prefix.
-MODEL_TEMPLATES: dict[str, str] = {
-    "base": "{task_template}",
-    "meta-chat": "[INST] {task_template} [/INST]",
-    "vicuna-chat": "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
-    "helpful, detailed, and polite answers to the user's questions. USER: {task_template} ASSISTANT:",
-    "lwm-chat": "You are a helpful assistant. USER: {task_template} ASSISTANT: ",
-    "command-r-chat": "<BOS_TOKEN><|START_OF_TURN_TOKEN|><|USER_TOKEN|>{task_template}<|END_OF_TURN_TOKEN|>"
-    "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
-    "chatglm-chat": "[gMASK]sop<|user|> \n {task_template}<|assistant|> \n ",
-    "RWKV": "User: hi\n\nAssistant: Hi. I am your assistant and I will provide expert full response in full details. "
-    "Please feel free to ask any question and I will always answer it\n\nUser: {task_template}\n\nAssistant:",
-    "Phi3": "<|user|>\n{task_template}<|end|>\n<|assistant|>\n",
-    "meta-llama3": "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n{task_template}<|eot_id|>"
-    "<|start_header_id|>assistant<|end_header_id|>\n\n",
-    "jamba": "<|startoftext|><|bom|><|system|> <|eom|><|bom|><|user|> {task_template}<|eom|><|bom|><|assistant|>",
-    "nemotron5-instruct": "<SPECIAL_10>System\n\n<SPECIAL_11>User\n{task_template}\n<SPECIAL_11>Assistant\n",
-}
-BASE_TEMPLATE = "base"
-# ctxeval's own two (evals.retrieval.wrapping resolves them with the tokenizer): `chat` the tokenizer's chat template,
-# `auto` (the command line's default) `chat` for a tokenizer with one, else `base`
-CHAT_TEMPLATE = "chat"
-AUTO_TEMPLATE = "auto"
-TEMPLATE_NAMES = (AUTO_TEMPLATE, CHAT_TEMPLATE, *MODEL_TEMPLATES)
 
 
 @dataclass(frozen=True)
@@ -138,54 +113,9 @@ TASKS: dict[str, RulerTask] = {
 OFFLINE_TASKS = tuple(name for name, t in TASKS.items() if t.family != "qa")  # qa needs the datasets' files
 
 
-@dataclass(frozen=True)
-class RulerSample:
-    """One prompt in RULER's JSONL format (`input` ends before the answer prefix; the model reads both)."""
-
-    index: int
-    input: str
-    outputs: list[str]
-    length: int  # prompt tokens (answer prefix included, no special tokens) + tokens_to_generate
-    answer_prefix: str
-    token_position_answer: int | None = None  # niah only: see answer_token_position
-    depth: float | None = None  # where the answer sits, 0 (first) to 100 (last), for tasks with a depth axis
-    size: int | None = None  # the generator's size: key-value pairs, noise lines, list items or background tokens
-
-    @property
-    def prompt(self) -> str:
-        """What the model reads: input + answer prefix (call_api.py)."""
-        return self.input + self.answer_prefix
-
-    def record(self) -> dict[str, Any]:
-        out = {
-            "index": self.index,
-            "input": self.input,
-            "outputs": list(self.outputs),
-            "length": self.length,
-            "length_w_model_temp": self.length,
-            "answer_prefix": self.answer_prefix,
-        }
-        if self.token_position_answer is not None:
-            out["token_position_answer"] = self.token_position_answer
-        if self.depth is not None:
-            out["depth"] = self.depth
-        if self.size is not None:
-            out["size"] = self.size
-        return out
-
-
-def check_template(name: str) -> str:
-    if name not in TEMPLATE_NAMES:
-        raise CtxevalError(
-            f"unknown RULER model template '{name}'; templates (RULER's template.py): {', '.join(MODEL_TEMPLATES)}; "
-            "ctxeval's: auto, chat (the tokenizer's chat template)"
-        )
-    return name
-
-
 def task_template(task: RulerTask, model_template: str = "base") -> str:
     """prepare.py: the model template around the task template, then the answer prefix. `model_template` is one of
-    RULER's names or a wrapper with a `{task_template}` slot (evals.retrieval.wrapping.wrapper_text: `chat`)."""
+    RULER's names or a wrapper with a `{task_template}` slot (evals.prompts.wrapping.wrapper_text: `chat`)."""
     family = FAMILIES[task.family]
     if "{task_template}" in model_template:
         wrapper = model_template

@@ -13,11 +13,11 @@ from transformers import AutoTokenizer
 
 from ctxeval.data.offline import held_out_documents
 from ctxeval.errors import CtxevalError
+from ctxeval.evals.prompts.sample import RulerSample
 from ctxeval.evals.retrieval import helmet_json_kv, infinitebench
 from ctxeval.evals.retrieval import suite as S
 from ctxeval.evals.ruler import fit
 from ctxeval.evals.ruler.run import RulerConfig, read_samples, write_samples
-from ctxeval.evals.ruler.tasks import RulerSample
 from ctxeval.util.paths import TINY_MODEL_DIR
 
 

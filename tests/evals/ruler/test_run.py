@@ -79,8 +79,8 @@ def test_a_ruler_sample_with_numbers_as_answers_and_optional_fields_is_accepted(
 
 
 def test_the_ruler_sweep_plans_pending_samples_in_batches_and_passes_each_to_measure(monkeypatch):
+    from ctxeval.evals.prompts.sample import RulerSample
     from ctxeval.evals.ruler import run as RE
-    from ctxeval.evals.ruler.tasks import RulerSample
     from ctxeval.evals.sweep import WorkItem, forward_cost
     from ctxeval.specs import expand_specs
 
@@ -137,8 +137,8 @@ def test_the_ruler_sweep_plans_pending_samples_in_batches_and_passes_each_to_mea
 
 def test_the_samples_a_run_writes_read_back_as_the_same_prompts(tmp_path):
     """A resumed run reads its prompts back from samples/<length>/<task>/validation.jsonl: every field survives."""
+    from ctxeval.evals.prompts.sample import RulerSample
     from ctxeval.evals.ruler.run import read_samples, samples_path, write_samples
-    from ctxeval.evals.ruler.tasks import RulerSample
 
     samples = [
         RulerSample(0, "first input", ["a", "b"], 120, " Answer:", 17),
@@ -245,7 +245,7 @@ def _runner(batch_size, predict):
 
 
 def _ruler_samples(n, first=0):
-    from ctxeval.evals.ruler.tasks import RulerSample
+    from ctxeval.evals.prompts.sample import RulerSample
 
     return [RulerSample(first + i, f"prompt {i}", [f"v{i}"], 20, " Answer:") for i in range(n)]
 
@@ -315,7 +315,7 @@ def test_measure_rows_hold_the_score_prediction_answers_metric_and_seconds_per_s
     from types import SimpleNamespace
 
     import ctxeval.evals.ruler.run as E
-    from ctxeval.evals.ruler.tasks import RulerSample
+    from ctxeval.evals.prompts.sample import RulerSample
     from ctxeval.specs import expand_specs
 
     clock = iter([100.0, 101.23456])
@@ -379,7 +379,7 @@ def test_prepare_takes_samples_from_rulers_files_then_from_the_run_then_generate
     tmp_path, monkeypatch
 ):
     import ctxeval.evals.ruler.run as E
-    from ctxeval.evals.ruler.tasks import RulerSample
+    from ctxeval.evals.prompts.sample import RulerSample
 
     calls = []
 
@@ -421,8 +421,8 @@ def test_prepare_takes_samples_from_rulers_files_then_from_the_run_then_generate
 
 
 def test_write_samples_names_the_folder_or_file_it_cannot_write(tmp_path):
+    from ctxeval.evals.prompts.sample import RulerSample
     from ctxeval.evals.ruler.run import write_samples
-    from ctxeval.evals.ruler.tasks import RulerSample
 
     sample = [RulerSample(0, "a", ["b"], -1, "")]
     (tmp_path / "afile").write_text("x")

@@ -1,4 +1,4 @@
-"""Which prompts are wrapped in a chat or instruct format, and how (ctxeval/evals/retrieval/wrapping.py): the model's
+"""Which prompts are wrapped in a chat or instruct format, and how (ctxeval/evals/prompts/wrapping.py): the model's
 kind read from its tokenizer the same way for every task, each task wrapped as its original wraps an instruct model's
 prompt, the wrapped prompts equal to what the originals' own formatting code sends, and the choice recorded.
 
@@ -17,9 +17,9 @@ from evals.retrieval.test_litm_kv import original_format  # tests/ is on pytest'
 from transformers import AutoTokenizer
 
 from ctxeval.errors import CtxevalError
+from ctxeval.evals.prompts.wrapping import chat_wrapper, has_chat_template, resolve_template, wrap, wrapper_text
 from ctxeval.evals.retrieval import babilong, litm_kv
 from ctxeval.evals.retrieval import suite as S
-from ctxeval.evals.retrieval.wrapping import chat_wrapper, has_chat_template, resolve_template, wrap, wrapper_text
 from ctxeval.evals.ruler.run import prompt_formats
 from ctxeval.util.paths import TINY_MODEL_DIR
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import CtxevalError
-from ..ruler.tasks import AUTO_TEMPLATE, BASE_TEMPLATE, CHAT_TEMPLATE, MODEL_TEMPLATES, check_template
+from .templates import AUTO_TEMPLATE, BASE_TEMPLATE, CHAT_TEMPLATE, MODEL_TEMPLATES, check_template
 
 SLOT = "{task_template}"
 MARKER = "\u2063CTXEVAL\u2063"  # rendered as the user turn, then replaced by the slot
