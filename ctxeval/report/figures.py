@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..runs.rows import UNIFORM_LABEL, UNIFORM_MODEL, fmt_length
-from .plots import Curve, method_family
+from .kind import FigureSpace
+from .plots import Curve, method_family, plot_curves
 from .runs import Group, field_label, fmt_value
 from .tables import Table, bucket_center
 
@@ -122,3 +123,31 @@ def free_name(base: str, taken: set[str]) -> str:
     )
     taken.add(name)
     return name
+
+
+def curve_figure(
+    group: Group,
+    space: FigureSpace,
+    what: str,
+    xlabel: str,
+    ylabel: str,
+    value_columns: int | None = None,
+    skip_empty: bool = True,
+    **style: Any,
+) -> dict[str, str]:
+    """The group's first table drawn as curves against the length (group_curves) in its main figure, titled
+    `what`, the original lengths marked; `style`: plot_curves' options (log_y, threshold, ...). Nothing is drawn
+    (no key returned) when no curve has a point and `skip_empty`."""
+    curves = group_curves(group, value_columns)
+    if skip_empty and not any(c.xs for c in curves if not c.reference):
+        return {}
+    plot_curves(
+        curves,
+        space.main,
+        title=figure_title(group, what),
+        xlabel=xlabel,
+        ylabel=ylabel,
+        originals=originals_legend(group),
+        **style,
+    )
+    return {group.id: space.main.name}

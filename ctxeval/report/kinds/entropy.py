@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from ...runs.rows import MISSING, UNIFORM_LABEL, UNIFORM_MODEL, fmt_length, uniform_entropy
 from ...runs.store import RunStore
 from ...specs import MethodSpec
-from ..figures import figure_title, group_curves, originals_legend
+from ..figures import curve_figure
 from ..kind import FigureSpace, Kind, Settings
 from ..plots import plot_curves
 from ..runs import Group, Run, corpus_key, row_order
@@ -97,18 +97,9 @@ def entropy_table(group: Group, rows: list[dict[str, Any]]) -> Table:
 
 def figures(group: Group, space: FigureSpace) -> dict[str, str]:
     """Every model x method's entropy curve on one figure, the uniform bound dashed grey."""
-    curves = group_curves(group)
-    if not any(c.xs for c in curves if not c.reference):
-        return {}
-    plot_curves(
-        curves,
-        space.main,
-        title=figure_title(group, "attention entropy by length"),
-        xlabel="context length (tokens)",
-        ylabel="mean attention entropy (nats)",
-        originals=originals_legend(group),
+    return curve_figure(
+        group, space, "attention entropy by length", "context length (tokens)", "mean attention entropy (nats)"
     )
-    return {group.id: space.main.name}
 
 
 def render_entropy(store: RunStore, specs: Sequence[MethodSpec], original_length: int, title: str) -> RunOutputs:

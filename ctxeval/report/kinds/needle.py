@@ -14,7 +14,7 @@ from ...runs.rows import BEYOND_POSITIONS, fmt_length
 from ...runs.store import RunStore
 from ...specs import MethodSpec
 from ...util.paths import safe_name
-from ..figures import curve_label, figure_title, group_curves, originals_legend
+from ..figures import curve_figure, curve_label, figure_title
 from ..kind import FigureSpace, Kind, Settings
 from ..plots import HeatmapPanel, plot_curves, plot_heatmaps
 from ..runs import Group, Run, row_order
@@ -163,18 +163,17 @@ def needle_figures(group: Group, space: FigureSpace) -> dict[str, str]:
 
 def passkey_figures(group: Group, space: FigureSpace) -> dict[str, str]:
     """Passkey accuracy against length (0-100%, the threshold on the same axis)."""
-    curves = group_curves(group, value_columns=len(group.tables[0].columns) - 5)  # + 3 summary columns
-    plot_curves(
-        curves,
-        space.main,
-        title=figure_title(group, "accuracy by length"),
-        xlabel="context length (tokens)",
-        ylabel="accuracy",
-        originals=originals_legend(group),
+    return curve_figure(
+        group,
+        space,
+        "accuracy by length",
+        "context length (tokens)",
+        "accuracy",
+        value_columns=len(group.tables[0].columns) - 5,  # + 3 summary columns
+        skip_empty=False,
         threshold=space.settings.threshold,
         y_percent=True,
     )
-    return {group.id: space.main.name}
 
 
 def render_retrieval(

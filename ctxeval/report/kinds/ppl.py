@@ -14,7 +14,7 @@ import pandas as pd
 
 from ...errors import CtxevalError
 from ...runs.rows import BEYOND_POSITIONS, MISSING, fmt_length
-from ..figures import figure_title, group_curves, heading, originals_legend, position_curves
+from ..figures import curve_figure, figure_title, heading, originals_legend, position_curves
 from ..kind import FigureSpace, Kind, Settings
 from ..plots import plot_curves
 from ..runs import Group, Run, corpus_key, row_order
@@ -365,19 +365,9 @@ def _positions_table(group: Group, rows: list[dict[str, Any]], pairs: list[tuple
 def figures(group: Group, space: FigureSpace) -> dict[str, str]:
     """Every model x method's perplexity curve on one log-scale figure; the loss by position beside it when the runs
     kept position sums."""
-    curves = group_curves(group)
-    if not any(c.xs for c in curves if not c.reference):
+    images = curve_figure(group, space, "perplexity by length", "evaluation length (tokens)", "perplexity", log_y=True)
+    if not images:
         return {}
-    plot_curves(
-        curves,
-        space.main,
-        title=figure_title(group, "perplexity by length"),
-        xlabel="evaluation length (tokens)",
-        ylabel="perplexity",
-        originals=originals_legend(group),
-        log_y=True,
-    )
-    images = {group.id: space.main.name}
     positions = next((t for t in group.tables if t.kind == "positions"), None)
     if positions is not None:
         path = space.out_dir / f"{space.stem}-positions.png"

@@ -14,9 +14,9 @@ from ...runs.rows import MISSING, fmt_length
 from ...runs.store import RunStore
 from ...specs import MethodSpec
 from ...util.paths import safe_name
-from ..figures import curve_label, figure_title, free_name, group_curves, heading, originals_legend
+from ..figures import curve_figure, curve_label, figure_title, free_name, heading
 from ..kind import FigureSpace, Kind, Settings
-from ..plots import HeatmapPanel, depth_panels, plot_curves, plot_depth_curves, plot_heatmaps
+from ..plots import HeatmapPanel, depth_panels, plot_depth_curves, plot_heatmaps
 from ..runs import Group, Run, row_order
 from ..single import Printed, RunOutputs, save_csv, save_text
 from ..tables import (
@@ -184,20 +184,20 @@ def depth_figures(group: Group, out_dir: Path, stem: str, taken: set[str]) -> di
 
 def figures(group: Group, space: FigureSpace) -> dict[str, str]:
     """The mean score by length (the threshold on the same axis), then the depth tables' figures."""
-    curves = group_curves(group, value_columns=len(group.tables[0].columns) - 3)
     threshold = group.ruler_threshold
-    plot_curves(
-        curves,
-        space.main,
-        title=figure_title(group, "mean score by length"),
-        xlabel="context length (tokens)",
-        ylabel="RULER mean score",
-        originals=originals_legend(group),
+    main = curve_figure(
+        group,
+        space,
+        "mean score by length",
+        "context length (tokens)",
+        "RULER mean score",
+        value_columns=len(group.tables[0].columns) - 3,
+        skip_empty=False,
         threshold=threshold,
         threshold_label=f"threshold {threshold:g}",
         ylim=(-2, 102),
     )
-    return {group.id: space.main.name, **depth_figures(group, space.out_dir, space.stem, space.taken)}
+    return {**main, **depth_figures(group, space.out_dir, space.stem, space.taken)}
 
 
 def caption(group: Group, part: str) -> str | None:
